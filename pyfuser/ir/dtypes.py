@@ -1,0 +1,159 @@
+"""Data types of the Fusion IR and PyTorch's type promotion.
+
+Invariants:
+- Every DataType maps one-to-one to a torch.dtype; `DataType.from_torch` and `.torch` invert each other.
+- Promotion is *delegated to PyTorch* (`torch.result_type` on tiny CPU stand-ins), so pyfuser's
+  result dtypes follow eager exactly, including the rules for 0-dim tensors and Python scalars
+  ("wrapped numbers"), which only take part when no dimensioned tensor of the same category does.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class DataType(enum.Enum):
+    # value: (torch dtype, CUDA storage type, short name used in printed IR, bytes)
+    Bool = (torch.bool, "bool", "b", 1)
+    Byte = (torch.uint8, "uint8_t", "i", 1)
+    Char = (torch.int8, "int8_t", "i", 1)
+    Short = (torch.int16, "int16_t", "i", 2)
+    Int32 = (torch.int32, "int", "i", 4)
+    Int = (torch.int64, "int64_t", "i", 8)
+    Half = (torch.float16, "__half", "f", 2)
+    BFloat16 = (torch.bfloat16, "__nv_bfloat16", "f", 2)
+    Float = (torch.float32, "float", "f", 4)
+    Double = (torch.float64, "double", "d", 8)
+    ComplexFloat = (torch.complex64, "cuFloatComplex", "c", 8)
+    ComplexDouble = (torch.complex128, "cuDoubleComplex", "c", 16)
+
+    @property
+    def torch(self) -> torch.dtype:
+        return self.value[0]
+
+    @property
+    def cuda_type(self) -> str:
+        return self.value[1]
+
+    @property
+    def short(self) -> str:
+        return self.value[2]
+
+    @property
+    def itemsize(self) -> int:
+        return self.value[3]
+
+    @property
+    def is_floating(self) -> bool:
+        return self.torch.is_floating_point
+
+    @property
+    def is_complex(self) -> bool:
+        return self.torch.is_complex
+
+    @property
+    def is_bool(self) -> bool:
+        return self is DataType.Bool
+
+    @property
+    def is_integral(self) -> bool:
+        """Integer types, not counting bool."""
+        return not (self.is_floating or self.is_complex or self.is_bool)
+
+    @property
+    def is_reduced_float(self) -> bool:
+        """Half and BFloat16: stored narrow, computed in float (as eager's opmath does)."""
+        return self in (DataType.Half, DataType.BFloat16)
+
+    @property
+    def compute(self) -> "DataType":
+        """The type arithmetic on values of this type is carried out in."""
+        return DataType.Float if self.is_reduced_float else self
+
+    @staticmethod
+    def from_torch(dtype: torch.dtype) -> "DataType":
+        try:
+            return _FROM_TORCH[dtype]
+        except KeyError:
+            raise ValueError(f"pyfuser has no DataType for torch dtype {dtype}") from None
+
+    @staticmethod
+    def from_python(value) -> "DataType":
+        """The dtype PyTorch gives a Python scalar of this kind when it stands alone."""
+        if isinstance(value, bool):
+            return DataType.Bool
+        if isinstance(value, int):
+            return DataType.Int
+        if isinstance(value, float):
+            return DataType.Double
+        if isinstance(value, complex):
+            return DataType.ComplexDouble
+        raise TypeError(f"not a scalar: {value!r}")
+
+    def __repr__(self) -> str:
+        return f"DataType.{self.name}"
+
+
+_FROM_TORCH = {d.torch: d for d in DataType}
+
+# Aliases nvFuser users write.
+DataType.Int64 = DataType.Int  # type: ignore[attr-defined]
+DataType.Float32 = DataType.Float  # type: ignore[attr-defined]
+DataType.Float64 = DataType.Double  # type: ignore[attr-defined]
+DataType.Float16 = DataType.Half  # type: ignore[attr-defined]
+
+
+class Operand:
+    """What promotion needs to know of one operand: its dtype and whether it is a tensor with
+    dimensions (rank > 0), a 0-dim tensor, or a scalar (a Python number / fusion scalar)."""
+
+    __slots__ = ("dtype", "kind")
+    TENSOR, ZERO_DIM, SCALAR = "tensor", "zero_dim", "scalar"
+
+    def __init__(self, dtype: DataType, kind: str):
+        self.dtype, self.kind = dtype, kind
+
+    def stand_in(self):
+        if self.kind == Operand.TENSOR:
+            return torch.empty((1,), dtype=self.dtype.torch)
+        if self.kind == Operand.ZERO_DIM:
+            return torch.empty((), dtype=self.dtype.torch)
+        # A fusion scalar behaves as a Python number of its category.
+        if self.dtype.is_bool:
+            return True
+        if self.dtype.is_complex:
+            return 1j
+        if self.dtype.is_floating:
+            return 1.5
+        return 1
+
+
+class Promotion(enum.Enum):
+    """PyTorch's elementwise type-promotion kinds (the op table names one per op)."""
+    DEFAULT = "default"            # common dtype of the operands
+    NO_OPMATH = "no_opmath"        # like DEFAULT (computation dtype is not widened)
+    INT_TO_FLOAT = "int_to_float"  # integers and bool become the default float (div, erf, sigmoid...)
+    ALWAYS_BOOL = "always_bool"    # comparisons, logical ops
+    COMPLEX_TO_FLOAT = "complex_to_float"  # abs of complex
+    BOOL_TO_LONG = "bool_to_long"  # sum of bools
+    NONE = "none"                  # the op fixes its own output dtype (cast, where's condition...)
+
+    @property
+    def torch_kind(self):
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as K
+        return getattr(K, self.name)
+
+
+def result_type(*operands: Operand, promotion: Promotion = Promotion.DEFAULT) -> DataType:
+    """The dtype eager PyTorch gives an elementwise op over `operands` under `promotion`.
+
+    Uses PyTorch's own n-ary rule (`torch._prims_common.elementwise_dtypes`) on tiny stand-ins,
+    so tensors, 0-dim tensors and Python scalars rank exactly as in eager.
+    """
+    from torch._prims_common import elementwise_dtypes
+    assert operands, "result_type needs at least one operand"
+    assert promotion is not Promotion.NONE
+    _, out = elementwise_dtypes(*(o.stand_in() for o in operands),
+                                type_promotion_kind=promotion.torch_kind)
+    return DataType.from_torch(out)

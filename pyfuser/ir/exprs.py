@@ -1,0 +1,148 @@
+"""The Expr kinds of the Fusion IR.
+
+Elementwise exprs (UnaryOp, BinaryOp, TernaryOp) name an OpInfo of the op table; all their tensor
+operands and their output have the same rank (the builder inserts BroadcastOps first). Data
+movement and metadata exprs (broadcast, expand, squeeze, view, permute, set, cast) carry the
+attributes the evaluator and the codegen need. Reductions name a ReductionInfo.
+
+Invariant: the constructors only record; the builder (builder.py) checks arguments and creates
+output TensorViews, so every Expr in a Fusion is well-formed.
+"""
+from __future__ import annotations
+
+from .base import Expr
+from .dtypes import DataType
+from .ops import OpInfo, ReductionInfo
+
+
+class ElementwiseOp(Expr):
+    """An op of the op table applied elementwise; `operands` may mix TensorViews and Scalars."""
+
+    def __init__(self, info: OpInfo, out, operands: list):
+        self.info = info
+        super().__init__(operands, [out])
+
+    @property
+    def op_name(self) -> str:
+        return self.info.name
+
+
+class UnaryOp(ElementwiseOp):
+    pass
+
+
+class BinaryOp(ElementwiseOp):
+    pass
+
+
+class TernaryOp(ElementwiseOp):
+    pass
+
+
+class CastOp(Expr):
+    """out = (dtype) in, with PyTorch's conversion semantics (float->int truncates toward zero)."""
+    op_name = "cast"
+
+    def __init__(self, out, inp, dtype: DataType):
+        self.dtype = dtype
+        super().__init__([inp], [out])
+
+
+class SetOp(Expr):
+    """out = in: a copy (nvFuser's `set`); also what the copy forms of alias ops lower to."""
+    op_name = "set"
+
+    def __init__(self, out, inp):
+        super().__init__([inp], [out])
+
+
+class BroadcastOp(Expr):
+    """Inserts new broadcast axes: `flags[i]` is True where output axis i is new."""
+    op_name = "broadcast"
+
+    def __init__(self, out, inp, flags: list[bool]):
+        self.flags = list(flags)
+        super().__init__([inp], [out])
+
+
+class ExpandOp(Expr):
+    """Gives broadcast axes a real extent without copying (`sizes[i]` is -1 to keep axis i)."""
+    op_name = "expand"
+
+    def __init__(self, out, inp, sizes: list):
+        self.sizes = list(sizes)
+        super().__init__([inp], [out])
+
+
+class SqueezeOp(Expr):
+    """Removes the axes in `dims` (each broadcast, i.e. of extent 1)."""
+    op_name = "squeeze"
+
+    def __init__(self, out, inp, dims: list[int]):
+        self.dims = sorted(dims)
+        super().__init__([inp], [out])
+
+
+class ViewOp(Expr):
+    """Reshape a tensor to `new_shape` (row-major element order, as torch.reshape)."""
+    op_name = "view"
+
+    def __init__(self, out, inp, new_shape: list[int]):
+        self.new_shape = list(new_shape)
+        super().__init__([inp], [out])
+
+
+class PermuteOp(Expr):
+    """out axis i is input axis dims[i]."""
+    op_name = "permute"
+
+    def __init__(self, out, inp, dims: list[int]):
+        self.dims = list(dims)
+        super().__init__([inp], [out])
+
+
+class ReductionOp(Expr):
+    """Reduces `axes` of the input; the output keeps them as reduction (rS) root axes."""
+
+    def __init__(self, info: ReductionInfo, out, inp, axes: list[int]):
+        self.info = info
+        self.axes = sorted(axes)
+        super().__init__([inp], [out])
+
+    @property
+    def op_name(self) -> str:
+        return self.info.name
+
+
+class WelfordOp(Expr):
+    """One pass mean and sum of squared deviations over `axes`: outputs (avg, m2, n)."""
+    op_name = "welford"
+
+    def __init__(self, avg, m2, n, inp, axes: list[int]):
+        self.axes = sorted(axes)
+        super().__init__([inp], [avg, m2, n])
+
+
+class FullOp(Expr):
+    """A tensor of `shape` (Scalars) filled with `fill` (a Scalar)."""
+    op_name = "full"
+
+    def __init__(self, out, fill, shape: list):
+        self.shape = list(shape)
+        super().__init__([fill], [out])
+
+
+class IotaOp(Expr):
+    """out[i] = start + i * step, for i in range(length)."""
+    op_name = "iota"
+
+    def __init__(self, out, length, start, step):
+        super().__init__([length, start, step], [out])
+
+
+class ScalarCast(Expr):
+    """A scalar conversion, printed `d116 = (double)(i17);`."""
+    op_name = "scalar_cast"
+
+    def __init__(self, out, inp):
+        super().__init__([inp], [out])

@@ -1,0 +1,187 @@
+"""The op table: every elementwise and reduction op pyfuser knows, in one place.
+
+Each OpInfo row gives the op's name, arity, PyTorch's type-promotion kind, which dtype categories
+it accepts, its PyTorch reference (used by the reference evaluator and by tests) and its CUDA
+expression. Nothing else in pyfuser branches on op names: frontends look ops up here, the
+evaluator calls `ref`, the codegen formats `cuda`.
+
+CUDA expressions are templates over the operands `{0}`, `{1}`, `{2}`, already converted to the
+op's computation type (half and bfloat16 compute in float). Functions named `pf_*` are defined in
+the kernel prelude (codegen/prelude.py), with overloads for float, double and the integer types.
+
+Invariants:
+- `ref(*operands)` on tensors of the promoted dtype returns what eager returns, dtype included.
+- `accepts` lists the dtype categories of the *computation* dtype the op is defined for; others
+  are rejected at definition time with an error that names the op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .dtypes import DataType, Promotion
+
+ALL = frozenset({"bool", "int", "float", "complex"})
+NUMERIC = frozenset({"int", "float", "complex"})
+REAL = frozenset({"bool", "int", "float"})
+REAL_NUMERIC = frozenset({"int", "float"})
+FLOAT = frozenset({"float"})
+INTEGER = frozenset({"bool", "int"})
+
+
+def category(dtype: DataType) -> str:
+    if dtype.is_bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating else "int"
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    name: str
+    arity: int
+    promotion: Promotion
+    ref: Callable
+    cuda: str
+    accepts: frozenset = ALL
+    # Extra keyword parameters that are compile-time constants of the op (e.g. rounding_mode).
+    params: tuple = field(default=())
+
+    def accepts_dtype(self, dtype: DataType) -> bool:
+        return category(dtype) in self.accepts
+
+
+OPS: dict[str, OpInfo] = {}
+
+
+def _op(name, arity, promotion, ref, cuda, accepts=ALL, params=()):
+    assert name not in OPS, name
+    OPS[name] = OpInfo(name, arity, promotion, ref, cuda, accepts, params)
+
+
+P = Promotion
+SQRT1_2 = math.sqrt(0.5)
+
+# ---- unary ------------------------------------------------------------------------------------
+_op("neg", 1, P.DEFAULT, torch.neg, "(-{0})", NUMERIC)
+_op("abs", 1, P.DEFAULT, torch.abs, "pf_abs({0})", REAL)
+_op("bitwise_not", 1, P.DEFAULT, torch.bitwise_not, "pf_bitwise_not({0})", INTEGER)
+_op("logical_not", 1, P.ALWAYS_BOOL, torch.logical_not, "(!{0})", REAL)
+_op("relu", 1, P.DEFAULT, torch.relu, "pf_relu({0})", REAL_NUMERIC)
+_op("sign", 1, P.DEFAULT, torch.sign, "pf_sign({0})", REAL)
+_op("ceil", 1, P.DEFAULT, torch.ceil, "ceil({0})", FLOAT)
+_op("floor", 1, P.DEFAULT, torch.floor, "floor({0})", FLOAT)
+_op("round", 1, P.DEFAULT, torch.round, "nearbyint({0})", FLOAT)
+_op("trunc", 1, P.DEFAULT, torch.trunc, "trunc({0})", FLOAT)
+_op("frac", 1, P.DEFAULT, torch.frac, "({0} - trunc({0}))", FLOAT)
+_op("isnan", 1, P.ALWAYS_BOOL, torch.isnan, "pf_isnan({0})", REAL)
+_op("isinf", 1, P.ALWAYS_BOOL, torch.isinf, "pf_isinf({0})", REAL)
+_op("isfinite", 1, P.ALWAYS_BOOL, torch.isfinite, "pf_isfinite({0})", REAL)
+for _name, _cuda in [
+    ("exp", "exp({0})"), ("exp2", "exp2({0})"), ("expm1", "expm1({0})"),
+    ("log", "log({0})"), ("log2", "log2({0})"), ("log10", "log10({0})"), ("log1p", "log1p({0})"),
+    ("sqrt", "sqrt({0})"), ("rsqrt", "rsqrt({0})"), ("sin", "sin({0})"), ("cos", "cos({0})"),
+    ("tan", "tan({0})"), ("asin", "asin({0})"), ("acos", "acos({0})"), ("atan", "atan({0})"),
+    ("sinh", "sinh({0})"), ("cosh", "cosh({0})"), ("tanh", "tanh({0})"), ("asinh", "asinh({0})"),
+    ("acosh", "acosh({0})"), ("atanh", "atanh({0})"), ("erf", "erf({0})"), ("erfc", "erfc({0})"),
+    ("erfinv", "erfinv({0})"), ("lgamma", "lgamma({0})"),
+    ("sigmoid", "pf_sigmoid({0})"), ("reciprocal", "pf_reciprocal({0})"),
+]:
+    _op(_name, 1, P.INT_TO_FLOAT, getattr(torch, _name), _cuda, REAL)
+_op("gelu", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x), "pf_gelu({0})", FLOAT)
+_op("gelu_tanh", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "pf_gelu_tanh({0})", FLOAT)
+_op("silu", 1, P.DEFAULT, torch.nn.functional.silu, "pf_silu({0})", FLOAT)
+_op("mish", 1, P.DEFAULT, torch.nn.functional.mish, "pf_mish({0})", FLOAT)
+_op("hardswish", 1, P.DEFAULT, torch.nn.functional.hardswish, "pf_hardswish({0})", FLOAT)
+_op("hardsigmoid", 1, P.DEFAULT, torch.nn.functional.hardsigmoid, "pf_hardsigmoid({0})", FLOAT)
+
+# ---- binary -----------------------------------------------------------------------------------
+_op("add", 2, P.DEFAULT, torch.add, "({0} + {1})", ALL)
+_op("sub", 2, P.DEFAULT, torch.sub, "({0} - {1})", NUMERIC)
+_op("mul", 2, P.DEFAULT, torch.mul, "({0} * {1})", ALL)
+_op("div", 2, P.INT_TO_FLOAT, torch.div, "({0} / {1})", NUMERIC)
+_op("div_trunc", 2, P.DEFAULT, lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "pf_div_trunc({0}, {1})", REAL_NUMERIC)
+_op("div_floor", 2, P.DEFAULT, lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "pf_div_floor({0}, {1})", REAL_NUMERIC)
+_op("pow", 2, P.DEFAULT, torch.pow, "pf_pow({0}, {1})", NUMERIC)
+_op("remainder", 2, P.DEFAULT, torch.remainder, "pf_remainder({0}, {1})", REAL_NUMERIC)
+_op("fmod", 2, P.DEFAULT, torch.fmod, "pf_fmod({0}, {1})", REAL_NUMERIC)
+_op("atan2", 2, P.INT_TO_FLOAT, torch.atan2, "atan2({0}, {1})", REAL)
+_op("maximum", 2, P.DEFAULT, torch.maximum, "pf_maximum({0}, {1})", REAL)
+_op("minimum", 2, P.DEFAULT, torch.minimum, "pf_minimum({0}, {1})", REAL)
+_op("eq", 2, P.ALWAYS_BOOL, torch.eq, "({0} == {1})", ALL)
+_op("ne", 2, P.ALWAYS_BOOL, torch.ne, "({0} != {1})", ALL)
+_op("lt", 2, P.ALWAYS_BOOL, torch.lt, "({0} < {1})", REAL)
+_op("le", 2, P.ALWAYS_BOOL, torch.le, "({0} <= {1})", REAL)
+_op("gt", 2, P.ALWAYS_BOOL, torch.gt, "({0} > {1})", REAL)
+_op("ge", 2, P.ALWAYS_BOOL, torch.ge, "({0} >= {1})", REAL)
+_op("logical_and", 2, P.ALWAYS_BOOL, torch.logical_and, "({0} && {1})", REAL)
+_op("logical_or", 2, P.ALWAYS_BOOL, torch.logical_or, "({0} || {1})", REAL)
+_op("logical_xor", 2, P.ALWAYS_BOOL, torch.logical_xor, "(bool({0}) != bool({1}))", REAL)
+_op("bitwise_and", 2, P.DEFAULT, torch.bitwise_and, "({0} & {1})", INTEGER)
+_op("bitwise_or", 2, P.DEFAULT, torch.bitwise_or, "({0} | {1})", INTEGER)
+_op("bitwise_xor", 2, P.DEFAULT, torch.bitwise_xor, "({0} ^ {1})", INTEGER)
+_op("bitwise_left_shift", 2, P.DEFAULT, torch.bitwise_left_shift, "pf_shl({0}, {1})",
+    frozenset({"int"}))
+_op("bitwise_right_shift", 2, P.DEFAULT, torch.bitwise_right_shift, "pf_shr({0}, {1})",
+    frozenset({"int"}))
+_op("leaky_relu", 2, P.DEFAULT, lambda x, s: torch.nn.functional.leaky_relu(x, float(s)),
+    "pf_leaky_relu({0}, {1})", FLOAT)
+_op("clamp_min", 2, P.DEFAULT, torch.clamp_min, "pf_clamp_min({0}, {1})", REAL_NUMERIC)
+_op("clamp_max", 2, P.DEFAULT, torch.clamp_max, "pf_clamp_max({0}, {1})", REAL_NUMERIC)
+
+# ---- ternary ----------------------------------------------------------------------------------
+# where's condition is bool and takes no part in promotion: the builder promotes {1} and {2}.
+_op("where", 3, P.DEFAULT, torch.where, "({0} ? {1} : {2})", ALL)
+_op("clamp", 3, P.DEFAULT, lambda x, lo, hi: torch.clamp(x, lo, hi), "pf_clamp({0}, {1}, {2})",
+    REAL_NUMERIC)
+_op("lerp", 3, P.DEFAULT, torch.lerp, "pf_lerp({0}, {1}, {2})", FLOAT)
+_op("addcmul", 4, P.DEFAULT, lambda s, a, b, v: torch.addcmul(s, a, b, value=v),
+    "({0} + {3} * {1} * {2})", NUMERIC)
+_op("threshold", 3, P.DEFAULT, lambda x, t, v: torch.threshold(x, t, v),
+    "({0} <= {1} ? {2} : {0})", REAL_NUMERIC)
+_op("softplus", 3, P.DEFAULT, lambda x, b, t: torch.nn.functional.softplus(x, b, t),
+    "pf_softplus({0}, {1}, {2})", FLOAT)
+_op("hardtanh", 3, P.DEFAULT, lambda x, lo, hi: torch.nn.functional.hardtanh(x, lo, hi),
+    "pf_clamp({0}, {1}, {2})", REAL_NUMERIC)
+
+
+def op(name: str) -> OpInfo:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"pyfuser has no op named {name!r}") from None
+
+
+# ---- reductions -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReductionInfo:
+    name: str
+    ref: Callable            # ref(tensor, dims, keepdim) -> tensor
+    init: str                # CUDA expression of the identity, over the accumulator type `{T}`
+    combine: str             # CUDA expression folding `{b}` into accumulator `{a}`
+    promotion: Promotion
+
+
+REDUCTIONS: dict[str, ReductionInfo] = {
+    "sum": ReductionInfo("sum", lambda x, d, k: torch.sum(x, d, keepdim=k), "{T}(0)",
+                         "({a} + {b})", Promotion.BOOL_TO_LONG),
+    "prod": ReductionInfo("prod", lambda x, d, k: _prod(x, d, k), "{T}(1)",
+                          "({a} * {b})", Promotion.BOOL_TO_LONG),
+    "max": ReductionInfo("max", lambda x, d, k: torch.amax(x, d, keepdim=k),
+                         "pf_lowest<{T}>()", "pf_max_nan({a}, {b})", Promotion.NONE),
+    "min": ReductionInfo("min", lambda x, d, k: torch.amin(x, d, keepdim=k),
+                         "pf_highest<{T}>()", "pf_min_nan({a}, {b})", Promotion.NONE),
+}
+
+
+def _prod(x, dims, keepdim):
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, keepdim=keepdim)
+    return x

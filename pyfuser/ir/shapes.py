@@ -1,0 +1,152 @@
+"""Run-time binding of a Fusion's symbolic scalars (extents and scalar inputs) to numbers.
+
+`bind(fusion, inputs)` checks each input against its definition (tensor vs scalar, rank, dtype,
+sizes that are known, broadcast axes of size 1) and returns a `Bindings` mapping every Scalar the
+fusion uses to a Python number: input extents come from the input sizes, derived extents (view
+outputs, split/merge results) and scalar expressions are computed. Two iteration axes that meet in
+an elementwise op must agree; a mismatch is an ExecuteError naming the op and the axis.
+
+Invariant: everything a kernel launch or an output allocation needs is in the Bindings; no
+scheduler or runtime re-derives sizes on its own.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import ExecuteError
+from . import exprs as E
+from .base import Scalar
+from .dtypes import DataType
+from .tensor import TensorView
+
+
+class Bindings(dict):
+    """Scalar -> value. `extent(id)` and `shape(tv)` read tensors' sizes."""
+
+    def value(self, s: Scalar):
+        return s.value if s.is_const else self[s]
+
+    def extent(self, d) -> int:
+        return int(self.value(d.expanded_extent if d.expanded_extent is not None else d.extent))
+
+    def shape(self, tv: TensorView) -> list[int]:
+        return [self.extent(d) for d in tv.logical]
+
+
+def describe_input(i: int, v) -> str:
+    return f"input {i} ({v.name})"
+
+
+def bind(fusion, inputs) -> Bindings:
+    if len(inputs) != len(fusion.inputs):
+        raise ExecuteError(f"execute: the fusion takes {len(fusion.inputs)} inputs, got {len(inputs)}")
+    b = Bindings()
+    for i, (v, x) in enumerate(zip(fusion.inputs, inputs)):
+        if isinstance(v, TensorView):
+            _bind_tensor(b, i, v, x)
+        else:
+            _bind_scalar(b, i, v, x)
+    for e in fusion.exprs:
+        _propagate(b, e)
+    return b
+
+
+def _bind_tensor(b: Bindings, i: int, v: TensorView, x) -> None:
+    where = describe_input(i, v)
+    if not isinstance(x, torch.Tensor):
+        raise ExecuteError(f"execute: {where} must be a tensor, got {type(x).__name__}")
+    if x.dim() != v.ndim:
+        raise ExecuteError(f"execute: {where} must have rank {v.ndim}, got shape {tuple(x.shape)}")
+    if x.dtype != v.dtype.torch:
+        raise ExecuteError(f"execute: {where} must be {v.dtype.torch}, got {x.dtype}")
+    hints = getattr(v, "sizes_hint", None)
+    for axis, (d, n) in enumerate(zip(v.logical, x.shape)):
+        if d.is_broadcast and n != 1:
+            raise ExecuteError(f"execute: {where} axis {axis} was defined as broadcast (size 1), got size {n}")
+        if hints and hints[axis] > 1 and hints[axis] != n:
+            raise ExecuteError(f"execute: {where} axis {axis} must have size {hints[axis]}, got {n}")
+        _set(b, d.extent, int(n), f"{where} axis {axis}")
+
+
+def _bind_scalar(b: Bindings, i: int, v: Scalar, x) -> None:
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 0:
+            raise ExecuteError(f"execute: input {i} ({v.name}) is a scalar; got a tensor of shape {tuple(x.shape)}")
+        x = x.item()
+    if not isinstance(x, (bool, int, float, complex)):
+        raise ExecuteError(f"execute: input {i} ({v.name}) must be a number, got {type(x).__name__}")
+    b[v] = x
+
+
+def _set(b: Bindings, s: Scalar, n: int, what: str) -> None:
+    if s.is_const:
+        if s.value != n:
+            raise ExecuteError(f"execute: {what} must have size {s.value}, got {n}")
+        return
+    old = b.get(s)
+    if old is not None and old != n:
+        raise ExecuteError(f"execute: {what} has size {n}, but the same axis has size {old} elsewhere")
+    b[s] = n
+
+
+def _propagate(b: Bindings, e) -> None:
+    if isinstance(e, E.ElementwiseOp):
+        _check_elementwise(b, e)
+        out = e.output
+        if isinstance(out, Scalar):
+            from .ops import OPS  # scalar arithmetic on the host, with PyTorch's semantics
+            args = [torch.tensor(b.value(x)) if isinstance(x, Scalar) else x for x in e.inputs]
+            b[out] = OPS[e.op_name].ref(*args).item()
+            return
+    if isinstance(e, E.ScalarCast):
+        b[e.output] = _py(b.value(e.inputs[0]), e.output.dtype)
+        return
+    if isinstance(e, E.ViewOp):
+        _bind_view(b, e)
+        return
+    for out in e.outputs:
+        if isinstance(out, TensorView):
+            for d in out.root:
+                if not d.extent.is_const and d.extent not in b:
+                    raise AssertionError(f"extent {d.extent} of {out.name} was never bound")
+
+
+def _check_elementwise(b: Bindings, e) -> None:
+    tensors = [t for t in e.inputs if isinstance(t, TensorView)]
+    if len(tensors) < 2:
+        return
+    for axis in range(tensors[0].ndim):
+        sizes = {b.extent(t.logical[axis]) for t in tensors
+                 if not (t.logical[axis].is_broadcast and t.logical[axis].expanded_extent is None)}
+        if len(sizes) > 1:
+            raise ExecuteError(f"execute: operands of {e.op_name} have sizes {sorted(sizes)} on axis "
+                               f"{axis}; they must be equal or 1")
+
+
+def _bind_view(b: Bindings, e) -> None:
+    inp, out = e.inputs[0], e.output
+    in_shape = b.shape(inp)
+    total = math.prod(in_shape)
+    shape = list(e.new_shape)
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or total % rest:
+            raise ExecuteError(f"execute: view of a tensor of shape {in_shape} as {e.new_shape} is invalid")
+        shape[shape.index(-1)] = total // rest
+    if math.prod(shape) != total:
+        raise ExecuteError(f"execute: view of a tensor of shape {in_shape} ({total} elements) as "
+                           f"{e.new_shape} is invalid")
+    for axis, (d, n) in enumerate(zip(out.logical, shape)):
+        _set(b, d.extent, n, f"view output {out.name} axis {axis}")
+
+
+def _py(value, dtype: DataType):
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_floating:
+        return float(value)
+    if dtype.is_complex:
+        return complex(value)
+    return int(value)
