@@ -73,7 +73,9 @@ def format_constant(value, dtype: DataType) -> str:
     if dtype.is_bool:
         return "true" if value else "false"
     if dtype.is_floating:
-        return f"double({float(value)!r})" if dtype is DataType.Double else f"float({float(value)!r})"
+        # 17 significant digits round-trip a double exactly (nvFuser prints them the same way).
+        text = f"{float(value):.17g}"
+        return f"double({text})" if dtype is DataType.Double else f"float({text})"
     if dtype.is_complex:
         return f"complex({value!r})"
     return str(int(value))

@@ -181,7 +181,15 @@ def elementwise(name: str, *operands: Operandish) -> Val:
     if len(operands) != info.arity:
         raise FusionDefinitionError(f"{name}: takes {info.arity} operands, got {len(operands)}")
     vals = [_as_val(x, name) for x in operands]
-    promoted = vals[1:] if name == "where" else vals
+    for i in sorted(info.scalar_args):
+        if not isinstance(vals[i], Scalar):
+            raise FusionDefinitionError(f"{name}: operand {i} must be a scalar, got tensor {vals[i].name}")
+    for i, v in enumerate(vals):
+        if not info.accepts_operand(v.dtype):
+            raise FusionDefinitionError(f"{name}: does not take {v.dtype.name} operands "
+                                        f"(operand {i}: {v})")
+    skip = set(info.scalar_args) | ({0} if name == "where" else set())
+    promoted = [v for i, v in enumerate(vals) if i not in skip]
     if name == "where":
         if vals[0].dtype is not DataType.Bool:
             raise FusionDefinitionError(f"where: condition must be Bool, got {vals[0].dtype.name}")
@@ -192,7 +200,8 @@ def elementwise(name: str, *operands: Operandish) -> Val:
         raise FusionDefinitionError(
             f"{name}: does not take {compute.name} operands (accepts {sorted(info.accepts)})")
     out_dtype = DataType.Bool if info.promotion is Promotion.ALWAYS_BOOL else compute
-    vals = [cast(v, compute) if isinstance(v, TensorView) and v in promoted else v for v in vals]
+    vals = [cast(v, compute) if isinstance(v, TensorView) and i not in skip else v
+            for i, v in enumerate(vals)]
     vals = _align_ranks(vals, name)
     tensors = [v for v in vals if isinstance(v, TensorView)]
     if not tensors:

@@ -50,17 +50,28 @@ class OpInfo:
     accepts: frozenset = ALL
     # Extra keyword parameters that are compile-time constants of the op (e.g. rounding_mode).
     params: tuple = field(default=())
+    # Operand positions that must be scalars and take no part in type promotion (PyTorch's
+    # `Scalar` parameters such as leaky_relu's slope or addcmul's value).
+    scalar_args: frozenset = frozenset()
+    # Categories each operand's *own* dtype must be in, before promotion (None: any). Eager
+    # rejects e.g. `int_tensor - bool_tensor` although the computation would be integral.
+    operand_accepts: frozenset | None = None
 
     def accepts_dtype(self, dtype: DataType) -> bool:
         return category(dtype) in self.accepts
+
+    def accepts_operand(self, dtype: DataType) -> bool:
+        return self.operand_accepts is None or category(dtype) in self.operand_accepts
 
 
 OPS: dict[str, OpInfo] = {}
 
 
-def _op(name, arity, promotion, ref, cuda, accepts=ALL, params=()):
+def _op(name, arity, promotion, ref, cuda, accepts=ALL, params=(), scalar_args=(),
+        operand_accepts=None):
     assert name not in OPS, name
-    OPS[name] = OpInfo(name, arity, promotion, ref, cuda, accepts, params)
+    OPS[name] = OpInfo(name, arity, promotion, ref, cuda, accepts, params, frozenset(scalar_args),
+                       operand_accepts)
 
 
 P = Promotion
@@ -68,7 +79,7 @@ SQRT1_2 = math.sqrt(0.5)
 
 # ---- unary ------------------------------------------------------------------------------------
 _op("neg", 1, P.DEFAULT, torch.neg, "(-{0})", NUMERIC)
-_op("abs", 1, P.DEFAULT, torch.abs, "pf_abs({0})", REAL)
+_op("abs", 1, P.DEFAULT, torch.abs, "pf_abs({0})", REAL_NUMERIC)
 _op("bitwise_not", 1, P.DEFAULT, torch.bitwise_not, "pf_bitwise_not({0})", INTEGER)
 _op("logical_not", 1, P.ALWAYS_BOOL, torch.logical_not, "(!{0})", REAL)
 _op("relu", 1, P.DEFAULT, torch.relu, "pf_relu({0})", REAL_NUMERIC)
@@ -102,7 +113,7 @@ _op("hardsigmoid", 1, P.DEFAULT, torch.nn.functional.hardsigmoid, "pf_hardsigmoi
 
 # ---- binary -----------------------------------------------------------------------------------
 _op("add", 2, P.DEFAULT, torch.add, "({0} + {1})", ALL)
-_op("sub", 2, P.DEFAULT, torch.sub, "({0} - {1})", NUMERIC)
+_op("sub", 2, P.DEFAULT, torch.sub, "({0} - {1})", NUMERIC, operand_accepts=NUMERIC)
 _op("mul", 2, P.DEFAULT, torch.mul, "({0} * {1})", ALL)
 _op("div", 2, P.INT_TO_FLOAT, torch.div, "({0} / {1})", NUMERIC)
 _op("div_trunc", 2, P.DEFAULT, lambda a, b: torch.div(a, b, rounding_mode="trunc"),
@@ -132,7 +143,8 @@ _op("bitwise_left_shift", 2, P.DEFAULT, torch.bitwise_left_shift, "pf_shl({0}, {
 _op("bitwise_right_shift", 2, P.DEFAULT, torch.bitwise_right_shift, "pf_shr({0}, {1})",
     frozenset({"int"}))
 _op("leaky_relu", 2, P.DEFAULT, lambda x, s: torch.nn.functional.leaky_relu(x, float(s)),
-    "pf_leaky_relu({0}, {1})", FLOAT)
+    "pf_leaky_relu({0}, {1})", FLOAT,
+    scalar_args=(1,))
 _op("clamp_min", 2, P.DEFAULT, torch.clamp_min, "pf_clamp_min({0}, {1})", REAL_NUMERIC)
 _op("clamp_max", 2, P.DEFAULT, torch.clamp_max, "pf_clamp_max({0}, {1})", REAL_NUMERIC)
 
@@ -143,13 +155,17 @@ _op("clamp", 3, P.DEFAULT, lambda x, lo, hi: torch.clamp(x, lo, hi), "pf_clamp({
     REAL_NUMERIC)
 _op("lerp", 3, P.DEFAULT, torch.lerp, "pf_lerp({0}, {1}, {2})", FLOAT)
 _op("addcmul", 4, P.DEFAULT, lambda s, a, b, v: torch.addcmul(s, a, b, value=v),
-    "({0} + {3} * {1} * {2})", NUMERIC)
+    "({0} + {3} * {1} * {2})", NUMERIC,
+    scalar_args=(3,))
 _op("threshold", 3, P.DEFAULT, lambda x, t, v: torch.threshold(x, t, v),
-    "({0} <= {1} ? {2} : {0})", REAL_NUMERIC)
+    "({0} <= {1} ? {2} : {0})", REAL_NUMERIC,
+    scalar_args=(1, 2))
 _op("softplus", 3, P.DEFAULT, lambda x, b, t: torch.nn.functional.softplus(x, b, t),
-    "pf_softplus({0}, {1}, {2})", FLOAT)
+    "pf_softplus({0}, {1}, {2})", FLOAT,
+    scalar_args=(1, 2))
 _op("hardtanh", 3, P.DEFAULT, lambda x, lo, hi: torch.nn.functional.hardtanh(x, lo, hi),
-    "pf_clamp({0}, {1}, {2})", REAL_NUMERIC)
+    "pf_clamp({0}, {1}, {2})", REAL_NUMERIC,
+    scalar_args=(1, 2))
 
 
 def op(name: str) -> OpInfo:

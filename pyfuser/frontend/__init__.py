@@ -1,0 +1,1 @@
+"""Frontends: readers of the programs pyfuser compiles (TorchScript IR text for now)."""

@@ -1,0 +1,181 @@
+"""Lowerings of elementwise aten ops (arithmetic, activations, comparisons, casts).
+
+Every handler receives the node's arguments already lowered: TensorViews and symbolic Scalars for
+values computed or passed at run time, Python values for constants. Handlers only call the
+builder; the op table decides dtypes, so promotion is PyTorch's.
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedOpError
+from ...ir import builder as B
+from ...ir.base import Scalar
+from ...ir.dtypes import DataType
+from ...ir.ops import OPS
+from ...ir.tensor import TensorView
+from ..torchscript.types import CODE_TO_DTYPE
+from .registry import POINTWISE, lowers
+
+ew = B.elementwise
+
+
+def _dtype(code) -> DataType:
+    if isinstance(code, DataType):
+        return code
+    try:
+        return DataType.from_torch(CODE_TO_DTYPE[code])
+    except (KeyError, ValueError):
+        raise UnsupportedOpError(f"dtype code {code!r} is not supported") from None
+
+
+def _is_one(x) -> bool:
+    return not isinstance(x, (TensorView, Scalar)) and x == 1
+
+
+def _scaled(other, alpha):
+    return other if _is_one(alpha) else ew("mul", other, alpha)
+
+
+@lowers("aten::add", n_args=(2, 3))
+def _add(a, b, alpha=1):
+    return ew("add", a, _scaled(b, alpha))
+
+
+@lowers("aten::sub", n_args=(2, 3))
+def _sub(a, b, alpha=1):
+    return ew("sub", a, _scaled(b, alpha))
+
+
+@lowers("aten::rsub", n_args=(2, 3))
+def _rsub(a, b, alpha=1):
+    return ew("sub", b, _scaled(a, alpha))
+
+
+@lowers("prim::add_optional", n_args=(2,))
+def _add_optional(a, b):
+    return a if b is None else ew("add", a, b)
+
+
+@lowers("aten::div", n_args=(2, 3), const_args=(2,))
+def _div(a, b, rounding_mode=None):
+    names = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}
+    if rounding_mode not in names:
+        raise UnsupportedOpError(f"aten::div: rounding_mode {rounding_mode!r}")
+    return ew(names[rounding_mode], a, b)
+
+
+# Ops whose aten arguments map one to one onto op-table operands.
+_DIRECT = {
+    "mul": "mul", "pow": "pow", "remainder": "remainder", "fmod": "fmod", "neg": "neg",
+    "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
+    "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
+    "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh",
+    "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc", "erfinv": "erfinv", "relu": "relu",
+    "silu": "silu", "mish": "mish", "hardswish": "hardswish", "hardsigmoid": "hardsigmoid",
+    "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc", "frac": "frac",
+    "sign": "sign", "atan2": "atan2", "maximum": "maximum", "minimum": "minimum",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
+    "logical_not": "logical_not", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor", "bitwise_not": "bitwise_not", "__and__": "bitwise_and",
+    "__or__": "bitwise_or", "__xor__": "bitwise_xor", "isnan": "isnan", "isinf": "isinf",
+    "isfinite": "isfinite", "clamp_min": "clamp_min", "clamp_max": "clamp_max",
+    "leaky_relu": "leaky_relu", "lerp": "lerp", "where": "where", "threshold": "threshold",
+    "softplus": "softplus", "hardtanh": "hardtanh",
+    "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le",
+    "not_equal": "ne", "relu6": None,
+}
+
+
+def _direct(table_name):
+    def handler(*args):
+        return ew(table_name, *args)
+    return handler
+
+
+for _aten, _name in _DIRECT.items():
+    if _name is not None:
+        lowers(f"aten::{_aten}", n_args=(OPS[_name].arity,))(_direct(_name))
+
+
+@lowers("aten::relu6", n_args=(1,))
+def _relu6(x):
+    return ew("hardtanh", x, 0.0, 6.0)
+
+
+@lowers("aten::gelu", n_args=(1, 2), const_args=(1,))
+def _gelu(x, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedOpError(f"aten::gelu: approximate={approximate!r}")
+    return ew("gelu" if approximate == "none" else "gelu_tanh", x)
+
+
+@lowers("aten::elu", n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
+def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
+    neg = ew("mul", ew("expm1", ew("mul", x, float(input_scale))), float(alpha) * float(scale))
+    pos = ew("mul", x, float(scale)) if float(scale) != 1.0 else x
+    return ew("where", ew("le", x, 0.0), neg, pos)
+
+
+@lowers("aten::clamp", n_args=(1, 2, 3))
+def _clamp(x, lo=None, hi=None):
+    if lo is None and hi is None:
+        raise UnsupportedOpError("aten::clamp: at least one of min and max must be given")
+    if hi is None:
+        return ew("clamp_min", x, lo)
+    if lo is None:
+        return ew("clamp_max", x, hi)
+    return ew("clamp", x, lo, hi)
+
+
+@lowers("aten::addcmul", n_args=(3, 4))
+def _addcmul(s, a, b, value=1):
+    return ew("addcmul", s, a, b, value)
+
+
+@lowers("aten::masked_fill", n_args=(3,))
+def _masked_fill(x, mask, value):
+    if isinstance(value, TensorView) and value.ndim != 0:
+        raise UnsupportedOpError("aten::masked_fill: value must be a scalar or a 0-dim tensor")
+    return ew("where", mask, B.cast(value, x.dtype), x)
+
+
+# ---- casts ------------------------------------------------------------------------------------
+def _to_dtype(x, dtype):
+    return x if dtype is None else B.cast(x, _dtype(dtype))
+
+
+@lowers("aten::_to_copy", n_args=(1, 2, 3, 4, 5, 6, 7), const_args=(1, 2, 3, 4, 5, 6))
+def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    y = _to_dtype(x, dtype)
+    return B.set_(y) if y is x else y
+
+
+@lowers("aten::to", n_args=(2, 3, 4, 5, 6, 8), const_args=(1, 2, 3, 4, 5, 6, 7))
+def _to(x, *args):
+    """Every `aten::to` overload: by dtype, by device (+dtype), by dtype_layout, by other."""
+    if args and isinstance(args[0], TensorView):          # to.other
+        return B.cast(x, args[0].dtype)
+    if len(args) == 7:                                    # to.dtype_layout
+        return _to_dtype(x, args[0])
+    if args and isinstance(args[0], str):                 # to.device(device, dtype, ...)
+        return _to_dtype(x, args[1] if len(args) > 1 else None)
+    return _to_dtype(x, args[0] if args else None)        # to.dtype(dtype, ...)
+
+
+@lowers("aten::type_as", n_args=(2,))
+def _type_as(x, other):
+    return B.cast(x, other.dtype)
+
+
+@lowers("aten::contiguous", "aten::clone", n_args=(1, 2), const_args=(1,))
+def _copy(x, memory_format=None):
+    return B.set_(x)
+
+
+@lowers("aten::dropout", "aten::feature_dropout", n_args=(3,), const_args=(1, 2))
+def _dropout(x, p, train):
+    if train:
+        raise UnsupportedOpError("dropout in training mode is random; left to eager")
+    return x

@@ -1,0 +1,172 @@
+"""The driver that walks a TorchScript graph and builds a Fusion (nvFuser's `parseJitIR` role).
+
+Graph inputs become Fusion inputs in order: tensors from their declared type or from an example
+tensor (dtype, rank, size-1 axes as broadcast, contiguity and stride order from the strides);
+int/float/bool inputs become symbolic scalars. Constants and constant lists are folded into the
+node arguments. Every other node must have an entry in the lowering table.
+
+Invariant: a graph that lowers computes, through the Fusion, exactly what the eager runner
+computes on inputs that match the specialisation (same dtypes, ranks, size-1 axes); callers guard
+other inputs (ir.shapes.bind raises ExecuteError on a mismatch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import PyfuserError, UnsupportedOpError
+from ...ir import builder as B
+from ...ir.dtypes import DataType
+from ...ir.fusion import Fusion
+from ...ir.tensor import TensorView
+from ..torchscript.types import BoolType, FloatType, IntType, TensorType
+from . import aten_pointwise, aten_reduction, aten_shape  # noqa: F401  (fill the table)
+from .registry import LOWERINGS
+
+_LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
+_SCALAR_TYPES = {IntType: DataType.Int, FloatType: DataType.Double, BoolType: DataType.Bool}
+
+
+@dataclass
+class LoweredGraph:
+    fusion: Fusion
+    # For each graph output: the index of the fusion output that gives it.
+    output_map: list[int]
+
+
+def where(node) -> str:
+    line = f" (line {node.src_line})" if getattr(node, "src_line", None) else ""
+    outs = ", ".join(f"%{o.debug_name}" for o in node.outputs)
+    return f"{node.kind}{line}" + (f" defining {outs}" if outs else "")
+
+
+def node_support(node) -> tuple[bool, str]:
+    """Whether `node` can be lowered on its own terms (kind, argument count, constant args)."""
+    entry = LOWERINGS.get(node.kind)
+    if entry is None:
+        return False, f"{node.kind} has no lowering"
+    n = len(node.inputs)
+    if entry.n_args and n not in entry.n_args:
+        return False, f"{node.kind} with {n} arguments is not supported"
+    for pos in entry.const_args:
+        if pos < n and not is_constant(node.inputs[pos]):
+            return False, f"{node.kind}: argument {pos} must be a constant"
+    for i, v in enumerate(node.inputs):
+        if i not in entry.const_args and not _is_value_arg(v):
+            return False, f"{node.kind}: argument {i} of type {v.type} is not a tensor or number"
+    return True, ""
+
+
+def is_constant(v) -> bool:
+    k = v.node.kind
+    if k == "prim::Constant":
+        return True
+    return k in _LIST_KINDS and all(is_constant(i) for i in v.node.inputs)
+
+
+def _is_value_arg(v) -> bool:
+    return is_constant(v) or isinstance(v.type, TensorType) or type(v.type) in _SCALAR_TYPES
+
+
+def constant_value(v):
+    node = v.node
+    if node.kind in _LIST_KINDS:
+        return [constant_value(i) for i in node.inputs]
+    return node.attr("value") if node.has_attr("value") else None
+
+
+def lower_graph(graph, example_inputs=None) -> LoweredGraph:
+    """Build a Fusion from `graph`; raises UnsupportedOpError naming the node that cannot lower."""
+    fusion = Fusion()
+    env: dict = {}
+    with fusion:
+        for i, v in enumerate(graph.inputs):
+            example = example_inputs[i] if example_inputs is not None else None
+            env[v] = _lower_input(v, example)
+        for node in graph.nodes():
+            _lower_node(node, env)
+        output_map = []
+        for v in graph.outputs:
+            val = env.get(v)
+            if not isinstance(val, TensorView):
+                raise UnsupportedOpError(f"graph output %{v.debug_name} is not a tensor computed by the fusion")
+            if val not in fusion.outputs:
+                fusion.add_output(val)
+            output_map.append(fusion.outputs.index(val))
+    return LoweredGraph(fusion, output_map)
+
+
+def _lower_input(v, example):
+    t = v.type
+    if isinstance(example, torch.Tensor):
+        return _tensor_input(example.dtype, list(example.shape), list(example.stride()), v)
+    if isinstance(t, TensorType):
+        if t.dtype is None or t.sizes is None:
+            raise UnsupportedOpError(
+                f"graph input %{v.debug_name} has type {t}; its dtype and rank must be known "
+                "(give example inputs)")
+        sizes = [-1 if s is None else s for s in t.sizes]
+        return _tensor_input(t.dtype, sizes, list(t.strides) if t.strides else None, v)
+    if type(t) in _SCALAR_TYPES or isinstance(example, (bool, int, float)):
+        dtype = _SCALAR_TYPES.get(type(t)) or DataType.from_python(example)
+        s = B.symbolic_scalar(dtype)
+        Fusion.current().add_input(s)
+        return s
+    raise UnsupportedOpError(f"graph input %{v.debug_name} of type {t} cannot enter a fusion")
+
+
+def _tensor_input(dtype, sizes, strides, v):
+    try:
+        dt = DataType.from_torch(dtype)
+    except ValueError:
+        raise UnsupportedOpError(f"graph input %{v.debug_name}: dtype {dtype} is not supported") from None
+    sizes = [1 if s == 1 else s for s in sizes]
+    stride_order = None
+    contiguity = None
+    if strides and None not in strides and -1 not in sizes:
+        order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+        stride_order = [0] * len(sizes)
+        for rank, axis in enumerate(order):
+            stride_order[axis] = rank
+        contiguity = _contiguity(sizes, strides)
+        if stride_order == list(range(len(sizes) - 1, -1, -1)):
+            stride_order = None
+    return B.define_tensor([s if s == 1 else -1 for s in sizes], dt, contiguity, stride_order)
+
+
+def _contiguity(sizes, strides) -> list:
+    """Per axis: stride equals the product of the sizes of the axes inner to it (by stride)."""
+    order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+    expected, result = 1, [True] * len(sizes)
+    for axis in order:
+        if sizes[axis] == 1:
+            result[axis] = None
+            continue
+        result[axis] = strides[axis] == expected
+        expected = strides[axis] * sizes[axis]
+    return result
+
+
+def _lower_node(node, env) -> None:
+    kind = node.kind
+    if kind == "prim::Constant" or (kind in _LIST_KINDS and is_constant(node.output())):
+        env[node.output()] = constant_value(node.output())
+        return
+    if kind in _LIST_KINDS:
+        env[node.output()] = [env[i] for i in node.inputs]
+        return
+    ok, reason = node_support(node)
+    if not ok:
+        raise UnsupportedOpError(f"{where(node)}: {reason}")
+    args = [env[i] if i in env else constant_value(i) for i in node.inputs]
+    try:
+        result = LOWERINGS[kind].handler(*args)
+    except PyfuserError as e:
+        raise UnsupportedOpError(f"{where(node)}: {e}") from None
+    results = result if isinstance(result, tuple) else (result,)
+    for i, out in enumerate(node.outputs):
+        val = results[i] if i < len(results) else None
+        if val is None and out.has_uses():
+            raise UnsupportedOpError(f"{where(node)}: output {i} is used but not produced by the lowering")
+        env[out] = val

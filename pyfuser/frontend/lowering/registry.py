@@ -1,0 +1,36 @@
+"""The table of TorchScript node kinds pyfuser lowers, and the decorator that fills it.
+
+Each entry records the handler (node arguments -> Fusion IR values), the op's class (pointwise,
+metadata, reduction, normalization: the graph fuser only groups classes some scheduler runs),
+and which argument positions must be compile-time constants.
+
+Invariant: one entry per node kind; in-place kinds (`aten::add_`) are not here: the graph fuser
+makes them functional first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+POINTWISE, METADATA, REDUCTION, NORMALIZATION = "pointwise", "metadata", "reduction", "normalization"
+
+
+@dataclass(frozen=True)
+class Lowering:
+    kind: str
+    handler: Callable        # handler(*args) -> Val | tuple of Val (one per node output)
+    op_class: str
+    const_args: tuple        # positions that must be constants (dims, sizes, dtypes, flags)
+    n_args: tuple            # accepted argument counts (empty: any)
+
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowers(*kinds: str, op_class: str = POINTWISE, const_args=(), n_args=()):
+    def register(fn):
+        for k in kinds:
+            assert k not in LOWERINGS, k
+            LOWERINGS[k] = Lowering(k, fn, op_class, tuple(const_args), tuple(n_args))
+        return fn
+    return register

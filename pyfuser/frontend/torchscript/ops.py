@@ -1,0 +1,152 @@
+"""Calling a TorchScript operator through `torch.ops` with positional IR arguments.
+
+The IR passes every argument positionally, keyword-only ones included, and never names the
+overload. `resolve(kind, args)` scores each non-`out` schema of `kind` against the runtime
+values (exact type 3, convertible 1-2, misfit rejects) and picks the best (earliest on ties);
+`call_op` then passes positional parameters positionally and keyword-only ones by name,
+converting Device arguments through the run's device map. Results: tuple -> list, None with
+no declared return -> [], else [result]. Resolutions are cached per (kind, argument kinds).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def schemas(kind: str) -> tuple:
+    """Schemas of `kind` without the `out=` variants."""
+    try:
+        found = torch._C._jit_get_schemas_for_operator(kind)
+    except Exception:
+        return ()
+    return tuple(s for s in found if not any(a.is_out for a in s.arguments)
+                 and not s.overload_name.endswith("out"))
+
+
+def _fit(v: Any, t) -> int:
+    k = t.kind()
+    if k == "OptionalType":
+        return 2 if v is None else _fit(v, t.getElementType())
+    if k == "TensorType":
+        return 3 if isinstance(v, torch.Tensor) else 0
+    if isinstance(v, torch.Tensor):
+        return 1 if k in ("AnyType", "VarType") else 0
+    if k in ("IntType", "SymIntType"):
+        if isinstance(v, bool):
+            return 0
+        return 3 if isinstance(v, int) else (2 if isinstance(v, (torch.dtype, torch.layout,
+                                                                 torch.memory_format)) else 0)
+    if k in ("FloatType", "SymFloatType"):
+        return 3 if isinstance(v, float) else (1 if isinstance(v, int) and not isinstance(v, bool) else 0)
+    if k in ("BoolType", "SymBoolType"):
+        return 3 if isinstance(v, bool) else 0
+    if k == "NumberType":
+        return 2 if isinstance(v, (int, float, complex)) else 0
+    if k == "ComplexType":
+        return 3 if isinstance(v, complex) else (1 if isinstance(v, (int, float)) else 0)
+    if k == "StringType":
+        return 3 if isinstance(v, str) else 0
+    if k == "DeviceObjType":
+        return 3 if isinstance(v, torch.device) else (2 if isinstance(v, str) else 0)
+    if k == "ListType":
+        if not isinstance(v, (list, tuple)):
+            return 0
+        if not v:
+            return 2
+        return min(_fit(e, t.getElementType()) for e in v)
+    if k == "TupleType":
+        return 2 if isinstance(v, tuple) else 0
+    if k == "NoneType":
+        return 3 if v is None else 0
+    if k == "GeneratorType":
+        return 2 if v is None or isinstance(v, torch.Generator) else 0
+    return 1
+
+
+def _score(schema, args: list) -> Optional[int]:
+    params = schema.arguments
+    if len(args) > len(params):
+        return None
+    if any(not p.has_default_value() for p in params[len(args):]):
+        return None
+    total = 0
+    for v, p in zip(args, params):
+        s = _fit(v, p.type)
+        if s == 0:
+            return None
+        total += s
+    return total
+
+
+def _arg_key(v: Any):
+    if isinstance(v, torch.Tensor):
+        return "T"
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__,) + tuple(sorted({_arg_key(e) for e in v}, key=str))
+    return type(v).__name__
+
+
+_CACHE: dict = {}
+
+
+def resolve(kind: str, args: list):
+    """The best-fitting schema for the runtime args, or None."""
+    key = (kind, tuple(_arg_key(a) for a in args))
+    if key in _CACHE:
+        return _CACHE[key]
+    best, best_score = None, -1
+    for s in schemas(kind):
+        sc = _score(s, args)
+        if sc is not None and sc > best_score:
+            best, best_score = s, sc
+    _CACHE[key] = best
+    return best
+
+
+def _is_device_param(t) -> bool:
+    k = t.kind()
+    if k == "OptionalType":
+        return _is_device_param(t.getElementType())
+    return k == "DeviceObjType"
+
+
+def call_op(kind: str, args: list, map_device: Callable) -> list:
+    """Run `kind` through torch.ops; raises LookupError when no overload fits."""
+    schema = resolve(kind, args)
+    if schema is None:
+        sigs = "; ".join(str(s) for s in schemas(kind)[:6]) or "no schemas known"
+        types = ", ".join(_describe(a) for a in args)
+        raise LookupError(f"no overload of {kind} takes ({types}); candidates: {sigs}")
+    ns, name = kind.split("::", 1)
+    packet = getattr(getattr(torch.ops, ns), name)
+    op = getattr(packet, schema.overload_name or "default")
+    pos, kw = [], {}
+    for v, p in zip(args, schema.arguments):
+        if v is not None and _is_device_param(p.type):
+            v = map_device(torch.device(v))
+        if p.kwarg_only:
+            kw[p.name] = v
+        else:
+            pos.append(v)
+    result = op(*pos, **kw)
+    if isinstance(result, (tuple, list)) and len(schema.returns) != 1:
+        return list(result)
+    if result is None and not schema.returns:
+        return []
+    return [result]
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"Tensor[{v.dtype}, {tuple(v.shape)}]"
+    if isinstance(v, (list, tuple)):
+        return f"{type(v).__name__}[{', '.join(_describe(e) for e in v[:3])}]"
+    return type(v).__name__
+
+
+def arg_names(kind: str, index: int) -> set:
+    """Names of parameter `index` across the schemas of `kind` (for make_inputs' heuristics)."""
+    return {s.arguments[index].name for s in schemas(kind) if len(s.arguments) > index}

@@ -1,0 +1,178 @@
+"""The reference evaluator: runs any Fusion with eager PyTorch ops, on any device.
+
+`evaluate(fusion, inputs)` binds sizes first (`shapes.bind`, which validates the inputs), then walks
+`fusion.exprs` in order, skipping exprs no output needs, and dispatches on the Expr class through
+HANDLERS. Elementwise ops call the op table's `ref`, scalars are passed as Python numbers (so they
+act as PyTorch's wrapped numbers), and data movement uses the torch op eager would use.
+
+Invariants (this is the oracle every other test compares against):
+- results equal eager PyTorch's, dtype included: half/bfloat16 ops round exactly where eager does;
+- metadata ops (broadcast, expand, squeeze, view/reshape, permute) return views of their input
+  wherever torch does; `set` copies;
+- an output that is an input is returned as the same tensor object; an output registered in
+  `fusion.aliases` (output -> input) is written into that input, which is returned.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import exprs as E
+from .base import Scalar
+from .shapes import Bindings, bind
+from .tensor import TensorView
+
+
+class _Env:
+    """Values computed so far: tensors by Val identity, scalars from the Bindings."""
+
+    def __init__(self, bindings: Bindings, device):
+        self.b, self.tensors, self.device = bindings, {}, device
+
+    def __getitem__(self, v):
+        if isinstance(v, TensorView):
+            return self.tensors[id(v)]
+        return self.b.value(v)
+
+    def __setitem__(self, v, value):
+        self.tensors[id(v)] = value
+
+
+def _elementwise(e, env: _Env):
+    out = e.output
+    if isinstance(out, Scalar):
+        return None  # computed by bind() on the host
+    args = [env[v] for v in e.inputs]
+    try:
+        result = e.info.ref(*args)
+    except TypeError:
+        # Some torch functions (maximum, atan2...) take no Python numbers: pass scalars as 0-dim
+        # tensors of the computation dtype (what a kernel computes with).
+        compute = next((v.dtype for v in e.inputs if isinstance(v, TensorView)
+                        and not v.dtype.is_bool), out.dtype).torch
+        if not any(isinstance(a, (bool, int, float, complex)) for a in args):
+            raise
+        result = e.info.ref(*(torch.tensor(a, dtype=compute, device=env.device)
+                              if isinstance(a, (bool, int, float, complex)) else a for a in args))
+    if not isinstance(result, torch.Tensor):
+        result = torch.tensor(result, device=env.device)
+    if result.dtype != out.dtype.torch:
+        result = result.to(out.dtype.torch)
+    return result
+
+
+def _cast(e, env):
+    return env[e.inputs[0]].to(e.dtype.torch)
+
+
+def _set(e, env):
+    return env[e.inputs[0]].clone()
+
+
+def _broadcast(e, env):
+    x = env[e.inputs[0]]
+    for axis, new in enumerate(e.flags):
+        if new:
+            x = x.unsqueeze(axis)
+    return x
+
+
+def _expand(e, env):
+    return env[e.inputs[0]].expand(env.b.shape(e.output))
+
+
+def _squeeze(e, env):
+    return env[e.inputs[0]].squeeze(tuple(e.dims))
+
+
+def _view(e, env):
+    return env[e.inputs[0]].reshape(env.b.shape(e.output))
+
+
+def _permute(e, env):
+    return env[e.inputs[0]].permute(e.dims)
+
+
+def _reduction(e, env):
+    return e.info.ref(env[e.inputs[0]], list(e.axes), False)
+
+
+def _welford(e, env):
+    x = env[e.inputs[0]]
+    var, avg = torch.var_mean(x, dim=list(e.axes), correction=0)
+    count = 1
+    for a in e.axes:
+        count *= x.shape[a]
+    avg_tv, m2_tv, n_tv = e.outputs
+    n = torch.full_like(avg, count, dtype=n_tv.dtype.torch)
+    return avg.to(avg_tv.dtype.torch), (var * count).to(m2_tv.dtype.torch), n
+
+
+def _full(e, env):
+    shape = [int(env.b.value(s)) for s in e.shape]
+    return torch.full(shape, env[e.inputs[0]], dtype=e.output.dtype.torch, device=env.device)
+
+
+def _iota(e, env):
+    length, start, step = (env[v] for v in e.inputs)
+    dtype = e.output.dtype.torch
+    idx = torch.arange(int(length), device=env.device, dtype=dtype)
+    return idx * step + start if step != 1 or start != 0 else idx
+
+
+def _scalar(e, env):
+    return None  # scalar results are in the Bindings
+
+
+HANDLERS = {
+    E.ElementwiseOp: _elementwise,
+    E.CastOp: _cast,
+    E.SetOp: _set,
+    E.BroadcastOp: _broadcast,
+    E.ExpandOp: _expand,
+    E.SqueezeOp: _squeeze,
+    E.ViewOp: _view,
+    E.PermuteOp: _permute,
+    E.ReductionOp: _reduction,
+    E.WelfordOp: _welford,
+    E.FullOp: _full,
+    E.IotaOp: _iota,
+    E.ScalarCast: _scalar,
+}
+
+
+def _handler(e):
+    for cls in type(e).__mro__:
+        if cls in HANDLERS:
+            return HANDLERS[cls]
+    raise NotImplementedError(f"the reference evaluator has no handler for {type(e).__name__}")
+
+
+def evaluate(fusion, inputs) -> list:
+    """Run `fusion` on `inputs` (tensors and numbers, in fusion.inputs order) with eager ops."""
+    inputs = list(inputs)
+    bindings = bind(fusion, inputs)
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    env = _Env(bindings, device)
+    for v, x in zip(fusion.inputs, inputs):
+        if isinstance(v, TensorView):
+            env[v] = x
+    needed = {id(e) for e in fusion.used_exprs()}
+    for e in fusion.exprs:
+        if id(e) not in needed:
+            continue
+        result = _handler(e)(e, env)
+        if result is None:
+            continue
+        results = result if isinstance(result, tuple) else (result,)
+        for out, r in zip(e.outputs, results):
+            env[out] = r
+    outs = []
+    for out in fusion.outputs:
+        value = env[out]
+        target = fusion.aliases.get(out)
+        if target is not None:
+            dest = env[target]
+            dest.copy_(value)
+            value = dest
+        outs.append(value)
+    return outs

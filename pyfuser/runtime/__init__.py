@@ -1,0 +1,1 @@
+"""Runtime: NVRTC compilation with caches, kernel launch, and dispatch of a Fusion's execution."""

@@ -1,0 +1,233 @@
+"""NVRTC: CUDA C source -> CUBIN for one exact GPU architecture, with the on-disk cache in front.
+
+`compile_cuda(source, name, arch=None, options=())` returns a `CompiledBinary` (the CUBIN, the
+kernel's lowered name, the NVRTC log and the compile time). The cache key is sha256 of the source,
+the arch, the complete option list and the NVRTC version, so a cached binary is only reused for the
+exact same compilation (see disk_cache.py).
+
+Invariants:
+- Options always contain `-arch=sm_XY` (a CUBIN for that exact arch, no PTX), `--std=c++17` and
+  `-default-device`; never `-use_fast_math` (results must match eager's precise math).
+- The kernel name is resolved through an NVRTC name expression, so `extern "C"` and C++-mangled
+  kernels both work; `lowered_name` is what cuModuleGetFunction needs.
+- A failed compile raises CompileError carrying the kernel's name and the full NVRTC log; with the
+  `cuda_to_file` dump on, the source is written to the dump dir first.
+- Works without a GPU (the arch then defaults to sm_90, or $PYFUSER_ARCH).
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from .. import dump as D
+from ..errors import CompileError
+from . import disk_cache
+
+DEFAULT_ARCH = "sm_90"
+BASE_OPTIONS = ("--std=c++17", "-default-device")
+
+
+@dataclass(frozen=True)
+class CompiledBinary:
+    name: str                 # the kernel's name in the source
+    lowered_name: str         # the symbol to look up in the loaded module
+    arch: str                 # e.g. "sm_90"
+    cubin: bytes
+    log: str                  # NVRTC's log (warnings), possibly empty
+    compile_time_s: float     # NVRTC wall time; 0.0 when read from the disk cache
+    key: str                  # the disk-cache key (sha256 hex)
+    from_disk: bool = False
+
+
+# ---- the NVRTC module ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        try:
+            from cuda import nvrtc  # cuda-python < 12.6
+        except ImportError as e:
+            raise CompileError("NVRTC is unavailable: install cuda-bindings and nvidia-cuda-nvrtc "
+                               f"(pip install 'pyfuser[cuda]'): {e}") from None
+    return nvrtc
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    nv = _nvrtc()
+    err, major, minor = nv.nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return int(major), int(minor)
+
+
+@functools.lru_cache(maxsize=None)
+def supported_archs() -> tuple[int, ...]:
+    nv = _nvrtc()
+    try:
+        err, archs = nv.nvrtcGetSupportedArchs()
+        _check(err, "nvrtcGetSupportedArchs")
+        return tuple(int(a) for a in archs)
+    except AttributeError:
+        return ()
+
+
+def _ok(err) -> bool:
+    return int(err) == 0
+
+
+def _check(err, call: str) -> None:
+    if not _ok(err):
+        raise CompileError(f"{call} failed: {err!r}")
+
+
+# ---- arch and headers ---------------------------------------------------------------------------
+def default_arch() -> str:
+    """`$PYFUSER_ARCH`, else the current GPU's compute capability, else sm_90."""
+    env = os.environ.get("PYFUSER_ARCH")
+    if env:
+        return env if env.startswith("sm_") else f"sm_{env}"
+    return _device_arch()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch() -> str:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - any failure to query a GPU means "no GPU"
+        pass
+    return DEFAULT_ARCH
+
+
+def _has_fp16(d: str) -> bool:
+    return bool(d) and os.path.isfile(os.path.join(d, "cuda_fp16.h"))
+
+
+def _candidate_include_dirs() -> list[str]:
+    major = nvrtc_version()[0]
+    out = [os.environ.get("PYFUSER_CUDA_INCLUDE", "")]
+    # pip wheels: nvidia/cu13/include (CUDA 13 layout), nvidia/cuda_runtime/include (CUDA 12)
+    for p in sys.path:
+        base = os.path.join(p, "nvidia")
+        if os.path.isdir(base):
+            out += [os.path.join(base, f"cu{major}", "include"),
+                    os.path.join(base, "cuda_runtime", "include"),
+                    os.path.join(base, "cuda_nvrtc", "include")]
+    try:  # cuda-pathfinder knows the wheels and CUDA_HOME
+        from cuda import pathfinder
+        out.append(pathfinder.find_nvidia_header_directory("cudart") or "")
+    except Exception:  # noqa: BLE001 - optional helper, absent or failing on old installs
+        pass
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+        if os.environ.get(var):
+            out.append(os.path.join(os.environ[var], "include"))
+    out.append(f"/usr/local/cuda-{major}/include")
+    out += sorted(glob.glob(f"/usr/local/cuda-{major}.*/include"), reverse=True)
+    out.append("/usr/local/cuda/include")
+    out += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    out.append("/usr/include")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def include_options() -> tuple[str, ...]:
+    """`-I` options for the CUDA headers (cuda_fp16.h, cuda_bf16.h) NVRTC does not bundle.
+
+    The first directory holding cuda_fp16.h wins; one that matches NVRTC's major version is
+    preferred (the pip wheel for this NVRTC, then the toolkit of that version). Empty if none is
+    found: kernels that include no CUDA headers still compile.
+    """
+    for d in _candidate_include_dirs():
+        if _has_fp16(d):
+            opts = [f"-I{d}"]
+            cccl = os.path.join(d, "cccl")
+            if os.path.isdir(cccl):
+                opts.append(f"-I{cccl}")
+            return tuple(opts)
+    return ()
+
+
+def build_options(arch: str, options=()) -> tuple[str, ...]:
+    opts = [f"-arch={arch}", *BASE_OPTIONS, *include_options(), *options]
+    bad = [o for o in opts if "fast-math" in o or "fast_math" in o]
+    if bad:
+        raise CompileError(f"fast-math options are not allowed: {bad}")
+    return tuple(opts)
+
+
+# ---- compilation --------------------------------------------------------------------------------
+def compile_cuda(source: str, name: str, arch: str | None = None, options=(),
+                 use_disk_cache: bool = True) -> CompiledBinary:
+    """Compile `source` and return the CUBIN of kernel `name` (from the disk cache when there)."""
+    arch = arch or default_arch()
+    opts = build_options(arch, options)
+    key = disk_cache.make_key(source, arch, opts, nvrtc_version(), name)
+    if use_disk_cache:
+        hit = disk_cache.load(key)
+        if hit is not None:
+            lowered, sep, cubin = hit.partition(b"\0")
+            if sep and cubin:
+                return CompiledBinary(name, lowered.decode(), arch, cubin, "", 0.0, key, True)
+    binary = _compile(source, name, arch, opts, key)
+    if use_disk_cache:
+        disk_cache.store(key, binary.lowered_name.encode() + b"\0" + binary.cubin)
+    return binary
+
+
+def _compile(source: str, name: str, arch: str, opts: tuple[str, ...], key: str) -> CompiledBinary:
+    nv = _nvrtc()
+    path = write_source(source, name) if D.is_enabled("cuda_to_file") else ""
+    t0 = time.perf_counter()
+    err, prog = nv.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        (err,) = nv.nvrtcAddNameExpression(prog, name.encode())
+        _check(err, "nvrtcAddNameExpression")
+        bopts = [o.encode() for o in opts]
+        (cerr,) = nv.nvrtcCompileProgram(prog, len(bopts), bopts)
+        log = _log(nv, prog)
+        if not _ok(cerr):
+            where = f"\nsource written to {path}" if path else ""
+            raise CompileError(f"NVRTC failed to compile kernel {name!r} for {arch} "
+                               f"({cerr!r}); options: {' '.join(opts)}\n{log}{where}")
+        err, lowered = nv.nvrtcGetLoweredName(prog, name.encode())
+        _check(err, "nvrtcGetLoweredName")
+        err, size = nv.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        if int(size) == 0:
+            raise CompileError(f"NVRTC produced no CUBIN for kernel {name!r} (arch {arch}); "
+                               f"the arch must be a real one (sm_XY), not compute_XY")
+        buf = bytearray(int(size))
+        (err,) = nv.nvrtcGetCUBIN(prog, buf)
+        _check(err, "nvrtcGetCUBIN")
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    elapsed = time.perf_counter() - t0
+    lowered = lowered.decode() if isinstance(lowered, bytes) else str(lowered)
+    return CompiledBinary(name, lowered, arch, bytes(buf), log, elapsed, key, False)
+
+
+def _log(nv, prog) -> str:
+    err, size = nv.nvrtcGetProgramLogSize(prog)
+    if not _ok(err) or int(size) <= 1:
+        return ""
+    buf = bytearray(int(size))
+    nv.nvrtcGetProgramLog(prog, buf)
+    return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+
+def write_source(source: str, name: str) -> str:
+    """Write `source` to `<dump dir>/<name>.cu` (the `cuda_to_file` dump); returns the path."""
+    d = D.dump_dir()
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{name}.cu")
+    with open(path, "w") as f:
+        f.write(source)
+    return path

@@ -1,0 +1,158 @@
+"""Tensor layout facts: the kernel signature, index-type choice and eager-like output layouts.
+
+`signature(fusion, inputs)` is the cache key of a generated kernel. It holds exactly the facts the
+pointwise scheduler's *correctness* decisions read (collapsing axes, vector width, index type):
+per tensor input its dtype, rank, which axes have size 1, which have stride 0, its stride order
+(axes by decreasing stride), which neighbours in that order are contiguous, whether the innermost
+stride is 1, the power of two (capped at 16) dividing each size and stride and the data pointer's
+byte alignment (capped at 16); per scalar input its Python type; and whether 64-bit indexing is
+needed. Sizes themselves are not in it.
+
+Invariant: every decision `plan_kernel` takes that affects correctness is a function of these
+facts; heuristic choices (1-D vs 2-D, unroll) may also look at sizes, and are valid for any size.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+INDEX32_LIMIT = 2 ** 31 - 2 ** 20  # slack for the last block's overshoot of the linear index
+
+
+def p2(n: int, cap: int = 16) -> int:
+    """The largest power of two dividing n, capped at `cap` (0 counts as divisible by anything)."""
+    n = int(n)
+    if n == 0:
+        return cap
+    return min(n & -n, cap)
+
+
+def stride_order(sizes, strides) -> tuple:
+    """Axes whose size is not 1, outermost (largest stride) first; ties keep axis order."""
+    axes = [i for i, s in enumerate(sizes) if s != 1]
+    return tuple(sorted(axes, key=lambda i: (-strides[i], i)))
+
+
+def tensor_facts(x: torch.Tensor) -> tuple:
+    sizes, strides = tuple(x.shape), tuple(x.stride())
+    order = stride_order(sizes, strides)
+    contig = tuple(strides[a] == strides[b] * sizes[b] for a, b in zip(order, order[1:]))
+    inner_unit = bool(order) and strides[order[-1]] == 1
+    size1 = tuple(s == 1 for s in sizes)
+    zero = tuple(st == 0 and s != 1 for s, st in zip(sizes, strides))
+    sp2 = tuple(p2(s) for s in sizes)
+    stp2 = tuple(0 if s == 1 else p2(st) for s, st in zip(sizes, strides))
+    ptr = p2(x.data_ptr()) if x.numel() else 16
+    return (str(x.dtype), x.dim(), size1, zero, order, contig, inner_unit, sp2, stp2, ptr)
+
+
+def span(x: torch.Tensor) -> int:
+    """Number of elements from the first to one past the last element `x` can address."""
+    if x.numel() == 0:
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(x.shape, x.stride()))
+
+
+def needs_int64(inputs, out_numel: int) -> bool:
+    spans = [span(x) for x in inputs if isinstance(x, torch.Tensor)]
+    return max(spans + [int(out_numel)]) >= INDEX32_LIMIT
+
+
+def scalar_fact(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"0-dim:{x.dtype}"
+    return type(x).__name__
+
+
+# ---- eager-like output layouts ----------------------------------------------------------------
+def eager_output_orders(fusion, inputs, bindings) -> list[tuple]:
+    """Per fusion output, its axes outermost-first as eager PyTorch would lay the result out.
+
+    Computed by running the fusion op by op on meta tensors with the inputs' sizes and strides,
+    so every op's layout rule (TensorIterator's stride-order propagation, reshape copies...) is
+    PyTorch's own.
+    """
+    from ..ir.tensor import TensorView
+    env = {}
+    for v, x in zip(fusion.inputs, inputs):
+        if isinstance(v, TensorView):
+            env[v] = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype,
+                                         device="meta")
+    for e in fusion.used_exprs():
+        out = e.outputs[0]
+        if not isinstance(out, TensorView):
+            continue
+        env[out] = _meta_expr(e, env, bindings)
+    orders = []
+    for o in fusion.outputs:
+        m = env[o]
+        strides = tuple(m.stride())
+        orders.append(tuple(sorted(range(m.dim()), key=lambda i: (-strides[i], i))))
+    return orders
+
+
+def _scalar_stand_in(s):
+    if s.is_const:
+        return s.value
+    d = s.dtype
+    return True if d.is_bool else (1.0 if d.is_floating else 1)
+
+
+def _meta_expr(e, env, bindings):
+    from ..ir import exprs as E
+    from ..ir.ops import OPS
+    from ..ir.tensor import TensorView
+
+    def arg(v):
+        return env[v] if isinstance(v, TensorView) else _scalar_stand_in(v)
+
+    x = arg(e.inputs[0]) if e.inputs else None
+    out = e.outputs[0]
+    if isinstance(e, E.ElementwiseOp):
+        r = OPS[e.op_name].ref(*[arg(v) for v in e.inputs])
+        if not isinstance(r, torch.Tensor) or list(r.shape) != bindings.shape(out):
+            r = torch.empty(bindings.shape(out), device="meta")
+        return r
+    if isinstance(e, E.CastOp):
+        return x.to(e.dtype.torch)
+    if isinstance(e, E.SetOp):
+        return x.clone()
+    if isinstance(e, E.BroadcastOp):
+        shape = []
+        src = iter(x.shape)
+        for f in e.flags:
+            shape.append(1 if f else next(src))
+        return x.reshape(shape) if x.is_contiguous() else _unsqueeze_all(x, e.flags)
+    if isinstance(e, E.ExpandOp):
+        return x.expand(bindings.shape(out))
+    if isinstance(e, E.SqueezeOp):
+        return x.squeeze(tuple(e.dims)) if e.dims else x
+    if isinstance(e, E.ViewOp):
+        return x.reshape(bindings.shape(out))
+    if isinstance(e, E.PermuteOp):
+        return x.permute(e.dims)
+    if isinstance(e, E.FullOp):
+        return torch.empty(bindings.shape(out), device="meta")
+    raise NotImplementedError(type(e).__name__)
+
+
+def _unsqueeze_all(x, flags):
+    for i, f in enumerate(flags):
+        if f:
+            x = x.unsqueeze(i)
+    return x
+
+
+def strides_for(sizes, order) -> tuple:
+    """Dense strides for `sizes` with axes laid out outermost-first as in `order`."""
+    strides = [0] * len(sizes)
+    acc = 1
+    for a in reversed(order):
+        strides[a] = acc
+        acc *= max(int(sizes[a]), 1)
+    return tuple(strides)
+
+
+def numel(sizes) -> int:
+    return math.prod(int(s) for s in sizes)

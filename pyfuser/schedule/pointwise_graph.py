@@ -1,0 +1,147 @@
+"""The compute graph of a pointwise Fusion, seen from the reference output's logical index.
+
+A pointwise kernel computes every output element at one logical index `r = (r0, ..., rn-1)` of
+the reference output. Walking the Fusion from the outputs back to the inputs, each tensor a value
+is needed from gets an *index key*: one entry per logical axis of that tensor, each
+  ("r", k)            the reference index r_k,
+  0                   the constant 0 (a broadcast axis, a squeezed axis, a size-1 axis),
+  ("vd", view, key, j) axis j of a view's input at the view output's index `key` (a row-major
+                      re-linearisation; evaluated with div/mod at run time).
+A Node is a (TensorView, key) pair, so a tensor read at two different indices (x + x.T) is loaded
+twice and a tensor read at one index is computed once, whatever the number of its uses.
+
+Invariants:
+- `nodes` is in topological order (arguments before users).
+- A key made only of ("r", k) and 0 entries is *affine*: the access's offset is a sum over
+  reference axes of index * stride, which is what lets the scheduler collapse and vectorize.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..ir import exprs as E
+from ..ir.base import Scalar
+from ..ir.tensor import TensorView
+
+METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
+COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp)
+ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + (E.ScalarCast,)
+
+
+@dataclass(eq=False)
+class Node:
+    kind: str                 # "load", "op", "cast", "set", "full", "alias" (metadata: same value)
+    tv: TensorView
+    key: tuple
+    expr: object = None
+    args: list = field(default_factory=list)   # Node or Scalar, in the expr's operand order
+
+    @property
+    def affine(self) -> bool:
+        return is_affine(self.key)
+
+
+def is_affine(key) -> bool:
+    return all(c == 0 or (isinstance(c, tuple) and c[0] == "r") for c in key)
+
+
+def _zero_broadcasts(tv: TensorView, key: list) -> tuple:
+    out = []
+    for d, c in zip(tv.logical, key):
+        out.append(0 if d.is_broadcast and d.expanded_extent is None else c)
+    return tuple(out)
+
+
+def producer_key(e, key: tuple, inp: TensorView) -> tuple:
+    """The index key of `inp` (an input of expr e) when e's output is read at `key`."""
+    if isinstance(e, (E.ElementwiseOp, E.CastOp, E.SetOp, E.ExpandOp)):
+        pk = list(key)
+    elif isinstance(e, E.BroadcastOp):
+        pk = [c for c, f in zip(key, e.flags) if not f]
+    elif isinstance(e, E.SqueezeOp):
+        pk, src = [], iter(key)
+        for i in range(inp.ndim):
+            pk.append(0 if i in e.dims else next(src))
+    elif isinstance(e, E.PermuteOp):
+        pk = [None] * len(key)
+        for i, d in enumerate(e.dims):
+            pk[d] = key[i]
+    elif isinstance(e, E.ViewOp):
+        if all(c == 0 for c in key):
+            pk = [0] * inp.ndim
+        else:
+            pk = [("vd", e, key, j) for j in range(inp.ndim)]
+    else:
+        raise AssertionError(f"no index mapping through {type(e).__name__}")
+    return _zero_broadcasts(inp, pk)
+
+
+class Graph:
+    def __init__(self, fusion, ref_key: tuple):
+        self.fusion = fusion
+        self.nodes: list[Node] = []
+        self.loads: list[Node] = []
+        self._memo: dict = {}
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 20000))
+        try:
+            self.outputs = [self._visit(o, _zero_broadcasts(o, list(ref_key))) for o in fusion.outputs]
+        finally:
+            sys.setrecursionlimit(old)
+
+    def _visit(self, tv: TensorView, key: tuple) -> Node:
+        mk = (id(tv), key)
+        hit = self._memo.get(mk)
+        if hit is not None:
+            return hit
+        e = tv.definition
+        if e is None:
+            node = Node("load", tv, key)
+            self.loads.append(node)
+        elif isinstance(e, E.FullOp):
+            node = Node("full", tv, key, e, [e.inputs[0]])
+        else:
+            args = []
+            for v in e.inputs:
+                if isinstance(v, TensorView):
+                    args.append(self._visit(v, producer_key(e, key, v)))
+                else:
+                    args.append(v)
+            kind = ("op" if isinstance(e, E.ElementwiseOp) else "cast" if isinstance(e, E.CastOp)
+                    else "set" if isinstance(e, E.SetOp) else "alias")
+            node = Node(kind, tv, key, e, args)
+        self._memo[mk] = node
+        self.nodes.append(node)
+        return node
+
+
+def scalar_leaves(fusion, graph: Graph) -> list[Scalar]:
+    """Symbolic Scalars the kernel reads that no in-kernel expr defines (inputs, extents)."""
+    seen, out = set(), []
+
+    def visit(s):
+        if id(s) in seen or s.is_const:
+            return
+        seen.add(id(s))
+        if s.definition is not None:
+            for v in s.definition.inputs:
+                if isinstance(v, Scalar):
+                    visit(v)
+            return
+        out.append(s)
+
+    for n in graph.nodes:
+        for a in n.args:
+            if isinstance(a, Scalar):
+                visit(a)
+    return out
+
+
+def is_alias_of_input(tv: TensorView) -> bool:
+    """True when `tv` is a fusion input or reached from one through metadata exprs only."""
+    while tv.definition is not None:
+        if not isinstance(tv.definition, METADATA_EXPRS):
+            return False
+        tv = tv.definition.inputs[0]
+    return True

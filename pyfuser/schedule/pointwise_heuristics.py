@@ -1,0 +1,81 @@
+"""Heuristics of the pointwise scheduler: block size, unroll and the 1-D / 2-D choice.
+
+Inputs are plain numbers (sizes seen when planning, the vector width the layout allows, the
+device's multiprocessor count); the output is a `PointwiseParams`. These choices only affect speed:
+the lowering is correct for any of them and any size, which is why a kernel planned for one size
+is reused for other sizes of the same signature.
+
+Targets (H100/H200, memory bound): 16-byte accesses, 2-4 independent vectors in flight per
+thread and tensor, enough blocks to fill every SM several times, no div/mod per element.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_SM_COUNT = 132  # H100 / H200 SXM
+
+
+def sm_count() -> int:
+    """Multiprocessors of the target device: $PYFUSER_SM_COUNT, else the CUDA device, else 132."""
+    env = os.environ.get("PYFUSER_SM_COUNT")
+    if env:
+        return int(env)
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    except Exception:  # pragma: no cover - device query is best effort
+        pass
+    return DEFAULT_SM_COUNT
+
+
+@dataclass
+class PointwiseParams:
+    kind: str = "1d"            # "1d": one linear axis; "2d": rows (outer) x columns (inner)
+    vec: int = 1                # elements per vectorized access
+    block: int = 128            # threads per block (TIDx)
+    unroll: int = 1             # vectors per thread (1-D) or rows per thread (2-D)
+    index_type: str = "int"     # "int" or "int64_t"
+    groups: list = field(default_factory=list)   # collapsed groups of reference axes, outer first
+    dropped: list = field(default_factory=list)  # reference axes of size 1 (index always 0)
+    reason: str = ""            # why this kind / vector width, for the dump
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int) -> None:
+    """Fill kind, block and unroll of `params` from the collapsed extents seen at planning."""
+    sms = sm_count()
+    numel = 1
+    for e in group_extents:
+        numel *= e
+    vec = params.vec
+    inner = group_extents[-1] if group_extents else 1
+    if len(group_extents) >= 2 and inner >= 64 * vec:
+        params.kind = "2d"
+        outer = numel // inner if inner else 0
+        cols = _ceil(inner, vec)
+        # Least idle threads in the last column block; 128 preferred on ties.
+        params.block = min((128, 64), key=lambda b: (_ceil(cols, b) * b, -b))
+        nbx = _ceil(cols, params.block)
+        unroll = 4
+        while unroll > 1 and nbx * _ceil(outer, unroll) < 4 * sms:
+            unroll //= 2
+        params.unroll = unroll
+        params.reason = (f"2-D: {len(group_extents)} collapsed axes, inner extent {inner}; "
+                         f"{row_invariant_loads} row-invariant load(s) hoisted")
+        return
+    params.kind = "1d"
+    params.block = 128
+    vectors = _ceil(numel, vec)
+    unroll = 4
+    while unroll > 1 and _ceil(vectors, params.block * unroll) < 4 * sms:
+        unroll //= 2
+    params.unroll = unroll
+    params.reason = f"1-D: {len(group_extents)} collapsed axes, {numel} elements"

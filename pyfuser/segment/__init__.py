@@ -1,0 +1,1 @@
+"""Segmenter: splits a Fusion into kernel segments and host (metadata-only) segments."""
