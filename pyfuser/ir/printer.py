@@ -16,7 +16,7 @@ golden-text tests are stable.
 from __future__ import annotations
 
 from . import exprs as E
-from .base import Scalar, Val, format_constant
+from .base import Val, format_constant
 from .dtypes import DataType
 from .tensor import TensorView
 
@@ -204,4 +204,4 @@ def print_fusion(fusion) -> str:
     return "\n".join(parts)
 
 
-__all__ = ["print_fusion", "print_expr", "sorted_exprs", "sorted_tensors", "Scalar"]
+__all__ = ["print_fusion", "print_expr", "sorted_exprs", "sorted_tensors"]

@@ -4,7 +4,7 @@ The IR is not whitespace sensitive (statements are recognised by their first tok
 scanner skips spaces, newlines and `#` comments everywhere. A comment's continuation lines
 (PyTorch's multi-line source highlights: the source text, then `~~~~ <--- HERE`) are skipped
 too: after a comment, a line that cannot start an IR statement or header item (first
-character not one of `%`, `-`, `=`, `)`, `#`, and not `return`/`block<N>`/`with`/`graph`) is
+character not one of `%`, `-`, `=`, `)`, `#`, and not `return (`/`block<N>`/`with`/`graph`) is
 treated as part of the comment. Fuser debug-log prefixes such as `[DUMP graph_fuser.cpp:12] `
 are blanked out (replaced by spaces, so columns stay right) together with any log lines before
 the first `graph(`.
@@ -22,7 +22,7 @@ from pyfuser.errors import IRParseError
 
 _WS = re.compile(r"[ \t\r\n\f\v]+")
 _LOG_PREFIX = re.compile(r"^\[(?:DUMP|DEBUG|UPDATE|GRAPH_[A-Z]+|INFO)[^\]\n]*\] ?", re.M)
-_STMT_START = re.compile(r"[ \t]*(?:[%\-=)#]|return\b|block\d|with\b|graph\b)")
+_STMT_START = re.compile(r"[ \t]*(?:[%\-=)#]|return\s*\(|block\d|with\b|graph\b)")
 _TOKEN_PREVIEW = re.compile(r"%?[A-Za-z0-9_.:]+|\S")
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -197,6 +197,8 @@ def parse_attr_value(sc: Scanner) -> tuple:
         sc.expect("}", "to close the scalar tensor")
         return ("t", scalar_tensor(v))
     if c == "[":
+        if TENSOR_TRAILER.match(sc.text, sc.pos):          # `[ CPUFloatType{0} ]`: empty
+            return ("t", _tensor_literal(sc, start))
         return _list_value(sc)
     if c == "(":
         if sc.peek_match(_SLICE_HEADER):

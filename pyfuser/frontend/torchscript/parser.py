@@ -154,13 +154,11 @@ class _Parser:
     def trailer(self, n: Node) -> None:
         """`, scope: __module.x` and the `# file:line:col` comment after a node."""
         sc = self.sc
-        save = sc.pos
-        if sc.accept(","):
-            if sc.keyword("scope") and sc.accept(":"):
-                n.scope = sc.rest_of_line()
-            else:
-                sc.pos = save
-        m = re.match(r"[ \t]*#([^\n]*)", sc.text[sc.pos:sc.pos + 4096])
+        m = re.compile(r"[ \t]*,[ \t]*scope[ \t]*:").match(sc.text, sc.pos)
+        if m:
+            sc.pos = m.end()
+            n.scope = sc.rest_of_line()
+        m = re.compile(r"[ \t]*#([^\n]*)").match(sc.text, sc.pos)
         if m:
             n.source = m.group(1).strip()
 

@@ -1,0 +1,305 @@
+"""Pointwise benchmark: pyfuser vs eager vs torch.compile vs the copy-bandwidth floor (one GPU).
+
+    PYTHONPATH=. python3 bench/pointwise.py            # writes $OUT/bench_pointwise.md if OUT is set
+
+Per case: median time per call (triton do_bench, L2 flushed), % of the measured device-to-device
+copy rate (bytes that must move / time, over the copy rate), pyfuser/torch.compile time ratio
+(< 1: pyfuser faster), CUDA kernels per call (torch.profiler). Then: cold compile time (disk cache
+off, first call of a new fusion), warm start from a hot disk cache (new fusion object, so new
+executor), and host overhead per cached call of a tiny 3-input fusion. Every pyfuser result is
+checked against eager before it is timed; a wrong result aborts that case with a message.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import bench_us, copy_rate, count_kernels, host_us_per_call, markdown  # noqa: E402
+
+from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
+from pyfuser.runtime import dispatch  # noqa: E402
+from pyfuser.runtime.dispatch import get_executor  # noqa: E402
+
+F = torch.nn.functional
+
+
+# ---- the cases: (name, pyfuser definition, eager function, input maker, tolerances) ----------
+def def_seed000():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Int)
+        b = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Int)
+        c = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Int32)
+        t = fd.ops.add(fd.ops.cast(a, dtype=DataType.Int32), b)
+        fd.add_output(fd.ops.cast(fd.ops.mul(t, c), dtype=DataType.Int))
+    return fs
+
+
+def eager_seed000(a, b, c):
+    return ((a.to(torch.int32) + b) * c).to(torch.int64)
+
+
+def in_seed000():
+    r = lambda dt: torch.randint(1, 101, (10000, 13000), device="cuda", dtype=dt)  # noqa: E731
+    return [r(torch.int64), r(torch.int64), r(torch.int32)]
+
+
+def def_gelu():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        e = fd.ops.erf(fd.ops.mul(x, 0.707107))
+        fd.add_output(fd.ops.mul(fd.ops.mul(x, 0.5), fd.ops.add(e, 1.0)))
+    return fs
+
+
+def eager_gelu(x):
+    return x * 0.5 * (1 + torch.erf(x * 0.707107))
+
+
+def in_gelu():
+    return [torch.randn(8192, 3072, device="cuda")]
+
+
+BN_SHAPE, EPS, ALPHA = (8, 256, 56, 56), 1e-5, 0.5
+
+
+def def_bn():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        xs = [fd.define_tensor(symbolic_sizes=[-1] * 4, contiguous=[True] * 4, dtype=DataType.Float)
+              for _ in range(2)]
+        ps = [fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+              for _ in range(8)]
+
+        def bn(x, mean, var, w, b):
+            bc = [fd.ops.broadcast(p, [True, False, True, True]) for p in (mean, var, w, b)]
+            inv = fd.ops.rsqrt(fd.ops.add(bc[1], EPS))
+            return fd.ops.add(fd.ops.mul(fd.ops.mul(fd.ops.sub(x, bc[0]), inv), bc[2]), bc[3])
+
+        y = fd.ops.add_alpha(bn(xs[0], *ps[:4]), bn(xs[1], *ps[4:]), ALPHA)
+        fd.add_output(fd.ops.relu(y))
+    return fs
+
+
+def eager_bn(x1, x2, m1, v1, w1, b1, m2, v2, w2, b2):
+    y1 = F.batch_norm(x1, m1, v1, w1, b1, training=False, eps=EPS)
+    y2 = F.batch_norm(x2, m2, v2, w2, b2, training=False, eps=EPS)
+    return torch.relu(torch.add(y1, y2, alpha=ALPHA))
+
+
+def in_bn():
+    c = BN_SHAPE[1]
+    xs = [torch.randn(BN_SHAPE, device="cuda") for _ in range(2)]
+    ps = []
+    for _ in range(2):
+        ps += [torch.randn(c, device="cuda"), torch.rand(c, device="cuda") + 0.5,
+               torch.randn(c, device="cuda"), torch.randn(c, device="cuda")]
+    return xs + ps
+
+
+def def_bcast_add():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        b = fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+        fd.add_output(fd.ops.add(a, b))
+    return fs
+
+
+def eager_bcast_add(a, b):
+    return a + b
+
+
+def in_bcast_add():
+    return [torch.randn(8192, 3072, device="cuda"), torch.randn(3072, device="cuda")]
+
+
+def def_silu_mul():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.BFloat16)
+        b = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.mul(fd.ops.silu(a), b))
+    return fs
+
+
+def eager_silu_mul(a, b):
+    return F.silu(a) * b
+
+
+def in_silu_mul():
+    return [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+
+CASES = [
+    ("seed000 int64 10000x13000", def_seed000, eager_seed000, in_seed000, {}),
+    ("GELU erf f32 8192x3072", def_gelu, eager_gelu, in_gelu, {"rtol": 1e-5, "atol": 1e-5}),
+    ("seed003 2xBN+add+relu 8x256x56x56", def_bn, eager_bn, in_bn, {"rtol": 1e-4, "atol": 1e-4}),
+    ("broadcast add 8192x3072+3072", def_bcast_add, eager_bcast_add, in_bcast_add, {}),
+    ("SiLU-mul bf16 8192x8192", def_silu_mul, eager_silu_mul, in_silu_mul,
+     {"rtol": 1.6e-2, "atol": 1e-2}),
+]
+
+
+def _bytes(inputs, outputs) -> int:
+    return sum(t.numel() * t.element_size() for t in list(inputs) + list(outputs))
+
+
+def _check(name, got, want, tol):
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise AssertionError(f"{name}: pyfuser gave {got.dtype} {tuple(got.shape)}, eager "
+                             f"{want.dtype} {tuple(want.shape)}")
+    torch.testing.assert_close(got, want, **tol)
+
+
+def run_case(name, define, eager, make_inputs, tol, rate):
+    xs = make_inputs()
+    fs = define()
+    (out,) = fs.execute(xs)
+    ref = eager(*xs)
+    torch.cuda.synchronize()
+    _check(name, out, ref, tol)
+    ex = get_executor(fs.ir_fusion, "cuda")
+    if ex is None or ex.last_run.get("fallback"):
+        raise AssertionError(f"{name}: pyfuser did not run a kernel (fallback to the evaluator)")
+    nbytes = _bytes(xs, [out])
+    floor_us = nbytes / rate * 1e6
+    row = {"case": name, "MB": nbytes / 1e6, "floor": floor_us}
+    row["pyfuser"] = bench_us(lambda: fs.execute(xs))
+    row["eager"] = bench_us(lambda: eager(*xs))
+    row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
+    row["k_eager"] = count_kernels(lambda: eager(*xs))
+    try:
+        compiled = torch.compile(eager)
+        got = compiled(*xs)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(got, ref, **tol)
+        row["compile"] = bench_us(lambda: compiled(*xs))
+        row["k_compile"] = count_kernels(lambda: compiled(*xs))
+    except Exception as e:  # noqa: BLE001 - report and keep going
+        print(f"[{name}] torch.compile failed: {type(e).__name__}: {e}")
+        row["compile"], row["k_compile"] = float("nan"), "-"
+    del xs, out, ref
+    torch.cuda.empty_cache()
+    return row
+
+
+def compile_times(name, define, make_inputs, tmp):
+    """(cold first call ms, NVRTC ms, warm start from disk ms, cached call us)."""
+    xs = make_inputs()
+    os.environ["PYFUSER_DISABLE_DISK_CACHE"] = "1"
+    fs = define()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fs.execute(xs)
+    torch.cuda.synchronize()
+    cold = (time.perf_counter() - t0) * 1e3
+    nvrtc_ms = get_executor(fs.ir_fusion, "cuda").last_run["compile_time_s"] * 1e3
+    os.environ.pop("PYFUSER_DISABLE_DISK_CACHE")
+    os.environ["PYFUSER_CACHE_DIR"] = tmp
+    define().execute(xs)                                 # fills the disk cache
+    dispatch.clear_caches()
+    fs = define()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fs.execute(xs)
+    torch.cuda.synchronize()
+    warm = (time.perf_counter() - t0) * 1e3
+    ex = get_executor(fs.ir_fusion, "cuda")
+    assert ex.stats["disk_hits"] == 1 and ex.stats["nvrtc"] == 0, ex.stats
+    del xs
+    torch.cuda.empty_cache()
+    return cold, nvrtc_ms, warm
+
+
+def host_overhead():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+                   for _ in range(3))
+        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    xs = [torch.randn(1024, device="cuda") for _ in range(3)]
+    fs.execute(xs)
+    ex = get_executor(fs.ir_fusion, "cuda")
+    rows = [("pyfuser Fusion.execute", host_us_per_call(lambda: fs.execute(xs)))]
+    from pyfuser.runtime.launch import LAUNCH_MODES
+    for mode in LAUNCH_MODES:
+        for entry in ex._plans.values():
+            if entry.launcher is not None:
+                entry.launcher.mode = mode
+        rows.append((f"pyfuser FusionExecutor.run ({mode})", host_us_per_call(lambda: ex.run(xs))))
+    f = lambda a, b, c: a + b * c  # noqa: E731
+    compiled = torch.compile(f)
+    rows.append(("torch.compile wrapper", host_us_per_call(lambda: compiled(*xs))))
+    rows.append(("eager (2 kernels)", host_us_per_call(lambda: f(*xs))))
+    return rows
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    dev = torch.cuda.get_device_name()
+    rate = copy_rate()
+    print(f"device: {dev}; copy rate {rate / 1e12:.2f} TB/s (read+write)")
+    rows, failures = [], []
+    for name, define, eager, make_inputs, tol in CASES:
+        t0 = time.perf_counter()
+        try:
+            rows.append(run_case(name, define, eager, make_inputs, tol, rate))
+        except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
+            traceback.print_exc()
+            failures.append(f"{name}: {type(e).__name__}: {e}")
+            print(f"[{name}] ABORTED: {e}")
+        print(f"[{name}] {time.perf_counter() - t0:.1f} s")
+        torch.cuda.empty_cache()
+
+    def pct(us, floor):
+        return f"{us:.1f} ({100 * floor / us:.0f}%)" if us == us else "n/a"
+
+    table = [(r["case"], f"{r['MB']:.0f}", f"{r['floor']:.1f}", pct(r["pyfuser"], r["floor"]),
+              pct(r["eager"], r["floor"]), pct(r["compile"], r["floor"]),
+              f"{r['pyfuser'] / r['compile']:.2f}" if r["compile"] == r["compile"] else "n/a",
+              f"{r['k_pyfuser']} / {r['k_eager']} / {r['k_compile']}") for r in rows]
+    md = [f"## Pointwise benchmark on {dev}", "",
+          f"Copy rate (device-to-device, read+write bytes): {rate / 1e12:.2f} TB/s. Times are "
+          "medians per call in µs (triton do_bench, L2 flushed); in parentheses the % of the copy "
+          "rate achieved; ratio = pyfuser / torch.compile time (< 1: pyfuser faster).", "",
+          markdown(table, ["case", "MB moved", "copy floor µs", "pyfuser µs (%)", "eager µs (%)",
+                           "torch.compile µs (%)", "pyfuser/compile", "kernels pyf/eager/compile"])]
+
+    ctimes = []
+    tmp = tempfile.mkdtemp(prefix="pyfuser_bench_cache_")
+    for name, define, _, make_inputs, _ in CASES:
+        try:
+            cold, nv, warm = compile_times(name, define, make_inputs, tmp)
+            ctimes.append((name, f"{cold:.0f}", f"{nv:.0f}", f"{warm:.1f}"))
+        except Exception as e:  # noqa: BLE001
+            failures.append(f"compile time {name}: {type(e).__name__}: {e}")
+    md += ["", "### Compile times (first call of a new fusion, incl. scheduling and launch)", "",
+           markdown(ctimes, ["case", "cold, disk cache off (ms)", "of which NVRTC (ms)",
+                             "warm start from disk cache (ms)"])]
+    try:
+        hrows = [(n, f"{us:.1f}") for n, us in host_overhead()]
+        md += ["", "### Host overhead per cached call (3 inputs x 1024 float32; CPU time of N calls, "
+               "then sync)", "", markdown(hrows, ["path", "µs / call"])]
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        failures.append(f"host overhead: {type(e).__name__}: {e}")
+    if failures:
+        md += ["", "### Failures", ""] + [f"- {f}" for f in failures]
+    text = "\n".join(md) + "\n"
+    print("\n" + text)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_pointwise.md"), "w") as f:
+            f.write(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

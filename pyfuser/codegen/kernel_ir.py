@@ -1,0 +1,255 @@
+"""Kernel IR: the loop nest of one generated kernel, printed as CUDA C and run by the interpreter.
+
+Expressions are immutable trees (hashable, so lowering can share them):
+  Var(name)                a kernel parameter, a `Let`, a loop index
+  Const(value, ctype, dtype)
+  Special(name)            threadIdx.x, blockIdx.x/y, gridDim.x/y
+  Bin(op, a, b)            index arithmetic: + - * / % < && (C semantics on the index type)
+  ArrayRef(name, index)    an element of a local array (storage type)
+  Op(name, args, compute)  an op of the op table applied in register type of `compute`
+  Convert(kind, arg, src, dst)
+      "load"  storage -> register (half/bf16 -> float), "store" register -> storage,
+      "cast"  eager's dtype conversion src -> dst (rounded when dst is half/bf16),
+      "round" a float rounded to dst's precision (results of half/bf16 ops).
+Statements:
+  Let(name, ctype, expr)   `const ctype name = expr;`
+  Alloc(name, dtype, dims) a local array in storage type
+  Loop(var, start, stop, step, kind, body)   kind: "grid" (grid-stride), "unroll", "lanes"
+  If(cond, body)
+  Load(dst, index, ptr, offset, width, stride)   width elements at ptr[offset + lane*stride]
+      (stride None: one contiguous vector access of `width` elements)
+  Store(ptr, offset, src, index, width, stride)
+  Assign(name, index, expr)
+  Comment(text)
+
+Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
+its index only selects elements of arrays (the vector lanes); every Load/Store is under an If whose
+condition guarantees it is in bounds for every lane.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..ir.dtypes import DataType
+
+# ---- types ------------------------------------------------------------------------------------
+REGISTER_CTYPE = {
+    DataType.Bool: "bool", DataType.Byte: "uint8_t", DataType.Char: "int8_t",
+    DataType.Short: "int16_t", DataType.Int32: "int", DataType.Int: "int64_t",
+    DataType.Half: "float", DataType.BFloat16: "float", DataType.Float: "float",
+    DataType.Double: "double",
+}
+STORAGE_CTYPE = dict(REGISTER_CTYPE)
+STORAGE_CTYPE.update({DataType.Half: "pf_half", DataType.BFloat16: "pf_bf16"})
+
+
+def register_dtype(d: DataType) -> DataType:
+    return d.compute
+
+
+# ---- expressions ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    name: str
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Any
+    ctype: str
+    dtype: Optional[DataType] = None
+
+
+@dataclass(frozen=True)
+class Special:
+    name: str
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class ArrayRef:
+    name: str
+    index: tuple
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple
+    compute: DataType
+
+
+@dataclass(frozen=True)
+class Convert:
+    kind: str
+    arg: Any
+    src: DataType
+    dst: DataType
+
+
+def add(a, b):
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    return Bin("+", a, b)
+
+
+def mul(a, b):
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, Const) and x.value == 1:
+            return y
+        if isinstance(x, Const) and x.value == 0:
+            return x
+    return Bin("*", a, b)
+
+
+# ---- statements -------------------------------------------------------------------------------
+@dataclass
+class Let:
+    name: str
+    ctype: str
+    expr: Any
+    comment: str = ""
+
+
+@dataclass
+class Alloc:
+    name: str
+    dtype: DataType
+    dims: tuple
+
+
+@dataclass
+class Loop:
+    var: str
+    start: Any
+    stop: Any
+    step: Any
+    kind: str
+    body: list = field(default_factory=list)
+    comment: str = ""
+
+
+@dataclass
+class If:
+    cond: Any
+    body: list = field(default_factory=list)
+
+
+@dataclass
+class Load:
+    dst: str
+    index: tuple
+    ptr: str
+    offset: Any
+    width: int
+    stride: Any = None
+
+
+@dataclass
+class Store:
+    ptr: str
+    offset: Any
+    src: str
+    index: tuple
+    width: int
+    stride: Any = None
+
+
+@dataclass
+class Assign:
+    name: str
+    index: tuple
+    expr: Any
+
+
+@dataclass
+class Comment:
+    text: str
+
+
+@dataclass
+class TensorParam:
+    name: str
+    dtype: DataType
+    seg: int
+    is_output: bool
+
+
+@dataclass
+class Kernel:
+    name: str
+    params: list            # codegen.kernel.Param, in order
+    tensors: dict           # pointer param name -> TensorParam
+    index_type: str
+    block: int
+    body: list = field(default_factory=list)
+
+    def walk(self):
+        """Every statement, depth first."""
+        stack = list(reversed(self.body))
+        while stack:
+            s = stack.pop()
+            yield s
+            if isinstance(s, (Loop, If)):
+                stack.extend(reversed(s.body))
+
+
+def format_kernel_ir(k: Kernel) -> str:
+    """A compact text form of the kernel IR (the `kernel_ir` dump)."""
+    lines = [f"Kernel {k.name} (index {k.index_type}, block {k.block})"]
+    for p in k.params:
+        lines.append(f"  param {p.ctype} {p.name} <- {p.source[0]}{tuple(p.source[1:]) if p.source[0] != 'scalar' else ''}")
+
+    def emit(stmts, ind):
+        for s in stmts:
+            pad = "  " * ind
+            if isinstance(s, Loop):
+                lines.append(f"{pad}{s.kind.upper()} {s.var} in [{fmt(s.start)}, {fmt(s.stop)}) step {fmt(s.step)}")
+                emit(s.body, ind + 1)
+            elif isinstance(s, If):
+                lines.append(f"{pad}IF {fmt(s.cond)}")
+                emit(s.body, ind + 1)
+            elif isinstance(s, Let):
+                lines.append(f"{pad}{s.name} = {fmt(s.expr)}")
+            elif isinstance(s, Alloc):
+                lines.append(f"{pad}ALLOC {s.name}{list(s.dims)} : {s.dtype.name}")
+            elif isinstance(s, Load):
+                st = "" if s.stride is None else f" stride {fmt(s.stride)}"
+                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width} {s.ptr}[{fmt(s.offset)}]{st}")
+            elif isinstance(s, Store):
+                st = "" if s.stride is None else f" stride {fmt(s.stride)}"
+                lines.append(f"{pad}STORE{s.width} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
+            elif isinstance(s, Assign):
+                lines.append(f"{pad}{s.name}{list(map(fmt, s.index))} = {fmt(s.expr)}")
+            elif isinstance(s, Comment):
+                lines.append(f"{pad}// {s.text}")
+
+    emit(k.body, 1)
+    return "\n".join(lines)
+
+
+def fmt(e) -> str:
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        return repr(e.value)
+    if isinstance(e, Special):
+        return e.name
+    if isinstance(e, Bin):
+        return f"({fmt(e.a)} {e.op} {fmt(e.b)})"
+    if isinstance(e, ArrayRef):
+        return e.name + "".join(f"[{fmt(i)}]" for i in e.index)
+    if isinstance(e, Op):
+        return f"{e.name}({', '.join(fmt(a) for a in e.args)})"
+    if isinstance(e, Convert):
+        return f"{e.kind}<{e.src.name}->{e.dst.name}>({fmt(e.arg)})"
+    return str(e)

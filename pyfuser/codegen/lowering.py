@@ -1,0 +1,367 @@
+"""Lowering: a PointwiseSchedule -> kernel IR (loop nest, indices, predicates, loads, stores).
+
+Kernel shape (T threads, V lanes, U unrolled vectors / rows per thread):
+  1-D  for bx (grid-stride over blocks):
+         for u < U: i = ((bx*U + u)*T + tid)*V; if (i < n): group indices from i; loads [u]
+         for u < U: same i and predicate; lanes: compute; stores
+  2-D  for by, bx (grid-stride): g_inner = (bx*T + tid)*V; if (g_inner < e_inner):
+         row-invariant loads (bias-like operands) once;
+         for u < U: o = by*U + u; if (o < e_outer): outer group indices from o; loads [u]
+         for u < U: same; lanes: compute; stores
+All loads of one thread are issued before its first use (bytes in flight), indices are div/mod
+free except the decomposition of the linear (1-D) or row (2-D) index into collapsed groups, done
+once per vector or row. Values are computed op by op exactly as the Fusion says (no reassociation);
+half/bf16 values live in float registers and are rounded where an op produces half/bf16.
+"""
+from __future__ import annotations
+
+from ..ir import exprs as E
+from ..ir.base import Scalar
+from ..ir.dtypes import DataType, Operand, Promotion, result_type
+from ..ir.ops import OPS
+from ..ir.tensor import TensorView
+from . import kernel_ir as K
+from .kernel import Param
+
+SCALAR_PARAM_CTYPE = {DataType.Bool: "bool", DataType.Int: "int64_t", DataType.Int32: "int",
+                      DataType.Float: "float", DataType.Double: "double"}
+
+
+def op_compute_dtype(e) -> DataType:
+    """The dtype an elementwise expr computes in, by the builder's promotion rule."""
+    info = e.info
+    promoted = e.inputs[1:] if info.name == "where" else e.inputs
+    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE) \
+        else info.promotion
+
+    def operand(v):
+        if isinstance(v, TensorView):
+            return Operand(v.dtype, Operand.TENSOR if v.ndim else Operand.ZERO_DIM)
+        return Operand(v.dtype, Operand.SCALAR)
+    return result_type(*(operand(v) for v in promoted), promotion=kind)
+
+
+def kernel_name(fusion) -> str:
+    names = []
+    for e in fusion.used_exprs():
+        if isinstance(e, (E.ElementwiseOp, E.CastOp, E.FullOp)) and e.op_name not in names:
+            names.append(e.op_name)
+    if not names:
+        names = ["copy"]
+    return "pf_" + "_".join(names[:4]) + ("_etc" if len(names) > 4 else "") + "_kernel"
+
+
+class Lowering:
+    def __init__(self, sched):
+        self.s = sched
+        self.p = sched.params
+        self.it = self.p.index_type
+        self.ptr_params, self.size_params, self.stride_params, self.scalar_params = [], [], [], []
+        self.tensors: dict = {}
+        self.prologue: list = []
+        self._scalars: dict = {}
+        self._param_names: set = set()
+        self.ref_seg = len(sched.fusion.tensor_inputs())
+        self.need_r = any(not a.node.affine for a in sched.accesses)
+
+    # ---- params ---------------------------------------------------------------------------
+    def _param(self, bucket, name, ctype, source):
+        if name not in self._param_names:
+            self._param_names.add(name)
+            bucket.append(Param(name, ctype, source))
+        return K.Var(name)
+
+    def ptr(self, a) -> str:
+        name = f"T{a.tv.number}"
+        if name not in self.tensors:
+            self.tensors[name] = K.TensorParam(name, a.tv.dtype, a.seg, a.is_store)
+            self._param(self.ptr_params, name, "void*", ("ptr", a.seg))
+        return name
+
+    def extent(self, k: int):
+        return self._param(self.size_params, f"n{k}", self.it, ("size", self.ref_seg, k))
+
+    def stride(self, a, j: int):
+        return self._param(self.stride_params, f"T{a.tv.number}_s{j}", self.it, ("stride", a.seg, j))
+
+    def const(self, v: int):
+        return K.Const(int(v), self.it)
+
+    def scalar(self, s: Scalar):
+        """Kernel expression (register type of s.dtype) of a fusion Scalar."""
+        if s.is_const:
+            return K.Const(s.value, K.REGISTER_CTYPE[s.dtype], s.dtype)
+        hit = self._scalars.get(id(s))
+        if hit is not None:
+            return hit
+        d = s.definition
+        if d is None:
+            ctype = SCALAR_PARAM_CTYPE.get(s.dtype, "int64_t" if s.dtype.is_integral else "float")
+            pdt = {"int64_t": DataType.Int, "float": DataType.Float}.get(ctype, s.dtype)
+            v = self._param(self.scalar_params, s.name, ctype, ("scalar", self.s.orig_of[id(s)]))
+            expr = v if pdt is s.dtype else K.Convert("cast", v, pdt, s.dtype)
+        elif isinstance(d, E.ScalarCast):
+            expr = K.Convert("cast", self.scalar(d.inputs[0]), d.inputs[0].dtype, s.dtype)
+        else:
+            compute = op_compute_dtype(d)
+            args = [self._convert_arg(self.scalar(v), v.dtype, compute, d, i)
+                    for i, v in enumerate(d.inputs)]
+            expr = self._op(d, args, compute, s.dtype)
+        if not isinstance(expr, (K.Var, K.Const)):
+            name = f"s{s.number}"
+            self.prologue.append(K.Let(name, K.REGISTER_CTYPE[s.dtype], expr, f"{s.name}"))
+            expr = K.Var(name)
+        self._scalars[id(s)] = expr
+        return expr
+
+    def extent_expr(self, d):
+        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        if s.is_const:
+            return self.const(s.value)
+        return self._param(self.size_params, f"x{s.number}", self.it, ("scalar", self.s.orig_of[id(s)]))
+
+    # ---- ops ------------------------------------------------------------------------------
+    @staticmethod
+    def _convert_arg(expr, src: DataType, compute: DataType, e, i):
+        if e.info.name == "where" and i == 0:
+            return expr
+        dst = compute.compute
+        return expr if src.compute is dst else K.Convert("cast", expr, src, dst)
+
+    @staticmethod
+    def _op(e, args, compute: DataType, out: DataType):
+        expr = K.Op(e.info.name, tuple(args), compute)
+        if out.is_reduced_float:
+            expr = K.Convert("round", expr, DataType.Float, out)
+        return expr
+
+    # ---- indices --------------------------------------------------------------------------
+    def key_index(self, c):
+        if c == 0:
+            return self.const(0)
+        if c[0] == "r":
+            return K.Var(f"r{c[1]}")
+        _, view, key, j = c
+        out_exts = [self.extent_expr(d) for d in view.outputs[0].logical]
+        in_exts = [self.extent_expr(d) for d in view.inputs[0].logical]
+        lin = self.const(0)
+        for i, ci in enumerate(key):
+            w = self.const(1)
+            for x in out_exts[i + 1:]:
+                w = K.mul(w, x)
+            lin = K.add(lin, K.mul(self.key_index(ci), w))
+        div = self.const(1)
+        for x in in_exts[j + 1:]:
+            div = K.mul(div, x)
+        res = lin if div == self.const(1) else K.Bin("/", lin, div)
+        return res if j == 0 else K.Bin("%", res, in_exts[j])
+
+    def offset(self, a, group_vars):
+        """Offset (elements) of access `a` for lane 0 at the current group indices."""
+        off = self.const(0)
+        if a.node.affine:
+            for g, gv in zip(self.p.groups, group_vars):
+                st = a.eff.get(g[-1])
+                if st is None or st[0] == 0:
+                    continue
+                s = self.const(1) if (a.mode == "vector" and g is self.p.groups[-1]) else self.stride(a, st[1])
+                off = K.add(off, K.mul(gv, s))
+            return off
+        for j, c in enumerate(a.node.key):
+            if a.sizes[j] != 1 and c != 0:
+                off = K.add(off, K.mul(self.key_index(c), self.stride(a, j)))
+        return off
+
+    def group_extent(self, gi):
+        g = self.p.groups[gi]
+        e = self.extent(g[0])
+        for k in g[1:]:
+            e = K.mul(e, self.extent(k))
+        return e
+
+    def decompose(self, lin, gis, out: list):
+        """Lets g<i> for groups `gis` (outer first) from linear index `lin` over them."""
+        rest = lin
+        for pos in range(len(gis) - 1, -1, -1):
+            gi = gis[pos]
+            if pos == 0:
+                out.append(K.Let(f"g{gi}", self.it, rest))
+            else:
+                out.append(K.Let(f"g{gi}", self.it, K.Bin("%", rest, K.Var(f"e{gi}"))))
+                rest = K.Bin("/", rest, K.Var(f"e{gi}"))
+
+    def r_lets(self, out: list):
+        if not self.need_r:
+            return
+        for gi, g in enumerate(self.p.groups):
+            rest = K.Var(f"g{gi}")
+            for pos in range(len(g) - 1, -1, -1):
+                k = g[pos]
+                if pos == 0:
+                    out.append(K.Let(f"r{k}", self.it, rest))
+                else:
+                    out.append(K.Let(f"r{k}", self.it, K.Bin("%", rest, self.extent(k))))
+                    rest = K.Bin("/", rest, self.extent(k))
+
+    # ---- values (inside the lanes loop) ---------------------------------------------------
+    def lane_values(self, arrays: dict, u, out: list) -> dict:
+        """Lets computing every graph node for lane `v` of unroll step `u`; node -> expr."""
+        vals, names, used = {}, {}, {}
+        lane = K.Var("v")
+        for node in self.s.graph.nodes:
+            tv = node.tv
+            if node.kind in ("set", "alias"):
+                vals[id(node)] = vals[id(node.args[0])]
+                continue
+            n = used.get(tv.number, 0)
+            used[tv.number] = n + 1
+            name = f"t{tv.number}" + (f"_{n}" if n else "")
+            dt = tv.dtype
+            if node.kind == "load":
+                arr, a = arrays[id(node)]
+                idx = () if a.row_invariant else (u,)
+                idx = idx + ((self.const(0),) if a.mode == "bcast" else (lane,))
+                expr = K.Convert("load", K.ArrayRef(arr, idx), dt, dt)
+            elif node.kind == "full":
+                fill = node.args[0]
+                expr = K.Convert("cast", self.scalar(fill), fill.dtype, dt) if fill.dtype is not dt \
+                    else self.scalar(fill)
+            elif node.kind == "cast":
+                src = node.args[0]
+                expr = K.Convert("cast", vals[id(src)], src.tv.dtype, dt)
+            else:
+                e = node.expr
+                compute = op_compute_dtype(e)
+                args = []
+                for i, a in enumerate(node.args):
+                    if isinstance(a, Scalar):
+                        args.append(self._convert_arg(self.scalar(a), a.dtype, compute, e, i))
+                    else:
+                        args.append(self._convert_arg(vals[id(a)], a.tv.dtype, compute, e, i))
+                expr = self._op(e, args, compute, dt)
+            out.append(K.Let(name, K.REGISTER_CTYPE[dt], expr))
+            vals[id(node)] = K.Var(name)
+        return vals
+
+    # ---- loads and stores -----------------------------------------------------------------
+    def load_stmt(self, a, arr, gvars, u):
+        idx = () if a.row_invariant else (u,)
+        off = self.offset(a, gvars)
+        p = self.ptr(a)
+        if a.mode == "vector":
+            return K.Load(arr, idx, p, off, self.p.vec)
+        if a.mode == "strided":
+            inner = self.p.groups[-1][-1]
+            return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
+        return K.Load(arr, idx, p, off, 1)
+
+    def compute_block(self, arrays, gvars, u) -> list:
+        body: list = []
+        self.r_lets(body)
+        stores = [a for a in self.s.accesses if a.is_store]
+        for a in stores:
+            body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.p.vec,)))
+        lanes: list = []
+        vals = self.lane_values(arrays, u, lanes)
+        for a in stores:
+            lanes.append(K.Assign(f"T{a.tv.number}_w", (K.Var("v"),),
+                                  K.Convert("store", vals[id(a.node)], a.tv.dtype, a.tv.dtype)))
+        body.append(K.Loop("v", self.const(0), self.const(self.p.vec), self.const(1), "lanes", lanes))
+        for a in stores:
+            off = self.offset(a, gvars)
+            p = self.ptr(a)
+            if a.mode == "vector":
+                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec))
+            elif a.mode == "strided":
+                inner = self.p.groups[-1][-1]
+                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec,
+                                    self.stride(a, a.eff[inner][1])))
+            else:  # one element (vec == 1)
+                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), 1))
+        return body
+
+    # ---- the kernel -----------------------------------------------------------------------
+    def build(self, name: str) -> K.Kernel:
+        p, G = self.p, len(self.p.groups)
+        for a in sorted(self.s.accesses, key=lambda a: a.seg):
+            self.ptr(a)
+        for gi in range(G):
+            self.prologue.append(K.Let(f"e{gi}", self.it, self.group_extent(gi)))
+        gvars = [K.Var(f"g{gi}") for gi in range(G)]
+        loads = [a for a in self.s.accesses if not a.is_store]
+        arrays, seen = {}, {}
+        for a in loads:
+            n = seen.get(a.tv.number, 0)
+            seen[a.tv.number] = n + 1
+            arrays[id(a.node)] = (f"T{a.tv.number}_r" + (str(n) if n else ""), a)
+        U, T, V = p.unroll, p.block, p.vec
+        tid = K.Special("threadIdx.x")
+        u = K.Var("u")
+
+        def allocs(row_invariant):
+            out = []
+            for a in loads:
+                if a.row_invariant == row_invariant:
+                    arr = arrays[id(a.node)][0]
+                    w = 1 if a.mode == "bcast" else V
+                    out.append(K.Alloc(arr, a.tv.dtype, (w,) if row_invariant else (U, w)))
+            return out
+
+        def load_block(filter_row_inv=False):
+            return [self.load_stmt(a, arrays[id(a.node)][0], gvars, u) for a in loads
+                    if a.row_invariant == filter_row_inv]
+
+        body: list = []
+        if p.kind == "1d":
+            nl = K.Var("e_all")
+            tot = self.const(1)
+            for gi in range(G):
+                tot = K.mul(tot, K.Var(f"e{gi}"))
+            body.append(K.Let("e_all", self.it, tot))
+            chunk = U * T * V
+            body.append(K.Let("nbx", self.it, K.Bin("/", K.add(nl, self.const(chunk - 1)), self.const(chunk))))
+            lin = K.mul(K.add(K.mul(K.add(K.mul(K.Var("bx"), self.const(U)), u), self.const(T)), tid),
+                        self.const(V))
+
+            def step(inner_fn):
+                blk = [K.Let("i", self.it, lin)]
+                inner = []
+                self.decompose(K.Var("i"), list(range(G)), inner)
+                inner += inner_fn()
+                blk.append(K.If(K.Bin("<", K.Var("i"), nl), inner))
+                return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
+
+            grid = [*allocs(False), step(load_block), step(lambda: self.compute_block(arrays, gvars, u))]
+            body.append(K.Loop("bx", K.Special("blockIdx.x"), K.Var("nbx"), K.Special("gridDim.x"),
+                               "grid", grid, "blocks of the linear index"))
+        else:
+            outer = list(range(G - 1))
+            eo = self.const(1)
+            for gi in outer:
+                eo = K.mul(eo, K.Var(f"e{gi}"))
+            ein = K.Var(f"e{G - 1}")
+            body.append(K.Let("e_rows", self.it, eo))
+            body.append(K.Let("nby", self.it, K.Bin("/", K.add(K.Var("e_rows"), self.const(U - 1)), self.const(U))))
+            body.append(K.Let("nbx", self.it, K.Bin("/", K.add(ein, self.const(T * V - 1)), self.const(T * V))))
+            row = K.add(K.mul(K.Var("by"), self.const(U)), u)
+
+            def step(inner_fn):
+                blk = [K.Let("o", self.it, row)]
+                inner = []
+                self.decompose(K.Var("o"), outer, inner)
+                inner += inner_fn()
+                blk.append(K.If(K.Bin("<", K.Var("o"), K.Var("e_rows")), inner))
+                return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
+
+            cols = [*allocs(True), *load_block(True), *allocs(False), step(load_block),
+                    step(lambda: self.compute_block(arrays, gvars, u))]
+            colblk = [K.Let(f"g{G - 1}", self.it, K.mul(K.add(K.mul(K.Var("bx"), self.const(T)), tid),
+                                                       self.const(V))),
+                      K.If(K.Bin("<", K.Var(f"g{G - 1}"), ein), cols)]
+            bx_loop = K.Loop("bx", K.Special("blockIdx.x"), K.Var("nbx"), K.Special("gridDim.x"),
+                             "grid", colblk, "column blocks")
+            body.append(K.Loop("by", K.Special("blockIdx.y"), K.Var("nby"), K.Special("gridDim.y"),
+                               "grid", [bx_loop], "row blocks"))
+        body = self.prologue + body
+        params = self.ptr_params + self.size_params + self.stride_params + self.scalar_params
+        return K.Kernel(name, params, self.tensors, self.it, T, body)

@@ -1,0 +1,323 @@
+"""The pointwise scheduler: which Fusions it takes, and how it maps them onto a CUDA grid.
+
+`can_schedule(fusion)` accepts fusions of elementwise / cast / set / broadcast / expand / squeeze /
+view / permute / full exprs (no reductions), with at least one output, no complex dtypes, every
+output computed (not an input or a pure view of one) and all outputs of one shape.
+
+`schedule(fusion, inputs)` works on a deep copy of the fusion (the user's Fusion is never
+touched) and returns a `PointwiseSchedule`:
+1. the reference output R (output 0) is laid out like eager lays it out (stride order from meta
+   evaluation); its size-1 axes are dropped (index 0);
+2. every global access (loads of inputs, stores of outputs) gets per-R-axis effective strides;
+   neighbouring R axes are *collapsed* into one when every affine access is contiguous across
+   them (or broadcast in both), so a contiguous tensor is one linear axis whatever its rank;
+3. the vector width is the widest (<= 16 bytes for the largest element type) that divides the
+   inner collapsed extent, every vectorized tensor's other strides and its pointer alignment;
+4. heuristics pick 1-D [BIDx, Unroll, TIDx, V] or 2-D [BIDy, BIDx, Unroll, TIDx, V] and the
+   transforms are applied to R's TensorDomain so the IR printer's TransformPrinter shows them.
+
+Invariant: the decisions in 2-3 read only facts that `layout.signature` puts in the signature.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import dump as D
+from ..errors import SchedulerError
+from ..ir import exprs as E
+from ..ir.base import Scalar
+from ..ir.iterdomain import ParallelType
+from ..ir.ops import OPS
+from ..ir.shapes import bind
+from ..ir.tensor import TensorView
+from . import layout as L
+from .pointwise_graph import ALLOWED_EXPRS, Graph, is_alias_of_input
+from .pointwise_heuristics import PointwiseParams, choose
+
+
+# ---- can_schedule -----------------------------------------------------------------------------
+def can_schedule(fusion) -> tuple[bool, str]:
+    if not fusion.outputs:
+        return False, "the fusion has no outputs"
+    if getattr(fusion, "aliases", None):
+        return False, "in-place output aliases are not handled by the pointwise scheduler"
+    for e in fusion.used_exprs():
+        if not isinstance(e, ALLOWED_EXPRS):
+            return False, f"{e.op_name} ({type(e).__name__}) is not a pointwise expr"
+        for v in list(e.inputs) + list(e.outputs):
+            dt = getattr(v, "dtype", None)
+            if dt is not None and dt.is_complex:
+                return False, f"complex dtype {dt.name} of {v.name} is not supported"
+    for v in fusion.inputs:
+        if v.dtype.is_complex:
+            return False, f"complex input {v.name} is not supported"
+    for o in fusion.outputs:
+        if is_alias_of_input(o):
+            return False, f"output {o.name} is an input or a view of one (no compute)"
+    ref = fusion.outputs[0]
+    uf = _extent_classes(fusion)
+    for o in fusion.outputs[1:]:
+        if o.ndim != ref.ndim or not all(_same_extent(uf, a, b) for a, b in zip(o.logical, ref.logical)):
+            return False, f"outputs {ref.name} and {o.name} may differ in shape"
+    return True, ""
+
+
+def _extent_classes(fusion) -> dict:
+    parent: dict = {}
+
+    def find(s):
+        while parent.get(id(s), s) is not s:
+            s = parent[id(s)]
+        return s
+
+    for e in fusion.exprs:
+        if isinstance(e, E.ElementwiseOp):
+            ts = [t for t in e.inputs if isinstance(t, TensorView)] + \
+                 [o for o in e.outputs if isinstance(o, TensorView)]
+            for ax in range(ts[0].ndim if ts else 0):
+                real = [t.logical[ax].extent for t in ts if not t.logical[ax].is_broadcast]
+                for s in real[1:]:
+                    a, b = find(real[0]), find(s)
+                    if a is not b:
+                        parent[id(b)] = a
+    return {"find": find}
+
+
+def _same_extent(uf, a, b) -> bool:
+    if a.is_broadcast and b.is_broadcast and a.expanded_extent is None and b.expanded_extent is None:
+        return True
+    ea = a.expanded_extent if a.expanded_extent is not None else a.extent
+    eb = b.expanded_extent if b.expanded_extent is not None else b.extent
+    if ea.is_const and eb.is_const:
+        return ea.value == eb.value
+    return uf["find"](ea) is uf["find"](eb)
+
+
+# ---- the schedule -----------------------------------------------------------------------------
+@dataclass
+class Access:
+    """One global memory access: a load of a tensor input or a store of an output."""
+    node: object                # graph Node (loads) or the output's Node (stores)
+    seg: int                    # segment tensor index (inputs first, then outputs)
+    tv: TensorView              # the clone's TensorView
+    is_store: bool
+    itemsize: int
+    sizes: tuple
+    strides: tuple
+    eff: dict = field(default_factory=dict)      # R axis -> (stride, tensor axis)
+    mode: str = "general"       # "vector" / "bcast" / "strided" / "general"
+    row_invariant: bool = False  # 2-D: offset does not depend on the row
+    ptr_align: int = 16         # byte alignment of the data pointer (capped at 16)
+
+
+@dataclass
+class PointwiseSchedule:
+    fusion: object              # the scheduled deep copy
+    orig: object                # the user's fusion
+    orig_of: dict               # id(clone Scalar) -> user's Scalar
+    ref: TensorView             # clone's reference output
+    params: PointwiseParams
+    graph: Graph
+    accesses: list
+    out_orders: list            # per output: axes outermost first (eager layout)
+    shape: list                 # reference shape seen at planning
+
+
+def _clone(fusion):
+    memo = {id(info): info for info in OPS.values()}
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 50000))
+    try:
+        clone = copy.deepcopy(fusion, memo)
+    finally:
+        sys.setrecursionlimit(old)
+    orig_of = {}
+    for v in fusion.vals:
+        c = memo.get(id(v))
+        if isinstance(v, Scalar) and c is not None:
+            orig_of[id(c)] = v
+    return clone, orig_of
+
+
+def _input_extent_ids(fusion) -> set:
+    out = set()
+    for t in fusion.tensor_inputs():
+        for d in t.logical:
+            out.add(id(d.extent))
+    return out
+
+
+def schedule(fusion, inputs) -> PointwiseSchedule:
+    ok, why = can_schedule(fusion)
+    if not ok:
+        raise SchedulerError(f"pointwise scheduler: {why}")
+    inputs = list(inputs)
+    bindings = bind(fusion, inputs)
+    orders = L.eager_output_orders(fusion, inputs, bindings)
+    clone, orig_of = _clone(fusion)
+    ref = clone.outputs[0]
+    shape = bindings.shape(fusion.outputs[0])
+    known = _input_extent_ids(fusion)
+
+    def proven(k):  # the extent of R axis k is a fact of the signature (input size or constant)
+        d = fusion.outputs[0].logical[k]
+        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        return s.is_const or id(s) in known
+
+    dropped = [k for k in range(len(shape)) if shape[k] == 1 and proven(k)]
+    order = [k for k in orders[0] if k not in dropped]
+    ref_key = tuple(0 if k in dropped else ("r", k) for k in range(len(shape)))
+    graph = Graph(clone, ref_key)
+    accesses = _accesses(clone, fusion, graph, inputs, bindings, orders)
+    params = PointwiseParams(dropped=dropped)
+    params.groups = _collapse(order, shape, accesses)
+    ext = [L.numel(shape[k] for k in g) for g in params.groups]
+    params.vec = _vector_width(params.groups, ext, accesses, all(proven(k) for k in
+                                                                  (params.groups[-1] if params.groups else [])))
+    out_numel = L.numel(shape)
+    params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
+    _classify(params, accesses)
+    choose(params, ext, sum(a.row_invariant for a in accesses if not a.is_store))
+    _classify(params, accesses)
+    _apply_transforms(ref, params, dropped)
+    sched = PointwiseSchedule(clone, fusion, orig_of, ref, params, graph, accesses, orders, shape)
+    D.dump("scheduler_params", "pointwise", lambda: _describe(sched))
+    D.dump("fusion_ir_scheduled", "pointwise", lambda: _print(clone))
+    return sched
+
+
+def _print(fusion) -> str:
+    try:
+        from ..ir.printer import print_fusion
+        return print_fusion(fusion)
+    except ImportError:
+        return "\n".join(f"{o}: {[str(t) for t in o.domain.transforms]}" for o in fusion.outputs)
+
+
+def _describe(s: PointwiseSchedule) -> str:
+    p = s.params
+    lines = [f"kind={p.kind} vec={p.vec} block={p.block} unroll={p.unroll} index={p.index_type}",
+             f"groups={p.groups} dropped={p.dropped} ({p.reason})"]
+    for a in s.accesses:
+        lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode}"
+                     f"{' row-invariant' if a.row_invariant else ''}")
+    return "\n".join(lines)
+
+
+def _accesses(clone, fusion, graph, inputs, bindings, orders) -> list[Access]:
+    tensor_inputs = clone.tensor_inputs()
+    actual = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
+    out = []
+    for node in graph.loads:
+        i = tensor_inputs.index(node.tv)
+        x = actual[i]
+        a = _access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
+        a.ptr_align = L.p2(x.data_ptr()) if x.numel() else 16
+        out.append(a)
+    nin = len(tensor_inputs)
+    for oi, (o, node) in enumerate(zip(clone.outputs, graph.outputs)):
+        sizes = tuple(bindings.shape(fusion.outputs[oi]))
+        strides = L.strides_for(sizes, orders[oi])
+        out.append(_access(node, nin + oi, o, True, o.dtype.itemsize, sizes, strides))
+    return out
+
+
+def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:
+    a = Access(node, seg, tv, is_store, itemsize, sizes, strides)
+    if node.affine:
+        for j, c in enumerate(node.key):
+            if c != 0 and sizes[j] != 1:
+                a.eff[c[1]] = (strides[j], j)
+    return a
+
+
+def _collapse(order, shape, accesses) -> list[list[int]]:
+    groups: list[list[int]] = []
+    affine = [a for a in accesses if a.node.affine]
+    for k in order:
+        if groups:
+            prev = groups[-1][-1]
+            if all(a.eff.get(prev, (0,))[0] == a.eff.get(k, (0,))[0] * shape[k] for a in affine):
+                groups[-1].append(k)
+                continue
+        groups.append([k])
+    return groups
+
+
+def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
+    if not groups or not inner_proven or any(not a.node.affine for a in accesses):
+        return 1
+    inner_k = groups[-1][-1]
+    outer_ks = [g[-1] for g in groups[:-1]]
+    vec = 16 // max(a.itemsize for a in accesses)
+    while vec > 1:
+        ok = ext[-1] % vec == 0
+        for a in accesses:
+            if not ok:
+                break
+            if a.eff.get(inner_k, (0,))[0] == 1:
+                ok = a.ptr_align % min(vec * a.itemsize, 16) == 0 and all(a.eff.get(k, (0,))[0] % vec == 0 for k in outer_ks)
+        if ok:
+            return vec
+        vec //= 2
+    return 1
+
+
+def _classify(params: PointwiseParams, accesses) -> None:
+    groups = params.groups
+    inner_k = groups[-1][-1] if groups else None
+    outer_ks = [g[-1] for g in groups[:-1]]
+    for a in accesses:
+        if not a.node.affine:
+            a.mode = "general"
+            continue
+        s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0
+        a.mode = "bcast" if s == 0 else ("vector" if s == 1 and params.vec > 1 else "strided")
+        a.row_invariant = (not a.is_store and params.kind == "2d"
+                           and all(a.eff.get(k, (0,))[0] == 0 for k in outer_ks))
+
+
+def _apply_transforms(ref: TensorView, p: PointwiseParams, dropped) -> None:
+    """Replays the schedule on R's TensorDomain (for the TransformPrinter and the dumps)."""
+    flat = list(dropped) + [k for g in p.groups for k in g]
+    ref.reorder({old: new for new, old in enumerate(flat)})
+    pos = len(dropped)
+    for g in p.groups:                       # collapse merges
+        for _ in range(len(g) - 1):
+            ref.merge(pos)
+        pos += 1
+    base, ng = len(dropped), len(p.groups)
+    if ng == 0:
+        return
+    if p.kind == "2d":
+        for _ in range(ng - 2):
+            ref.merge(base)                  # outer groups -> one row axis
+        inner = base + 1
+        if p.vec > 1:
+            ref.split(inner, p.vec)
+        ref.split(inner, p.block)
+        if p.unroll > 1:
+            ref.split(base, p.unroll)
+            ref.reorder({base + 1: base + 2, base + 2: base + 1})
+            ref.axis(base + 2).parallelize(ParallelType.Unroll)
+        ref.axis(base).parallelize(ParallelType.BIDy)
+        ref.axis(base + 1).parallelize(ParallelType.BIDx)
+        t = base + 2 + (p.unroll > 1)
+    else:
+        for _ in range(ng - 1):
+            ref.merge(base)
+        if p.vec > 1:
+            ref.split(base, p.vec)
+        ref.split(base, p.block)
+        if p.unroll > 1:
+            ref.split(base, p.unroll)
+            ref.axis(base + 1).parallelize(ParallelType.Unroll)
+        ref.axis(base).parallelize(ParallelType.BIDx)
+        t = base + 1 + (p.unroll > 1)
+    ref.axis(t).parallelize(ParallelType.TIDx)
+    if p.vec > 1:
+        ref.axis(t + 1).parallelize(ParallelType.Vectorize)

@@ -1,0 +1,198 @@
+"""The launcher on hand-written kernels (no codegen involved): argument packing of mixed C types
+in every launch mode, dynamic shared memory above 48 KiB, PyTorch's current stream, threads,
+driver errors, and the executor's host overhead per cached call."""
+import math
+import sys
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+from pyfuser.codegen.kernel import GeneratedKernel, LaunchConfig, Param
+from pyfuser.runtime import executor as X
+from pyfuser.runtime.launch import LAUNCH_MODES, CudaDriverError, KernelLauncher
+from pyfuser.runtime.nvrtc import compile_cuda
+from pyfuser.runtime.params import ParamPacker
+
+pytestmark = pytest.mark.gpu
+
+MIXED = r'''
+extern "C" __global__ void pf_mixed(float* out, const float* a, int n, double alpha, bool flag,
+                                    long long stride, float beta, unsigned int u, bool flag2,
+                                    double gamma) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (float)(a[i * stride] * alpha + beta + (flag ? (double)u : 0.0)
+                              + (flag2 ? gamma : 0.0));
+}
+'''
+MIXED_PARAMS = ["void*", "void*", "int", "double", "bool", "int64_t", "float", "uint32_t", "bool",
+                "double"]
+
+
+def _mixed_launcher(mode):
+    params = [Param(f"p{i}", ct, ("scalar", f"s{i}")) for i, ct in enumerate(MIXED_PARAMS)]
+    binary = compile_cuda(MIXED, "pf_mixed")
+    return KernelLauncher(binary, _ScalarPacker(params), mode=mode)
+
+
+class _ScalarPacker(ParamPacker):
+    """Parameters straight from a dict keyed by the Param's source name."""
+
+    def _build_getter(self):
+        names = [p.source[1] for p in self.params]
+        return lambda t, b: tuple(b[n] for n in names)
+
+
+@pytest.mark.parametrize("mode", LAUNCH_MODES)
+def test_mixed_parameter_packing(mode):
+    n = 1000
+    a = torch.randn(2 * n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    vals = {"s0": out.data_ptr(), "s1": a.data_ptr(), "s2": n, "s3": 1.5, "s4": True, "s5": 2,
+            "s6": 0.25, "s7": 7, "s8": True, "s9": -3.0}
+    launcher = _mixed_launcher(mode)
+    launcher.launch(LaunchConfig((math.ceil(n / 128), 1, 1), (128, 1, 1)), [], vals,
+                    torch.cuda.current_device())
+    torch.cuda.synchronize()
+    ref = (a[::2].double() * 1.5 + 0.25 + 7 - 3.0).float()
+    torch.testing.assert_close(out, ref)
+
+
+SMEM = r'''
+extern "C" __global__ void pf_smem(const float* a, float* out, long long n) {
+  extern __shared__ float buf[];
+  int words = 64 * 1024 / 4;
+  for (int k = threadIdx.x; k < words; k += blockDim.x) buf[k] = a[(blockIdx.x * words + k) % n];
+  __syncthreads();
+  for (int k = threadIdx.x; k < words; k += blockDim.x) {
+    long long j = (long long)blockIdx.x * words + k;
+    if (j < n) out[j] = buf[words - 1 - k] * 2.0f;
+  }
+}
+'''
+
+
+def test_dynamic_shared_memory_above_48k():
+    words = 64 * 1024 // 4
+    n = 4 * words
+    a = torch.randn(n, device="cuda")
+    out = torch.full_like(a, float("nan"))
+    params = [Param("a", "void*", ("ptr", 0)), Param("out", "void*", ("ptr", 1)),
+              Param("n", "int64_t", ("numel", 0))]
+    launcher = KernelLauncher(compile_cuda(SMEM, "pf_smem"), ParamPacker(params))
+    launcher.launch(LaunchConfig((4, 1, 1), (256, 1, 1), 64 * 1024), [a, out], {},
+                    torch.cuda.current_device())
+    torch.cuda.synchronize()
+    ref = (a.view(4, words).flip(1) * 2).reshape(-1)
+    torch.testing.assert_close(out, ref)
+
+
+ADD = r'''
+extern "C" __global__ void pf_add3(const float* a, const float* b, const float* c, float* out,
+                                   long long n) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i] * c[i];
+}
+'''
+ADD_PARAMS = [Param("a", "void*", ("ptr", 0)), Param("b", "void*", ("ptr", 1)),
+              Param("c", "void*", ("ptr", 2)), Param("out", "void*", ("ptr", 3)),
+              Param("n", "int64_t", ("numel", 3))]
+
+
+def _cfg(n):
+    return LaunchConfig((max(1, math.ceil(n / 256)), 1, 1), (256, 1, 1))
+
+
+def test_runs_on_the_current_stream():
+    launcher = KernelLauncher(compile_cuda(ADD, "pf_add3"), ParamPacker(ADD_PARAMS))
+    s = torch.cuda.Stream()
+    n = 1 << 22
+    with torch.cuda.stream(s):
+        a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+        out = torch.empty_like(a)
+        launcher.launch(_cfg(n), [a, b, c, out], {}, torch.cuda.current_device())
+        res = out * 1                                    # ordered after the launch on s
+    s.synchronize()
+    torch.testing.assert_close(res, a + b * c)
+
+
+def test_concurrent_threads():
+    launcher = KernelLauncher(compile_cuda(ADD, "pf_add3"), ParamPacker(ADD_PARAMS))
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(50):
+                n = 1000 + k
+                a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+                out = torch.empty_like(a)
+                launcher.launch(_cfg(n), [a, b, c, out], {}, torch.cuda.current_device())
+                torch.cuda.current_stream().synchronize()
+                torch.testing.assert_close(out, a + b * c)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_driver_errors_name_the_call():
+    launcher = KernelLauncher(compile_cuda(ADD, "pf_add3"), ParamPacker(ADD_PARAMS))
+    a = torch.randn(10, device="cuda")
+    with pytest.raises(CudaDriverError, match="cuLaunchKernel"):
+        launcher.launch(LaunchConfig((1, 1, 1), (4096, 1, 1)), [a, a, a, a], {},
+                        torch.cuda.current_device())
+
+
+# ---- executor host overhead on a hand-written plan -------------------------------------------
+class _Plan:
+    def __init__(self, fusion):
+        self.fusion = fusion
+        self.kernel = GeneratedKernel("pf_add3", ADD, ADD_PARAMS,
+                                      launch_config=lambda b, t: _cfg(t[3].numel()))
+        self.kernel_ir, self.index_type = None, "int64_t"
+
+    def allocate_outputs(self, bindings, inputs, device):
+        return [torch.empty(bindings.shape(o), dtype=o.dtype.torch, device=device)
+                for o in self.fusion.outputs]
+
+
+def test_host_overhead_per_cached_call(monkeypatch, capsys):
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    api = types.SimpleNamespace(signature=lambda f, x: tuple(t.dtype for t in x),
+                                plan_kernel=lambda f, x: _Plan(f))
+    monkeypatch.setattr(X, "_api", lambda: api)
+    f = Fusion()
+    with f:
+        a, b, c = (B.define_tensor([-1], DataType.Float) for _ in range(3))
+        f.add_output(B.elementwise("add", a, B.elementwise("mul", b, c)))
+    ex = X.FusionExecutor(f)
+    xs = [torch.randn(1024, device="cuda") for _ in range(3)]
+    (out,) = ex.run(xs)
+    torch.testing.assert_close(out, xs[0] + xs[1] * xs[2])
+    results = {}
+    for mode in LAUNCH_MODES:
+        for entry in ex._plans.values():
+            entry.launcher.mode = mode
+        for _ in range(200):
+            ex.run(xs)
+        torch.cuda.synchronize()
+        n = 2000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            ex.run(xs)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        results[mode] = (t1 - t0) / n * 1e6
+    with capsys.disabled():
+        print("\n[host overhead per cached call, 3 inputs] " +
+              ", ".join(f"{m}: {us:.1f} us" for m, us in results.items()))
+    assert ex.last_run["cache_hit"] and ex.stats["compiled"] == 1
+    assert min(results.values()) < 100, results
