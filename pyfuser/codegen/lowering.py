@@ -30,7 +30,8 @@ SCALAR_PARAM_CTYPE = {DataType.Bool: "bool", DataType.Int: "int64_t", DataType.I
 def op_compute_dtype(e) -> DataType:
     """The dtype an elementwise expr computes in, by the builder's promotion rule."""
     info = e.info
-    promoted = e.inputs[1:] if info.name == "where" else e.inputs
+    skip = set(getattr(info, "scalar_args", ())) | ({0} if info.name == "where" else set())
+    promoted = [v for i, v in enumerate(e.inputs) if i not in skip]
     kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE) \
         else info.promotion
 
@@ -85,7 +86,7 @@ class Lowering:
         return self._param(self.stride_params, f"T{a.tv.number}_s{j}", self.it, ("stride", a.seg, j))
 
     def const(self, v: int):
-        return K.Const(int(v), self.it)
+        return K.Const(int(v), "nidx_t")
 
     def scalar(self, s: Scalar):
         """Kernel expression (register type of s.dtype) of a fusion Scalar."""
@@ -185,9 +186,9 @@ class Lowering:
         for pos in range(len(gis) - 1, -1, -1):
             gi = gis[pos]
             if pos == 0:
-                out.append(K.Let(f"g{gi}", self.it, rest))
+                out.append(K.Let(f"g{gi}", "nidx_t", rest))
             else:
-                out.append(K.Let(f"g{gi}", self.it, K.Bin("%", rest, K.Var(f"e{gi}"))))
+                out.append(K.Let(f"g{gi}", "nidx_t", K.Bin("%", rest, K.Var(f"e{gi}"))))
                 rest = K.Bin("/", rest, K.Var(f"e{gi}"))
 
     def r_lets(self, out: list):
@@ -198,9 +199,9 @@ class Lowering:
             for pos in range(len(g) - 1, -1, -1):
                 k = g[pos]
                 if pos == 0:
-                    out.append(K.Let(f"r{k}", self.it, rest))
+                    out.append(K.Let(f"r{k}", "nidx_t", rest))
                 else:
-                    out.append(K.Let(f"r{k}", self.it, K.Bin("%", rest, self.extent(k))))
+                    out.append(K.Let(f"r{k}", "nidx_t", K.Bin("%", rest, self.extent(k))))
                     rest = K.Bin("/", rest, self.extent(k))
 
     # ---- values (inside the lanes loop) ---------------------------------------------------
@@ -250,14 +251,13 @@ class Lowering:
         p = self.ptr(a)
         if a.mode == "vector":
             return K.Load(arr, idx, p, off, self.p.vec)
-        if a.mode == "strided":
+        if a.mode == "strided" and self.p.vec > 1:
             inner = self.p.groups[-1][-1]
             return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
         return K.Load(arr, idx, p, off, 1)
 
     def compute_block(self, arrays, gvars, u) -> list:
         body: list = []
-        self.r_lets(body)
         stores = [a for a in self.s.accesses if a.is_store]
         for a in stores:
             body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.p.vec,)))
@@ -272,7 +272,7 @@ class Lowering:
             p = self.ptr(a)
             if a.mode == "vector":
                 body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec))
-            elif a.mode == "strided":
+            elif a.mode == "strided" and self.p.vec > 1:
                 inner = self.p.groups[-1][-1]
                 body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec,
                                     self.stride(a, a.eff[inner][1])))
@@ -286,7 +286,7 @@ class Lowering:
         for a in sorted(self.s.accesses, key=lambda a: a.seg):
             self.ptr(a)
         for gi in range(G):
-            self.prologue.append(K.Let(f"e{gi}", self.it, self.group_extent(gi)))
+            self.prologue.append(K.Let(f"e{gi}", "nidx_t", self.group_extent(gi)))
         gvars = [K.Var(f"g{gi}") for gi in range(G)]
         loads = [a for a in self.s.accesses if not a.is_store]
         arrays, seen = {}, {}
@@ -317,16 +317,17 @@ class Lowering:
             tot = self.const(1)
             for gi in range(G):
                 tot = K.mul(tot, K.Var(f"e{gi}"))
-            body.append(K.Let("e_all", self.it, tot))
+            body.append(K.Let("e_all", "nidx_t", tot))
             chunk = U * T * V
-            body.append(K.Let("nbx", self.it, K.Bin("/", K.add(nl, self.const(chunk - 1)), self.const(chunk))))
+            body.append(K.Let("nbx", "nidx_t", K.Bin("/", K.add(nl, self.const(chunk - 1)), self.const(chunk))))
             lin = K.mul(K.add(K.mul(K.add(K.mul(K.Var("bx"), self.const(U)), u), self.const(T)), tid),
                         self.const(V))
 
             def step(inner_fn):
-                blk = [K.Let("i", self.it, lin)]
+                blk = [K.Let("i", "nidx_t", lin)]
                 inner = []
                 self.decompose(K.Var("i"), list(range(G)), inner)
+                self.r_lets(inner)
                 inner += inner_fn()
                 blk.append(K.If(K.Bin("<", K.Var("i"), nl), inner))
                 return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
@@ -340,22 +341,23 @@ class Lowering:
             for gi in outer:
                 eo = K.mul(eo, K.Var(f"e{gi}"))
             ein = K.Var(f"e{G - 1}")
-            body.append(K.Let("e_rows", self.it, eo))
-            body.append(K.Let("nby", self.it, K.Bin("/", K.add(K.Var("e_rows"), self.const(U - 1)), self.const(U))))
-            body.append(K.Let("nbx", self.it, K.Bin("/", K.add(ein, self.const(T * V - 1)), self.const(T * V))))
+            body.append(K.Let("e_rows", "nidx_t", eo))
+            body.append(K.Let("nby", "nidx_t", K.Bin("/", K.add(K.Var("e_rows"), self.const(U - 1)), self.const(U))))
+            body.append(K.Let("nbx", "nidx_t", K.Bin("/", K.add(ein, self.const(T * V - 1)), self.const(T * V))))
             row = K.add(K.mul(K.Var("by"), self.const(U)), u)
 
             def step(inner_fn):
-                blk = [K.Let("o", self.it, row)]
+                blk = [K.Let("o", "nidx_t", row)]
                 inner = []
                 self.decompose(K.Var("o"), outer, inner)
+                self.r_lets(inner)
                 inner += inner_fn()
                 blk.append(K.If(K.Bin("<", K.Var("o"), K.Var("e_rows")), inner))
                 return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
 
             cols = [*allocs(True), *load_block(True), *allocs(False), step(load_block),
                     step(lambda: self.compute_block(arrays, gvars, u))]
-            colblk = [K.Let(f"g{G - 1}", self.it, K.mul(K.add(K.mul(K.Var("bx"), self.const(T)), tid),
+            colblk = [K.Let(f"g{G - 1}", "nidx_t", K.mul(K.add(K.mul(K.Var("bx"), self.const(T)), tid),
                                                        self.const(V))),
                       K.If(K.Bin("<", K.Var(f"g{G - 1}"), ein), cols)]
             bx_loop = K.Loop("bx", K.Special("blockIdx.x"), K.Var("nbx"), K.Special("gridDim.x"),

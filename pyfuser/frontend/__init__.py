@@ -1,1 +1,6 @@
-"""Frontends: readers of the programs pyfuser compiles (TorchScript IR text for now)."""
+"""Frontends: readers of the programs pyfuser compiles.
+
+`torchscript/` parses TorchScript IR text into a Graph (and prints and eagerly runs it);
+`definition.py` is the FusionDefinition builder API; `lowering/` turns TorchScript nodes into
+Fusion IR.
+"""

@@ -78,7 +78,7 @@ P = Promotion
 SQRT1_2 = math.sqrt(0.5)
 
 # ---- unary ------------------------------------------------------------------------------------
-_op("neg", 1, P.DEFAULT, torch.neg, "(-{0})", NUMERIC)
+_op("neg", 1, P.DEFAULT, torch.neg, "pf_neg({0})", NUMERIC)
 _op("abs", 1, P.DEFAULT, torch.abs, "pf_abs({0})", REAL_NUMERIC)
 _op("bitwise_not", 1, P.DEFAULT, torch.bitwise_not, "pf_bitwise_not({0})", INTEGER)
 _op("logical_not", 1, P.ALWAYS_BOOL, torch.logical_not, "(!{0})", REAL)
@@ -112,9 +112,9 @@ _op("hardswish", 1, P.DEFAULT, torch.nn.functional.hardswish, "pf_hardswish({0})
 _op("hardsigmoid", 1, P.DEFAULT, torch.nn.functional.hardsigmoid, "pf_hardsigmoid({0})", FLOAT)
 
 # ---- binary -----------------------------------------------------------------------------------
-_op("add", 2, P.DEFAULT, torch.add, "({0} + {1})", ALL)
-_op("sub", 2, P.DEFAULT, torch.sub, "({0} - {1})", NUMERIC, operand_accepts=NUMERIC)
-_op("mul", 2, P.DEFAULT, torch.mul, "({0} * {1})", ALL)
+_op("add", 2, P.DEFAULT, torch.add, "pf_add({0}, {1})", ALL)
+_op("sub", 2, P.DEFAULT, torch.sub, "pf_sub({0}, {1})", NUMERIC, operand_accepts=NUMERIC)
+_op("mul", 2, P.DEFAULT, torch.mul, "pf_mul({0}, {1})", ALL)
 _op("div", 2, P.INT_TO_FLOAT, torch.div, "({0} / {1})", NUMERIC)
 _op("div_trunc", 2, P.DEFAULT, lambda a, b: torch.div(a, b, rounding_mode="trunc"),
     "pf_div_trunc({0}, {1})", REAL_NUMERIC)
@@ -155,7 +155,7 @@ _op("clamp", 3, P.DEFAULT, lambda x, lo, hi: torch.clamp(x, lo, hi), "pf_clamp({
     REAL_NUMERIC)
 _op("lerp", 3, P.DEFAULT, torch.lerp, "pf_lerp({0}, {1}, {2})", FLOAT)
 _op("addcmul", 4, P.DEFAULT, lambda s, a, b, v: torch.addcmul(s, a, b, value=v),
-    "({0} + {3} * {1} * {2})", NUMERIC,
+    "pf_addcmul({0}, {1}, {2}, {3})", NUMERIC,
     scalar_args=(3,))
 _op("threshold", 3, P.DEFAULT, lambda x, t, v: torch.threshold(x, t, v),
     "({0} <= {1} ? {2} : {0})", REAL_NUMERIC,

@@ -26,6 +26,20 @@ from ..ir.tensor import TensorView
 # fusion, which a WeakKeyDictionary value must not); _holders lets clear_caches find them.
 _ATTR = "_pyfuser_executors"
 _holders: "weakref.WeakSet" = weakref.WeakSet()
+
+
+class _Executors(dict):
+    """mode -> executor. Copies and pickles of the Fusion (the codegen deep-copies it) get an
+    empty one: executors are caches of this very object, never state to carry along."""
+
+    def __deepcopy__(self, memo):
+        return _Executors()
+
+    def __copy__(self):
+        return _Executors()
+
+    def __reduce__(self):
+        return (_Executors, ())
 CPU_MODES = ("evaluator", "interpret")
 
 
@@ -64,7 +78,7 @@ def _executor(fusion, mode: str):
     else:
         note_fallback(reason)
         ex = None
-    fusion.__dict__.setdefault(_ATTR, {})[mode] = ex
+    fusion.__dict__.setdefault(_ATTR, _Executors())[mode] = ex
     _holders.add(fusion)
     return ex
 

@@ -126,8 +126,10 @@ def _raw_stream_fn():
     return lambda idx: torch.cuda.current_stream(idx).cuda_stream
 
 
-# `extra` is a void** address in cuda-bindings 13, a list of ints in older releases.
+# `extra` is a void** address (an int, 0 for none) in cuda-bindings 13; older releases took a
+# list of ints or None. Both are detected on the first TypeError and remembered.
 _extra_as_list = [False]
+_NO_EXTRA = [0]
 
 
 class KernelLauncher:
@@ -200,14 +202,14 @@ class KernelLauncher:
         try:
             if self.mode == "tuple":
                 vals = self.packer.values(tensors, bindings)
-                res = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream,
-                                         (vals, self.packer.ctypes), 0)
+                res = _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream,
+                                       (vals, self.packer.ctypes))
             else:
                 with self._lock:
                     self.packer.pack_into(self._buf, tensors, bindings)
                     if self.mode == "ptrs":
-                        res = drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream,
-                                                 self._ptrs_addr, 0)
+                        res = _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream,
+                                               self._ptrs_addr)
                     else:
                         res = self._launch_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream)
         finally:
@@ -226,3 +228,13 @@ class KernelLauncher:
                 _extra_as_list[0] = True
         return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, None,
                                   self._extra_list)
+
+
+def _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream, params):
+    try:
+        return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params, _NO_EXTRA[0])
+    except TypeError:
+        if _NO_EXTRA[0] is None:
+            raise
+        _NO_EXTRA[0] = None
+        return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params, None)

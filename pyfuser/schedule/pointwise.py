@@ -276,7 +276,7 @@ def _classify(params: PointwiseParams, accesses) -> None:
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0
-        a.mode = "bcast" if s == 0 else ("vector" if s == 1 and params.vec > 1 else "strided")
+        a.mode = "bcast" if s == 0 else ("vector" if s == 1 else "strided")
         a.row_invariant = (not a.is_store and params.kind == "2d"
                            and all(a.eff.get(k, (0,))[0] == 0 for k in outer_ks))
 

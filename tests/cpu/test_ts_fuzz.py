@@ -104,6 +104,15 @@ def test_pathological_inputs(text):
     check(text)
 
 
+def test_deep_block_nesting_is_a_parse_error():
+    depth = 300
+    lines = ["graph(%c : bool):"]
+    lines += ["= prim::If(%c)\nblock0():"] * depth
+    lines += ["-> ()\nblock1():\n-> ()"] * depth
+    with pytest.raises(IRParseError, match="nested more than"):
+        parse_ir("\n".join(lines + ["return ()"]))
+
+
 def test_every_truncation_of_an_example():
     text = (EXAMPLES / "seed003_bn_add_relu.ir").read_text()
     for cut in range(0, len(text), 7):

@@ -32,6 +32,7 @@ VALUE = re.compile(r"%([A-Za-z0-9_][A-Za-z0-9_.]*)")
 INT = re.compile(r"-?\d+")
 NUMBER = re.compile(r"-?(?:inf\b|nan\b|\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)")
 BLOCK = re.compile(r"block(\d+)\b")
+MAX_NESTING = 64
 
 
 def _blank_log_prefixes(text: str) -> str:
@@ -50,6 +51,7 @@ class Scanner:
         self.text = _blank_log_prefixes(text.expandtabs(1) if "\t" in text else text)
         self.filename = filename
         self.pos = 0
+        self.depth = 0                        # nesting of types / attribute values
         self._line_starts = [0] + [m.end() for m in re.finditer(r"\n", self.text)]
 
     # ----- positions and errors ----------------------------------------------------------
@@ -76,6 +78,12 @@ class Scanner:
             return "end of input"
         m = _TOKEN_PREVIEW.match(self.text, self.pos)
         return f"`{m.group(0)[:24]}`"
+
+    def nest(self, what: str, extra: int = 0) -> None:
+        """Count one level of nesting; types and values deeper than MAX_NESTING are errors."""
+        self.depth += 1
+        if self.depth + extra > MAX_NESTING:
+            raise self.error(f"{what} nested more than {MAX_NESTING} levels deep")
 
     # ----- skipping ----------------------------------------------------------------------
     def skip(self) -> None:

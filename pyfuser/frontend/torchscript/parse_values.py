@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .lexer import DOTTED, IDENT, INT, NUMBER, Scanner
+from .lexer import DOTTED, IDENT, INT, MAX_NESTING, NUMBER, Scanner
 from .literals import TENSOR_TRAILER, parse_tensor_literal, scalar_tensor, unescape_string
 from .types import (NAME_TO_DTYPE, SIMPLE_TYPES, ClassType, ContainerType, DictType, JitType,
                     ListType, OptionalType, TensorType, TupleType, UnionType)
@@ -23,8 +23,19 @@ _COMPLEX_TAIL = re.compile(r"([-+](?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan))j")
 
 
 def parse_type(sc: Scanner) -> JitType:
-    t = _parse_base_type(sc)
+    sc.nest("type")
+    try:
+        return _postfix(sc, _parse_base_type(sc))
+    finally:
+        sc.depth -= 1
+
+
+def _postfix(sc: Scanner, t: JitType) -> JitType:
+    wraps = 0
     while True:
+        if sc.depth + wraps > MAX_NESTING:
+            raise sc.error(f"type nested more than {MAX_NESTING} levels deep")
+        wraps += 1
         if sc.peek("[Undefined]") and isinstance(t, TensorType):
             sc.pos += len("[Undefined]")
             t = TensorType(t.dtype, t.sizes, t.strides, t.device, t.requires_grad, True)
@@ -174,6 +185,14 @@ _LIST_KIND = {"i": "is", "f": "fs", "s": "ss", "c": "cs", "t": "ts", "g": "gs", 
 
 
 def parse_attr_value(sc: Scanner) -> tuple:
+    sc.nest("attribute value")
+    try:
+        return _attr_value(sc)
+    finally:
+        sc.depth -= 1
+
+
+def _attr_value(sc: Scanner) -> tuple:
     c = sc.peek_char()
     start = sc.pos
     if c == '"':

@@ -32,6 +32,8 @@ from .parse_values import parse_attr_value, parse_type
 from .types import TensorType
 
 _GROUP_REF = re.compile(r"(.+::.+?)_(\d+)\Z")
+MAX_BLOCK_DEPTH = 100     # deeper graphs would overflow the recursion of later stages
+MAX_GRAPH_DEPTH = 32      # `with` subgraphs inside subgraphs
 
 
 class _GraphState:
@@ -46,6 +48,7 @@ class _GraphState:
 class _Parser:
     def __init__(self, text: str, filename: str):
         self.sc = Scanner(text, filename)
+        self.graph_depth = 0
 
     def parse_file(self) -> Graph:
         g = self.graphdef()
@@ -60,6 +63,9 @@ class _Parser:
         sc = self.sc
         if not sc.keyword("graph"):
             raise sc.error(f"expected `graph(`, found {sc.found()}")
+        self.graph_depth += 1
+        if self.graph_depth > MAX_GRAPH_DEPTH:
+            raise sc.error(f"subgraphs nested more than {MAX_GRAPH_DEPTH} levels deep")
         sc.expect("(", "after `graph`")
         st = _GraphState(Graph())
         scope: dict = {}
@@ -76,6 +82,7 @@ class _Parser:
         for v in self.value_list(st, [scope], "return"):
             st.graph.register_output(v)
         self.withs(st)
+        self.graph_depth -= 1
         return st.graph
 
     def withs(self, st: _GraphState) -> None:
@@ -165,6 +172,8 @@ class _Parser:
     def block(self, st: _GraphState, n: Node, scopes: list, index: int) -> None:
         sc = self.sc
         m = sc.match(BLOCK)
+        if len(scopes) > MAX_BLOCK_DEPTH:
+            raise sc.error(f"blocks nested more than {MAX_BLOCK_DEPTH} levels deep", m.start())
         if int(m.group(1)) != index:
             raise sc.error(f"expected block{index}, found block{m.group(1)}", m.start())
         b = n.add_block()

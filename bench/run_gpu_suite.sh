@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The lead's one-shot GPU run: GPU tests, then the pointwise benchmark, logs under $OUT.
+#   OUT=/some/dir bash bench/run_gpu_suite.sh
+# Keeps going when tests fail (the benchmark still runs); prints a summary and exits non-zero
+# if anything failed.
+set -x
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
+export PYFUSER_CACHE_DIR="${PYFUSER_CACHE_DIR:-/tmp/pyfuser_cache_gpu_suite}"
+PY="${PYTHON:-python3}"
+
+nvidia-smi 2>&1 | tee "$OUT/nvidia_smi.txt"
+$PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name()); import cuda.bindings; print('cuda-bindings', cuda.bindings.__version__)" 2>&1 | tee "$OUT/env.txt"
+
+start=$(date +%s)
+timeout 420 $PY -m pytest tests -q -m gpu -rfEs -p no:cacheprovider --maxfail=50 \
+    --junitxml="$OUT/gpu_tests.xml" >"$OUT/gpu_tests.log" 2>&1
+tests_rc=$?
+tail -n 60 "$OUT/gpu_tests.log"
+tests_s=$(( $(date +%s) - start ))
+
+start=$(date +%s)
+timeout 300 $PY bench/pointwise.py >"$OUT/bench_pointwise.log" 2>&1
+bench_rc=$?
+tail -n 60 "$OUT/bench_pointwise.log"
+bench_s=$(( $(date +%s) - start ))
+
+set +x
+echo "================ summary ================"
+echo "gpu tests: rc=$tests_rc (${tests_s}s) -> $OUT/gpu_tests.log"
+grep -E "^[0-9]+ (passed|failed)|passed|failed" "$OUT/gpu_tests.log" | tail -n 1
+echo "benchmark: rc=$bench_rc (${bench_s}s) -> $OUT/bench_pointwise.log, $OUT/bench_pointwise.md"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,180 @@
+"""CUDA C printer: kernel IR -> the text of one `extern "C" __global__` function.
+
+The output is meant to be read: locals are named after TensorViews (`t3` is T3's value in a
+register, `T0_r` the elements loaded from input T0, `T7_w` those stored to output T7), one `const`
+statement per Fusion op, in Fusion order. Index variables: `bx`/`by` block indices of the
+grid-stride loops, `u` the unrolled step, `v` the vector lane, `g<i>` the index into collapsed axis
+group i, `e<i>` that group's extent, `r<k>` reference axis k (only with views).
+
+Invariant: the printer adds no arithmetic of its own: every operation printed is a kernel IR node.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir.dtypes import DataType
+from ..ir.ops import OPS
+from . import kernel_ir as K
+from .prelude import PRELUDE
+
+
+def c_const(value, ctype: str, dtype: DataType | None) -> str:
+    if ctype == "bool" or dtype is DataType.Bool:
+        return "true" if value else "false"
+    if ctype in ("float", "double") or (dtype is not None and dtype.is_floating):
+        v = float(value)
+        if math.isnan(v):
+            lit = "__longlong_as_double(0x7ff8000000000000LL)"
+        elif math.isinf(v):
+            lit = ("" if v > 0 else "-") + "__longlong_as_double(0x7ff0000000000000LL)"
+        else:
+            lit = repr(v)
+            if "e" not in lit and "." not in lit and "inf" not in lit:
+                lit += ".0"
+        return lit if ctype == "double" else f"(({ctype}){lit})"
+    v = int(value)
+    if ctype == "int64_t":
+        if v == -2 ** 63:
+            return "(-9223372036854775807LL - 1)"
+        return f"{v}LL"
+    if ctype == "int" and v == -2 ** 31:
+        return "(-2147483647 - 1)"
+    return str(v) if ctype in ("int", "nidx_t") else f"(({ctype}){v})"
+
+
+class Printer:
+    def __init__(self, k: K.Kernel):
+        self.k = k
+        self.lines: list[str] = []
+
+    # ---- expressions ----------------------------------------------------------------------
+    def e(self, x) -> str:
+        if isinstance(x, K.Var):
+            return x.name
+        if isinstance(x, K.Const):
+            return c_const(x.value, x.ctype, x.dtype)
+        if isinstance(x, K.Special):
+            return f"((nidx_t){x.name})"
+        if isinstance(x, K.Bin):
+            return f"({self.e(x.a)} {x.op} {self.e(x.b)})"
+        if isinstance(x, K.ArrayRef):
+            return x.name + "".join(f"[{self.e(i)}]" for i in x.index)
+        if isinstance(x, K.Op):
+            return OPS[x.name].cuda.format(*(self.e(a) for a in x.args))
+        if isinstance(x, K.Convert):
+            return self.convert(x)
+        raise TypeError(f"cannot print {x!r}")
+
+    def convert(self, x: K.Convert) -> str:
+        a = self.e(x.arg)
+        if x.kind == "load":
+            return f"pf_to_reg({a})" if x.src.is_reduced_float else a
+        if x.kind == "store":
+            return f"pf_to_storage<{K.STORAGE_CTYPE[x.dst]}>({a})" if x.dst.is_reduced_float else a
+        if x.kind == "round":
+            return f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({a})"
+        # cast: eager conversion between register types, then rounding to half/bf16
+        src_reg, dst_reg = K.REGISTER_CTYPE[x.src], K.REGISTER_CTYPE[x.dst]
+        out = a if src_reg == dst_reg else f"pf_cast<{dst_reg}>({a})"
+        if x.dst.is_reduced_float and x.src is not x.dst:
+            out = f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({out})"
+        return out
+
+    # ---- statements -----------------------------------------------------------------------
+    def emit(self, stmts, ind: int) -> None:
+        pad = "  " * ind
+        for s in stmts:
+            if isinstance(s, K.Let):
+                ct = s.ctype
+                note = f"  // {s.comment}" if s.comment else ""
+                self.lines.append(f"{pad}const {ct} {s.name} = {self.e(s.expr)};{note}")
+            elif isinstance(s, K.Alloc):
+                dims = "".join(f"[{d}]" for d in s.dims)
+                self.lines.append(f"{pad}{K.STORAGE_CTYPE[s.dtype]} {s.name}{dims};")
+            elif isinstance(s, K.Loop):
+                self.loop(s, ind)
+            elif isinstance(s, K.If):
+                self.lines.append(f"{pad}if ({self.e(s.cond)}) {{")
+                self.emit(s.body, ind + 1)
+                self.lines.append(f"{pad}}}")
+            elif isinstance(s, K.Load):
+                self.load(s, pad)
+            elif isinstance(s, K.Store):
+                self.store(s, pad)
+            elif isinstance(s, K.Assign):
+                idx = "".join(f"[{self.e(i)}]" for i in s.index)
+                self.lines.append(f"{pad}{s.name}{idx} = {self.e(s.expr)};")
+            elif isinstance(s, K.Comment):
+                self.lines.append(f"{pad}// {s.text}")
+
+    def loop(self, s: K.Loop, ind: int) -> None:
+        pad = "  " * ind
+        note = f"  // {s.comment}" if s.comment else ""
+        if s.kind == "grid":
+            self.lines.append(f"{pad}for (nidx_t {s.var} = {self.e(s.start)}; {s.var} < {self.e(s.stop)}; "
+                              f"{s.var} += {self.e(s.step)}) {{{note}")
+        else:
+            n = s.stop.value
+            if n == 1:
+                self.lines.append(f"{pad}{{ const int {s.var} = 0;{note}")
+            else:
+                self.lines.append(f"{pad}#pragma unroll")
+                self.lines.append(f"{pad}for (int {s.var} = 0; {s.var} < {n}; ++{s.var}) {{{note}")
+        self.emit(s.body, ind + 1)
+        self.lines.append(f"{pad}}}")
+
+    def _dst(self, name, index):
+        return name + "".join(f"[{self.e(i)}]" for i in index)
+
+    def load(self, s: K.Load, pad: str) -> None:
+        dst, off = self._dst(s.dst, s.index), self.e(s.offset)
+        if s.stride is None and s.width > 1:
+            self.lines.append(f"{pad}pf_ld<{s.width}>({dst}, {s.ptr} + {off});")
+        elif s.stride is None:
+            self.lines.append(f"{pad}{dst}[0] = {s.ptr}[{off}];")
+        else:
+            self.lines.append(f"{pad}#pragma unroll")
+            self.lines.append(f"{pad}for (int l = 0; l < {s.width}; ++l) "
+                              f"{dst}[l] = {s.ptr}[{off} + l * {self.e(s.stride)}];")
+
+    def store(self, s: K.Store, pad: str) -> None:
+        src, off = self._dst(s.src, s.index), self.e(s.offset)
+        if s.stride is None and s.width > 1:
+            self.lines.append(f"{pad}pf_st<{s.width}>({s.ptr} + {off}, {src});")
+        elif s.stride is None:
+            self.lines.append(f"{pad}{s.ptr}[{off}] = {src}[0];")
+        else:
+            self.lines.append(f"{pad}#pragma unroll")
+            self.lines.append(f"{pad}for (int l = 0; l < {s.width}; ++l) "
+                              f"{s.ptr}[{off} + l * {self.e(s.stride)}] = {src}[l];")
+
+    # ---- the function ---------------------------------------------------------------------
+    def signature(self) -> str:
+        parts = []
+        for p in self.k.params:
+            t = self.k.tensors.get(p.name)
+            if t is not None:
+                st = K.STORAGE_CTYPE[t.dtype]
+                parts.append(f"{st}* __restrict__ {p.name}" if t.is_output
+                             else f"const {st}* __restrict__ {p.name}")
+            else:
+                parts.append(f"{'nidx_t' if p.ctype == self.k.index_type and p.source[0] in ('size', 'stride') else p.ctype} {p.name}")
+        return ",\n    ".join(parts)
+
+    def function(self) -> str:
+        self.lines = []
+        self.emit(self.k.body, 1)
+        head = (f'extern "C" __global__ void __launch_bounds__({self.k.block}) {self.k.name}(\n'
+                f"    {self.signature()}) {{")
+        return "\n".join([head, *self.lines, "}"])
+
+
+def kernel_body(k: K.Kernel) -> str:
+    """The kernel function alone (no prelude), with its index typedef in a namespace-free form."""
+    return Printer(k).function()
+
+
+def full_source(k: K.Kernel, header: str = "") -> str:
+    body = kernel_body(k)
+    typedef = f"typedef {k.index_type} nidx_t;\n"
+    return f"{header}{PRELUDE}\n{typedef}\n{body}\n"

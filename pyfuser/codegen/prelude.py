@@ -1,0 +1,216 @@
+"""The kernel prelude: C++ every generated kernel starts with.
+
+It needs no header (NVRTC compiles it alone): fixed-width integer typedefs, half and bfloat16
+storage types converted with PTX `cvt` (round to nearest even, as PyTorch), vector load/store
+helpers, eager-exact dtype conversions (`pf_cast`), and every `pf_*` function the op table's
+`cuda` column names, overloaded for bool, the integer types, float and double.
+
+Invariants:
+- float add/sub/mul between ops use `__fadd_rn`-style intrinsics, so the compiler never fuses two
+  Fusion ops into one FMA (eager rounds after every op); inside one op's formula (gelu...) it may,
+  as it does when PyTorch's own kernels are compiled.
+- Signed integer add/sub/mul/neg/abs go through the unsigned type: they wrap like eager, no UB.
+- No fast-math: exp/erf/tanh... are the precise CUDA functions (overloads of expf/erff/tanhf).
+"""
+
+PRELUDE = r"""
+// ---- pyfuser kernel prelude -------------------------------------------------------------------
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+
+#define PF_D __device__ __forceinline__
+
+struct __align__(2) pf_half { unsigned short x; };
+struct __align__(2) pf_bf16 { unsigned short x; };
+
+PF_D float pf_to_reg(pf_half h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }
+PF_D float pf_to_reg(pf_bf16 h) { return __uint_as_float(((unsigned int)h.x) << 16); }
+template <typename T> PF_D T pf_to_reg(T x) { return x; }
+template <typename S> PF_D S pf_to_storage(float f);
+template <> PF_D pf_half pf_to_storage<pf_half>(float f) {
+  pf_half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+template <> PF_D pf_bf16 pf_to_storage<pf_bf16>(float f) {
+  pf_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+PF_D float pf_round_half(float f) { return pf_to_reg(pf_to_storage<pf_half>(f)); }
+PF_D float pf_round_bf16(float f) { return pf_to_reg(pf_to_storage<pf_bf16>(f)); }
+
+// ---- vector memory access (16 bytes at most per access) ---------------------------------------
+template <typename T, int N> struct __align__(sizeof(T) * N) pf_vec { T v[N]; };
+template <int N, typename T> PF_D void pf_ld(T* dst, const T* __restrict__ src) {
+  const pf_vec<T, N> x = *reinterpret_cast<const pf_vec<T, N>*>(src);
+#pragma unroll
+  for (int i = 0; i < N; ++i) dst[i] = x.v[i];
+}
+template <int N, typename T> PF_D void pf_st(T* __restrict__ dst, const T* src) {
+  pf_vec<T, N> x;
+#pragma unroll
+  for (int i = 0; i < N; ++i) x.v[i] = src[i];
+  *reinterpret_cast<pf_vec<T, N>*>(dst) = x;
+}
+
+// ---- conversions as eager does them -----------------------------------------------------------
+template <typename To, typename From> struct pf_caster { static PF_D To run(From x) { return static_cast<To>(x); } };
+template <typename From> struct pf_caster<bool, From> { static PF_D bool run(From x) { return x != From(0); } };
+template <> struct pf_caster<bool, bool> { static PF_D bool run(bool x) { return x; } };
+// float -> uint8 goes through int64 (c10's static_cast_with_inter_type)
+template <> struct pf_caster<uint8_t, float> { static PF_D uint8_t run(float x) { return (uint8_t)(int64_t)x; } };
+template <> struct pf_caster<uint8_t, double> { static PF_D uint8_t run(double x) { return (uint8_t)(int64_t)x; } };
+template <typename To, typename From> PF_D To pf_cast(From x) { return pf_caster<To, From>::run(x); }
+
+// ---- integer helpers ----------------------------------------------------------------------------
+template <typename T> struct pf_unsigned { typedef T type; };
+template <> struct pf_unsigned<int8_t> { typedef uint8_t type; };
+template <> struct pf_unsigned<int16_t> { typedef uint16_t type; };
+template <> struct pf_unsigned<int32_t> { typedef uint32_t type; };
+template <> struct pf_unsigned<int64_t> { typedef uint64_t type; };
+#define PF_U(T) typename pf_unsigned<T>::type
+
+template <typename T> PF_D T pf_add(T a, T b) { return (T)((PF_U(T))a + (PF_U(T))b); }
+template <typename T> PF_D T pf_sub(T a, T b) { return (T)((PF_U(T))a - (PF_U(T))b); }
+template <typename T> PF_D T pf_mul(T a, T b) { return (T)((PF_U(T))a * (PF_U(T))b); }
+template <typename T> PF_D T pf_neg(T a) { return (T)((PF_U(T))0 - (PF_U(T))a); }
+PF_D bool pf_add(bool a, bool b) { return a || b; }
+PF_D bool pf_mul(bool a, bool b) { return a && b; }
+PF_D float pf_add(float a, float b) { return __fadd_rn(a, b); }
+PF_D float pf_sub(float a, float b) { return __fsub_rn(a, b); }
+PF_D float pf_mul(float a, float b) { return __fmul_rn(a, b); }
+PF_D float pf_neg(float a) { return -a; }
+PF_D double pf_add(double a, double b) { return __dadd_rn(a, b); }
+PF_D double pf_sub(double a, double b) { return __dsub_rn(a, b); }
+PF_D double pf_mul(double a, double b) { return __dmul_rn(a, b); }
+PF_D double pf_neg(double a) { return -a; }
+template <typename T> PF_D T pf_addcmul(T s, T a, T b, T v) { return pf_add(s, pf_mul(pf_mul(v, a), b)); }
+PF_D float pf_addcmul(float s, float a, float b, float v) { return s + v * a * b; }
+PF_D double pf_addcmul(double s, double a, double b, double v) { return s + v * a * b; }
+
+template <typename T> PF_D T pf_abs(T a) { return a < 0 ? pf_neg(a) : a; }
+PF_D bool pf_abs(bool a) { return a; }
+PF_D uint8_t pf_abs(uint8_t a) { return a; }
+PF_D float pf_abs(float a) { return fabsf(a); }
+PF_D double pf_abs(double a) { return fabs(a); }
+template <typename T> PF_D T pf_bitwise_not(T a) { return (T)(~a); }
+PF_D bool pf_bitwise_not(bool a) { return !a; }
+
+template <typename T> PF_D bool pf_isnan(T a) { return a != a; }
+template <typename T> PF_D bool pf_isinf(T a) { return false; }
+PF_D bool pf_isinf(float a) { return fabsf(a) == __int_as_float(0x7f800000); }
+PF_D bool pf_isinf(double a) { return fabs(a) == __longlong_as_double(0x7ff0000000000000LL); }
+template <typename T> PF_D bool pf_isfinite(T a) { return !pf_isnan(a) && !pf_isinf(a); }
+
+template <typename T> PF_D T pf_relu(T a) { return a > T(0) ? a : T(0); }
+PF_D float pf_relu(float a) { return a != a ? a : (a > 0.0f ? a : 0.0f); }
+PF_D double pf_relu(double a) { return a != a ? a : (a > 0.0 ? a : 0.0); }
+template <typename T> PF_D T pf_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
+PF_D bool pf_sign(bool a) { return a; }
+PF_D uint8_t pf_sign(uint8_t a) { return a > 0; }
+
+template <typename T> PF_D T pf_maximum(T a, T b) { return a > b ? a : b; }
+template <typename T> PF_D T pf_minimum(T a, T b) { return a < b ? a : b; }
+PF_D float pf_maximum(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
+PF_D float pf_minimum(float a, float b) { return a != a ? a : (b != b ? b : fminf(a, b)); }
+PF_D double pf_maximum(double a, double b) { return a != a ? a : (b != b ? b : fmax(a, b)); }
+PF_D double pf_minimum(double a, double b) { return a != a ? a : (b != b ? b : fmin(a, b)); }
+template <typename T> PF_D T pf_clamp_min(T a, T lo) { return pf_maximum(a, lo); }
+template <typename T> PF_D T pf_clamp_max(T a, T hi) { return pf_minimum(a, hi); }
+template <typename T> PF_D T pf_clamp(T a, T lo, T hi) {
+  if (pf_isnan(a)) return a;
+  return pf_minimum(pf_maximum(a, lo), hi);
+}
+
+// ---- division family ----------------------------------------------------------------------------
+template <typename T> PF_D T pf_div_trunc(T a, T b) { return a / b; }
+PF_D float pf_div_trunc(float a, float b) { return truncf(a / b); }
+PF_D double pf_div_trunc(double a, double b) { return trunc(a / b); }
+template <typename T> PF_D T pf_div_floor(T a, T b) {
+  if ((a < 0) != (b < 0)) { T q = a / b; T r = a % b; return r ? q - 1 : q; }
+  return a / b;
+}
+template <typename T> PF_D T pf_div_floor_fp(T a, T b) {
+  if (b == T(0)) return a / b;
+  T mod = fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != T(0) && ((b < T(0)) != (mod < T(0)))) div -= T(1);
+  T fl;
+  if (div != T(0)) { fl = floor(div); if (div - fl > T(0.5)) fl += T(1); }
+  else { fl = copysign(T(0), a / b); }
+  return fl;
+}
+PF_D float pf_div_floor(float a, float b) { return pf_div_floor_fp(a, b); }
+PF_D double pf_div_floor(double a, double b) { return pf_div_floor_fp(a, b); }
+template <typename T> PF_D T pf_remainder(T a, T b) {
+  T r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+template <typename T> PF_D T pf_remainder_fp(T a, T b) {
+  T m = fmod(a, b);
+  if (m != T(0) && ((b < T(0)) != (m < T(0)))) m += b;
+  return m;
+}
+PF_D float pf_remainder(float a, float b) { return pf_remainder_fp(a, b); }
+PF_D double pf_remainder(double a, double b) { return pf_remainder_fp(a, b); }
+template <typename T> PF_D T pf_fmod(T a, T b) { return a % b; }
+PF_D float pf_fmod(float a, float b) { return fmodf(a, b); }
+PF_D double pf_fmod(double a, double b) { return fmod(a, b); }
+
+template <typename T> PF_D T pf_pow(T a, T b) {
+  if (b < 0) {
+    if (a == 1) return 1;
+    if (a == T(-1)) return (b & 1) ? T(-1) : T(1);
+    return 0;
+  }
+  T r = 1;
+  while (b) { if (b & 1) r = pf_mul(r, a); b >>= 1; a = pf_mul(a, a); }
+  return r;
+}
+PF_D uint8_t pf_pow(uint8_t a, uint8_t b) {
+  uint8_t r = 1; while (b) { if (b & 1) r = pf_mul(r, a); b >>= 1; a = pf_mul(a, a); } return r; }
+PF_D float pf_pow(float a, float b) { return powf(a, b); }
+PF_D double pf_pow(double a, double b) { return pow(a, b); }
+
+template <typename T> PF_D T pf_shl(T a, T b) {
+  const int bits = sizeof(T) * 8;
+  typedef PF_U(T) U;
+  if ((int64_t)b < 0 || (int64_t)b >= bits) return 0;
+  return (T)((U)a << b);
+}
+template <typename T> PF_D T pf_shr(T a, T b) {
+  const int bits = sizeof(T) * 8 - (T(-1) < T(0) ? 1 : 0);
+  if ((int64_t)b < 0 || (int64_t)b >= bits) return (T)(a >> bits);
+  return (T)(a >> b);
+}
+PF_D uint8_t pf_shl(uint8_t a, uint8_t b) { return ((int8_t)b < 0 || b >= 8) ? 0 : (uint8_t)(a << b); }
+PF_D uint8_t pf_shr(uint8_t a, uint8_t b) { return ((int8_t)b < 0 || b >= 8) ? 0 : (uint8_t)(a >> b); }
+
+// ---- floating point activations -----------------------------------------------------------------
+template <typename T> PF_D T pf_sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
+template <typename T> PF_D T pf_reciprocal(T x) { return T(1) / x; }
+template <typename T> PF_D T pf_gelu(T x) {
+  const T alpha = T(0.70710678118654752440);
+  return x * T(0.5) * (T(1) + erf(x * alpha));
+}
+template <typename T> PF_D T pf_gelu_tanh(T x) {
+  const T beta = T(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
+  const T kappa = T(0.044715);
+  const T cube = x * x * x;
+  return T(0.5) * x * (T(1) + tanh(beta * (x + kappa * cube)));
+}
+template <typename T> PF_D T pf_silu(T x) { return x / (T(1) + exp(-x)); }
+template <typename T> PF_D T pf_mish(T x) { return x * tanh(log1p(exp(x))); }
+template <typename T> PF_D T pf_hardsigmoid(T x) {
+  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return y / T(6); }
+template <typename T> PF_D T pf_hardswish(T x) {
+  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return x * y / T(6); }
+template <typename T> PF_D T pf_leaky_relu(T x, T s) { return x > T(0) ? x : x * s; }
+template <typename T> PF_D T pf_softplus(T x, T beta, T threshold) {
+  return (x * beta) > threshold ? x : log1p(exp(x * beta)) / beta; }
+template <typename T> PF_D T pf_lerp(T a, T b, T w) {
+  return (fabs(w) < T(0.5)) ? a + w * (b - a) : b - (b - a) * (T(1) - w); }
+// ------------------------------------------------------------------------------------------------
+"""

@@ -1,0 +1,68 @@
+"""The user-facing fuser API: `pyfuser.jit(obj)` and `pyfuser.fuse_graph(graph)`.
+
+    f = pyfuser.jit(torch.jit.script(fn))   # or IR text, a .ir path, a ScriptModule, a Graph
+    out = f(x, y)                           # equals fn(x, y); groups run through pyfuser
+    f.last_run.groups, f.last_run.kernels, f.last_run.fallbacks
+    print(pyfuser.fuse_graph(graph))        # the fused graph (the argument is not changed)
+
+PyTorch objects are turned into a graph from their inlined graph after PyTorch's own constant
+propagation and dead code elimination (on a copy); a module's graph keeps `%self`, and the
+compiled callable passes the module to the runner for `prim::GetAttr`.
+"""
+from __future__ import annotations
+
+import os
+
+from .graph import Graph
+from .jit import CompiledGraph
+from .parser import parse_ir
+from .passes import run_pipeline
+
+
+def _torch_graph(obj):
+    import torch
+    module = None
+    if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
+        obj = torch.jit.script(obj)
+    elif callable(obj) and not isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+        obj = torch.jit.script(obj)
+    if isinstance(obj, torch.jit.ScriptModule):
+        module = obj
+    g = obj.inlined_graph.copy()
+    torch._C._jit_pass_constant_propagation(g)
+    torch._C._jit_pass_dce(g)
+    name = getattr(obj, "__name__", None) or getattr(obj, "original_name", "graph")
+    return parse_ir(str(g), filename=f"<{name}>"), module
+
+
+def to_graph(obj):
+    """(Graph, module or None) from IR text, a file path, a Graph or a PyTorch object."""
+    if isinstance(obj, Graph):
+        return obj, None
+    if isinstance(obj, (str, os.PathLike)):
+        text = str(obj)
+        if "graph(" not in text and os.path.exists(text):
+            with open(text, encoding="utf-8") as f:
+                return parse_ir(f.read(), filename=text), None
+        return parse_ir(text), None
+    import torch
+    if isinstance(obj, torch._C.Graph):
+        return parse_ir(str(obj)), None
+    return _torch_graph(obj)
+
+
+def jit(obj, *, arg_limit: int = 128, cpu_executor=None) -> CompiledGraph:
+    """Compile `obj` into a callable whose results equal eager's (see jit.CompiledGraph)."""
+    graph, module = to_graph(obj)
+    return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor)
+
+
+def fuse_graph(graph, arg_limit: int = 128) -> Graph:
+    """Run the fuser's passes on a copy of `graph` (or of what `to_graph` makes); return it."""
+    g, _ = to_graph(graph)
+    g = g.copy()
+    run_pipeline(g, arg_limit)
+    return g
+
+
+__all__ = ["jit", "fuse_graph", "to_graph"]

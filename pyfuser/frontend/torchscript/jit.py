@@ -1,0 +1,184 @@
+"""Running a fused graph: groups through pyfuser, everything else through the eager runner.
+
+`CompiledGraph(graph, module=None, arg_limit=128, cpu_executor=None)` fuses a copy of
+`graph` (passes.run_pipeline) and is called like the original function. Each
+`prim::PyfuserGroup` node gets a GroupRunner that:
+  * on its first call lowers the subgraph with those inputs as examples (`lower_graph`) and
+    remembers their guard signature (passes/guards.py);
+  * on later calls runs the Fusion through `runtime.dispatch.execute_fusion` when the
+    signature matches (new sizes, same rank/layout: no re-lowering, no recompilation), and
+    else runs the unfused subgraph eagerly, logging the reason once;
+  * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
+    logged once). Never a silent wrong result: every fallback is the eager subgraph.
+`prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
+`last_run` (RunStats) describes the last call: groups, kernels launched, fallbacks.
+Kernels: on CUDA or with the CPU interpreter, the executor's own count (`last_run` of the
+FusionExecutor); with the CPU reference evaluator, one per group that ran through its Fusion
+(what the kernel path would launch).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ...dump import dump
+from ...errors import PyfuserError
+from ..lowering import lower_graph
+from .ops import call_op
+from .passes import run_pipeline
+from .passes.alias_copy import FROM_COPY
+from .passes.groups import GROUP_KIND
+from .passes.guards import mismatch, signature
+from .passes.report import describe
+from .runner import run_graph
+
+log = logging.getLogger("pyfuser")
+
+
+def _add_optional(node, args, ctx):
+    a, b = args
+    return [a if b is None else torch.add(a, b)]
+
+
+def _copy_op(node, args, ctx):
+    return call_op(FROM_COPY[node.kind], args, ctx.map_device)
+
+
+EAGER = {"prim::add_optional": _add_optional, **{k: _copy_op for k in FROM_COPY}}
+
+
+def interpreter_available() -> bool:
+    return importlib.util.find_spec("pyfuser.codegen.api") is not None
+
+
+@dataclass
+class RunStats:
+    groups: int = 0
+    kernels: int = 0
+    fallbacks: list = field(default_factory=list)
+    eager_groups: int = 0
+    executor: str = ""
+
+    def as_dict(self) -> dict:
+        return {"groups": self.groups, "kernels": self.kernels, "fallbacks": list(self.fallbacks),
+                "eager_groups": self.eager_groups, "executor": self.executor}
+
+
+class GroupRunner:
+    def __init__(self, node, index: int):
+        self.node, self.index = node, index
+        self.subgraph = node.g("Subgraph")
+        self.lowered = None
+        self.spec = None
+        self.dead = None              # reason this group runs eagerly for good
+        self._logged: set = set()
+
+    @property
+    def name(self) -> str:
+        return f"{GROUP_KIND}_{self.index} -> " + ", ".join("%" + v.debug_name for v in self.node.outputs)
+
+    def _fallback(self, reason, args, ctx, stats):
+        stats.fallbacks.append({"node": self.name, "kind": GROUP_KIND, "reason": reason})
+        stats.eager_groups += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.info("pyfuser: %s runs eagerly: %s", self.name, reason)
+            dump("fallback", self.name, reason)
+        return ctx.run_graph(self.subgraph, args)
+
+    def run(self, args, ctx, stats, cpu_mode):
+        if self.dead is not None:
+            return self._fallback(self.dead, args, ctx, stats)
+        sig = signature(args)
+        if self.lowered is None:
+            try:
+                self.lowered = lower_graph(self.subgraph, args)
+            except PyfuserError as e:
+                self.dead = f"lowering failed: {e}"
+                return self._fallback(self.dead, args, ctx, stats)
+            self.spec = sig
+            dump("fusion_ir", self.name, lambda: str(self.lowered.fusion))
+        elif sig != self.spec:
+            return self._fallback(f"guard failed: {mismatch(self.spec, sig)}", args, ctx, stats)
+        fusion = self.lowered.fusion
+        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        try:
+            outs = execute_fusion(fusion, args, None if on_cuda else cpu_mode)
+        except PyfuserError as e:
+            self.dead = f"execution failed: {type(e).__name__}: {e}"
+            return self._fallback(self.dead, args, ctx, stats)
+        stats.kernels += _kernels(fusion, "cuda" if on_cuda else cpu_mode)
+        return [outs[i] for i in self.lowered.output_map]
+
+
+def execute_fusion(fusion, args, mode):
+    from ...runtime.dispatch import execute_fusion as run
+    return run(fusion, args, mode) if mode is not None else run(fusion, args)
+
+
+def _kernels(fusion, mode) -> int:
+    if mode == "evaluator":
+        return 1
+    from ...runtime.dispatch import get_executor
+    ex = get_executor(fusion, mode)
+    return int(ex.last_run.get("kernels", 0)) if ex is not None else 0
+
+
+class CompiledGraph:
+    """A fused graph, callable like the function it came from."""
+
+    def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None):
+        self.original = graph
+        self.graph = graph.copy()
+        self.report = run_pipeline(self.graph, arg_limit)
+        self.module = module
+        mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "evaluator"
+        if mode == "interpret" and not interpreter_available():
+            log.info("pyfuser: the CPU interpreter of generated kernels is not available; "
+                     "groups run on the reference evaluator")
+            mode = "evaluator"
+        self.cpu_mode = mode
+        groups = [n for n in self.graph.all_nodes() if n.kind == GROUP_KIND]
+        self.runners = {n: GroupRunner(n, i) for i, n in enumerate(groups)}
+        self.last_run = RunStats(groups=len(groups), fallbacks=self.report.fallbacks())
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.runners)
+
+    def _handler(self, stats):
+        def handle(node, args, ctx):
+            runner = self.runners.get(node)
+            if runner is not None:
+                return runner.run(args, ctx, stats, self.cpu_mode)
+            fn = EAGER.get(node.kind)
+            return fn(node, args, ctx) if fn is not None else None
+        return handle
+
+    def run(self, inputs: list, device=None) -> list:
+        """Run on the graph's inputs (the module first for `%self` graphs); all outputs."""
+        stats = RunStats(groups=len(self.runners), fallbacks=self.report.fallbacks(),
+                         executor=self.cpu_mode)
+        self.last_run = stats
+        return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats))
+
+    def __call__(self, *args):
+        inputs = ([self.module] if self.module is not None else []) + list(args)
+        outs = self.run(inputs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __str__(self) -> str:
+        return str(self.graph)
+
+
+def eager_handler(node, args, ctx):
+    """Node handler for running graphs that contain fuser-made kinds, without fusion."""
+    fn = EAGER.get(node.kind)
+    return fn(node, args, ctx) if fn is not None else None
+
+
+__all__ = ["CompiledGraph", "RunStats", "GroupRunner", "EAGER", "eager_handler", "describe"]

@@ -1,0 +1,195 @@
+"""Alias analysis for the fuser passes: which values may share storage, which nodes write.
+
+`op_effects(kind)` reads PyTorch's operator schemas (union over the non-`out` overloads):
+the argument positions an op writes (`Tensor(a!)`) and, per output, the arguments it may
+alias (`-> Tensor(a)`; wildcards `(*)` alias every input). A few ops whose schema claims a
+fresh result but which may return their input (dropout in eval mode, type_as, ...) are
+listed in MAY_RETURN_SELF. `prim::` kinds are a table; unknown kinds (calls, Python ops) are
+treated as writing and aliasing every input ("opaque").
+
+`AliasInfo(graph)` is a union-find over Values: graph inputs (and `%self` attributes) are one
+class (any two may alias); an output joins the classes of the inputs it may alias; containers
+join what they hold; prim::If/Loop outputs join their block outputs. Invariants: two values
+in different classes never share storage; `writes(node)` covers nested blocks; values made
+after the analysis (group outputs) join their class through `inherit()`, else are fresh.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..ops import schemas
+from ..types import TensorType
+
+WILDCARD = "*"
+# Ops whose schema says "fresh" but whose eager implementation may hand back `self`.
+MAY_RETURN_SELF = {"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
+                   "aten::type_as", "aten::reshape_as", "aten::view_as"}
+# prim kinds that neither write nor alias (outputs are fresh or plain scalars).
+_PURE_PRIMS = {"prim::Constant", "prim::NumToTensor", "prim::dtype", "prim::device",
+               "prim::layout", "prim::is_cuda", "prim::min", "prim::max", "prim::add_optional",
+               "prim::PyfuserGroup", "prim::RaiseException", "prim::Print", "prim::unchecked_cast",
+               "prim::Uninitialized", "prim::shape", "prim::requires_grad", "prim::AutogradZero"}
+# prim kinds whose outputs hold / are taken out of their inputs (alias all inputs, no writes).
+_CONTAINER_PRIMS = {"prim::ListConstruct", "prim::TupleConstruct", "prim::ListUnpack",
+                    "prim::TupleUnpack", "prim::TupleIndex", "prim::DictConstruct",
+                    "prim::GetAttr", "prim::If", "prim::Loop", "prim::unchecked_unwrap_optional"}
+# Side effects that must keep their place even though they write no tensor.
+SIDE_EFFECTS = {"prim::RaiseException", "prim::Print", "aten::warn", "prim::SetAttr"}
+
+
+@dataclass(frozen=True)
+class Effects:
+    writes: frozenset          # argument positions written
+    aliases: tuple             # per output: frozenset of argument positions (or WILDCARD)
+    opaque: bool = False       # unknown op: writes and aliases everything it touches
+
+
+@functools.lru_cache(maxsize=None)
+def op_effects(kind: str) -> Effects:
+    if kind.endswith("_copy") and kind.startswith("prim::"):
+        return Effects(frozenset(), ())
+    if kind in _PURE_PRIMS:
+        return Effects(frozenset(), ())
+    if kind in _CONTAINER_PRIMS:
+        return Effects(frozenset(), (WILDCARD,) * 64)
+    found = schemas(kind)
+    if not found:
+        return Effects(frozenset(), (), opaque=True)
+    writes, aliases = set(), {}
+    for s in found:
+        sets = {}
+        for i, a in enumerate(s.arguments):
+            if a.alias_info is not None:
+                if a.alias_info.is_write:
+                    writes.add(i)
+                for name in a.alias_info.before_set:
+                    sets.setdefault(name, set()).add(i)
+        for j, r in enumerate(s.returns):
+            if r.alias_info is None:
+                continue
+            names = set(r.alias_info.before_set)
+            if WILDCARD in names:
+                aliases[j] = WILDCARD
+            elif aliases.get(j) != WILDCARD:
+                aliases.setdefault(j, set()).update(*(sets.get(n, set()) for n in names))
+    if kind in MAY_RETURN_SELF and aliases.get(0) != WILDCARD:
+        aliases.setdefault(0, set()).add(0)
+    n_out = max(aliases) + 1 if aliases else 0
+    per_out = tuple(WILDCARD if aliases.get(j) == WILDCARD else frozenset(aliases.get(j, ()))
+                    for j in range(n_out))
+    return Effects(frozenset(writes), per_out)
+
+
+def is_writer(node) -> bool:
+    """The node (or something nested in it) writes a tensor or has a side effect."""
+    for n in node.walk():
+        e = op_effects(n.kind)
+        if e.writes or e.opaque or n.kind in SIDE_EFFECTS:
+            return True
+    return False
+
+
+def creates_alias(node, value) -> bool:
+    """`node` makes an output that may alias its input `value` (or packs it in a container)."""
+    e = op_effects(node.kind)
+    if e.opaque:
+        return True
+    for i, v in enumerate(node.inputs):
+        if v is not value:
+            continue
+        for out_aliases in e.aliases[:len(node.outputs)]:
+            if out_aliases == WILDCARD or i in out_aliases:
+                return True
+    return False
+
+
+class AliasInfo:
+    def __init__(self, graph):
+        self._parent: dict = {}
+        self._writes_cache: dict = {}
+        inputs = [v for v in graph.inputs]
+        for v in inputs[1:]:
+            self._union(v, inputs[0])
+        self.graph_class = self.find(inputs[0]) if inputs else None
+        self._block(graph.block)
+        self.mutated = set()
+        for n in graph.all_nodes():
+            for c in self.writes(n):
+                self.mutated.add(c)
+
+    # ----- union-find --------------------------------------------------------------------
+    def find(self, v):
+        p = self._parent.get(v, v)
+        if p is v:
+            return v
+        root = self.find(p)
+        self._parent[v] = root
+        return root
+
+    def _union(self, a, b) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self._parent[ra] = rb
+
+    def inherit(self, new, old) -> None:
+        """A value made later (a group output) stands for `old`: same alias class."""
+        self._union(new, old)
+
+    def _block(self, block) -> None:
+        for n in block.nodes():
+            for b in n.blocks:
+                self._block(b)
+                for o, bo in zip(n.outputs, b.outputs):
+                    self._union(o, bo)
+                if n.kind == "prim::Loop":
+                    for bi, init in zip(b.inputs[1:], n.inputs[2:]):
+                        self._union(bi, init)
+            e = op_effects(n.kind)
+            if e.opaque:
+                vals = [v for v in n.inputs + n.outputs if _may_hold_tensor(v)]
+                for v in vals[1:]:
+                    self._union(v, vals[0])
+                continue
+            for j, o in enumerate(n.outputs):
+                al = e.aliases[j] if j < len(e.aliases) else frozenset()
+                for i, v in enumerate(n.inputs):
+                    if al == WILDCARD or i in al:
+                        self._union(o, v)
+
+    # ----- queries -----------------------------------------------------------------------
+    def writes(self, node) -> set:
+        """Alias classes `node` may write; {WILDCARD} when it may write anything."""
+        out = set()
+        for n in node.walk():
+            e = op_effects(n.kind)
+            if e.opaque:
+                return {WILDCARD}
+            for i in e.writes:
+                if i < len(n.inputs):
+                    out.add(self.find(n.inputs[i]))
+        return out
+
+    def is_mutated(self, v) -> bool:
+        return WILDCARD in self.mutated or self.find(v) in self.mutated
+
+    def may_alias(self, a, b) -> bool:
+        return self.find(a) is self.find(b)
+
+    def conflicts(self, node, values) -> bool:
+        """`node` may write storage that one of `values` may share."""
+        w = self.writes(node)
+        if not w:
+            return False
+        if WILDCARD in w:
+            return any(_may_hold_tensor(v) for v in values)
+        return any(self.find(v) in w for v in values)
+
+
+def _may_hold_tensor(v) -> bool:
+    from ..types import BoolType, FloatType, IntType, NoneType, StringType, DeviceType
+    return not isinstance(v.type, (BoolType, FloatType, IntType, NoneType, StringType, DeviceType))
+
+
+def is_tensor(v) -> bool:
+    return isinstance(v.type, TensorType)

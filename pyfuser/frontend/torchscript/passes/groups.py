@@ -1,0 +1,125 @@
+"""Fusion-group nodes: what may enter one, making one, and absorbing nodes into one.
+
+A group is `prim::PyfuserGroup` whose `Subgraph` attribute is a separate Graph: the group's
+inputs are the subgraph's inputs (same order), its outputs the subgraph's outputs. Constants a
+group needs are cloned into its subgraph; int/float/bool values that are not constants
+become group inputs like tensors.
+
+`fusible(node, info)` is the one place that decides which ops may be grouped:
+FUSIBLE_CLASSES (op classes of the lowering table; reductions/normalizations join when their
+scheduler exists: add them there), plus: lowerable (node_support), tensor outputs only, not
+an alias op (only their `prim::*_copy` forms), and no output that may alias a written tensor.
+Invariant of `absorb(group, node)`: `node` lies before `group` in the same block and no
+node between them uses its outputs; after it, the graph computes the same values.
+"""
+from __future__ import annotations
+
+from ...lowering import LOWERINGS, node_support
+from ...lowering.registry import METADATA, POINTWISE
+from ..graph import Graph
+from ..types import TensorType
+from .alias_copy import TO_COPY
+from .aliasing import op_effects
+
+GROUP_KIND = "prim::PyfuserGroup"
+FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA})
+
+
+def is_group(node) -> bool:
+    return node.kind == GROUP_KIND
+
+
+def fusible_reason(node, info):
+    """None when `node` may join a fusion group, else why not."""
+    entry = LOWERINGS.get(node.kind)
+    if entry is None:
+        return f"{node.kind} has no lowering"
+    if entry.op_class not in FUSIBLE_CLASSES:
+        return f"{entry.op_class} ops are not grouped yet (no {entry.op_class} scheduler)"
+    if node.kind in TO_COPY:
+        return "alias op whose storage is written elsewhere"
+    ok, reason = node_support(node)
+    if not ok:
+        return reason
+    if not node.outputs or not all(isinstance(o.type, TensorType) for o in node.outputs):
+        return "an output is not a tensor"
+    e = op_effects(node.kind)
+    if e.aliases and any(info.is_mutated(o) for o in node.outputs):
+        return "its output may alias a tensor that is written in place"
+    return None
+
+
+def has_compute(node) -> bool:
+    if is_group(node):
+        return any(has_compute(n) for n in node.g("Subgraph").nodes())
+    e = LOWERINGS.get(node.kind)
+    return e is not None and e.op_class != METADATA
+
+
+def make_group(node, info):
+    """Wrap a fusible node into a singleton group at its place; returns the group."""
+    g = node.graph
+    group = g.create("prim::PyfuserGroup", [], 0)
+    group.set_g("Subgraph", Graph())
+    group.insert_before(node)
+    absorb(group, node, info)
+    return group
+
+
+def absorb(group, node, info) -> None:
+    """Move `node` (a fusible node or a group) into `group`, just ahead of its body."""
+    sg = group.g("Subgraph")
+    anchor = sg.block.param_node.next
+    consts: dict = {}
+
+    def inner(v):
+        if v.node.kind == "prim::Constant":
+            if v not in consts:
+                c = sg.create_clone(v.node, lambda x: x)
+                c.insert_before(anchor)
+                consts[v] = c.output()
+            return consts[v]
+        for i, gi in enumerate(group.inputs):
+            if gi is v:
+                return sg.inputs[i]
+        group.add_input(v)
+        return sg.add_input(None, v.type)
+
+    if is_group(node):
+        src = node.g("Subgraph")
+        env = {si: inner(oi) for si, oi in zip(src.inputs, node.inputs)}
+        for n in src.nodes():
+            c = sg.create_clone(n, lambda v: env[v])
+            c.insert_before(anchor)
+            for o, co in zip(n.outputs, c.outputs):
+                env[o] = co
+        made = [env[v] for v in src.outputs]
+    else:
+        c = sg.create_clone(node, inner)
+        c.insert_before(anchor)
+        made = list(c.outputs)
+    for outer, inner_v in zip(node.outputs, made):
+        for i in reversed(range(len(group.inputs))):
+            if group.inputs[i] is outer:
+                sg.inputs[i].replace_all_uses_with(inner_v)
+                sg.erase_input(i)
+                group.remove_input(i)
+        if outer.uses:
+            sg.register_output(inner_v)
+            new = group.add_output(outer.type if isinstance(outer.type, TensorType) else None)
+            outer.replace_all_uses_with(new)
+            if info is not None:
+                info.inherit(new, outer)
+    node.destroy()
+
+
+def arg_count_after(producer, consumer) -> int:
+    """Inputs + outputs of the group that merging producer into consumer would make."""
+    p_out = set(producer.outputs)
+    ins = {v for v in consumer.inputs if v not in p_out and v.node.kind != "prim::Constant"}
+    ins |= {v for v in producer.inputs if v.node.kind != "prim::Constant"}
+    outs = len(consumer.outputs)
+    for o in producer.outputs:
+        if any(u.user is not consumer for u in o.uses):
+            outs += 1
+    return len(ins) + outs

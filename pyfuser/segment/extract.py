@@ -1,0 +1,117 @@
+"""Cutting a sub-Fusion out of a Fusion: the program one kernel (or eager) segment runs.
+
+`extract(fusion, exprs, inputs, outputs, orders)` deep-copies the Fusion's graph and prunes it to
+`exprs` (original Exprs, topological order). Values keep their numbers, so a segment prints with
+the original names (`T3_g`...). The sub-Fusion's inputs are the segment's tensor inputs (in the
+given order) followed by scalar inputs: every non-constant Scalar the segment reads that its own
+inputs do not bind (fusion scalar inputs, scalars computed on the host, extents of tensors outside
+the segment). Their values come from the original fusion's Bindings at run time.
+
+A tensor that becomes an input of the sub-Fusion (an intermediate of the original) gets
+- `stride_order` / `contiguity` from `orders` (its structural layout, see host.py), so a
+  scheduler can tell a permuted input from a row-major one without looking at strides;
+- expanded broadcast axes turned into iteration axes of the expanded extent (the tensor it is
+  given has that size, with stride 0), since a fusion input's broadcast axes have size 1.
+
+Invariant: the original Fusion is never modified; the returned `Extracted.inputs` lists, for each
+sub-Fusion input, the original Val whose value feeds it.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+
+from ..ir import exprs as E
+from ..ir.base import Scalar
+from ..ir.fusion import Fusion
+from ..ir.iterdomain import IterType
+from ..ir.ops import OPS, REDUCTIONS
+from ..ir.tensor import TensorView
+
+
+@dataclass
+class Extracted:
+    fusion: Fusion
+    inputs: list          # original Vals feeding sub.inputs, same order
+    outputs: list         # original TensorViews of sub.outputs, same order
+
+
+def _clone_graph(fusion):
+    new = Fusion()
+    memo = {id(fusion): new}
+    for info in list(OPS.values()) + list(REDUCTIONS.values()):
+        memo[id(info)] = info
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 50000))
+    try:
+        vals, exprs = copy.deepcopy((fusion.vals, fusion.exprs), memo)
+    finally:
+        sys.setrecursionlimit(old)
+    new._counters = dict(fusion._counters)
+    return new, memo, vals
+
+
+def _attr_scalars(e) -> list:
+    """Scalars an expr reads through attributes rather than operands."""
+    return [s for s in getattr(e, "sizes", []) + getattr(e, "shape", []) if isinstance(s, Scalar)]
+
+
+def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
+    orders = orders or {}
+    sub, memo, vals = _clone_graph(fusion)
+    m = lambda v: memo[id(v)]  # noqa: E731
+    sub.exprs = [m(e) for e in exprs]
+    keep = {id(e) for e in sub.exprs}
+    sub_inputs = [m(v) for v in inputs]
+    sub_in_ids = {id(v) for v in sub_inputs}
+    for v in vals:
+        v.uses = [u for u in v.uses if id(u) in keep]
+        if v.definition is not None and (id(v.definition) not in keep or id(v) in sub_in_ids):
+            v.definition = None
+    for orig, v in zip(inputs, sub_inputs):
+        if isinstance(v, TensorView) and orig not in fusion.inputs:
+            _as_input(v, orders.get(id(orig)))
+    bound = {id(d.extent) for v in sub_inputs if isinstance(v, TensorView) for d in v.root}
+    for e in sub.exprs:
+        if isinstance(e, E.ViewOp):
+            bound.update(id(d.extent) for d in e.output.root)
+        bound.update(id(o) for o in e.outputs)
+    scalar_inputs, orig_of = [], {id(c): o for o in fusion.vals if (c := memo.get(id(o)))}
+    for e in sub.exprs:
+        refs = [v for v in e.inputs if isinstance(v, Scalar)] + _attr_scalars(e)
+        for o in e.outputs:
+            if isinstance(o, TensorView):
+                for d in o.root:
+                    refs += [d.extent] + ([d.expanded_extent] if d.expanded_extent is not None else [])
+        for s in refs:
+            if not s.is_const and id(s) not in bound and id(s) not in sub_in_ids:
+                s.definition = None
+                scalar_inputs.append(s)
+                bound.add(id(s))
+    sub.inputs = [v for v in sub_inputs if isinstance(v, TensorView)] + \
+        [v for v in sub_inputs if not isinstance(v, TensorView)] + scalar_inputs
+    orig_inputs = [orig_of[id(v)] for v in sub.inputs]
+    sub.outputs = [m(v) for v in outputs]
+    touched = set(sub_in_ids) | {id(v) for v in sub.outputs}
+    for e in sub.exprs:
+        touched.update(id(v) for v in e.inputs + e.outputs)
+    sub.vals = [v for v in vals if not isinstance(v, TensorView) or id(v) in touched]
+    return Extracted(sub, orig_inputs, list(outputs))
+
+
+def _as_input(tv: TensorView, order) -> None:
+    for d in tv.root:
+        if d.is_broadcast and d.expanded_extent is not None:
+            d.extent, d.expanded_extent, d.iter_type = d.expanded_extent, None, IterType.Iteration
+    n = tv.ndim
+    tv.sizes_hint = [1 if d.is_broadcast else -1 for d in tv.logical]
+    if order is None:
+        tv.contiguity, tv.stride_order = [False] * n, None
+        return
+    tv.contiguity = [None if d.is_broadcast else True for d in tv.logical]
+    tv.stride_order = None
+    if order != list(range(n)):
+        tv.stride_order = [0] * n
+        for rank, axis in enumerate(order):
+            tv.stride_order[axis] = n - 1 - rank

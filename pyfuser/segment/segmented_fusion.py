@@ -1,0 +1,100 @@
+"""The result of segmentation: a Fusion as an ordered list of segments, and the report of a run.
+
+A Segment is one of
+- "kernel": `exprs` run as one generated kernel; `fusion` is the sub-Fusion (extract.py) the
+  scheduler named in `scheduler` accepted (for a Fusion that is one kernel with no host ops, the
+  original Fusion itself);
+- "host":   metadata-only exprs (view, permute, broadcast, squeeze, expand) run as PyTorch views
+  on the host, no kernel, no copy (host.py);
+- "eager":  exprs no scheduler takes, run by the reference evaluator on the sub-Fusion; `reason`
+  says why (logged as a fallback).
+`inputs` / `outputs` are Vals of the original Fusion; `sub_inputs` lists, for a kernel or eager
+segment, the original Val feeding each input of `fusion` (tensors, then scalars).
+
+Invariants:
+- `segments` is a valid run order: every tensor a segment reads is a fusion input or an output
+  of an earlier segment;
+- every Expr the fusion outputs need is in exactly one segment (scalar-only exprs are computed on
+  the host by `bind`, in no segment).
+`RunReport` (what `fs.last_run` shows) lists per run the segments in order with their kind and
+scheduler, and how many kernels ran and how (cuda / interpret / evaluator).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KINDS = ("kernel", "host", "eager")
+
+
+@dataclass(eq=False)
+class Segment:
+    kind: str
+    exprs: list
+    inputs: list
+    outputs: list
+    scheduler: str | None = None
+    fusion: object = None
+    sub_inputs: list = field(default_factory=list)
+    reason: str = ""
+
+    def describe(self) -> str:
+        head = f"{self.kind}" + (f" [{self.scheduler}]" if self.scheduler else "")
+        if self.reason:
+            head += f" ({self.reason})"
+        ins = ", ".join(v.name for v in self.inputs)
+        outs = ", ".join(v.name for v in self.outputs)
+        body = "\n".join(f"    {_expr_text(e)}" for e in self.exprs)
+        return f"  {head}\n    inputs: {ins}\n    outputs: {outs}\n{body}"
+
+
+def _expr_text(e) -> str:
+    ins = ", ".join(getattr(v, "name", str(v)) for v in e.inputs)
+    outs = ", ".join(v.name for v in e.outputs)
+    return f"{outs} = {e.op_name}({ins})"
+
+
+@dataclass(eq=False)
+class SegmentedFusion:
+    fusion: object
+    segments: list
+
+    @property
+    def num_kernels(self) -> int:
+        return sum(s.kind == "kernel" for s in self.segments)
+
+    def kinds(self) -> list[tuple[str, str | None]]:
+        return [(s.kind, s.scheduler) for s in self.segments]
+
+    def __str__(self) -> str:
+        lines = [f"SegmentedFusion: {len(self.segments)} segment(s), {self.num_kernels} kernel(s)"]
+        for i, s in enumerate(self.segments):
+            lines.append(f" segment {i}:\n{s.describe()}")
+        return "\n".join(lines)
+
+
+@dataclass
+class SegmentRun:
+    kind: str
+    scheduler: str | None
+    exprs: list          # op names, in order
+    backend: str | None  # "cuda" / "interpret" / "evaluator" for kernels; None for host
+
+
+@dataclass
+class RunReport:
+    """What one `execute` did: segments in run order, kernels launched, host segments."""
+    segments: list = field(default_factory=list)
+    kernels: int = 0           # kernel segments run (launched, interpreted or evaluated)
+    launched: int = 0          # of which launched on a GPU or run by the CPU interpreter
+    host_segments: int = 0
+    eager_segments: int = 0
+
+    def as_dict(self) -> dict:
+        return {"kernels": self.kernels, "launched": self.launched,
+                "host_segments": self.host_segments, "eager_segments": self.eager_segments,
+                "segments": [{"kind": s.kind, "scheduler": s.scheduler, "exprs": s.exprs,
+                              "backend": s.backend} for s in self.segments]}
+
+    def __str__(self) -> str:
+        parts = [f"{s.kind}" + (f"[{s.scheduler}]" if s.scheduler else "") for s in self.segments]
+        return f"RunReport({self.kernels} kernel(s): {' -> '.join(parts) or 'nothing'})"
