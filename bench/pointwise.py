@@ -24,7 +24,16 @@ from common import bench_us, copy_rate, count_kernels, host_us_per_call, markdow
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
-from pyfuser.runtime.dispatch import get_executor  # noqa: E402
+from pyfuser.runtime.dispatch import get_executor as _get_executor  # noqa: E402
+
+
+def get_executor(fusion, mode="cuda"):
+    """The executor of the fusion's single kernel segment (the segmenter may peel views off)."""
+    from pyfuser.segment.segmenter import segment
+    exs = [_get_executor(s.fusion, mode) for s in segment(fusion).segments if s.kind == "kernel"]
+    if len(exs) != 1:
+        raise AssertionError(f"expected one kernel segment, got {len(exs)}")
+    return exs[0]
 
 F = torch.nn.functional
 

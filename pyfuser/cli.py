@@ -1,9 +1,11 @@
 """The `pyfuser` command: `show`, `run` and `demo` on TorchScript IR files.
 
     pyfuser show FILE.ir                    print the parsed graph
-    pyfuser run FILE.ir [--device D] [--seed N] [--json]
-                                            random inputs from the declared types, run, report
-    pyfuser demo DIR                        show + run every DIR/*.ir; non-zero exit if any fails
+    pyfuser run FILE.ir [--device D] [--seed N] [--json] [--bench] [--shrink N]
+                                            random inputs from the declared types; fuse, run,
+                                            check against eager, report (fuse_run.py)
+    pyfuser demo DIR                        show + fuse + run every DIR/*.ir; non-zero exit if
+                                            any fails or differs from eager
 
 `run_file(path, device, seed) -> dict` builds the report (`file`, `device`, `seed`,
 `outputs`: [{shape, dtype}]); later stages add keys (groups, kernels, fallbacks,
@@ -43,15 +45,22 @@ def describe_output(v: Any) -> dict:
     return {"shape": None, "dtype": type(v).__name__, "value": repr(v)}
 
 
-def run_file(path: str, device: Optional[str] = None, seed: int = 0, graph=None) -> dict:
-    """Parse, make inputs, run eagerly; the report dict (see module docstring)."""
+def run_file(path: str, device: Optional[str] = None, seed: int = 0, graph=None,
+             shrink: Optional[int] = None, fuse: bool = False, bench: bool = False) -> dict:
+    """Parse, make inputs, run eagerly; the report dict (see module docstring). With `fuse`,
+    also fuse and compare (fuse_run.fuse_report's keys); `shrink` caps every size."""
     from pyfuser.frontend.torchscript import make_inputs, run_graph
+    from pyfuser.frontend.torchscript.jit import eager_handler
     device = device or default_device()
     g = graph if graph is not None else load_graph(path)
-    inputs = make_inputs(g, device=device, seed=seed)
-    outputs = run_graph(g, inputs, device=device)
-    return {"file": path, "device": device, "seed": seed,
-            "outputs": [describe_output(o) for o in outputs]}
+    inputs = make_inputs(g, device=device, seed=seed, size_override=shrink)
+    outputs = run_graph(g, inputs, device=device, node_handler=eager_handler)
+    report = {"file": path, "device": device, "seed": seed,
+              "outputs": [describe_output(o) for o in outputs]}
+    if fuse:
+        from pyfuser.frontend.torchscript.fuse_run import fuse_report
+        report.update(fuse_report(g, device, seed, shrink, bench))
+    return report
 
 
 def _format_outputs(report: dict) -> str:
@@ -70,16 +79,25 @@ def cmd_show(args) -> int:
 
 
 def cmd_run(args) -> int:
-    report = run_file(args.file, args.device, args.seed)
+    from pyfuser.frontend.torchscript.fuse_run import text_summary
+    report = run_file(args.file, args.device, args.seed, shrink=args.shrink, fuse=True,
+                      bench=args.bench)
     if args.json:
         print(json.dumps(report))
     else:
         print(f"{args.file} on {report['device']}:")
         print(_format_outputs(report))
-    return 0
+        print(text_summary(report))
+    return 0 if report["matches_eager"] else 1
 
 
 def cmd_demo(args) -> int:
+    from pyfuser.frontend.torchscript.fuse_run import (CPU_AUTO_SHRINK_TO, demo_env,
+                                                       needs_shrink, text_summary)
+    if (args.device or default_device()) == "cpu":
+        print("no GPU: kernels are generated and shown (cuda_kernel dump), then run through the "
+              "CPU interpreter when it is available; large graphs run with capped sizes")
+        os.environ.update(demo_env())
     files = sorted(f for f in os.listdir(args.dir) if f.endswith(".ir"))
     if not files:
         print(f"pyfuser: error: no *.ir files in {args.dir}", file=sys.stderr)
@@ -91,9 +109,15 @@ def cmd_demo(args) -> int:
         try:
             g = load_graph(path)
             sys.stdout.write(str(g))
-            report = run_file(path, args.device, args.seed, graph=g)
+            device = args.device or default_device()
+            shrink = CPU_AUTO_SHRINK_TO if device == "cpu" and needs_shrink(g) else None
+            report = run_file(path, device, args.seed, graph=g, fuse=True, shrink=shrink)
             print(f"ran on {report['device']}:")
             print(_format_outputs(report))
+            sys.stderr.flush()
+            print(text_summary(report))
+            if not report["matches_eager"]:
+                failed += 1
         except PyfuserError as e:
             failed += 1
             _report_error(path, e)
@@ -125,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to run (default: cuda when available)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("--bench", action="store_true",
+                   help="time pyfuser against eager and torch.compile (GPU only)")
+    r.add_argument("--shrink", type=int, default=None, metavar="N",
+                   help="cap every input size at N (`demo` caps large graphs on the CPU)")
     r.set_defaults(fn=cmd_run)
     d = sub.add_parser("demo", help="show and run every *.ir file of a directory")
     d.add_argument("dir")

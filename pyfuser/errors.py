@@ -14,6 +14,7 @@ class IRParseError(PyfuserError):
     """Malformed TorchScript IR text. Carries the 1-based line and column."""
 
     def __init__(self, message: str, line: int, column: int, source_line: str = ""):
+        self.message = message
         self.line = line
         self.column = column
         self.source_line = source_line

@@ -53,6 +53,12 @@ class Fusion:
         from ..runtime.dispatch import execute_fusion
         return execute_fusion(self._ir, list(inputs))
 
+    @property
+    def last_run(self):
+        """RunReport of the last execute: segments (kind, scheduler) in order, kernels run."""
+        from ..runtime.dispatch import last_report
+        return last_report(self._ir) if self._ir is not None else None
+
     def fusion_definition(self) -> str:
         """Python source of `nvfuser_fusion_id0(fd)` that rebuilds this fusion."""
         self.ir_fusion  # noqa: B018 (raises if undefined)

@@ -127,7 +127,7 @@ def inplace_through_view(x):
     return v * 3
 
 
-@case(1, (4, 5))
+@case(2, (4, 5))
 def inplace_list_captured(x):
     t = x + 1
     lst = [t]
@@ -279,7 +279,7 @@ def loop_fusible_inside(x, n: int):
     return y + 1
 
 
-@case(2, make=lambda g: [torch.randn(4, 5, generator=g), False])
+@case(3, make=lambda g: [torch.randn(4, 5, generator=g), False])
 def if_both_sides(x, flag: bool):
     a = x.exp()
     if flag:
@@ -287,7 +287,7 @@ def if_both_sides(x, flag: bool):
     return a * 2
 
 
-@case(3, make=lambda g: [torch.randn(3, 4, generator=g), 2])
+@case(2, make=lambda g: [torch.randn(3, 4, generator=g), 2])
 def loop_with_inplace(x, n: int):
     acc = x * 0.0
     for _ in range(n):

@@ -12,9 +12,9 @@
     logged once). Never a silent wrong result: every fallback is the eager subgraph.
 `prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
 `last_run` (RunStats) describes the last call: groups, kernels launched, fallbacks.
-Kernels: on CUDA or with the CPU interpreter, the executor's own count (`last_run` of the
-FusionExecutor); with the CPU reference evaluator, one per group that ran through its Fusion
-(what the kernel path would launch).
+Kernels: the dispatcher's `run_summary(fusion)["kernels"]` (kernel segments run: what a GPU
+run launches, whichever CPU executor ran them); without it, the executor's own count, or one
+per group run through its Fusion on the reference evaluator.
 """
 from __future__ import annotations
 
@@ -121,6 +121,10 @@ def execute_fusion(fusion, args, mode):
 
 
 def _kernels(fusion, mode) -> int:
+    from ...runtime import dispatch
+    summary = getattr(dispatch, "run_summary", None)
+    if summary is not None:                 # the segmenter's count: kernel segments run
+        return int(summary(fusion).get("kernels", 0))
     if mode == "evaluator":
         return 1
     from ...runtime.dispatch import get_executor

@@ -68,7 +68,6 @@ class Scanner:
     def error(self, message: str, pos: Optional[int] = None) -> IRParseError:
         line, col = self.loc(pos)
         err = IRParseError(message, line, col, self.line_text(line).rstrip())
-        err.message = message
         err.filename = self.filename
         return err
 

@@ -140,7 +140,8 @@ class AliasInfo:
         for n in block.nodes():
             for b in n.blocks:
                 self._block(b)
-                for o, bo in zip(n.outputs, b.outputs):
+                carried = b.outputs[1:] if n.kind == "prim::Loop" else b.outputs
+                for o, bo in zip(n.outputs, carried):
                     self._union(o, bo)
                 if n.kind == "prim::Loop":
                     for bi, init in zip(b.inputs[1:], n.inputs[2:]):

@@ -2,7 +2,7 @@
 
 A group is `prim::PyfuserGroup` whose `Subgraph` attribute is a separate Graph: the group's
 inputs are the subgraph's inputs (same order), its outputs the subgraph's outputs. Constants a
-group needs are cloned into its subgraph; int/float/bool values that are not constants
+group needs are cloned into its subgraph (tensor constants become inputs); int/float/bool values that are not constants
 become group inputs like tensors.
 
 `fusible(node, info)` is the one place that decides which ops may be grouped:
@@ -73,7 +73,7 @@ def absorb(group, node, info) -> None:
     consts: dict = {}
 
     def inner(v):
-        if v.node.kind == "prim::Constant":
+        if v.node.kind == "prim::Constant" and not isinstance(v.type, TensorType):
             if v not in consts:
                 c = sg.create_clone(v.node, lambda x: x)
                 c.insert_before(anchor)

@@ -21,8 +21,8 @@ from .report import FuseReport
 def _note_candidates(graph, report) -> None:
     info = AliasInfo(graph)
     for n in graph.all_nodes():
-        if is_group(n) or n.kind in alias_copy.FROM_COPY:
-            continue
+        if is_group(n) or n.kind in alias_copy.FROM_COPY or n.kind in alias_copy.TO_COPY:
+            continue             # views left alone cost nothing; written ones are noted
         if n.kind in LOWERINGS or n.kind in inplace.INPLACE_TWINS:
             reason = fusible_reason(n, info) if n.kind in LOWERINGS else None
             report.note(n, reason or "left out of every group (no fusible neighbour it could "

@@ -1,0 +1,152 @@
+"""Code generation for the transpose scheduler: TransposeParams -> CUDA C, Params, launch config.
+
+`TransposePlan(fusion, params)` is what `schedule.transpose.plan_kernel` returns; it has the
+KernelPlan interface the runtime's FusionExecutor uses (`kernel`, `allocate_outputs`) plus its
+own `interpret(inputs, outputs, bindings)` (transpose_interp.py simulates the same algorithm).
+
+Kernel parameters: the input and output pointers, then per kept input axis its size and stride
+(Param sources ("size", 0, a) / ("stride", 0, a)); group sizes, group strides and the row-major
+output strides are computed in the kernel's prologue. Elements are copied as raw bits (a `set`
+never converts), so one kernel shape serves every dtype of the same size.
+
+Invariants: the source compiles with NVRTC alone (no headers); int index types are only chosen
+when `layout.needs_int64` says every offset fits, and grid-stride loops are capped so the
+increment cannot overflow.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir.tensor import TensorView
+from ..schedule import layout as L
+from ..schedule.transpose import ROWS, TransposeParams, group_extents
+from .kernel import GeneratedKernel, LaunchConfig, Param
+
+BITS_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+ROW_BLOCK = 256
+MAX_BLOCKS = 4096           # grid-stride cap: blocks * threads stays < 2^21
+
+
+def _prologue(p: TransposeParams, it: str) -> list[str]:
+    lines = []
+    for g, axes in enumerate(p.groups):
+        lines.append(f"  const {it} gs{g} = {' * '.join(f's{a}' for a in axes)};")
+        lines.append(f"  const {it} gt{g} = t{axes[-1]};")
+    k = len(p.groups)
+    lines.append(f"  const {it} os{k - 1} = 1;")
+    for g in range(k - 2, -1, -1):
+        lines.append(f"  const {it} os{g} = os{g + 1} * gs{g + 1};")
+    return lines
+
+
+def _decompose(var: str, groups, it: str, in_acc: str, out_acc: str | None) -> list[str]:
+    """`var` (a linear index over `groups`, outer -> inner) -> offsets added to the accumulators."""
+    lines = []
+    for g in reversed(groups):
+        lines.append(f"    {{ const {it} q = {var} % gs{g}; {var} = {var} / gs{g}; "
+                     f"{in_acc} += q * gt{g};" + (f" {out_acc} += q * os{g};" if out_acc else "")
+                     + " }")
+    return lines
+
+
+def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
+    V, o = p.vec, p.o
+    outer = list(range(len(p.groups) - 1))
+    lines = [f"  const {it} nv = gs{o} / {V};",
+             f"  const {it} total = {' * '.join([f'gs{g}' for g in outer] + ['nv'])};",
+             f"  for ({it} l = ({it})blockIdx.x * blockDim.x + threadIdx.x; l < total; "
+             f"l += ({it})gridDim.x * blockDim.x) {{",
+             f"    {it} r = l / nv;",
+             f"    {it} off = (l % nv) * {V} * gt{o};"]
+    lines += _decompose("r", outer, it, "off", None)
+    if V > 1:
+        lines += [f"    struct __align__({V * p.itemsize}) V_t {{ {T} v[{V}]; }};",
+                  f"    *reinterpret_cast<V_t*>(out + l * {V}) = "
+                  f"*reinterpret_cast<const V_t*>(in + off);"]
+    else:
+        lines.append("    out[l] = in[off];")
+    lines.append("  }")
+    return lines
+
+
+def _tile_body(p: TransposeParams, it: str, T: str) -> list[str]:
+    t, i, o = p.tile, p.i, p.o
+    batch = " * ".join([f"gs{g}" for g in p.batch] or ["1"])
+    lines = [f"  __shared__ {T} tile[{t}][{t + 1}];",
+             f"  const {it} tiles_o = (gs{o} + {t - 1}) / {t}, tiles_i = (gs{i} + {t - 1}) / {t};",
+             f"  const {it} nblk = tiles_o * tiles_i * {batch};",
+             f"  for ({it} blk = blockIdx.x; blk < nblk; blk += gridDim.x) {{",
+             f"    {it} r = blk / tiles_o;",
+             f"    const {it} o0 = (blk % tiles_o) * {t}, i0 = (r % tiles_i) * {t};",
+             "    r = r / tiles_i;",
+             f"    {it} ib = 0, ob = 0;"]
+    lines += _decompose("r", p.batch, it, "ib", "ob")
+    lines += [f"    for (int j = threadIdx.y; j < {t}; j += {ROWS}) {{",
+              f"      const {it} ii = i0 + threadIdx.x, oo = o0 + j;",
+              f"      if (ii < gs{i} && oo < gs{o}) tile[j][threadIdx.x] = in[ib + ii * gt{i} + oo * gt{o}];",
+              "    }",
+              "    __syncthreads();",
+              f"    for (int j = threadIdx.y; j < {t}; j += {ROWS}) {{",
+              f"      const {it} oo = o0 + threadIdx.x, ii = i0 + j;",
+              f"      if (ii < gs{i} && oo < gs{o}) out[ob + ii * os{i} + oo] = tile[threadIdx.x][j];",
+              "    }",
+              "    __syncthreads();",
+              "  }"]
+    return lines
+
+
+BODIES = {"rows": _rows_body, "tile": _tile_body, "empty": lambda p, it, T: []}
+
+
+def generate(p: TransposeParams, name: str) -> tuple[str, list[Param]]:
+    it, T = p.index_type, BITS_CTYPE[p.itemsize]
+    axes = [a for g in p.groups for a in g]
+    params = [Param("in", "void*", ("ptr", 0)), Param("out", "void*", ("ptr", 1))]
+    params += [Param(f"s{a}", it, ("size", 0, a)) for a in axes]
+    params += [Param(f"t{a}", it, ("stride", 0, a)) for a in axes]
+    sig = ", ".join([f"const {T}* __restrict__ in", f"{T}* __restrict__ out"] +
+                    [f"{it} {q.name}" for q in params[2:]])
+    body = (_prologue(p, it) if p.groups else []) + BODIES[p.kind](p, it, T)
+    src = "\n".join([f"// pyfuser transpose kernel: {p.as_dict()}",
+                     "typedef long long int64_t;",
+                     f'extern "C" __global__ void {name}({sig}) {{'] + body + ["}", ""])
+    return src, params
+
+
+def _launch_fn(p: TransposeParams):
+    def launch_config(bindings, tensors) -> LaunchConfig:
+        x = tensors[0]
+        if p.kind == "empty" or x.numel() == 0:
+            return LaunchConfig((0, 1, 1), (ROW_BLOCK, 1, 1))
+        sizes, _ = group_extents(p.groups, x)
+        if p.kind == "rows":
+            vectors = x.numel() // p.vec
+            return LaunchConfig((max(1, min(-(-vectors // ROW_BLOCK), MAX_BLOCKS)), 1, 1),
+                                (ROW_BLOCK, 1, 1))
+        t = p.tile
+        nblk = -(-sizes[p.o] // t) * -(-sizes[p.i] // t) * L.numel(sizes[g] for g in p.batch)
+        return LaunchConfig((max(1, min(nblk, MAX_BLOCKS * 16)), 1, 1), (t, ROWS, 1))
+    return launch_config
+
+
+class TransposePlan:
+    def __init__(self, fusion, params: TransposeParams):
+        self.params = params
+        self.index_type = params.index_type
+        self.kernel_ir = None
+        self._output: TensorView = fusion.outputs[0]
+        name = f"pf_transpose_{params.kind}_kernel"
+        source, kparams = generate(params, name)
+        self.kernel = GeneratedKernel(name, source, kparams, _launch_fn(params), params.as_dict())
+
+    def allocate_outputs(self, bindings, inputs, device) -> list:
+        o = self._output
+        return [torch.empty(bindings.shape(o), dtype=o.dtype.torch, device=device)]
+
+    def interpret(self, inputs, outputs, bindings) -> None:
+        from .transpose_interp import run
+        x = next(t for t in inputs if isinstance(t, torch.Tensor))
+        run(self.params, x, outputs[0])
+
+    def __repr__(self) -> str:
+        return f"TransposePlan({self.kernel.name}, {self.params.as_dict()})"

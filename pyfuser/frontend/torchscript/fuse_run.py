@@ -1,0 +1,133 @@
+"""`pyfuser run` with fusion: fuse a graph, run it on random inputs, compare with eager.
+
+`fuse_report(graph, device, seed, shrink=None, bench=False) -> dict` adds to the CLI's report:
+`groups`, `kernels` (kernel launches in one call), `fallbacks` ([{node, kind, reason}] for
+each unfused candidate op and each failed guard), `matches_eager`, `max_abs_err`,
+`executor` (cuda / interpret / evaluator), `fused_graph` (text), `shrunk_to` (when sizes
+were capped) and, with bench, `bench` ({eager_ms, pyfuser_ms, torch_compile_ms} or a
+`skipped` message). On CPU the groups run through the codegen's CPU interpreter when it
+exists (kernels counted as a GPU run would launch them), else the reference evaluator.
+Eager reference = the unfused graph through the eager runner, on a copy of the same inputs.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from .inputs import make_inputs
+from .jit import CompiledGraph, eager_handler, interpreter_available
+from .runner import run_graph
+
+# Above this many elements in one input, `pyfuser demo` on the CPU caps every size
+# (make_inputs' size_override); `pyfuser run` caps only with --shrink.
+CPU_AUTO_SHRINK_NUMEL = 1 << 21
+CPU_AUTO_SHRINK_TO = 128
+
+
+def needs_shrink(graph) -> bool:
+    from .types import TensorType
+    for v in graph.inputs:
+        t = v.type
+        if isinstance(t, TensorType) and t.sizes and None not in t.sizes:
+            n = 1
+            for s in t.sizes:
+                n *= s
+            if n > CPU_AUTO_SHRINK_NUMEL:
+                return True
+    return False
+
+
+def _clone(xs):
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def compare(ref: list, out: list) -> tuple:
+    """(matches, max_abs_err) over all outputs; dtypes and shapes must be equal."""
+    ok, err = len(ref) == len(out), 0.0
+    for a, b in zip(ref, out):
+        if not isinstance(a, torch.Tensor):
+            ok = ok and a == b
+            continue
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False, float("inf")
+        if a.numel():
+            d = (a.double() - b.double()).abs() if not a.is_complex() else (a - b).abs().double()
+            d = torch.nan_to_num(d, nan=0.0)
+            err = max(err, float(d.max()))
+        if a.is_floating_point() or a.is_complex():
+            ok = ok and torch.allclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
+        else:
+            ok = ok and torch.equal(a, b)
+    return bool(ok), err
+
+
+def _time_ms(fn, device, reps=20) -> float:
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000.0 / reps
+
+
+def _bench(graph, compiled, inputs, device) -> dict:
+    if device != "cuda" or not torch.cuda.is_available():
+        return {"skipped": "no GPU: --bench times CUDA runs only"}
+    eager = lambda: run_graph(graph, inputs, device=device, node_handler=eager_handler)  # noqa: E731
+    result = {"eager_ms": _time_ms(eager, device),
+              "pyfuser_ms": _time_ms(lambda: compiled.run(inputs, device=device), device)}
+    try:
+        tc = torch.compile(lambda *xs: run_graph(graph, list(xs), device=device,
+                                                 node_handler=eager_handler))
+        result["torch_compile_ms"] = _time_ms(lambda: tc(*inputs), device)
+    except Exception as e:  # noqa: BLE001 - report, do not fail the run
+        result["torch_compile_ms"] = None
+        result["torch_compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return result
+
+
+def fuse_report(graph, device: str, seed: int = 0, shrink=None, bench: bool = False) -> dict:
+    mode = "interpret" if interpreter_available() else "evaluator"
+    compiled = CompiledGraph(graph, cpu_executor=mode)
+    inputs = make_inputs(graph, device=device, seed=seed, size_override=shrink)
+    ref = run_graph(graph, _clone(inputs), device=device, node_handler=eager_handler)
+    out = compiled.run(_clone(inputs), device=device)
+    ok, err = compare(ref, out)
+    stats = compiled.last_run
+    report = {"groups": stats.groups, "kernels": stats.kernels, "fallbacks": stats.fallbacks,
+              "matches_eager": ok, "max_abs_err": err,
+              "executor": "cuda" if device == "cuda" else compiled.cpu_mode,
+              "fused_graph": str(compiled.graph), "outputs_fused": len(out)}
+    if shrink is not None:
+        report["shrunk_to"] = shrink
+    if bench:
+        report["bench"] = _bench(graph, compiled, inputs, device)
+    return report
+
+
+def text_summary(report: dict) -> str:
+    lines = [report["fused_graph"].rstrip()]
+    if report.get("shrunk_to"):
+        lines.append(f"(sizes capped at {report['shrunk_to']} for this CPU run)")
+    lines.append(f"groups: {report['groups']}, kernels per call: {report['kernels']} "
+                 f"({report['executor']})")
+    for f in report["fallbacks"]:
+        lines.append(f"  eager: {f['node']}: {f['reason']}")
+    lines.append(f"matches eager: {report['matches_eager']} "
+                 f"(max abs err {report['max_abs_err']:.3g})")
+    if "bench" in report:
+        lines.append(f"bench: {report['bench']}")
+    return "\n".join(lines)
+
+
+def demo_env() -> dict:
+    """Environment for `pyfuser demo` on a CPU-only machine: show kernels, interpret them."""
+    env = {"PYFUSER_CPU_EXECUTOR": "interpret"}
+    dumps = set(filter(None, os.environ.get("PYFUSER_DUMP", "").split(",")))
+    env["PYFUSER_DUMP"] = ",".join(sorted(dumps | {"cuda_kernel"}))
+    return env

@@ -1,0 +1,289 @@
+"""The segmenter: a Fusion -> the fewest segments that schedulers accept (a SegmentedFusion).
+
+    sf = segment(fusion)        # cached on the Fusion; it depends on the Fusion, not on sizes
+
+1. Metadata ops at the fusion's edges become host segments (host.py): no kernel, views only.
+2. The remaining (compute) exprs are offered to the kernel schedulers as one group, in the order
+   of SCHEDULERS (transpose before pointwise: a layout-changing copy is the transpose scheduler's).
+3. If none takes the group, it is cut: every expr starts as its own group (kernel-able if some
+   scheduler takes it alone, else eager), then groups joined by the heaviest edges (estimated
+   bytes of the tensor between them) are merged first, while the union stays acceptable and the
+   group graph stays acyclic; so what remains cut are the lightest edges. Eager groups merge only
+   with eager groups.
+4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
+   joined into one host segment.
+
+`PYFUSER_DUMP=segmenter_logging` prints each scheduler's verdict on each group offered;
+`PYFUSER_DUMP=segmented_fusion` prints the result.
+
+Invariants: see segmented_fusion.py (valid run order, every needed expr in one segment). A
+Fusion that is one kernel with no host exprs keeps the original Fusion as the kernel's program.
+"""
+from __future__ import annotations
+
+import importlib
+import weakref
+
+from .. import dump as D
+from ..ir.tensor import TensorView
+from .extract import extract
+from .host import host_exprs, host_layout
+from .segmented_fusion import Segment, SegmentedFusion
+
+_ATTR = "_pyfuser_segmented"
+_segmented: "weakref.WeakSet" = weakref.WeakSet()   # fusions holding a cached segmentation
+SYMBOLIC_EXTENT_GUESS = 1024     # an unknown extent counts as this many elements for edge weights
+
+
+def _pointwise_can_schedule(fusion):
+    try:
+        api = importlib.import_module("pyfuser.codegen.api")
+    except ImportError as e:   # pragma: no cover - the codegen is part of the package
+        return False, f"no codegen api ({e})"
+    return api.can_schedule(fusion)
+
+
+def _transpose_can_schedule(fusion):
+    from ..schedule import transpose
+    return transpose.can_schedule(fusion)
+
+
+# Kernel schedulers in order of preference: (name, can_schedule(fusion) -> (ok, reason)).
+SCHEDULERS = [("transpose", _transpose_can_schedule), ("pointwise", _pointwise_can_schedule)]
+
+
+class _Holder:
+    """Holds a Fusion's cached segmentation; copies of the Fusion (the codegen deep-copies it)
+    get an empty holder: the cache belongs to this very object."""
+    __slots__ = ("sf",)
+
+    def __init__(self, sf=None):
+        self.sf = sf
+
+    def __deepcopy__(self, memo):
+        return _Holder()
+
+    def __copy__(self):
+        return _Holder()
+
+    def __reduce__(self):
+        return (_Holder, ())
+
+
+def segment(fusion) -> SegmentedFusion:
+    holder = fusion.__dict__.get(_ATTR)
+    if holder is None or holder.sf is None:
+        sf = _segment(fusion)
+        fusion.__dict__[_ATTR] = _Holder(sf)
+        _segmented.add(fusion)
+        D.dump("segmented_fusion", "segments", lambda: str(sf))
+        return sf
+    return holder.sf
+
+
+def forget_all() -> None:
+    """Drop every cached segmentation (and with it the segments' executors)."""
+    for fusion in list(_segmented):
+        fusion.__dict__.pop(_ATTR, None)
+    _segmented.clear()
+
+
+# ---- groups -----------------------------------------------------------------------------------
+class _Groups:
+    """Partition of the compute exprs; knows each group's boundary in the whole fusion."""
+
+    def __init__(self, fusion, exprs, all_exprs):
+        self.fusion, self.order = fusion, {id(e): i for i, e in enumerate(all_exprs)}
+        self.all_ids = set(self.order)
+        self.outputs = {id(o) for o in fusion.outputs}
+        self.members = {i: [e] for i, e in enumerate(exprs)}
+        self.of = {id(e): i for i, e in enumerate(exprs)}
+
+    def boundary(self, exprs):
+        ids = {id(e) for e in exprs}
+        produced = {id(o) for e in exprs for o in e.outputs}
+        ins, outs, seen = [], [], set()
+        for e in exprs:
+            for v in e.inputs:
+                if isinstance(v, TensorView) and id(v) not in produced and id(v) not in seen:
+                    seen.add(id(v))
+                    ins.append(v)
+            for o in e.outputs:
+                if not isinstance(o, TensorView):
+                    continue
+                external = [u for u in o.uses if id(u) in self.all_ids and id(u) not in ids]
+                if external or id(o) in self.outputs:
+                    outs.append(o)
+        return ins, outs
+
+    def succ(self, g) -> set:
+        out = set()
+        for e in self.members[g]:
+            for o in e.outputs:
+                for u in getattr(o, "uses", []):
+                    h = self.of.get(id(u))
+                    if h is not None and h != g:
+                        out.add(h)
+        return out
+
+    def reaches(self, a, b, skip_direct: bool) -> bool:
+        stack = [h for h in self.succ(a) if not (skip_direct and h == b)]
+        seen = set()
+        while stack:
+            g = stack.pop()
+            if g == b:
+                return True
+            if g not in seen:
+                seen.add(g)
+                stack.extend(self.succ(g))
+        return False
+
+    def merge(self, a, b) -> None:
+        merged = sorted(self.members[a] + self.members.pop(b), key=lambda e: self.order[id(e)])
+        self.members[a] = merged
+        for e in merged:
+            self.of[id(e)] = a
+
+
+def _offer(fusion, groups: _Groups, exprs, orders):
+    """(scheduler, Extracted) of the first scheduler taking `exprs`, or (None, reasons)."""
+    ins, outs = groups.boundary(exprs)
+    ex = extract(fusion, exprs, ins, outs, orders)
+    reasons = []
+    for name, can in SCHEDULERS:
+        ok, why = can(ex.fusion)
+        verdict = "accepted" if ok else f"refused: {why}"
+        D.dump("segmenter_logging", f"{name} scheduler",
+               lambda: f"{verdict}\n  group: {', '.join(e.op_name for e in exprs)} "
+                       f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
+        if ok:
+            return name, ex
+        reasons.append(f"{name}: {why}")
+    return None, "; ".join(reasons)
+
+
+def _bytes(tv) -> int:
+    n = tv.dtype.itemsize
+    for d in tv.logical:
+        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        n *= (s.value if s.is_const else SYMBOLIC_EXTENT_GUESS) if not d.is_broadcast or \
+            d.expanded_extent is not None else 1
+    return n
+
+
+def _partition(fusion, compute, all_exprs, orders) -> list:
+    """[(exprs, scheduler or None, Extracted or reason)] covering `compute`."""
+    groups = _Groups(fusion, compute, all_exprs)
+    sched, res = _offer(fusion, groups, compute, orders)
+    if sched is not None:
+        return [(compute, sched, res)]
+    verdict = {}
+    for g, members in groups.members.items():
+        verdict[g] = _offer(fusion, groups, members, orders)
+    changed = True
+    while changed:
+        changed = False
+        edges = []
+        for g in list(groups.members):
+            for e in groups.members[g]:
+                for o in e.outputs:
+                    for u in getattr(o, "uses", []):
+                        h = groups.of.get(id(u))
+                        if h is not None and h != g:
+                            edges.append((-_bytes(o), g, h))
+        for _, a, b in sorted(edges, key=lambda t: (t[0], t[1], t[2])):
+            if a not in groups.members or b not in groups.members:
+                continue
+            kernel_a, kernel_b = verdict[a][0] is not None, verdict[b][0] is not None
+            if kernel_a != kernel_b or groups.reaches(a, b, True) or groups.reaches(b, a, True):
+                continue
+            union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
+            result = _offer(fusion, groups, union, orders) if kernel_a else (None, verdict[a][1])
+            if kernel_a and result[0] is None:
+                continue
+            groups.merge(a, b)
+            verdict[a] = result
+            verdict.pop(b)
+            changed = True
+    out = []
+    for g, members in groups.members.items():
+        sched, res = verdict[g]
+        if sched is None:
+            ins, outs = groups.boundary(members)
+            res = (extract(fusion, members, ins, outs, orders), res)
+        out.append((members, sched, res))
+    return out
+
+
+# ---- the whole pass ---------------------------------------------------------------------------
+def _segment(fusion) -> SegmentedFusion:
+    all_exprs = [e for e in fusion.used_exprs()
+                 if any(isinstance(o, TensorView) for o in e.outputs)]
+    if getattr(fusion, "aliases", None):
+        seg = Segment("eager", all_exprs, fusion.inputs, fusion.outputs, fusion=fusion,
+                      sub_inputs=list(fusion.inputs), reason="in-place output aliases")
+        return SegmentedFusion(fusion, [seg])
+    host = host_exprs(fusion, all_exprs)
+    orders = host_layout(fusion, all_exprs, host)
+    compute = [e for e in all_exprs if id(e) not in host]
+    units = [("host", [e], None, None) for e in all_exprs if id(e) in host]
+    if compute:
+        for members, sched, res in _partition(fusion, compute, all_exprs, orders):
+            units.append(("kernel" if sched else "eager", members, sched, res))
+    from ..runtime.executor import note_fallback
+    segments = []
+    for kind, members, sched, res in _run_order(units, all_exprs):
+        if kind == "host" and segments and segments[-1].kind == "host":
+            last = segments[-1]
+            last.exprs.append(members[0])
+            _host_boundary(last, fusion)
+            continue
+        if kind == "host":
+            seg = Segment("host", list(members), [], [])
+            _host_boundary(seg, fusion)
+        elif kind == "kernel":
+            seg = Segment("kernel", members, list(res.inputs), list(res.outputs), sched,
+                          res.fusion, list(res.inputs))
+            res.fusion.kernel_scheduler = sched
+        else:
+            ex, reason = res
+            seg = Segment("eager", members, list(ex.inputs), list(ex.outputs), None, ex.fusion,
+                          list(ex.inputs), reason)
+            note_fallback(reason, "segment " + ", ".join(e.op_name for e in members))
+        segments.append(seg)
+    kernels = [s for s in segments if s.kind != "host"]
+    if len(kernels) == 1 and len(segments) == 1 and kernels[0].kind == "kernel" and \
+            len(kernels[0].outputs) == len(fusion.outputs) and \
+            all(a is b for a, b in zip(kernels[0].outputs, fusion.outputs)):
+        # the whole fusion is one kernel: run the user's Fusion itself (no copy, same executor)
+        kernels[0].fusion, kernels[0].sub_inputs = fusion, list(fusion.inputs)
+        kernels[0].inputs = list(fusion.inputs)
+        fusion.kernel_scheduler = kernels[0].scheduler
+    return SegmentedFusion(fusion, segments)
+
+
+def _host_boundary(seg: Segment, fusion) -> None:
+    produced = {id(o) for e in seg.exprs for o in e.outputs}
+    seg.inputs = [e.inputs[0] for e in seg.exprs if id(e.inputs[0]) not in produced]
+    seg.outputs = [e.output for e in seg.exprs]
+
+
+def _run_order(units, all_exprs) -> list:
+    """Units in dependency order (Kahn); ties go to the unit whose first expr comes first."""
+    pos = {id(e): i for i, e in enumerate(all_exprs)}
+    owner = {id(o): k for k, u in enumerate(units) for e in u[1] for o in e.outputs}
+    deps = [set() for _ in units]
+    for k, u in enumerate(units):
+        for e in u[1]:
+            for v in e.inputs:
+                j = owner.get(id(v))
+                if j is not None and j != k:
+                    deps[k].add(j)
+    done, order = set(), []
+    while len(order) < len(units):
+        ready = [k for k in range(len(units)) if k not in done and deps[k] <= done]
+        assert ready, "segment graph has a cycle"
+        k = min(ready, key=lambda k: min(pos[id(e)] for e in units[k][1]))
+        done.add(k)
+        order.append(units[k])
+    return order

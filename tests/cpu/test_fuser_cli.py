@@ -1,0 +1,47 @@
+"""`pyfuser run --json` reports the fusion (groups, kernels, fallbacks, matches_eager)."""
+import json
+import shutil
+
+from pyfuser.cli import main
+
+
+def _run_json(capsys, *argv):
+    rc = main(["run", *argv, "--json"])
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def test_run_seed003_json(capsys):
+    rc, rep = _run_json(capsys, "examples/seed003_bn_add_relu.ir", "--device", "cpu",
+                        "--shrink", "16")
+    assert rc == 0
+    assert rep["groups"] == 1 and rep["kernels"] == 1
+    assert rep["matches_eager"] is True and rep["max_abs_err"] < 1e-5
+    assert [f["kind"] for f in rep["fallbacks"]] == ["aten::native_batch_norm"] * 2
+    assert "prim::PyfuserGroup_0" in rep["fused_graph"]
+    assert rep["outputs"] == [{"shape": [8, 16, 16, 16], "dtype": "float32"}]
+
+
+def test_run_seed000_inplace_json(capsys):
+    rc, rep = _run_json(capsys, "examples/seed000_add_mul_inplace.ir", "--device", "cpu",
+                        "--shrink", "32")
+    assert rc == 0 and rep["groups"] == 1 and rep["kernels"] == 1
+    assert rep["matches_eager"] is True and rep["max_abs_err"] == 0
+    assert rep["fallbacks"] == []
+
+
+def test_run_text_and_bench_without_gpu(capsys):
+    rc = main(["run", "examples/seed000_mul.ir", "--device", "cpu", "--shrink", "8", "--bench"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "groups: 1, kernels per call: 1" in out and "matches eager: True" in out
+    assert "skipped" in out
+
+
+def test_demo_on_a_small_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", "evaluator")   # demo changes these: restore
+    monkeypatch.setenv("PYFUSER_DUMP", "")
+    shutil.copy("examples/seed000_mul_inplace.ir", tmp_path / "a.ir")
+    assert main(["demo", str(tmp_path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "sizes capped" in out and "matches eager: True" in out and "1/1 examples ran" in out

@@ -1,0 +1,159 @@
+"""The segmenter on the CPU: seed 002's bookend views cost no kernel, cuts give a valid order.
+
+Every fusion runs through dispatch with the reference evaluator and with the CPU interpreter of
+the generated kernels (PYFUSER_CPU_EXECUTOR=interpret), and is checked against eager."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from pyfuser.runtime import dispatch
+from pyfuser.segment.segmenter import segment
+
+_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
+    os.path.dirname(__file__), "segment_cases.py"))
+C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(C)
+
+MODES = ["evaluator", "interpret"]
+
+
+@pytest.fixture(autouse=True)
+def _mode(request, monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "kernels"))
+    monkeypatch.setenv("PYFUSER_POISON_OUTPUTS", "1")
+    yield
+
+
+def _kinds(fs):
+    return [(s.kind, s.scheduler) for s in fs.last_run.segments]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("two", [False, True])
+def test_gelu_bookend_views_one_kernel(mode, two, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    fs = C.gelu(two_outputs=two)
+    x = torch.randn(64, 48)
+    outs = fs.execute([x])
+    torch.testing.assert_close(outs[-1], C.gelu_eager(x))
+    assert fs.last_run.kernels == 1 and fs.last_run.host_segments == 2
+    assert _kinds(fs) == [("host", None), ("kernel", "pointwise"), ("host", None)]
+    if mode == "interpret":
+        assert fs.last_run.launched == 1 and fs.last_run.segments[1].backend == "interpret"
+    if two:   # T1 is a view of the input: same storage, no copy
+        assert outs[0].data_ptr() == x.data_ptr() and outs[0]._base is x
+        assert outs[0].shape == (4, 16, 48)
+    # the kernel's program has no view in it: the views are host segments
+    kernel = segment(fs.ir_fusion).segments[1]
+    assert [e.op_name for e in kernel.exprs] == ["mul", "mul", "erf", "add", "mul"]
+    assert outs[-1].is_contiguous() and outs[-1].shape == (64, 48)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gelu_without_views_is_one_kernel_on_the_user_fusion(mode, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    fs = C.gelu(views=False)
+    x = torch.randn(4, 16, 48)
+    torch.testing.assert_close(fs.execute([x])[0], C.gelu_eager(x, views=False))
+    sf = segment(fs.ir_fusion)
+    assert len(sf.segments) == 1 and sf.segments[0].fusion is fs.ir_fusion
+    assert _kinds(fs) == [("kernel", "pointwise")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("keep", C.ALL_KEEPS, ids=lambda k: "".join("ABC"[i] if k[i] else "-" for i in range(3)))
+def test_sequential_views_one_kernel(mode, keep, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    fs = C.sequential(keep)
+    x = torch.randn(64, 48)
+    (out,) = fs.execute([x])
+    torch.testing.assert_close(out, C.sequential_eager(x, keep))
+    assert fs.last_run.kernels == 1, str(segment(fs.ir_fusion))
+    kernel = [s for s in segment(fs.ir_fusion).segments if s.kind == "kernel"][0]
+    names = [e.op_name for e in kernel.exprs]
+    assert names == ["add"] + (["view"] if keep[1] else []) + ["mul"]   # A and C are host views
+    assert fs.last_run.host_segments == int(keep[0]) + int(keep[2])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_transpose_with_bookend_views_one_transpose_kernel(mode, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    fs = C.transpose()
+    x = torch.randn(24, 8, 4)
+    (out,) = fs.execute([x])
+    assert torch.equal(out, C.transpose_eager(x)) and out.is_contiguous()
+    assert _kinds(fs) == [("host", None), ("kernel", "transpose"), ("host", None)]
+    kernel = segment(fs.ir_fusion).segments[1]
+    assert [e.op_name for e in kernel.exprs] == ["set"]
+    if mode == "interpret":
+        assert fs.last_run.launched == 1 and fs.last_run.segments[1].backend == "interpret"
+    assert kernel.fusion.inputs[0].stride_order is not None     # the kernel sees a permuted input
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_views_only_no_kernel_and_aliases(mode, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = C.views_only()
+    x = torch.randn(64, 48)
+    outs = dispatch.execute_fusion(f, [x])
+    ref = C.views_only_eager(x)
+    for o, r in zip(outs, ref):
+        assert torch.equal(o, r) and o.shape == r.shape and o.stride() == r.stride()
+        assert o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert outs[2] is x                                   # an output that is an input: same object
+    report = dispatch.last_report(f)
+    assert report.kernels == 0 and report.launched == 0 and report.host_segments == 1
+    assert dispatch.run_summary(f)["kernels"] == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reduction_cut_into_valid_order(mode, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = C.reduction_then_pointwise()
+    x = torch.randn(6, 10)
+    outs = dispatch.execute_fusion(f, [x])
+    for o, r in zip(outs, C.reduction_eager(x)):
+        torch.testing.assert_close(o, r)
+    sf = segment(f)
+    kinds = [s.kind for s in sf.segments]
+    assert kinds == ["eager", "kernel", "host"], str(sf)
+    produced = {id(v) for v in f.inputs}
+    for s in sf.segments:                                 # valid run order
+        assert all(id(v) in produced for v in s.inputs), str(sf)
+        produced.update(id(v) for v in s.outputs)
+    assert "sum" in sf.segments[0].reason or "reduction" in sf.segments[0].reason.lower() \
+        or sf.segments[0].reason
+    kernel_ops = [e.op_name for e in sf.segments[1].exprs]
+    assert "sum" not in kernel_ops and "relu" in kernel_ops
+
+
+def test_segmentation_is_cached_and_dumps(monkeypatch, capsys):
+    monkeypatch.setenv("PYFUSER_DUMP", "segmenter_logging,segmented_fusion")
+    fs = C.transpose()
+    x = torch.randn(24, 8, 4)
+    fs.execute([x], ) if False else dispatch.execute_fusion(fs.ir_fusion, [x], mode="evaluator")
+    err = capsys.readouterr().err
+    assert "[segmenter_logging] transpose scheduler" in err and "accepted" in err
+    assert "[segmented_fusion]" in err and "kernel [transpose]" in err and "host" in err
+    sf = segment(fs.ir_fusion)
+    dispatch.execute_fusion(fs.ir_fusion, [torch.randn(48, 8, 4).view(48, 8, 4)[:24]], mode="evaluator")
+    assert segment(fs.ir_fusion) is sf and "segmenter_logging" not in capsys.readouterr().err
+    dispatch.clear_caches()
+    assert segment(fs.ir_fusion) is not sf
+
+
+def test_refusing_scheduler_logs_reason_once(monkeypatch, capsys):
+    monkeypatch.setenv("PYFUSER_DUMP", "segmenter_logging")
+    f = C.reduction_then_pointwise()
+    segment(f)
+    err = capsys.readouterr().err
+    assert "pointwise scheduler =====\nrefused" in err and "sum" in err
+
+
+def test_bad_input_is_execute_error():
+    from pyfuser.errors import ExecuteError
+    fs = C.gelu()
+    with pytest.raises(ExecuteError):
+        fs.execute([torch.randn(64, 48, dtype=torch.float64)])

@@ -1,0 +1,89 @@
+"""The transpose scheduler on the CPU: which fusions it takes, its plan (tile vs rows, vector
+width), its CUDA source compiled by NVRTC for sm_90, and its CPU interpreter against eager."""
+import pytest
+import torch
+
+from pyfuser.ir import DataType, Fusion
+from pyfuser.ir import builder as B
+from pyfuser.ir.shapes import bind
+from pyfuser.schedule import transpose as TR
+
+
+def permuted_copy(n, order, dtype=DataType.Float):
+    """set(x) where x is declared with layout `order` (axes outermost first)."""
+    f = Fusion()
+    with f:
+        so = [0] * n
+        for rank, a in enumerate(order):
+            so[a] = n - 1 - rank
+        f.add_output(B.set_(B.define_tensor([-1] * n, dtype, stride_order=so)))
+    return f
+
+
+def permuted(shape, perm, dtype=torch.float32):
+    """A tensor of logical `shape` whose storage is contiguous in the order `perm`."""
+    src = torch.randn(*[shape[p] for p in perm]).to(dtype) if dtype.is_floating_point else \
+        torch.randint(0, 100, [shape[p] for p in perm], dtype=dtype)
+    return src.permute([perm.index(i) for i in range(len(perm))])
+
+
+CASES = [((5, 37, 41), (0, 2, 1), "tile"), ((2, 12, 8, 4), (0, 2, 1, 3), "rows"),
+         ((33, 65), (1, 0), "tile"), ((3, 4, 5, 6), (3, 1, 0, 2), "tile"),
+         ((7, 1, 9), (2, 1, 0), "tile"), ((64, 128), (1, 0), "tile"), ((4, 6, 3), (1, 0, 2), "rows")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8])
+@pytest.mark.parametrize("shape,perm,kind", CASES)
+def test_plan_interpret_and_compile(shape, perm, kind, dtype):
+    x = permuted(shape, perm, dtype)
+    order = sorted(range(len(shape)), key=lambda a: -x.stride(a))
+    f = permuted_copy(len(shape), order, DataType.from_torch(dtype) if hasattr(DataType, "from_torch")
+                      else next(d for d in DataType if getattr(d, "torch", None) == dtype))
+    assert TR.can_schedule(f) == (True, "")
+    plan = TR.plan_kernel(f, [x])
+    assert plan.params.kind == kind
+    (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
+    out.view(torch.uint8).fill_(0x7F)
+    plan.interpret([x], [out], None)
+    assert out.is_contiguous() and torch.equal(out, x.contiguous())
+    cfg = plan.kernel.launch_config(None, [x, out])
+    assert cfg.grid[0] >= 1 and cfg.block[0] * cfg.block[1] <= 1024
+    nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90")
+
+
+def test_seed_shape_plan_is_vectorized_rows():
+    x = torch.randn(768, 128, 64).view(64, 12, 128, 64).permute(0, 2, 1, 3)
+    f = permuted_copy(4, [0, 2, 1, 3])
+    p = TR.schedule(f, [x])
+    assert p.kind == "rows" and p.vec == 4 and p.index_type == "int"
+
+
+def test_misaligned_input_lowers_vector_width():
+    x = torch.randn(2 * 12 * 8 * 4 + 1)[1:].view(2, 12, 8, 4).permute(0, 2, 1, 3)
+    p = TR.schedule(permuted_copy(4, [0, 2, 1, 3]), [x])
+    assert p.kind == "rows" and p.vec == 1
+
+
+def test_refusals():
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        f.add_output(B.set_(x))
+    ok, why = TR.can_schedule(f)
+    assert not ok and "not permuted" in why
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float, stride_order=[0, 1])
+        f.add_output(B.elementwise("relu", B.set_(x)))
+    ok, why = TR.can_schedule(f)
+    assert not ok and "single copy" in why
+
+
+def test_empty_tensor():
+    x = torch.randn(0, 5).t()
+    f = permuted_copy(2, [1, 0])
+    plan = TR.plan_kernel(f, [x])
+    assert plan.kernel.launch_config(None, [x, torch.empty(5, 0)]).grid[0] == 0
+    plan.interpret([x], [torch.empty(5, 0)], None)
