@@ -9,8 +9,10 @@ _LAZY = {
     "Fusion": ("pyfuser.frontend.definition", "Fusion"),
     "FusionDefinition": ("pyfuser.frontend.definition", "FusionDefinition"),
     "DataType": ("pyfuser.ir.dtypes", "DataType"),
+    "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
+    "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
 }
-__all__ = ["Fusion", "FusionDefinition", "DataType", "__version__"]
+__all__ = ["Fusion", "FusionDefinition", "DataType", "jit", "fuse_graph", "__version__"]
 
 
 def __getattr__(name: str):

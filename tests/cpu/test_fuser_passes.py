@@ -1,5 +1,6 @@
 """The fuser's passes one by one: in-place safety, bias split, alias copies, the scan's rules,
 cleanup, determinism, the argument limit and the graph_passes dump."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -65,7 +66,7 @@ def test_safe_inplace_becomes_functional():
     assert len(_groups(g)) == 1
     sub = _sub_kinds(_groups(g)[0])
     assert not any(k.endswith("_") for k in sub)
-    assert [k for k in sub if k != "aten::type_as"] == ["aten::add", "aten::mul", "aten::relu"]
+    assert [k for k in sub if k != "prim::inplace_cast"] == ["aten::add", "aten::mul", "aten::relu"]
 
 
 def test_linear_bias_split_fuses_the_add():
@@ -214,3 +215,24 @@ def test_script_module_with_self():
     with torch.no_grad():
         torch.testing.assert_close(f(x), m(x))
     assert f.last_run.groups == 1 and f.last_run.kernels == 1
+
+
+def test_inplace_that_eager_rejects_still_raises():
+    """`int_tensor.add_(float_tensor)` raises in eager; the functionalized graph must too."""
+    import pyfuser.frontend.torchscript.fuse_api as api
+
+    def fn(a, x):
+        b = a * 2
+        b.add_(x)
+        return b
+
+    a = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    x = torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        fn(a, x)
+    compiled = api.jit(torch.jit.script(fn))
+    from pyfuser.errors import RunnerError
+    with pytest.raises((RuntimeError, RunnerError), match="can't be cast"):
+        compiled(a, x)
+    ok = compiled(a, x.to(torch.int64))
+    assert torch.equal(ok, fn(a, x.to(torch.int64)))

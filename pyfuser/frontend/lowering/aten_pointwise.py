@@ -12,7 +12,7 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.ops import OPS
 from ...ir.tensor import TensorView
-from ..torchscript.types import CODE_TO_DTYPE
+from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
 from .registry import POINTWISE, lowers
 
 ew = B.elementwise
@@ -167,6 +167,24 @@ def _to(x, *args):
 @lowers("aten::type_as", n_args=(2,))
 def _type_as(x, other):
     return B.cast(x, other.dtype)
+
+
+def check_inplace_cast(result_dtype, self_dtype) -> None:
+    """Eager's rule for an in-place op: the result type must be castable to self's dtype."""
+    import torch
+    if not torch.can_cast(result_dtype, self_dtype):
+        raise RuntimeError(f"result type {DTYPE_TO_NAME.get(result_dtype, result_dtype)} can't be "
+                           f"cast to the desired output type {DTYPE_TO_NAME.get(self_dtype, self_dtype)}")
+
+
+@lowers("prim::inplace_cast", n_args=(2,))
+def _inplace_cast(result, self_):
+    """What the in-place pass leaves after `x.add_(y)` became `add(x, y)`: cast back to x's dtype."""
+    try:
+        check_inplace_cast(result.dtype.torch, self_.dtype.torch)
+    except RuntimeError as e:
+        raise UnsupportedOpError(f"in-place op: {e}") from None
+    return B.cast(result, self_.dtype)
 
 
 @lowers("aten::contiguous", "aten::clone", n_args=(1, 2), const_args=(1,))

@@ -28,6 +28,7 @@ import torch
 from ...dump import dump
 from ...errors import PyfuserError
 from ..lowering import lower_graph
+from ..lowering.aten_pointwise import check_inplace_cast
 from .ops import call_op
 from .passes import run_pipeline
 from .passes.alias_copy import FROM_COPY
@@ -44,11 +45,18 @@ def _add_optional(node, args, ctx):
     return [a if b is None else torch.add(a, b)]
 
 
+def _inplace_cast(node, args, ctx):
+    result, self_ = args
+    check_inplace_cast(result.dtype, self_.dtype)
+    return [result.to(self_.dtype)]
+
+
 def _copy_op(node, args, ctx):
     return call_op(FROM_COPY[node.kind], args, ctx.map_device)
 
 
-EAGER = {"prim::add_optional": _add_optional, **{k: _copy_op for k in FROM_COPY}}
+EAGER = {"prim::add_optional": _add_optional, "prim::inplace_cast": _inplace_cast,
+         **{k: _copy_op for k in FROM_COPY}}
 
 
 def interpreter_available() -> bool:

@@ -34,6 +34,8 @@ _PURE_PRIMS = {"prim::Constant", "prim::NumToTensor", "prim::dtype", "prim::devi
 _CONTAINER_PRIMS = {"prim::ListConstruct", "prim::TupleConstruct", "prim::ListUnpack",
                     "prim::TupleUnpack", "prim::TupleIndex", "prim::DictConstruct",
                     "prim::GetAttr", "prim::If", "prim::Loop", "prim::unchecked_unwrap_optional"}
+# prim kinds whose one output may be their first input (a cast that can be a no-op).
+_SELF_ALIAS_PRIMS = {"prim::inplace_cast"}
 # Side effects that must keep their place even though they write no tensor.
 SIDE_EFFECTS = {"prim::RaiseException", "prim::Print", "aten::warn", "prim::SetAttr"}
 
@@ -53,6 +55,8 @@ def op_effects(kind: str) -> Effects:
         return Effects(frozenset(), ())
     if kind in _CONTAINER_PRIMS:
         return Effects(frozenset(), (WILDCARD,) * 64)
+    if kind in _SELF_ALIAS_PRIMS:
+        return Effects(frozenset(), (frozenset({0}),))
     found = schemas(kind)
     if not found:
         return Effects(frozenset(), (), opaque=True)

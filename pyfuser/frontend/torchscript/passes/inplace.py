@@ -1,8 +1,8 @@
 """Pass 1: in-place ops made functional where no other value can observe the mutation.
 
-`%r = aten::mul_(%x, %y)` becomes `%r = aten::mul(%x, %y)` (plus `aten::type_as(%r, %x)` when
-the out-of-place op could promote to another dtype than `%x`'s, since an in-place op keeps
-self's dtype), and every use of `%x` after the node reads `%r`. The kinds handled are derived
+`%r = aten::mul_(%x, %y)` becomes `%r = aten::mul(%x, %y)` (plus `prim::inplace_cast(%r, %x)` when
+the out-of-place op could promote to another dtype than `%x`'s: an in-place op keeps self's
+dtype, and raises as eager does when the result type cannot be cast to it), and every use of `%x` after the node reads `%r`. The kinds handled are derived
 from the lowering table: `K_` for each lowered `aten::K` (INPLACE_TWINS).
 
 Safe only when (checked in `unsafe_reason`, which names the first failed condition):
@@ -48,7 +48,7 @@ def unsafe_reason(node, x):
 
 def _fresh(x, depth: int = 0) -> bool:
     """x owns its storage: made by a non-aliasing op, or an alias of a fresh tensor that
-    nothing else uses (the `type_as` this pass inserts, a chain of such)."""
+    nothing else uses (the `prim::inplace_cast` this pass inserts, a chain of such)."""
     p = x.node
     e = op_effects(p.kind)
     if p.kind == "prim::Param" or e.opaque or e.writes or depth > 16 or p.blocks:
@@ -98,7 +98,7 @@ def functionalize_block(block, report) -> int:
         node.kind = twin
         result = node.output()
         if _needs_cast(node):
-            cast = node.graph.create("aten::type_as", [result, x])
+            cast = node.graph.create("prim::inplace_cast", [result, x])
             cast.output().type = TensorType()
             cast.insert_after(node)
             result.replace_all_uses_with(cast.output())
