@@ -20,6 +20,7 @@ from bench.common import bench_us, copy_rate, markdown  # noqa: E402
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
     os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"))
 C = importlib.util.module_from_spec(_spec)
+sys.modules["segment_cases"] = C          # torch.compile imports the module its functions live in
 _spec.loader.exec_module(C)
 
 
@@ -54,7 +55,17 @@ def main() -> None:
         comp_us = bench_us(comp) if comp is not None else float("nan")
         pct = 100 * nbytes / (us * 1e-6) / rate
         results[name] = (us, pct)
-        rows.append([name, f"{us:.1f}", f"{eager_us:.1f}", f"{comp_us:.1f}", f"{pct:.1f}%",
+        try:
+            from bench.common import count_kernels
+            import torch.profiler as P
+            with P.profile(activities=[P.ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    fs.execute(ins)
+                torch.cuda.synchronize()
+            gpu_us = sum(e.device_time_total for e in prof.key_averages()) / 10
+        except Exception:  # noqa: BLE001 - profiler optional
+            gpu_us = float("nan")
+        rows.append([name + f" (GPU time {gpu_us:.1f} us)", f"{us:.1f}", f"{eager_us:.1f}", f"{comp_us:.1f}", f"{pct:.1f}%",
                      str(fs.last_run.kernels), str(fs.last_run.host_segments)])
     ratio = results["gelu + bookend views"][0] / results["gelu, no views"][0]
     table = markdown(rows, ["case", "pyfuser us", "eager us", "torch.compile us", "% of copy BW",

@@ -92,12 +92,25 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from pyfuser.frontend.torchscript.fuse_run import (CPU_AUTO_SHRINK_TO, demo_env,
-                                                       needs_shrink, text_summary)
-    if (args.device or default_device()) == "cpu":
+    from pyfuser.frontend.torchscript.fuse_run import demo_env
+    env = demo_env() if (args.device or default_device()) == "cpu" else {}
+    if env:
         print("no GPU: kernels are generated and shown (cuda_kernel dump), then run through the "
               "CPU interpreter when it is available; large graphs run with capped sizes")
-        os.environ.update(demo_env())
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _demo_files(args)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _demo_files(args) -> int:
+    from pyfuser.frontend.torchscript.fuse_run import CPU_AUTO_SHRINK_TO, needs_shrink, text_summary
     files = sorted(f for f in os.listdir(args.dir) if f.endswith(".ir"))
     if not files:
         print(f"pyfuser: error: no *.ir files in {args.dir}", file=sys.stderr)
