@@ -4,6 +4,7 @@
   installed (it flushes L2 before each call), else CUDA events around each call after an L2 flush.
 - `copy_rate()`: device-to-device copy bandwidth in bytes/s (read + write bytes), measured once.
 - `count_kernels(fn)`: CUDA kernels one call launches, from torch.profiler (memcpy/memset excluded).
+- `host_us_per_call(fn)`: host (CPU) time of one cached call, median of rounds of 2000 calls.
 - `markdown(rows, headers)`: a markdown table.
 """
 from __future__ import annotations
@@ -70,16 +71,20 @@ def count_kernels(fn) -> int:
     return n
 
 
-def host_us_per_call(fn, n: int = 2000) -> float:
+def host_us_per_call(fn, n: int = 2000, rounds: int = 5) -> float:
+    """CPU time of one call (µs): the median over `rounds` of n back-to-back calls, each round
+    started on an idle GPU (synchronized) and timed without waiting for the GPU."""
     for _ in range(100):
         fn()
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
+    return statistics.median(times) / n * 1e6
 
 
 def markdown(rows, headers) -> str:

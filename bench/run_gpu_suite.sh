@@ -14,21 +14,23 @@ nvidia-smi 2>&1 | tee "$OUT/nvidia_smi.txt"
 $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name()); import cuda.bindings; print('cuda-bindings', cuda.bindings.__version__)" 2>&1 | tee "$OUT/env.txt"
 
 start=$(date +%s)
-timeout 420 $PY -m pytest tests -q -m gpu -rfEs -p no:cacheprovider --maxfail=50 \
+timeout 240 $PY -m pytest tests -q -m gpu -rfEs -p no:cacheprovider --maxfail=50 \
     --junitxml="$OUT/gpu_tests.xml" >"$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -n 60 "$OUT/gpu_tests.log"
 tests_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
-timeout 300 $PY bench/pointwise.py >"$OUT/bench_pointwise.log" 2>&1
-bench_rc=$?
-tail -n 60 "$OUT/bench_pointwise.log"
+bench_rc=0
+for b in pointwise views graphs; do
+    timeout 150 $PY bench/$b.py >"$OUT/bench_$b.log" 2>&1 || bench_rc=1
+    tail -n 40 "$OUT/bench_$b.log"
+done
 bench_s=$(( $(date +%s) - start ))
 
 set +x
 echo "================ summary ================"
 echo "gpu tests: rc=$tests_rc (${tests_s}s) -> $OUT/gpu_tests.log"
 grep -E "^[0-9]+ (passed|failed)|passed|failed" "$OUT/gpu_tests.log" | tail -n 1
-echo "benchmark: rc=$bench_rc (${bench_s}s) -> $OUT/bench_pointwise.log, $OUT/bench_pointwise.md"
+echo "benchmarks: rc=$bench_rc (${bench_s}s) -> $OUT/bench_*.log, $OUT/bench_*.md"
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

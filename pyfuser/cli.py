@@ -8,8 +8,8 @@
                                             any fails or differs from eager
 
 `run_file(path, device, seed) -> dict` builds the report (`file`, `device`, `seed`,
-`outputs`: [{shape, dtype}]); later stages add keys (groups, kernels, fallbacks,
-matches_eager, ...) by extending it, and `--json` prints the dict as one JSON object.
+`outputs`: [{shape, dtype}]); later stages add keys (groups, kernels, host_segments,
+fallbacks, matches_eager, ...) by extending it, and `--json` prints the dict as one JSON object.
 Any PyfuserError is printed as `pyfuser: error: FILE:LINE:COL: message` on stderr, exit 2.
 """
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     sig = signature(fusion, inputs)          # cache key; sizes are not part of it
     plan = plan_kernel(fusion, inputs)       # SchedulerError when the pointwise scheduler refuses
+                                             # (fusion.kernel_scheduler == "transpose": TransposePlan)
     outs = plan.allocate_outputs(bindings, inputs, device)
     cfg = plan.kernel.launch_config(bindings, tensors)   # grid (0, 1, 1): nothing to launch
     interpret(plan, inputs, outs, bindings)  # CPU run of the kernel's logic
@@ -103,17 +104,21 @@ def _launch_fn(sched, ref_seg: int):
         total = L.numel(ext)
         if total == 0:
             return LaunchConfig((0, 1, 1), (p.block, 1, 1))
+        cap = p.max_blocks or MAX_GRID_X       # the kernel grid-strides: any grid is correct
         if p.kind == "1d":
             chunk = p.unroll * p.block * p.vec
-            return LaunchConfig((min(-(-total // chunk), MAX_GRID_X), 1, 1), (p.block, 1, 1))
+            return LaunchConfig((min(-(-total // chunk), MAX_GRID_X, cap), 1, 1), (p.block, 1, 1))
         rows = total // ext[-1]
-        gx = -(-ext[-1] // (p.block * p.vec))
-        gy = -(-rows // p.unroll)
-        return LaunchConfig((min(gx, MAX_GRID_X), min(gy, MAX_GRID_Y), 1), (p.block, 1, 1))
+        gx = min(-(-ext[-1] // (p.block * p.vec)), MAX_GRID_X)
+        gy = min(-(-rows // p.unroll), MAX_GRID_Y, max(1, cap // gx))
+        return LaunchConfig((gx, gy, 1), (p.block, 1, 1))
     return launch_config
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:
+    if getattr(fusion, "kernel_scheduler", None) == "transpose":   # set by the segmenter
+        from ..schedule import transpose
+        return transpose.plan_kernel(fusion, inputs)
     sched = PW.schedule(fusion, list(inputs))
     name = kernel_name(sched.fusion)
     low = Lowering(sched)
@@ -135,5 +140,8 @@ def plan_kernel(fusion, inputs) -> KernelPlan:
 
 
 def interpret(plan: KernelPlan, inputs, outputs, bindings) -> None:
+    if hasattr(plan, "interpret"):                 # plans of other schedulers (transpose)
+        plan.interpret(inputs, outputs, bindings)
+        return
     from .interpreter import run
     run(plan, list(inputs), list(outputs), bindings)

@@ -139,7 +139,9 @@ class Printer:
 
     def store(self, s: K.Store, pad: str) -> None:
         src, off = self._dst(s.src, s.index), self.e(s.offset)
-        if s.stride is None and s.width > 1:
+        if s.stride is None and s.cache == "cs":
+            self.lines.append(f"{pad}pf_st_cs<{s.width}>({s.ptr} + {off}, {src});")
+        elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_st<{s.width}>({s.ptr} + {off}, {src});")
         elif s.stride is None:
             self.lines.append(f"{pad}{s.ptr}[{off}] = {src}[0];")

@@ -7,7 +7,8 @@ kernel's own offsets, so indexing bugs show up as wrong results exactly as on a 
 
 Semantics mirror the CUDA printer: `If` and grid-stride loops narrow the set of active threads
 (the body runs on the compacted subset, so inactive threads never evaluate anything), unrolled
-loops run in Python, the lanes loop is a tensor dimension. Op values come from the op table's
+loops run in Python, the lanes loop is a tensor dimension (values hoisted out of it, per thread or per unrolled step,
+are [threads] tensors and broadcast over the lanes). Op values come from the op table's
 PyTorch reference in the op's register type (half/bf16 compute in float32 and are rounded where
 the kernel rounds).
 """
@@ -184,7 +185,10 @@ class Interpreter:
     # ---- expressions ----------------------------------------------------------------------
     def ev(self, x, sc: _Scope):
         if isinstance(x, K.Var):
-            return sc.env[x.name]
+            val = sc.env[x.name]
+            if "v" in sc.env and isinstance(val, torch.Tensor) and val.dim() == 1:
+                val = val.unsqueeze(1)   # a per-thread value (hoisted out of the lanes loop)
+            return val
         if isinstance(x, K.Const):
             return x.value
         if isinstance(x, K.Special):

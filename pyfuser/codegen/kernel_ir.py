@@ -18,7 +18,7 @@ Statements:
   If(cond, body)
   Load(dst, index, ptr, offset, width, stride)   width elements at ptr[offset + lane*stride]
       (stride None: one contiguous vector access of `width` elements)
-  Store(ptr, offset, src, index, width, stride)
+  Store(ptr, offset, src, index, width, stride, cache)   cache "cs": streaming store
   Assign(name, index, expr)
   Comment(text)
 
@@ -162,6 +162,7 @@ class Store:
     index: tuple
     width: int
     stride: Any = None
+    cache: str = ""          # "" plain store, "cs": streaming (evict-first, st.global.cs)
 
 
 @dataclass
@@ -227,7 +228,7 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width} {s.ptr}[{fmt(s.offset)}]{st}")
             elif isinstance(s, Store):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
-                lines.append(f"{pad}STORE{s.width} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
+                lines.append(f"{pad}STORE{s.width}{'.cs' if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
             elif isinstance(s, Assign):
                 lines.append(f"{pad}{s.name}{list(map(fmt, s.index))} = {fmt(s.expr)}")
             elif isinstance(s, Comment):

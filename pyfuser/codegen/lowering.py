@@ -23,6 +23,8 @@ from ..ir.tensor import TensorView
 from . import kernel_ir as K
 from .kernel import Param
 
+THREAD, STEP, LANE = 0, 1, 2      # where a node's value is computed (see Lowering.node_levels)
+
 SCALAR_PARAM_CTYPE = {DataType.Bool: "bool", DataType.Int: "int64_t", DataType.Int32: "int",
                       DataType.Float: "float", DataType.Double: "double"}
 
@@ -131,6 +133,12 @@ class Lowering:
 
     @staticmethod
     def _op(e, args, compute: DataType, out: DataType):
+        if e.info.name == "div_trunc" and compute.is_reduced_float:
+            # eager (CUDA) computes trunc(a / b) on scalar_t = half/bfloat16: the quotient is
+            # rounded to the reduced type before the trunc (2.999 -> bf16 3.0 -> 3, not 2)
+            q = K.Convert("round", K.Op("div", tuple(args), compute), DataType.Float, compute)
+            return K.Convert("round", K.Op("trunc", (q,), compute), DataType.Float, out) \
+                if out.is_reduced_float else K.Op("trunc", (q,), compute)
         expr = K.Op(e.info.name, tuple(args), compute)
         if out.is_reduced_float:
             expr = K.Convert("round", expr, DataType.Float, out)
@@ -204,18 +212,44 @@ class Lowering:
                     out.append(K.Let(f"r{k}", "nidx_t", K.Bin("%", rest, self.extent(k))))
                     rest = K.Bin("/", rest, self.extent(k))
 
-    # ---- values (inside the lanes loop) ---------------------------------------------------
-    def lane_values(self, arrays: dict, u, out: list) -> dict:
-        """Lets computing every graph node for lane `v` of unroll step `u`; node -> expr."""
-        vals, names, used = {}, {}, {}
+    # ---- values -------------------------------------------------------------------------
+    def node_levels(self, arrays: dict) -> dict:
+        """id(node) -> where its value is computed: THREAD (once per thread: constant along the
+        inner axis and the rows, e.g. rsqrt(var + eps) of a bias-like operand in 2-D), STEP (once
+        per unrolled step u: constant along the inner axis, e.g. a per-channel parameter's math
+        in a row) or LANE (per element). A node's level is the finest of its arguments'."""
+        levels = {}
+        for node in self.s.graph.nodes:
+            if node.kind == "load":
+                a = arrays[id(node)][1]
+                lvl = LANE if a.mode != "bcast" else (THREAD if a.row_invariant else STEP)
+            elif node.kind == "full":
+                lvl = THREAD
+            else:
+                lvl = max((levels[id(x)] for x in node.args if not isinstance(x, Scalar)),
+                          default=THREAD)
+            levels[id(node)] = lvl
+        return levels
+
+    def lane_values(self, arrays: dict, u, out: list, levels: dict | None = None,
+                    only: int | None = None, vals: dict | None = None) -> dict:
+        """Lets computing the graph nodes for lane `v` of unroll step `u`; node -> expr.
+
+        With `levels`/`only`, emits only the nodes of level `only` (the others must be in
+        `vals` already, from an outer level)."""
+        vals = {} if vals is None else vals
+        used = {}
         lane = K.Var("v")
         for node in self.s.graph.nodes:
             tv = node.tv
+            n = used.get(tv.number, 0)
+            if node.kind not in ("set", "alias"):
+                used[tv.number] = n + 1
+            if levels is not None and levels[id(node)] != only:
+                continue
             if node.kind in ("set", "alias"):
                 vals[id(node)] = vals[id(node.args[0])]
                 continue
-            n = used.get(tv.number, 0)
-            used[tv.number] = n + 1
             name = f"t{tv.number}" + (f"_{n}" if n else "")
             dt = tv.dtype
             if node.kind == "load":
@@ -256,28 +290,34 @@ class Lowering:
             return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
         return K.Load(arr, idx, p, off, 1)
 
-    def compute_block(self, arrays, gvars, u) -> list:
+    def compute_block(self, arrays, gvars, u, levels=None, thread_vals=None) -> list:
         body: list = []
         stores = [a for a in self.s.accesses if a.is_store]
         for a in stores:
             body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.p.vec,)))
         lanes: list = []
-        vals = self.lane_values(arrays, u, lanes)
+        if levels is None:
+            vals = self.lane_values(arrays, u, lanes)
+        else:
+            vals = dict(thread_vals or {})
+            self.lane_values(arrays, u, body, levels, STEP, vals)
+            self.lane_values(arrays, u, lanes, levels, LANE, vals)
         for a in stores:
             lanes.append(K.Assign(f"T{a.tv.number}_w", (K.Var("v"),),
                                   K.Convert("store", vals[id(a.node)], a.tv.dtype, a.tv.dtype)))
         body.append(K.Loop("v", self.const(0), self.const(self.p.vec), self.const(1), "lanes", lanes))
+        cache = "cs" if self.p.stream_stores else ""
         for a in stores:
             off = self.offset(a, gvars)
             p = self.ptr(a)
             if a.mode == "vector":
-                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec))
+                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec, None, cache))
             elif a.mode == "strided" and self.p.vec > 1:
                 inner = self.p.groups[-1][-1]
                 body.append(K.Store(p, off, f"T{a.tv.number}_w", (), self.p.vec,
                                     self.stride(a, a.eff[inner][1])))
             else:  # one element (vec == 1)
-                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), 1))
+                body.append(K.Store(p, off, f"T{a.tv.number}_w", (), 1, None, cache))
         return body
 
     # ---- the kernel -----------------------------------------------------------------------
@@ -297,6 +337,11 @@ class Lowering:
         U, T, V = p.unroll, p.block, p.vec
         tid = K.Special("threadIdx.x")
         u = K.Var("u")
+        levels = self.node_levels(arrays)
+        if p.kind == "1d":   # no row-invariant loads in 1-D: THREAD-level nodes are all `full`s
+            levels = {k: max(lv, STEP) for k, lv in levels.items()}
+        thread_stmts: list = []
+        thread_vals = self.lane_values(arrays, u, thread_stmts, levels, THREAD, {})
 
         def allocs(row_invariant):
             out = []
@@ -332,7 +377,8 @@ class Lowering:
                 blk.append(K.If(K.Bin("<", K.Var("i"), nl), inner))
                 return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
 
-            grid = [*allocs(False), step(load_block), step(lambda: self.compute_block(arrays, gvars, u))]
+            grid = [*allocs(False), step(load_block),
+                    step(lambda: self.compute_block(arrays, gvars, u, levels, thread_vals))]
             body.append(K.Loop("bx", K.Special("blockIdx.x"), K.Var("nbx"), K.Special("gridDim.x"),
                                "grid", grid, "blocks of the linear index"))
         else:
@@ -355,8 +401,9 @@ class Lowering:
                 blk.append(K.If(K.Bin("<", K.Var("o"), K.Var("e_rows")), inner))
                 return K.Loop("u", self.const(0), self.const(U), self.const(1), "unroll", blk)
 
-            cols = [*allocs(True), *load_block(True), *allocs(False), step(load_block),
-                    step(lambda: self.compute_block(arrays, gvars, u))]
+            cols = [*allocs(True), *load_block(True), *thread_stmts, *allocs(False),
+                    step(load_block),
+                    step(lambda: self.compute_block(arrays, gvars, u, levels, thread_vals))]
             colblk = [K.Let(f"g{G - 1}", "nidx_t", K.mul(K.add(K.mul(K.Var("bx"), self.const(T)), tid),
                                                        self.const(V))),
                       K.If(K.Bin("<", K.Var(f"g{G - 1}"), ein), cols)]

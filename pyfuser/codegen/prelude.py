@@ -54,6 +54,28 @@ template <int N, typename T> PF_D void pf_st(T* __restrict__ dst, const T* src) 
   *reinterpret_cast<pf_vec<T, N>*>(dst) = x;
 }
 
+// streaming (evict-first) stores of N elements = 1..16 bytes: outputs are not read again
+template <int BYTES> struct pf_cs;
+template <> struct pf_cs<16> { static PF_D void st(void* p, const unsigned int* w) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3]) : "memory"); } };
+template <> struct pf_cs<8> { static PF_D void st(void* p, const unsigned int* w) {
+  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(w[0]), "r"(w[1]) : "memory"); } };
+template <> struct pf_cs<4> { static PF_D void st(void* p, const unsigned int* w) {
+  asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(p), "r"(w[0]) : "memory"); } };
+template <typename T, int N> union pf_words {
+  pf_vec<T, N> v; unsigned int w[(sizeof(T) * N + 3) / 4]; };
+template <int N, typename T> PF_D void pf_st_cs(T* __restrict__ dst, const T* src) {
+  if constexpr (sizeof(T) * N >= 4) {
+    pf_words<T, N> u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) u.v.v[i] = src[i];
+    pf_cs<sizeof(T) * N>::st(dst, u.w);
+  } else {
+    pf_st<N>(dst, src);
+  }
+}
+
 // ---- conversions as eager does them -----------------------------------------------------------
 template <typename To, typename From> struct pf_caster { static PF_D To run(From x) { return static_cast<To>(x); } };
 template <typename From> struct pf_caster<bool, From> { static PF_D bool run(From x) { return x != From(0); } };
@@ -203,10 +225,14 @@ template <typename T> PF_D T pf_gelu_tanh(T x) {
 }
 template <typename T> PF_D T pf_silu(T x) { return x / (T(1) + exp(-x)); }
 template <typename T> PF_D T pf_mish(T x) { return x * tanh(log1p(exp(x))); }
+// As PyTorch's CUDA kernels: multiply by one_sixth = opmath_t(1.0f / 6.0f), a float constant
+// even for double (so the double result is x * y * 0.1666666716337204, not x * y / 6).
 template <typename T> PF_D T pf_hardsigmoid(T x) {
-  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return y / T(6); }
+  const T one_sixth = T(1.0f / 6.0f);
+  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return y * one_sixth; }
 template <typename T> PF_D T pf_hardswish(T x) {
-  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return x * y / T(6); }
+  const T one_sixth = T(1.0f / 6.0f);
+  T y = x + T(3); y = y < T(0) ? T(0) : y; y = y > T(6) ? T(6) : y; return x * y * one_sixth; }
 template <typename T> PF_D T pf_leaky_relu(T x, T s) { return x > T(0) ? x : x * s; }
 template <typename T> PF_D T pf_softplus(T x, T beta, T threshold) {
   return (x * beta) > threshold ? x : log1p(exp(x * beta)) / beta; }

@@ -28,6 +28,7 @@ from ..ir.tensor import TensorView
 from .definition_ops import Ops, UnknownNameError
 
 _UNSET = object()
+_EXECUTE = [None]      # pyfuser.runtime.dispatch.execute_fusion, once imported
 _BUILDER_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 
 
@@ -50,8 +51,11 @@ class Fusion:
                                "`with FusionDefinition(fs) as fd:` first")
         if not isinstance(inputs, (list, tuple)):
             raise ExecuteError(f"execute: inputs must be a list, got {type(inputs).__name__}")
-        from ..runtime.dispatch import execute_fusion
-        return execute_fusion(self._ir, list(inputs))
+        run = _EXECUTE[0]
+        if run is None:                    # imported once: an import statement per call costs
+            from ..runtime.dispatch import execute_fusion as run   # about a microsecond
+            _EXECUTE[0] = run
+        return run(self._ir, inputs)       # execute_fusion never changes the caller's list
 
     @property
     def last_run(self):

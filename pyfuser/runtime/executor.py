@@ -7,9 +7,12 @@
 
 Caches, from cheapest to dearest:
 1. fast key -> _Fast: a tuple of the inputs' (dtype, shape, strides, data_ptr % 16, device) or
-   the Python type of a scalar. It fixes everything the codegen's `signature` may look at, so a
-   hit skips `signature`; for fusions without scalar inputs it also keeps the Bindings and the
-   LaunchConfig (both functions of the sizes only), so a hit skips `bind` and `launch_config`.
+   a scalar's (type, value, sign). It fixes everything the codegen's `signature` may look at and
+   every kernel parameter except the tensor pointers, so a hit skips `signature`, `bind` and
+   `launch_config`. In "cuda" mode, from the second call with a key on, the hit runs `_Fast.call`:
+   outputs by `torch.empty_strided` with cached sizes/strides, a `Prepared` launch (launch.py)
+   whose buffer already holds every constant parameter, one cuLaunchKernel. `key_function`
+   generates the key code once per input list shape (no per-call interpretation).
 2. signature -> _Entry (plan, packer, launcher): a new size with the same signature reuses the
    compiled kernel (sizes are kernel arguments, not compile-time constants).
 3. the disk cache of CUBINs (nvrtc.compile_cuda), shared across processes.
@@ -21,10 +24,14 @@ Invariants:
   (remembered, logged once). CompileError and driver errors propagate: they are pyfuser bugs.
 - `PYFUSER_POISON_OUTPUTS=1` fills freshly allocated outputs with NaN (floating) or 0x7f bytes
   (others) before the kernel runs, so tests see any element the kernel fails to write.
+- The fast call is skipped (the general path runs) whenever PYFUSER_POISON_OUTPUTS or
+  PYFUSER_DUMP is set, so poisoning and launch dumps never miss a call.
+- `clear()` also drops everything built on the fast entries (dispatch's programs, via on_clear).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -57,10 +64,36 @@ class _Entry:
 
 
 class _Fast:
-    __slots__ = ("entry", "bindings", "cfg", "device")
+    __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs")
 
     def __init__(self, entry, device, bindings=None, cfg=None):
         self.entry, self.device, self.bindings, self.cfg = entry, device, bindings, cfg
+        self.call = None          # (inputs, ptrs) -> outputs, once built (cuda mode)
+        self.runs = 0
+
+
+def key_function(fusion_inputs):
+    """Generate `key_of(inputs) -> (key, tensor pointers)` for a fusion with these inputs.
+
+    Tensor inputs give (dtype, shape, strides, data_ptr & 15, device index); scalar inputs
+    (type, value, sign) (the sign tells -0.0 from 0.0). A wrong input list (count, or a
+    non-tensor where a tensor is declared) raises; callers then take their checked slow path.
+    """
+    names, parts, ptrs = [], [], []
+    for i, v in enumerate(fusion_inputs):
+        names.append(f"x{i}")
+        if isinstance(v, TensorView):
+            ptrs.append(f"p{i}")
+            parts.append(f"x{i}.dtype, x{i}.shape, x{i}.stride(), p{i} & 15, x{i}.get_device()")
+        else:
+            parts.append(f"type(x{i}), x{i}, _sign(1.0, x{i})")
+    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
+    lines = ["def key_of(inputs):", f"    {unpack} = inputs"]
+    lines += [f"    {p} = x{p[1:]}.data_ptr()" for p in ptrs]
+    lines.append(f"    return ({''.join(q + ', ' for q in parts)}), [{', '.join(ptrs)}]")
+    env = {"_sign": math.copysign}
+    exec(compile("\n".join(lines) + "\n", "<pyfuser key>", "exec"), env)  # noqa: S102
+    return env["key_of"]
 
 
 # os.environ.get costs ~1 us (it encodes the key); the hot path reads the raw POSIX dict, which
@@ -78,6 +111,13 @@ def _env_set(name: str, raw: bytes) -> bool:
 
 def poison_enabled() -> bool:
     return _env_set("PYFUSER_POISON_OUTPUTS", b"PYFUSER_POISON_OUTPUTS")
+
+
+def slow_env() -> bool:
+    """True when PYFUSER_POISON_OUTPUTS or PYFUSER_DUMP is set: fast calls step aside."""
+    if _RAW_ENV is not None:
+        return b"PYFUSER_DUMP" in _RAW_ENV or b"PYFUSER_POISON_OUTPUTS" in _RAW_ENV
+    return "PYFUSER_DUMP" in os.environ or "PYFUSER_POISON_OUTPUTS" in os.environ
 
 
 def poison(outputs) -> None:
@@ -100,43 +140,81 @@ class FusionExecutor:
         self.fusion, self.mode, self.arch = fusion, mode, arch
         self._tensor_idx = [i for i, v in enumerate(fusion.inputs) if isinstance(v, TensorView)]
         self._has_scalars = len(self._tensor_idx) != len(fusion.inputs)
+        self.key_of = key_function(fusion.inputs)
         self._fast: dict = {}
         self._plans: dict = {}
-        self.stats = {"runs": 0, "cache_hits": 0, "compiled": 0, "nvrtc": 0, "disk_hits": 0,
-                      "compile_time_s": 0.0, "kernels": 0, "fallback_runs": 0}
+        self._stats = {"runs": 0, "cache_hits": 0, "compiled": 0, "nvrtc": 0, "disk_hits": 0,
+                       "compile_time_s": 0.0, "kernels": 0, "fallback_runs": 0}
+        self.on_clear: list = []      # callbacks run by clear() (dispatch's programs)
         self.last_run: dict = {}
 
+    @property
+    def stats(self) -> dict:
+        """Counters: runs, cache_hits, compiled, nvrtc, disk_hits, compile_time_s, kernels..."""
+        st = dict(self._stats)
+        for fast in self._fast.values():
+            if fast.runs:
+                st["runs"] += fast.runs
+                st["cache_hits"] += fast.runs
+                st["kernels"] += fast.runs * _nonempty(fast.cfg)
+        return st
+
     # ---- keys -------------------------------------------------------------------------------
-    @staticmethod
-    def fast_key(inputs) -> tuple:
-        return tuple((x.dtype, x.shape, x.stride(), x.data_ptr() & 15, x.get_device())
-                     if isinstance(x, torch.Tensor) else type(x) for x in inputs)
+    def fast_key(self, inputs) -> tuple:
+        return self.key_of(inputs)[0]
 
     def num_kernels_compiled(self) -> int:
         return len([e for e in self._plans.values() if e.fallback is None])
 
     def clear(self) -> None:
         """Drop the in-memory caches (the disk cache stays)."""
+        self._fold_fast_stats()
         self._fast.clear()
         self._plans.clear()
+        for cb in list(self.on_clear):
+            cb()
+
+    def _fold_fast_stats(self) -> None:
+        st = self.stats
+        for k in ("runs", "cache_hits", "kernels"):
+            self._stats[k] = st[k]
+        for fast in self._fast.values():
+            fast.runs = 0
+
+    def fast_entry(self, inputs):
+        """The _Fast of these inputs if its fast call is built (dispatch composes those)."""
+        try:
+            fast = self._fast.get(self.key_of(inputs)[0])
+        except Exception:  # noqa: BLE001 - not a valid input list: no fast entry
+            return None
+        return fast if fast is not None and fast.call is not None else None
 
     # ---- running ----------------------------------------------------------------------------
     def run(self, inputs) -> list:
+        try:
+            key, ptrs = self.key_of(inputs)
+            fast = self._fast.get(key)
+        except Exception:  # noqa: BLE001 - malformed inputs: the checked path says what is wrong
+            key = fast = None
+        if fast is not None and fast.call is not None and not slow_env():
+            return fast.call(inputs, ptrs)
         inputs = list(inputs)
-        key = self.fast_key(inputs)
-        fast = self._fast.get(key)
+        if key is None:
+            bind(self.fusion, inputs)           # raises ExecuteError naming the problem
+            key = self.key_of(inputs)[0]
         info = {"kernels": 0, "compiled": 0, "cache_hit": fast is not None, "disk_hit": 0,
                 "compile_time_s": 0.0, "fallback": None}
         self.last_run = info
-        self.stats["runs"] += 1
+        stats = self._stats
+        stats["runs"] += 1
         if fast is None:
             fast = self._miss(inputs, key, info)
         else:
-            self.stats["cache_hits"] += 1
+            stats["cache_hits"] += 1
         entry = fast.entry
         if entry.fallback is not None:
             info["fallback"] = entry.fallback
-            self.stats["fallback_runs"] += 1
+            stats["fallback_runs"] += 1
             from ..ir.evaluator import evaluate
             return evaluate(self.fusion, inputs)
 
@@ -155,8 +233,7 @@ class FusionExecutor:
         cfg = fast.cfg
         if cfg is None:
             cfg = entry.kernel.launch_config(bindings, tensors)
-            if not self._has_scalars:
-                fast.bindings, fast.cfg = bindings, cfg
+            fast.bindings, fast.cfg = bindings, cfg      # the key fixes sizes and scalar values
         if _env_set("PYFUSER_DUMP", b"PYFUSER_DUMP"):
             D.dump("launch_params", entry.kernel.name, lambda: str(cfg))
         if self.mode == "interpret":
@@ -166,8 +243,45 @@ class FusionExecutor:
         elif _nonempty(cfg):
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
-        self.stats["kernels"] += info["kernels"]
+        stats["kernels"] += info["kernels"]
+        if fast.call is None and self.mode == "cuda":
+            fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
+
+    def _fast_call(self, fast, outputs, tensors):
+        """Build (inputs, ptrs) -> outputs for this key from a call that just ran: output sizes,
+        strides and dtypes, the launch config and every non-pointer parameter are fixed by it."""
+        entry, cfg, device = fast.entry, fast.cfg, fast.device
+        launcher = entry.launcher
+        prep = launcher.prepare(cfg, device.index, tensors, fast.bindings) \
+            if _nonempty(cfg) else None
+        specs = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outputs]
+        hit = {"kernels": int(prep is not None), "compiled": 0, "cache_hit": True, "disk_hit": 0,
+               "compile_time_s": 0.0, "fallback": None}
+        empty_strided = torch.empty_strided
+        launch = launcher.launch_prepared
+        ex = self
+
+        if len(specs) == 1 and prep is not None:
+            (size, stride, dtype), = specs
+
+            def call(inputs, ptrs):
+                out = empty_strided(size, stride, dtype=dtype, device=device)
+                ptrs.append(out.data_ptr())
+                launch(prep, ptrs)
+                fast.runs += 1
+                ex.last_run = hit
+                return [out]
+        else:
+            def call(inputs, ptrs):
+                outs = [empty_strided(sz, st, dtype=dt, device=device) for sz, st, dt in specs]
+                if prep is not None:
+                    ptrs.extend([o.data_ptr() for o in outs])
+                    launch(prep, ptrs)
+                fast.runs += 1
+                ex.last_run = hit
+                return outs
+        return call
 
     def _check_devices(self, inputs) -> None:
         want = "cpu" if self.mode == "interpret" else "cuda"
@@ -195,7 +309,10 @@ class FusionExecutor:
             entry = self._build(inputs, info)
             self._plans[sig] = entry
         if len(self._fast) >= _MAX_FAST_KEYS:
+            self._fold_fast_stats()
             self._fast.clear()
+            for cb in list(self.on_clear):
+                cb()
         fast = _Fast(entry, self._device(inputs))
         self._fast[key] = fast
         return fast
@@ -210,6 +327,7 @@ class FusionExecutor:
             return _Entry(fallback=reason)
         kernel = plan.kernel
         D.dump("cuda_kernel", kernel.name, kernel.source)
+        D.dump("scheduler_params", kernel.name, lambda: str(kernel.scheduler_params))
         t0 = time.perf_counter()
         binary = nvrtc.compile_cuda(kernel.source, kernel.name, self.arch or self._arch(inputs))
         elapsed = time.perf_counter() - t0
@@ -221,10 +339,11 @@ class FusionExecutor:
         info["compiled"] += 1
         info["disk_hit"] += int(binary.from_disk)
         info["compile_time_s"] += elapsed
-        self.stats["compiled"] += 1
-        self.stats["disk_hits"] += int(binary.from_disk)
-        self.stats["nvrtc"] += int(not binary.from_disk)
-        self.stats["compile_time_s"] += elapsed
+        stats = self._stats
+        stats["compiled"] += 1
+        stats["disk_hits"] += int(binary.from_disk)
+        stats["nvrtc"] += int(not binary.from_disk)
+        stats["compile_time_s"] += elapsed
         return _Entry(plan, kernel, binary, packer, launcher)
 
     def _arch(self, inputs) -> str:

@@ -11,11 +11,20 @@ Argument passing (`$PYFUSER_LAUNCH_MODE`, read when a launcher is made):
   `struct.pack_into`; kernelParams is the address of a prebuilt `void*[]` pointing at each
   parameter's slot, so cuda-python converts nothing per call.
 - "extra": the same buffer passed through `extra` = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf,
-  CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}.
+  CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}; `size` is the kernel's parameter
+  block (the end of the last parameter, `ParamPacker.args_size`), never the 8-padded buffer: a
+  larger size fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES ("too many arguments").
 - "tuple": cuda-python's (values, ctypes types) form; slowest, simplest, kept for comparison.
+
+Fast path: `prepare(cfg, device_index, tensors, bindings)` packs every value once into a buffer
+of its own (a `Prepared`) and returns it; `launch_prepared(prep, ptrs)` then only writes the
+tensor pointers (all other parameters are fixed by the executor's fast key) and launches.
 
 Invariants:
 - Every driver call's result is checked; a failure raises CudaDriverError naming the call.
+- When a kernel is loaded, the packer's layout is checked against the kernel's own parameter
+  list (cuFuncGetParamInfo, where the driver has it): same count, offsets and sizes, else a
+  CudaDriverError says which parameter differs (no launch with a wrong layout).
 - The launch runs with the device's primary context current; if the thread had another current
   context (another device, or none yet), it is pushed for the launch and popped after.
 - One launcher may be used from several threads: the shared argument buffer is guarded by a lock
@@ -150,7 +159,7 @@ class KernelLauncher:
         n = len(packer.params)
         self._ptrs = (ctypes.c_void_p * max(n, 1))(*[base + o for o in packer.offsets])
         self._ptrs_addr = ctypes.addressof(self._ptrs) if n else 0
-        self._size = ctypes.c_size_t(packer.size)
+        self._size = ctypes.c_size_t(packer.args_size)
         self._extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(self._size), 0)
         self._extra_addr = ctypes.addressof(self._extra)
         self._extra_list = [1, base, 2, ctypes.addressof(self._size), 0]
@@ -170,6 +179,7 @@ class KernelLauncher:
                     fn = check(drv.cuModuleGetFunction(mod, self.binary.lowered_name.encode()),
                                f"cuModuleGetFunction({self.binary.lowered_name})")
                 self._modules[device_index] = mod
+                verify_layout(fn, self.packer, self.binary.name)
                 self._functions[device_index] = fn
         return self._functions[device_index]
 
@@ -219,6 +229,55 @@ class KernelLauncher:
             _fail(res[0], f"cuLaunchKernel({self.binary.name}, grid={cfg.grid}, "
                           f"block={cfg.block}, smem={smem})")
 
+    # ---- the executor's fast path ------------------------------------------------------------
+    def prepare(self, cfg, device_index: int, tensors, bindings) -> "Prepared":
+        """A launch of `cfg` whose parameters are those of `tensors`/`bindings` except the tensor
+        pointers, which `launch_prepared` writes. Values are checked (ExecuteError) here."""
+        fn = self.function(device_index)
+        smem = int(cfg.shared_mem)
+        if smem > _DEFAULT_SMEM:
+            self._ensure_smem(fn, device_index, smem)
+        return Prepared(self, fn, cfg, smem, device_index, tensors, bindings)
+
+    def launch_prepared(self, prep: "Prepared", ptrs) -> None:
+        """Launch `prep` with tensor pointers `ptrs` (tensor inputs, then outputs)."""
+        drv = self._drv
+        stream = self._stream(prep.device_index)
+        cur = drv.cuCtxGetCurrent()
+        pushed = int(cur[0]) != 0 or int(cur[1]) != prep.ctx_int
+        if pushed:
+            check(drv.cuCtxPushCurrent(prep.ctx), "cuCtxPushCurrent")
+        try:
+            mode = self.mode
+            if mode == "ptrs":
+                with self._lock:
+                    prep.write(prep.buf, ptrs)
+                    res = _launch_no_extra(drv, prep.fn, *prep.dims, stream, prep.ptrs_addr)
+            elif mode == "extra":
+                with self._lock:
+                    prep.write(prep.buf, ptrs)
+                    res = self._launch_extra_with(drv, prep, stream)
+            else:
+                vals = list(prep.values)
+                for k, i in prep.ptr_slots:
+                    vals[k] = ptrs[i]
+                res = _launch_no_extra(drv, prep.fn, *prep.dims, stream,
+                                       (tuple(vals), self.packer.ctypes))
+        finally:
+            if pushed:
+                check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        if int(res[0]) != 0:
+            _fail(res[0], f"cuLaunchKernel({self.binary.name}, grid={prep.dims[:3]}, "
+                          f"block={prep.dims[3:6]}, smem={prep.dims[6]})")
+
+    def _launch_extra_with(self, drv, prep, stream):
+        if not _extra_as_list[0]:
+            try:
+                return drv.cuLaunchKernel(prep.fn, *prep.dims, stream, None, prep.extra_addr)
+            except TypeError:
+                _extra_as_list[0] = True
+        return drv.cuLaunchKernel(prep.fn, *prep.dims, stream, None, prep.extra_list)
+
     def _launch_extra(self, drv, fn, gx, gy, gz, bx, by, bz, smem, stream):
         if not _extra_as_list[0]:
             try:
@@ -238,3 +297,83 @@ def _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream, params):
             raise
         _NO_EXTRA[0] = None
         return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+
+
+class Prepared:
+    """One launch configuration with its own argument buffer, constants packed in.
+
+    `write(buf, ptrs)` (generated) packs the tensor pointers into their slots; runs of adjacent
+    pointer parameters are one struct.pack_into each. `values` / `ptr_slots` serve "tuple" mode.
+    """
+    __slots__ = ("fn", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr", "ptrs_addr",
+                 "size", "extra", "extra_addr", "extra_list", "write", "values", "ptr_slots")
+
+    def __init__(self, launcher, fn, cfg, smem, device_index, tensors, bindings):
+        packer = launcher.packer
+        self.fn, self.device_index = fn, device_index
+        self.dims = (*(int(g) for g in cfg.grid), *(int(b) for b in cfg.block), smem)
+        self.ctx, self.ctx_int = _contexts[device_index]
+        self.buf = ctypes.create_string_buffer(max(packer.size, 8))
+        packer.pack_into(self.buf, tensors, bindings)          # validates every value
+        self.values = packer.values(tensors, bindings)
+        base = ctypes.addressof(self.buf)
+        n = len(packer.params)
+        self.ptrs_arr = (ctypes.c_void_p * max(n, 1))(*[base + o for o in packer.offsets])
+        self.ptrs_addr = ctypes.addressof(self.ptrs_arr) if n else 0
+        self.size = ctypes.c_size_t(packer.args_size)
+        self.extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(self.size), 0)
+        self.extra_addr = ctypes.addressof(self.extra)
+        self.extra_list = [1, base, 2, ctypes.addressof(self.size), 0]
+        self.ptr_slots = [(k, int(p.source[1])) for k, p in enumerate(packer.params)
+                          if p.source[0] == "ptr"]
+        self.write = _pointer_writer(packer, self.ptr_slots)
+
+
+def _pointer_writer(packer, ptr_slots):
+    """Generate `write(buf, ptrs)`: struct.pack_into of each run of adjacent pointer params."""
+    import struct
+    runs, env = [], {}
+    for k, i in ptr_slots:
+        off = packer.offsets[k]
+        if runs and runs[-1][0] + 8 * len(runs[-1][1]) == off:
+            runs[-1][1].append(i)
+        else:
+            runs.append((off, [i]))
+    lines = ["def write(buf, p):"]
+    for r, (off, idx) in enumerate(runs):
+        env[f"S{r}"] = struct.Struct("<" + "Q" * len(idx)).pack_into
+        lines.append(f"    S{r}(buf, {off}, " + ", ".join(f"p[{i}]" for i in idx) + ")")
+    if not runs:
+        lines.append("    pass")
+    exec(compile("\n".join(lines) + "\n", "<pyfuser pointer writer>", "exec"), env)  # noqa: S102
+    return env["write"]
+
+
+def verify_layout(fn, packer, name: str) -> None:
+    """Check the packer's offsets/sizes against the loaded kernel's parameters (when the driver
+    can tell: cuFuncGetParamInfo, CUDA 12.4+); raise CudaDriverError on any difference."""
+    drv = driver()
+    info = getattr(drv, "cuFuncGetParamInfo", None)
+    if info is None:
+        return
+    got = []
+    for k in range(len(packer.params) + 1):
+        try:
+            res = info(fn, k)
+        except Exception:  # noqa: BLE001 - bindings without it or with another signature
+            return
+        if int(res[0]) != 0:
+            if k == 0 and packer.params:
+                return                      # the driver cannot tell (not supported): skip
+            break
+        got.append((int(res[1]), int(res[2])))
+    want = list(zip(packer.offsets, packer.sizes))
+    if got == want:
+        return
+    if len(got) != len(want):
+        raise CudaDriverError(f"kernel {name} takes {len(got)} parameters {got} but pyfuser packs "
+                              f"{len(want)} {want} (offset, size): {packer.describe()}")
+    k = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    raise CudaDriverError(f"kernel {name}: parameter {k} ({packer.params[k].name}) is at offset "
+                          f"{got[k][0]}, size {got[k][1]} in the kernel but pyfuser packs it at "
+                          f"offset {want[k][0]}, size {want[k][1]}: {packer.describe()}")

@@ -12,7 +12,9 @@
 Invariants:
 - No silent narrowing: a value that does not fit its C type (e.g. an int32 index parameter given
   a size >= 2^31) raises ExecuteError naming the parameter, never wraps.
-- The packed buffer layout equals what nvcc/NVRTC expects for `__global__ void k(<params>)`.
+- The packed buffer layout equals what nvcc/NVRTC expects for `__global__ void k(<params>)`:
+  `offsets` and `sizes` are checked against the loaded kernel (cuFuncGetParamInfo) by the
+  launcher, and `args_size` (no tail padding) is the parameter block's size.
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ _CONVERT = {"void*": "int", "int64_t": "int", "int": "int", "uint32_t": "int",
 
 
 def c_layout(ctypes_list) -> tuple[str, list[int], int]:
-    """(struct format with padding, offset of each param, total size padded to 8)."""
+    """(struct format with padding, offset of each param, total size padded to 8).
+
+    The padded size is the buffer to allocate; what the kernel's parameter block holds (and what
+    CU_LAUNCH_PARAM_BUFFER_SIZE must say) ends at the last parameter: see `args_size`."""
     fmt, offsets, off = ["<"], [], 0
     for ct in ctypes_list:
         if ct not in CTYPES:
@@ -56,6 +61,11 @@ class ParamPacker:
     def __init__(self, params: list[Param]):
         self.params = list(params)
         self.fmt, self.offsets, self.size = c_layout([p.ctype for p in self.params])
+        # End of the last parameter: the size of the kernel's parameter block. The driver rejects
+        # an `extra` buffer that claims more (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: "too many
+        # arguments"), e.g. 40 for (4 pointers, int), whose block is 36 bytes.
+        self.args_size = (self.offsets[-1] + CTYPES[self.params[-1].ctype][1]) if self.params else 0
+        self.sizes = [CTYPES[p.ctype][1] for p in self.params]
         self.struct = struct.Struct(self.fmt)
         self.ctypes = tuple(CTYPES_CTYPES[p.ctype] for p in self.params)
         self.values = self._build_getter()

@@ -181,8 +181,11 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     out_numel = L.numel(shape)
     params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
     _classify(params, accesses)
-    choose(params, ext, sum(a.row_invariant for a in accesses if not a.is_store))
+    choose(params, ext, 0)
     _classify(params, accesses)
+    if params.kind == "2d":
+        n = sum(a.row_invariant for a in accesses if not a.is_store)
+        params.reason += f"; {n} row-invariant load(s) hoisted"
     _apply_transforms(ref, params, dropped)
     sched = PointwiseSchedule(clone, fusion, orig_of, ref, params, graph, accesses, orders, shape)
     D.dump("scheduler_params", "pointwise", lambda: _describe(sched))
@@ -200,7 +203,8 @@ def _print(fusion) -> str:
 
 def _describe(s: PointwiseSchedule) -> str:
     p = s.params
-    lines = [f"kind={p.kind} vec={p.vec} block={p.block} unroll={p.unroll} index={p.index_type}",
+    lines = [f"kind={p.kind} vec={p.vec} block={p.block} unroll={p.unroll} index={p.index_type} "
+             f"max_blocks={p.max_blocks} stream_stores={p.stream_stores}",
              f"groups={p.groups} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
         lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode}"

@@ -39,6 +39,9 @@ class PointwiseParams:
     index_type: str = "int"     # "int" or "int64_t"
     groups: list = field(default_factory=list)   # collapsed groups of reference axes, outer first
     dropped: list = field(default_factory=list)  # reference axes of size 1 (index always 0)
+    max_blocks: int = 0         # grid cap (0: one pass, a block per chunk); the kernel
+                                # grid-strides, so any cap is correct
+    stream_stores: bool = False  # outputs stored with st.global.cs (evict-first)
     reason: str = ""            # why this kind / vector width, for the dump
 
     def as_dict(self) -> dict:
@@ -47,6 +50,27 @@ class PointwiseParams:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _env_int(name: str):
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _overrides(params: PointwiseParams, sms: int) -> None:
+    """Tuning knobs (speed only, never correctness): $PYFUSER_PW_BLOCK, $PYFUSER_PW_UNROLL,
+    $PYFUSER_PW_WAVES (grid cap = waves x SMs x resident blocks per SM; 0: one pass) and
+    $PYFUSER_PW_STREAM_STORES (1/0)."""
+    b, u, w, cs = (_env_int(n) for n in ("PYFUSER_PW_BLOCK", "PYFUSER_PW_UNROLL",
+                                         "PYFUSER_PW_WAVES", "PYFUSER_PW_STREAM_STORES"))
+    if b:
+        params.block = b
+    if u:
+        params.unroll = u
+    if w is not None:
+        params.max_blocks = w * sms * max(1, 2048 // params.block) if w > 0 else 0
+    if cs is not None:
+        params.stream_stores = bool(cs)
 
 
 def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int) -> None:
@@ -68,8 +92,8 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         while unroll > 1 and nbx * _ceil(outer, unroll) < 4 * sms:
             unroll //= 2
         params.unroll = unroll
-        params.reason = (f"2-D: {len(group_extents)} collapsed axes, inner extent {inner}; "
-                         f"{row_invariant_loads} row-invariant load(s) hoisted")
+        params.reason = f"2-D: {len(group_extents)} collapsed axes, inner extent {inner}"
+        _overrides(params, sms)
         return
     params.kind = "1d"
     params.block = 128
@@ -79,3 +103,4 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         unroll //= 2
     params.unroll = unroll
     params.reason = f"1-D: {len(group_extents)} collapsed axes, {numel} elements"
+    _overrides(params, sms)

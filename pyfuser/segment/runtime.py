@@ -14,6 +14,11 @@ program, or None when there is none (the evaluator runs it then).
 
 Invariants: an output that is a fusion input is returned as the very same tensor object; outputs
 of host segments are views of the tensors they come from (torch decides, as eager would).
+
+`record` (a dict, from dispatch) asks for what a cached replay needs: "kernels" = [(the kernel
+executor's _Fast, env slots of its tensor inputs, executor)], "outputs" = [(slot, None or
+(size, stride) of a view of that slot)], "ok" = whether every segment can be replayed so (slots:
+fusion inputs in order, then kernel outputs in run order; host values resolve to their base).
 """
 from __future__ import annotations
 
@@ -42,22 +47,30 @@ def _bindings(sf, inputs):
     return b
 
 
-def run_segments(sf, inputs, backend: str, executor_for):
+def run_segments(sf, inputs, backend: str, executor_for, record=None):
     fusion = sf.fusion
     report = RunReport()
     b = _bindings(sf, inputs)
     env = {id(v): x for v, x in zip(fusion.inputs, inputs)}
+    slot = {id(v): k for k, v in enumerate(fusion.inputs)}   # replay slots (see `record`)
+    base: dict = {}                                          # host value -> the slot it views
+    ok = record is not None
+    kernels: list = []
     for seg in sf.segments:
         names = [e.op_name for e in seg.exprs]
         if seg.kind == "host":
             for e in seg.exprs:
-                env[id(e.output)] = run_host(e, env[id(e.inputs[0])], b)
+                x = env[id(e.inputs[0])]
+                env[id(e.output)] = run_host(e, x, b)
+                if ok:
+                    base[id(e.output)] = base.get(id(e.inputs[0]), id(e.inputs[0]))
             report.host_segments += 1
             report.segments.append(SegmentRun("host", None, names, None))
             continue
         args = [env[id(v)] if isinstance(v, TensorView) else
                 (env[id(v)] if id(v) in env else b.value(v)) for v in seg.sub_inputs]
         used = "evaluator"
+        ex = None
         if seg.kind == "kernel" and backend != "evaluator":
             ex = executor_for(seg.fusion, backend)
             if ex is not None:
@@ -70,11 +83,64 @@ def run_segments(sf, inputs, backend: str, executor_for):
                 outs = evaluate(seg.fusion, args)
         else:
             outs = evaluate(seg.fusion, args)
+        if ok:
+            ok = used == "cuda" and _record_kernel(kernels, ex, seg, args, env, slot, base)
         for o, x in zip(seg.outputs, outs):
             env[id(o)] = x
+            slot[id(o)] = len(slot)
         if seg.kind == "kernel":
             report.kernels += 1
         else:
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))
-    return [env[id(o)] for o in fusion.outputs], report
+    results = [env[id(o)] for o in fusion.outputs]
+    if ok:
+        outputs = []
+        for o, t in zip(fusion.outputs, results):
+            spec = _view_spec(o, t, env, slot, base)
+            if spec is None:
+                ok = False
+                break
+            outputs.append(spec)
+        record.update(kernels=kernels, outputs=outputs)
+    if record is not None:
+        record["ok"] = ok
+    return results, report
+
+
+def _root(v, env, slot, base):
+    """(slot, tensor) that value v is (or is a host view of)."""
+    r = base.get(id(v), id(v))
+    return slot.get(r), env.get(r)
+
+
+def _same_start(t, root) -> bool:
+    return t.data_ptr() == root.data_ptr() and t.storage_offset() == root.storage_offset() and \
+        t.untyped_storage().data_ptr() == root.untyped_storage().data_ptr()
+
+
+def _record_kernel(kernels, ex, seg, args, env, slot, base) -> bool:
+    fast = ex.fast_entry(args)
+    if fast is None:
+        return False
+    slots = []
+    for v, x in zip(seg.sub_inputs, args):
+        if isinstance(v, TensorView):
+            k, root = _root(v, env, slot, base)
+            if k is None or not isinstance(root, torch.Tensor) or not _same_start(x, root):
+                return False
+            slots.append(k)
+    kernels.append((fast, slots, ex))
+    return True
+
+
+def _view_spec(o, t, env, slot, base):
+    """(slot, None) or (slot, (size, stride)) giving output `t` at replay; None: cannot."""
+    k, root = _root(o, env, slot, base)
+    if k is None or not isinstance(root, torch.Tensor) or not isinstance(t, torch.Tensor):
+        return None
+    if t is root:
+        return (k, None)
+    if not _same_start(t, root):
+        return None
+    return (k, (tuple(t.shape), tuple(t.stride())))

@@ -196,3 +196,51 @@ def test_host_overhead_per_cached_call(monkeypatch, capsys):
               ", ".join(f"{m}: {us:.1f} us" for m, us in results.items()))
     assert ex.last_run["cache_hit"] and ex.stats["compiled"] == 1
     assert min(results.values()) < 100, results
+
+
+# ---- parameter blocks whose size is not a multiple of 8 (extra mode passes the exact size) ----
+ADD_INT = ADD.replace("pf_add3", "pf_add3i").replace("long long n", "int n")
+ADD_INT_PARAMS = ADD_PARAMS[:4] + [Param("n", "int", ("numel", 3))]
+
+
+@pytest.mark.parametrize("mode", LAUNCH_MODES)
+def test_param_block_of_36_bytes(mode):
+    packer = ParamPacker(ADD_INT_PARAMS)
+    assert (packer.size, packer.args_size) == (40, 36)
+    launcher = KernelLauncher(compile_cuda(ADD_INT, "pf_add3i"), packer, mode=mode)
+    n = 1000
+    a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+    out = torch.full_like(a, float("nan"))
+    launcher.launch(_cfg(n), [a, b, c, out], {}, torch.cuda.current_device())
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a + b * c)
+
+
+def test_layout_is_checked_against_the_kernel():
+    from pyfuser.runtime.launch import driver, verify_layout
+    if not hasattr(driver(), "cuFuncGetParamInfo"):
+        pytest.skip("cuda-bindings without cuFuncGetParamInfo")
+    good = KernelLauncher(compile_cuda(ADD_INT, "pf_add3i"), ParamPacker(ADD_INT_PARAMS))
+    fn = good.function(torch.cuda.current_device())            # verified on load: no error
+    wrong = ParamPacker(ADD_PARAMS)                              # int64 n: 8 bytes, not 4
+    with pytest.raises(CudaDriverError, match=r"parameter 4 \(n\)"):
+        verify_layout(fn, wrong, "pf_add3i")
+
+
+@pytest.mark.parametrize("mode", LAUNCH_MODES)
+def test_fast_path_with_fresh_tensors(monkeypatch, mode):
+    from pyfuser import DataType, Fusion, FusionDefinition
+    from pyfuser.runtime.dispatch import get_executor
+    monkeypatch.setenv("PYFUSER_LAUNCH_MODE", mode)
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+                   for _ in range(3))
+        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    for n in (1024, 1024, 4096, 1024, 4096):
+        xs = [torch.randn(n, device="cuda") for _ in range(3)]
+        (out,) = fs.execute(xs)
+        torch.testing.assert_close(out, xs[0] + xs[1] * xs[2])
+    ex = get_executor(fs.ir_fusion)
+    assert ex.last_run["cache_hit"] and ex.stats["runs"] == 5
+    assert next(iter(ex._plans.values())).launcher.mode == mode

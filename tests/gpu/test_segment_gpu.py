@@ -82,3 +82,18 @@ def test_views_only_and_reduction():
     x = torch.randn(1000, 513, device="cuda")
     for o, r in zip(execute_fusion(f, [x]), C.reduction_eager(x)):
         torch.testing.assert_close(o, r)
+
+
+def test_cached_calls_with_fresh_tensors():
+    """The second and later calls replay a recorded program: check them on new inputs."""
+    fs = C.transpose(C.FULL_TR)
+    g = C.gelu(C.FULL_GELU, two_outputs=True)
+    for _ in range(3):
+        x = torch.randn(768, 128, 64, device="cuda")
+        (out,) = fs.execute([x])
+        assert torch.equal(out, C.transpose_eager(x, C.FULL_TR))
+        y = torch.randn(8192, 3072, device="cuda")
+        view, res = g.execute([y])
+        torch.testing.assert_close(res, C.gelu_eager(y, C.FULL_GELU))
+        assert view._base is y and view.shape == (64, 128, 3072)
+    assert fs.last_run.segments[1].scheduler == "transpose" and fs.last_run.launched == 1

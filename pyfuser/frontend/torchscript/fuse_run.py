@@ -1,7 +1,9 @@
 """`pyfuser run` with fusion: fuse a graph, run it on random inputs, compare with eager.
 
 `fuse_report(graph, device, seed, shrink=None, bench=False) -> dict` adds to the CLI's report:
-`groups`, `kernels` (kernel launches in one call), `fallbacks` ([{node, kind, reason}] for
+`groups`, `kernels` (kernel launches in one call), `host_segments` (group segments run as
+views on the host, no kernel; both from the dispatcher's run_summary of each group call),
+`fallbacks` ([{node, kind, reason}] for
 each unfused candidate op and each failed guard), `matches_eager`, `max_abs_err`,
 `executor` (cuda / interpret / evaluator), `fused_graph` (text), `shrunk_to` (when sizes
 were capped) and, with bench, `bench` ({eager_ms, pyfuser_ms, torch_compile_ms} or a
@@ -99,7 +101,8 @@ def fuse_report(graph, device: str, seed: int = 0, shrink=None, bench: bool = Fa
     out = compiled.run(_clone(inputs), device=device)
     ok, err = compare(ref, out)
     stats = compiled.last_run
-    report = {"groups": stats.groups, "kernels": stats.kernels, "fallbacks": stats.fallbacks,
+    report = {"groups": stats.groups, "kernels": stats.kernels,
+              "host_segments": stats.host_segments, "fallbacks": stats.fallbacks,
               "matches_eager": ok, "max_abs_err": err,
               "executor": "cuda" if device == "cuda" else compiled.cpu_mode,
               "fused_graph": str(compiled.graph), "outputs_fused": len(out)}
@@ -114,7 +117,8 @@ def text_summary(report: dict) -> str:
     lines = [report["fused_graph"].rstrip()]
     if report.get("shrunk_to"):
         lines.append(f"(sizes capped at {report['shrunk_to']} for this CPU run)")
-    lines.append(f"groups: {report['groups']}, kernels per call: {report['kernels']} "
+    host = f", host segments: {report['host_segments']}" if report.get("host_segments") else ""
+    lines.append(f"groups: {report['groups']}, kernels per call: {report['kernels']}{host} "
                  f"({report['executor']})")
     for f in report["fallbacks"]:
         lines.append(f"  eager: {f['node']}: {f['reason']}")

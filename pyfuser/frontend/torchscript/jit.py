@@ -11,10 +11,14 @@
   * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
     logged once). Never a silent wrong result: every fallback is the eager subgraph.
 `prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
-`last_run` (RunStats) describes the last call: groups, kernels launched, fallbacks.
-Kernels: the dispatcher's `run_summary(fusion)["kernels"]` (kernel segments run: what a GPU
-run launches, whichever CPU executor ran them); without it, the executor's own count, or one
-per group run through its Fusion on the reference evaluator.
+`last_run` (RunStats) describes the last call: groups, kernels launched, host segments,
+fallbacks. Counts come from the dispatcher's `run_summary(fusion)` of each group call, i.e. from
+the segments the segmenter split the group into (a group of views only is host segments and 0
+kernels; views peeled off a group's edges cost no kernel):
+  * `kernels`: on CUDA, the kernels actually launched (`launched`); on the CPU, the kernel
+    segments run (what a GPU run would launch, whichever CPU executor ran them);
+  * `host_segments` / `eager_segments`: segments run as views on the host / on the evaluator.
+A group that falls back to eager counts nothing here (it is in `fallbacks`/`eager_groups`).
 """
 from __future__ import annotations
 
@@ -70,10 +74,19 @@ class RunStats:
     fallbacks: list = field(default_factory=list)
     eager_groups: int = 0
     executor: str = ""
+    host_segments: int = 0
+    eager_segments: int = 0
 
     def as_dict(self) -> dict:
         return {"groups": self.groups, "kernels": self.kernels, "fallbacks": list(self.fallbacks),
-                "eager_groups": self.eager_groups, "executor": self.executor}
+                "eager_groups": self.eager_groups, "executor": self.executor,
+                "host_segments": self.host_segments, "eager_segments": self.eager_segments}
+
+    def add_run(self, summary: dict, on_cuda: bool) -> None:
+        """Count one group call from its `dispatch.run_summary`."""
+        self.kernels += int(summary.get("launched" if on_cuda else "kernels", 0))
+        self.host_segments += int(summary.get("host_segments", 0))
+        self.eager_segments += int(summary.get("eager_segments", 0))
 
 
 class GroupRunner:
@@ -119,7 +132,7 @@ class GroupRunner:
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
-        stats.kernels += _kernels(fusion, "cuda" if on_cuda else cpu_mode)
+        stats.add_run(run_summary(fusion), on_cuda)
         return [outs[i] for i in self.lowered.output_map]
 
 
@@ -128,16 +141,10 @@ def execute_fusion(fusion, args, mode):
     return run(fusion, args, mode) if mode is not None else run(fusion, args)
 
 
-def _kernels(fusion, mode) -> int:
-    from ...runtime import dispatch
-    summary = getattr(dispatch, "run_summary", None)
-    if summary is not None:                 # the segmenter's count: kernel segments run
-        return int(summary(fusion).get("kernels", 0))
-    if mode == "evaluator":
-        return 1
-    from ...runtime.dispatch import get_executor
-    ex = get_executor(fusion, mode)
-    return int(ex.last_run.get("kernels", 0)) if ex is not None else 0
+def run_summary(fusion) -> dict:
+    """What the last execute of `fusion` ran, segment by segment (dispatch.run_summary)."""
+    from ...runtime.dispatch import run_summary as summary
+    return summary(fusion)
 
 
 class CompiledGraph:

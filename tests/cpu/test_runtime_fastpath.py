@@ -1,0 +1,242 @@
+"""The cached-call fast path of execute_fusion / FusionExecutor.run, on the CPU against a fake CUDA
+driver (CPU tensors posing as CUDA ones): what reaches cuLaunchKernel on a fast call (pointers of
+this call's tensors, constants of the key), when the fast path steps aside (new sizes, poison,
+dumps, clear_caches), segmented programs (host views around a kernel), the `extra` buffer size,
+and the check of the packed layout against the kernel's own parameter list."""
+import ctypes
+import importlib.util
+import os
+import struct
+
+import pytest
+import torch
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
+
+from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
+from pyfuser.codegen.kernel import Param  # noqa: E402
+from pyfuser.runtime import dispatch, executor as X, launch as L  # noqa: E402
+from pyfuser.runtime.params import ParamPacker  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
+    os.path.dirname(__file__), "segment_cases.py"))
+C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(C)
+
+_CH = {"void*": "Q", "int": "i", "int64_t": "q", "double": "d", "float": "f", "bool": "?",
+       "uint32_t": "I"}
+
+
+class FakeDriver:
+    """Records every launch with its decoded parameters (needs the launcher's packer)."""
+    CUfunction_attribute = None
+
+    def __init__(self):
+        self.launches, self.param_info = [], None
+        self.packers = {}
+
+    def cuCtxGetCurrent(self):
+        return (0, 1234)
+
+    def cuModuleLoadData(self, cubin):
+        return (0, "module")
+
+    def cuModuleGetFunction(self, mod, name):
+        return (0, "fn:" + name.decode())
+
+    def cuFuncGetParamInfo(self, fn, k):
+        if self.param_info is None:
+            return (801, 0, 0)                            # CUDA_ERROR_NOT_SUPPORTED: skip
+        return (0, *self.param_info[k]) if k < len(self.param_info) else (1, 0, 0)
+
+    def cuGetErrorName(self, err):
+        return (0, b"CUDA_ERROR")
+
+    def cuGetErrorString(self, err):
+        return (0, b"error")
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        packer = self.packers[fn]
+        if isinstance(params, tuple):
+            vals = tuple(params[0])
+        elif params:
+            ptrs = (ctypes.c_void_p * len(packer.params)).from_address(params)
+            vals = tuple(struct.unpack("<" + _CH[p.ctype], ctypes.string_at(a, packer.sizes[k]))[0]
+                         for k, (p, a) in enumerate(zip(packer.params, ptrs)))
+        else:
+            words = list((ctypes.c_void_p * 5).from_address(extra))
+            size = ctypes.c_size_t.from_address(words[3]).value
+            assert size == packer.args_size
+            blob = ctypes.string_at(words[1], size) + b"\0" * (packer.size - size)
+            vals = struct.unpack(packer.fmt, blob)
+        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), dict(zip(
+            [p.name for p in packer.params], vals))))
+        return (0,)
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    drv = FakeDriver()
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(L, "driver", lambda: drv)
+    monkeypatch.setattr(L, "primary_context", lambda i: ("ctx", 1234))
+    monkeypatch.setitem(L._contexts, None, ("ctx", 1234))
+    monkeypatch.setattr(L, "_raw_stream_fn", lambda: (lambda idx: 777))
+    monkeypatch.setattr(X.FusionExecutor, "_check_devices", lambda self, inputs: None)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    orig = L.KernelLauncher.function
+
+    def function(self, device_index):
+        fn = orig(self, device_index)
+        drv.packers[fn] = self.packer
+        return fn
+    monkeypatch.setattr(L.KernelLauncher, "function", function)
+    dispatch.clear_caches()
+    yield drv
+    dispatch.clear_caches()
+
+
+def mul_add():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+                   for _ in range(3))
+        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    return fs
+
+
+def _programs(fs):
+    p = fs.ir_fusion.__dict__.get(dispatch._PROGS)
+    return p.runs if p is not None else {}
+
+
+def test_fast_call_passes_this_calls_pointers(fake):
+    fs = mul_add()
+    xs = [torch.randn(1000) for _ in range(3)]
+    (out0,) = fs.execute(xs)
+    assert len(_programs(fs)) == 1                       # recorded on the first call
+    fresh = [torch.randn(1000) for _ in range(3)]        # same key, other tensors
+    (out,) = fs.execute(fresh)
+    _, grid, block, vals = fake.launches[-1]
+    assert [vals["T0"], vals["T1"], vals["T2"], vals["T4"]] == \
+        [t.data_ptr() for t in fresh] + [out.data_ptr()]
+    assert vals["n0"] == 1000 and out.shape == (1000,) and out.dtype == torch.float32
+    assert out.data_ptr() != out0.data_ptr()
+    ex = dispatch.get_executor(fs.ir_fusion)
+    assert ex.last_run["cache_hit"] and ex.last_run["kernels"] == 1
+    assert fs.last_run.launched == 1 and fs.last_run.segments[0].backend == "cuda"
+    st = ex.stats
+    assert st["runs"] == 2 and st["cache_hits"] == 1 and st["kernels"] == 2 and st["compiled"] == 1
+    (out2,) = ex.run(fresh)                              # the executor's own fast path
+    assert fake.launches[-1][3]["T4"] == out2.data_ptr() and ex.stats["runs"] == 3
+
+
+def test_new_sizes_take_the_slow_path_once(fake):
+    fs = mul_add()
+    for n in (1024, 4096, 1024, 4096):             # same signature, other sizes
+        fs.execute([torch.randn(n) for _ in range(3)])
+        assert fake.launches[-1][3]["n0"] == n
+    assert len(_programs(fs)) == 2 and dispatch.get_executor(fs.ir_fusion).stats["compiled"] == 1
+
+
+def test_poison_and_dumps_step_aside(fake, monkeypatch, capsys):
+    fs = mul_add()
+    xs = [torch.randn(64) for _ in range(3)]
+    fs.execute(xs)
+    fs.execute(xs)
+    monkeypatch.setenv("PYFUSER_POISON_OUTPUTS", "1")
+    (out,) = fs.execute(xs)
+    assert torch.isnan(out).all()                        # the fake kernel wrote nothing
+    monkeypatch.delenv("PYFUSER_POISON_OUTPUTS")
+    monkeypatch.setenv("PYFUSER_DUMP", "launch_params")
+    fs.execute(xs)
+    assert "[launch_params] pf_mul_add_kernel" in capsys.readouterr().err
+
+
+def test_clear_drops_programs(fake):
+    fs = mul_add()
+    xs = [torch.randn(64) for _ in range(3)]
+    fs.execute(xs)
+    assert _programs(fs)
+    dispatch.get_executor(fs.ir_fusion).clear()
+    assert not _programs(fs)
+    fs.execute(xs)
+    dispatch.clear_caches()
+    assert dispatch._PROGS not in fs.ir_fusion.__dict__
+
+
+def test_bad_inputs_still_raise(fake):
+    from pyfuser.errors import ExecuteError
+    fs = mul_add()
+    xs = [torch.randn(64) for _ in range(3)]
+    fs.execute(xs)
+    with pytest.raises(ExecuteError):
+        fs.execute(xs[:2])
+    with pytest.raises(ExecuteError):
+        fs.execute([xs[0], 1.0, xs[2]])
+
+
+@pytest.mark.parametrize("mode", L.LAUNCH_MODES)
+def test_modes_on_fast_calls(fake, mode):
+    fs = mul_add()
+    xs = [torch.randn(100) for _ in range(3)]
+    fs.execute(xs)
+    for entry in dispatch.get_executor(fs.ir_fusion)._plans.values():
+        entry.launcher.mode = mode
+    (out,) = fs.execute(xs)
+    vals = fake.launches[-1][3]
+    assert (vals["T0"], vals["T4"], vals["n0"]) == (xs[0].data_ptr(), out.data_ptr(), 100)
+
+
+def test_segmented_program_transpose_with_views(fake):
+    fs = C.transpose()
+    x = torch.randn(*C.SMALL_TR[0])
+    (ref,) = fs.execute([x])
+    kinds = [(s.kind, s.scheduler) for s in fs.last_run.segments]
+    assert kinds == [("host", None), ("kernel", "transpose"), ("host", None)]
+    assert len(_programs(fs)) == 1
+    y = torch.randn(*C.SMALL_TR[0])
+    (out,) = fs.execute([y])
+    assert fs.last_run.segments[1].scheduler == "transpose"
+    _, grid, block, vals = fake.launches[-1]
+    assert vals["in"] == y.data_ptr() and vals["out"] == out.data_ptr()
+    assert out.shape == ref.shape and out.stride() == ref.stride() and out._base is not None
+
+
+def test_segmented_program_output_view_of_input(fake):
+    fs = C.gelu(two_outputs=True)
+    x = torch.randn(C.SMALL_GELU[0], C.SMALL_GELU[1])
+    fs.execute([x])
+    y = torch.randn(C.SMALL_GELU[0], C.SMALL_GELU[1])
+    view, out = fs.execute([y])
+    assert view._base is y and view.shape == y.view(*C.SMALL_GELU[2]).shape
+    assert y.data_ptr() in fake.launches[-1][3].values()          # the kernel reads y itself
+    assert fs.last_run.kernels == 1 and fs.last_run.host_segments >= 1
+
+
+def test_views_only_program_returns_the_input_itself(fake):
+    f = C.views_only()
+    x = torch.randn(64, 48)
+    dispatch.execute_fusion(f, [x])
+    outs = dispatch.execute_fusion(f, [x])
+    assert outs[2] is x and not fake.launches
+
+
+def test_extra_size_is_the_parameter_block():
+    pk = ParamPacker([Param(f"p{i}", "void*", ("ptr", i)) for i in range(4)] +
+                     [Param("n", "int", ("numel", 3))])
+    assert (pk.size, pk.args_size) == (40, 36)
+
+
+def test_layout_checked_against_the_kernel(fake):
+    fs = mul_add()
+    fake.param_info = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8)]     # kernel says: int64 n
+    with pytest.raises(L.CudaDriverError, match=r"parameter 4 \(n0\).*offset 32, size 8"):
+        fs.execute([torch.randn(8) for _ in range(3)])
+    dispatch.clear_caches()
+    fake.param_info = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 4)]
+    fs = mul_add()
+    fs.execute([torch.randn(8) for _ in range(3)])                    # matches: launches
+    assert fake.launches[-1][3]["n0"] == 8

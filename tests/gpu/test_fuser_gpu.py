@@ -1,0 +1,163 @@
+"""The TorchScript fuser on CUDA at full size: seed 000 (as given, with `mul_`, with `add_`+`mul_`)
+and seed 003 run through `pyfuser.jit` as one group and one kernel (counted by the fuser and by
+torch.profiler over one call, inputs made before it), with the eager runner's results; guard
+failures on CUDA run eagerly with the right result; `pyfuser run --device cuda --json`."""
+import json
+
+import pytest
+import torch
+
+from pyfuser.cli import main
+from pyfuser.frontend.torchscript import make_inputs, parse_ir, run_graph
+from pyfuser.frontend.torchscript.fuse_api import jit
+from pyfuser.frontend.torchscript.jit import eager_handler
+
+SEED000 = ["examples/seed000_mul.ir", "examples/seed000_mul_inplace.ir",
+           "examples/seed000_add_mul_inplace.ir"]
+SEED003 = "examples/seed003_bn_add_relu.ir"
+
+
+def _load(path):
+    with open(path) as f:
+        return parse_ir(f.read(), filename=path)
+
+
+def _clone(xs):
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def _eager(g, inputs):
+    return run_graph(g, _clone(inputs), device="cuda", node_handler=eager_handler)
+
+
+def _kernel_names(fn) -> list:
+    """Names of the CUDA kernels one call of `fn` launches (after a warm-up call); memcpy and
+    memset are not kernels. Inputs are made by the caller before, so their fill/copy kernels
+    are never in the profile."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        low = e.name.lower()
+        if "memcpy" in low or "memset" in low:
+            continue
+        names.append(e.name)
+    return names
+
+
+def _pyfuser_kernels(names) -> list:
+    return [n for n in names if n.startswith("pf_")]
+
+
+@pytest.fixture(autouse=True)
+def _free_memory():
+    yield
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", SEED000)
+def test_seed000_one_kernel_full_size(path):
+    g = _load(path)
+    f = jit(g)
+    inputs = make_inputs(g, device="cuda", seed=0)
+    assert tuple(inputs[0].shape) == (10000, 13000)
+    ref = _eager(g, inputs)
+    out = f(*inputs)
+    assert out.dtype == ref[0].dtype == torch.int64 and out.is_cuda
+    assert torch.equal(out, ref[0])
+    stats = f.last_run
+    assert stats.groups == 1 and stats.kernels == 1 and stats.fallbacks == []
+    assert stats.eager_groups == 0
+    names = _kernel_names(lambda: f(*inputs))
+    assert len(names) == 1 and len(_pyfuser_kernels(names)) == 1, names
+    assert f.last_run.kernels == 1
+
+
+@pytest.mark.gpu
+def test_seed003_one_kernel_full_size():
+    g = _load(SEED003)
+    f = jit(g)
+    inputs = make_inputs(g, device="cuda", seed=0)
+    assert tuple(inputs[0].shape) == (8, 256, 56, 56)
+    ref = _eager(g, inputs)
+    out = f(*inputs)
+    torch.testing.assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
+    stats = f.last_run
+    assert stats.groups == 1 and stats.kernels == 1 and stats.eager_groups == 0
+    assert {fb["kind"] for fb in stats.fallbacks} == {"aten::native_batch_norm"}
+    fused = _kernel_names(lambda: f(*inputs))
+    eager = _kernel_names(lambda: _eager(g, inputs))
+    # the two batch norms stay eager (the same kernels in both); add + relu become one kernel
+    assert len(_pyfuser_kernels(fused)) == 1, fused
+    assert len(fused) == len(eager) - 1, (fused, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", SEED000)
+def test_seed000_guard_failures_on_cuda(path):
+    g = _load(path)
+    f = jit(g)
+    inputs = make_inputs(g, device="cuda", seed=1, size_override=512)
+    assert torch.equal(f(*inputs), _eager(g, inputs)[0])
+    assert f.last_run.kernels == 1
+
+    # another dtype: %2 int64 instead of int32
+    other = list(inputs)
+    other[2] = inputs[2].to(torch.int64)
+    out, ref = f(*other), _eager(g, other)[0]
+    assert out.dtype == ref.dtype and torch.equal(out, ref)
+    assert f.last_run.eager_groups == 1 and f.last_run.kernels == 0
+    assert "guard failed" in f.last_run.fallbacks[-1]["reason"]
+
+    # a non-contiguous input of the same shape
+    other = list(inputs)
+    other[1] = inputs[1].t().contiguous().t()
+    assert not other[1].is_contiguous()
+    out, ref = f(*other), _eager(g, other)[0]
+    assert torch.equal(out, ref)
+    assert f.last_run.eager_groups == 1 and f.last_run.kernels == 0
+
+    # back to the specialised layout: the kernel again
+    assert torch.equal(f(*inputs), _eager(g, inputs)[0])
+    assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
+
+
+def _fn(x, y):
+    return torch.relu(x * y + 1.0)
+
+
+@pytest.mark.gpu
+def test_scripted_guard_failures_on_cuda():
+    f = jit(torch.jit.script(_fn))
+    x, y = torch.randn(1024, 768, device="cuda"), torch.randn(1024, 768, device="cuda")
+    torch.testing.assert_close(f(x, y), _fn(x, y))
+    assert f.last_run.kernels == 1
+    xd, yd = x.double(), y.double()
+    out = f(xd, yd)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _fn(xd, yd))
+    assert f.last_run.eager_groups == 1
+    xs = torch.randn(768, 1024, device="cuda").t()
+    torch.testing.assert_close(f(xs, y), _fn(xs, y))
+    assert f.last_run.eager_groups == 1
+    x2, y2 = torch.randn(300, 77, device="cuda"), torch.randn(300, 77, device="cuda")
+    torch.testing.assert_close(f(x2, y2), _fn(x2, y2))          # new size, same layout
+    assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [SEED003, SEED000[2]])
+def test_run_json_on_cuda(capsys, path):
+    rc = main(["run", path, "--device", "cuda", "--json"])
+    rep = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert rep["groups"] == 1 and rep["kernels"] == 1 and rep["matches_eager"] is True
+    assert rep["executor"] == "cuda" and rep["host_segments"] == 0
