@@ -257,6 +257,11 @@ def host_overhead():
 
 
 def main() -> int:
+    """`--cases A,B`: run only the cases whose name contains A or B (case-insensitive)."""
+    global CASES
+    if "--cases" in sys.argv:
+        want = [w.lower() for w in sys.argv[sys.argv.index("--cases") + 1].split(",") if w]
+        CASES = [c for c in CASES if any(w in c[0].lower() for w in want)]
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
     rate = copy_rate()

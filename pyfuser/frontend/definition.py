@@ -28,7 +28,7 @@ from ..ir.tensor import TensorView
 from .definition_ops import Ops, UnknownNameError
 
 _UNSET = object()
-_EXECUTE = [None]      # pyfuser.runtime.dispatch.execute_fusion, once imported
+_DISPATCH = [None]     # the pyfuser.runtime.dispatch module, once imported
 _BUILDER_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 
 
@@ -51,11 +51,11 @@ class Fusion:
                                "`with FusionDefinition(fs) as fd:` first")
         if not isinstance(inputs, (list, tuple)):
             raise ExecuteError(f"execute: inputs must be a list, got {type(inputs).__name__}")
-        run = _EXECUTE[0]
-        if run is None:                    # imported once: an import statement per call costs
-            from ..runtime.dispatch import execute_fusion as run   # about a microsecond
-            _EXECUTE[0] = run
-        return run(self._ir, inputs)       # execute_fusion never changes the caller's list
+        dispatch = _DISPATCH[0]
+        if dispatch is None:               # imported once: an import statement per call costs
+            from ..runtime import dispatch     # about a microsecond
+            _DISPATCH[0] = dispatch
+        return dispatch.execute_fusion(self._ir, inputs)   # it never changes the caller's list
 
     @property
     def last_run(self):

@@ -41,7 +41,7 @@ class PointwiseParams:
     dropped: list = field(default_factory=list)  # reference axes of size 1 (index always 0)
     max_blocks: int = 0         # grid cap (0: one pass, a block per chunk); the kernel
                                 # grid-strides, so any cap is correct
-    stream_stores: bool = False  # outputs stored with st.global.cs (evict-first)
+    stream_stores: bool = True   # outputs stored with st.global.cs (evict-first)
     reason: str = ""            # why this kind / vector width, for the dump
 
     def as_dict(self) -> dict:
