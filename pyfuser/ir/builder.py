@@ -420,3 +420,33 @@ def full(shape: Sequence, fill: Operandish, dtype: DataType) -> TensorView:
     out = TensorView(root, dtype, fusion)
     E.FullOp(out, cast(_as_val(fill, "full"), dtype), exts)
     return out
+
+
+def welford(x: TensorView, axes: Sequence[int]) -> tuple:
+    """One-pass (avg, m2, n) over `axes`: m2 is the sum of squared deviations, n the count."""
+    x = _check_tv(x, "welford")
+    if not x.dtype.is_floating:
+        raise FusionDefinitionError(f"welford: needs a floating input, got {x.dtype.name}")
+    axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "welford") for a in axes})
+    fusion = Fusion.current()
+
+    def reduced(dtype):
+        root = [IterDomain(a.extent, IterType.Reduction) if i in axes else _copy_id(a)
+                for i, a in enumerate(x.logical)]
+        return TensorView(root, dtype, fusion)
+
+    avg, m2, n = reduced(x.dtype), reduced(x.dtype), reduced(DataType.Int)
+    E.WelfordOp(avg, m2, n, x, axes)
+    return avg, m2, n
+
+
+def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
+         dtype: DataType = DataType.Int) -> TensorView:
+    """A 1-D tensor [start, start + step, ...] of `length` elements."""
+    fusion = Fusion.current()
+    length = _as_val(length, "iota")
+    if length.dtype is not DataType.Int:
+        raise FusionDefinitionError(f"iota: length must be an Int scalar, got {length.dtype.name}")
+    out = TensorView([IterDomain(length)], dtype, fusion)
+    E.IotaOp(out, length, cast(_as_val(start, "iota"), dtype), cast(_as_val(step, "iota"), dtype))
+    return out

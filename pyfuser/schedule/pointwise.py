@@ -181,7 +181,9 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     out_numel = L.numel(shape)
     params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
     _classify(params, accesses)
-    choose(params, ext, 0)
+    vec_bytes = params.vec * max((a.itemsize for a in accesses if a.mode == "vector"), default=0) \
+        if params.vec > 1 else 0
+    choose(params, ext, 0, vec_bytes)
     _classify(params, accesses)
     if params.kind == "2d":
         n = sum(a.row_invariant for a in accesses if not a.is_store)

@@ -41,7 +41,8 @@ class PointwiseParams:
     dropped: list = field(default_factory=list)  # reference axes of size 1 (index always 0)
     max_blocks: int = 0         # grid cap (0: one pass, a block per chunk); the kernel
                                 # grid-strides, so any cap is correct
-    stream_stores: bool = True   # outputs stored with st.global.cs (evict-first)
+    stream_stores: bool = False  # outputs stored with st.global.cs (evict-first); measured no
+                                 # gain on H200 (2026-11-22), so off by default
     reason: str = ""            # why this kind / vector width, for the dump
 
     def as_dict(self) -> dict:
@@ -73,8 +74,14 @@ def _overrides(params: PointwiseParams, sms: int) -> None:
         params.stream_stores = bool(cs)
 
 
-def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int) -> None:
-    """Fill kind, block and unroll of `params` from the collapsed extents seen at planning."""
+def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int,
+           vec_bytes: int = 0) -> None:
+    """Fill kind, block and unroll of `params` from the collapsed extents seen at planning.
+
+    `vec_bytes`: bytes of the widest vectorized access (16 = full 16-byte vectors). Measured on
+    an H200 (bench/pointwise.py, 2026-11-22): with 16-byte vectors a 2-D schedule is fastest with
+    one row per thread (BN+add+relu 24.4 us vs 25.3 us at 4 rows, broadcast add 51.8 vs 52.5);
+    1-D is best at block 128 x unroll 4 (256 threads, unroll 8, a persistent grid: all slower)."""
     sms = sm_count()
     numel = 1
     for e in group_extents:
@@ -88,7 +95,7 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         # Least idle threads in the last column block; 128 preferred on ties.
         params.block = min((128, 64), key=lambda b: (_ceil(cols, b) * b, -b))
         nbx = _ceil(cols, params.block)
-        unroll = 4
+        unroll = 1 if vec_bytes >= 16 else 4
         while unroll > 1 and nbx * _ceil(outer, unroll) < 4 * sms:
             unroll //= 2
         params.unroll = unroll

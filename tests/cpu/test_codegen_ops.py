@@ -113,3 +113,38 @@ def test_casts_from(src):
         assert_close(outs[0], xx.to(dst.torch), f"cast {src.name}->{dst.name}")
         plans.append(plan)
     compile_many(plans)
+
+
+def test_div_trunc_reduced_rounds_the_quotient_first():
+    """Eager CUDA computes trunc(a / b) in half/bf16 arithmetic: the quotient is rounded first."""
+    from pyfuser.codegen import api
+    from codegen_cases import B, make_fusion, run_plan
+
+    def build():
+        a = B.define_tensor([-1], DataType.BFloat16)
+        b = B.define_tensor([-1], DataType.BFloat16)
+        return B.elementwise("div_trunc", a, b)
+    a = torch.tensor([2.99] * 8, dtype=torch.bfloat16) * torch.tensor(3.0, dtype=torch.bfloat16)
+    b = torch.full((8,), 3.0, dtype=torch.bfloat16)
+    plan, outs = run_plan(make_fusion(build), [a, b])
+    assert "trunc(pf_round_bf16(" in plan.body
+    want = torch.trunc((a.float() / b.float()).to(torch.bfloat16).float()).to(torch.bfloat16)
+    assert torch.equal(outs[0], want)
+
+
+def test_stream_stores_print_and_compile(monkeypatch):
+    from pyfuser.codegen import api
+    from pyfuser.runtime.nvrtc import compile_cuda
+    from codegen_cases import B, make_fusion, run_plan
+    monkeypatch.setenv("PYFUSER_PW_STREAM_STORES", "1")
+    for dt, tdt in ((DataType.Float, torch.float32), (DataType.Half, torch.float16),
+                    (DataType.Double, torch.float64)):
+        def build():
+            a = B.define_tensor([-1], dt)
+            return B.elementwise("mul", a, a)
+        for n in (64, 63):
+            x = torch.randn(n, dtype=tdt)
+            plan, outs = run_plan(make_fusion(build), [x])
+            assert "pf_st_cs<" in plan.body
+            assert torch.equal(outs[0], x * x)
+            compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90", use_disk_cache=False)

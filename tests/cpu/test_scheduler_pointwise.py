@@ -26,15 +26,54 @@ def test_bias_add_is_2d_with_hoisted_bias():
     f = make_fusion(bias_add)
     plan = api.plan_kernel(f, [torch.zeros(8192, 3072), torch.zeros(3072)])
     p = plan.schedule.params
-    assert (p.kind, p.vec, p.block, p.index_type) == ("2d", 4, 128, "int")
+    # 16-byte vectors: one row per thread (fastest measured on H200, see pointwise_heuristics)
+    assert (p.kind, p.vec, p.block, p.unroll, p.index_type) == ("2d", 4, 128, 1, "int")
     bias = [a for a in plan.schedule.accesses if not a.is_store and a.tv.ndim == 1][0]
     assert bias.row_invariant
     leaf = plan.schedule.ref.leaf
-    assert [d.parallel for d in leaf] == [ParallelType.BIDy, ParallelType.BIDx, ParallelType.Unroll,
+    assert [d.parallel for d in leaf] == [ParallelType.BIDy, ParallelType.BIDx,
                                           ParallelType.TIDx, ParallelType.Vectorize]
     assert not [l for l in plan.body.splitlines() if "%" in l]   # no div/mod in the loop
     cfg = plan.kernel.launch_config(None, [torch.zeros(8192, 3072), torch.zeros(3072), torch.zeros(8192, 3072)])
-    assert cfg.grid == (6, 2048, 1) and cfg.block == (128, 1, 1)
+    assert cfg.grid == (6, 8192, 1) and cfg.block == (128, 1, 1)
+
+
+def test_unroll_override_and_grid_cap_keep_2d_correct(monkeypatch):
+    monkeypatch.setenv("PYFUSER_PW_UNROLL", "4")
+    monkeypatch.setenv("PYFUSER_PW_WAVES", "1")
+    f = make_fusion(bias_add)
+    plan = api.plan_kernel(f, [torch.zeros(8192, 3072), torch.zeros(3072)])
+    p = plan.schedule.params
+    assert p.unroll == 4 and p.max_blocks > 0
+    cfg = plan.kernel.launch_config(None, [torch.zeros(8192, 3072), torch.zeros(3072), torch.zeros(8192, 3072)])
+    assert cfg.grid[0] * cfg.grid[1] <= p.max_blocks
+    a, b = torch.randn(300, 3072), torch.randn(3072)
+    out = torch.empty(300, 3072)
+    from pyfuser.ir.shapes import bind
+    api.interpret(plan, [a, b], [out], bind(f, [a, b]))
+    assert torch.equal(out, a + b)
+
+
+def _bn():
+    x = B.define_tensor([-1, -1, -1, -1], F)
+    var = B.broadcast(B.define_tensor([-1], F), [True, False, True, True])
+    w = B.broadcast(B.define_tensor([-1], F), [True, False, True, True])
+    inv = B.elementwise("rsqrt", B.elementwise("add", var, 1e-5))
+    return B.elementwise("relu", B.elementwise("mul", B.elementwise("mul", x, inv), w))
+
+
+def test_per_channel_math_is_hoisted_out_of_the_lanes_loop(monkeypatch):
+    for unroll in ("1", "4"):
+        monkeypatch.setenv("PYFUSER_PW_UNROLL", unroll)
+        x, var, w = torch.randn(3, 16, 16, 17), torch.rand(16) + 0.5, torch.randn(16)
+        plan, outs = run_plan(make_fusion(_bn), [x, var, w])
+        assert plan.schedule.params.kind == "2d"
+        body = plan.body
+        lanes = body[body.index("for (int v = 0"):]
+        assert "rsqrt(" in body and "rsqrt(" not in lanes        # once per row, not per element
+        want = torch.relu(x * torch.rsqrt(var + 1e-5).view(1, -1, 1, 1) * w.view(1, -1, 1, 1))
+        torch.testing.assert_close(outs[0], want)
+
 
 
 def test_contiguous_ranks_collapse_to_1d():
