@@ -22,6 +22,7 @@ from .dtypes import DataType, Operand, Promotion, result_type
 from .fusion import Fusion
 from .iterdomain import IterDomain, IterType
 from .ops import OPS, REDUCTIONS, category
+from .shapes import resolve_view_shape
 from .tensor import TensorView
 
 Number = Union[bool, int, float, complex]
@@ -328,16 +329,11 @@ def reshape(x: TensorView, new_shape: Sequence[int]) -> TensorView:
     known = [d.extent.value if d.is_broadcast and d.expanded_extent is None else
              (d.extent.value if d.extent.is_const else None) for d in x.logical]
     if None not in known:
-        total = math.prod(known)
-        if -1 in shape:
-            rest = math.prod(s for s in shape if s != -1)
-            if rest == 0 or total % rest:
-                raise FusionDefinitionError(f"view: shape {known} cannot be viewed as {shape}")
-            shape[shape.index(-1)] = total // rest
-        if math.prod(shape) != total:
+        resolved = resolve_view_shape(known, shape)
+        if resolved is None:
             raise FusionDefinitionError(
-                f"view: shape {known} ({total} elements) cannot be viewed as {shape} "
-                f"({math.prod(shape)} elements)")
+                f"view: shape {known} ({math.prod(known)} elements) cannot be viewed as {shape}")
+        shape = resolved
     if known == shape:
         return x
     fusion = Fusion.current()

@@ -125,19 +125,26 @@ def _check_elementwise(b: Bindings, e) -> None:
                                f"{axis}; they must be equal or 1")
 
 
-def _bind_view(b: Bindings, e) -> None:
-    inp, out = e.inputs[0], e.output
-    in_shape = b.shape(inp)
+def resolve_view_shape(in_shape: list[int], new_shape: list[int]) -> list[int] | None:
+    """`new_shape` with its -1 filled in for a tensor of `in_shape`; None if it cannot hold the
+    same number of elements. Shared by definition-time (builder) and run-time checks."""
     total = math.prod(in_shape)
-    shape = list(e.new_shape)
+    shape = list(new_shape)
     if -1 in shape:
         rest = math.prod(s for s in shape if s != -1)
         if rest == 0 or total % rest:
-            raise ExecuteError(f"execute: view of a tensor of shape {in_shape} as {e.new_shape} is invalid")
+            return None
         shape[shape.index(-1)] = total // rest
-    if math.prod(shape) != total:
-        raise ExecuteError(f"execute: view of a tensor of shape {in_shape} ({total} elements) as "
-                           f"{e.new_shape} is invalid")
+    return shape if math.prod(shape) == total else None
+
+
+def _bind_view(b: Bindings, e) -> None:
+    inp, out = e.inputs[0], e.output
+    in_shape = b.shape(inp)
+    shape = resolve_view_shape(in_shape, e.new_shape)
+    if shape is None:
+        raise ExecuteError(f"execute: view of a tensor of shape {in_shape} ({math.prod(in_shape)} "
+                           f"elements) as {e.new_shape} is invalid")
     for axis, (d, n) in enumerate(zip(out.logical, shape)):
         _set(b, d.extent, n, f"view output {out.name} axis {axis}")
 
