@@ -166,7 +166,8 @@ class Printer:
     def function(self) -> str:
         self.lines = []
         self.emit(self.k.body, 1)
-        head = (f'extern "C" __global__ void __launch_bounds__({self.k.block}) {self.k.name}(\n'
+        lb = f"{self.k.block}, {self.k.min_blocks}" if self.k.min_blocks else f"{self.k.block}"
+        head = (f'extern "C" __global__ void __launch_bounds__({lb}) {self.k.name}(\n'
                 f"    {self.signature()}) {{")
         return "\n".join([head, *self.lines, "}"])
 

@@ -193,6 +193,7 @@ class Kernel:
     index_type: str
     block: int
     body: list = field(default_factory=list)
+    min_blocks: int = 0     # __launch_bounds__ min blocks per SM (0: none)
 
     def walk(self):
         """Every statement, depth first."""

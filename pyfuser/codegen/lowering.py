@@ -413,4 +413,4 @@ class Lowering:
                                "grid", [bx_loop], "row blocks"))
         body = self.prologue + body
         params = self.ptr_params + self.size_params + self.stride_params + self.scalar_params
-        return K.Kernel(name, params, self.tensors, self.it, T, body)
+        return K.Kernel(name, params, self.tensors, self.it, T, body, p.min_blocks)

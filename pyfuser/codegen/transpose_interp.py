@@ -49,18 +49,35 @@ def run(p: TransposeParams, x: torch.Tensor, out: torch.Tensor) -> None:
         _tile(p, gs, gt, _out_strides(gs), src, dst)
 
 
+def _row_offset(r, groups, gs, gt):
+    """The kernel's row offset: inner groups by div and remainder, the outermost takes the rest."""
+    off = torch.zeros_like(r)
+    for k, g in enumerate(reversed(groups)):
+        if k == len(groups) - 1:
+            off += r * gt[g]
+        else:
+            q = r // gs[g]
+            off += (r - q * gs[g]) * gt[g]
+            r = q
+    return off
+
+
 def _rows(p, gs, gt, src, dst) -> None:
-    V, o = p.vec, p.o
+    V, o, U, B = p.vec, p.o, p.unroll, p.block
     nv = gs[o] // V
     outer = list(range(len(gs) - 1))
     total = nv
     for g in outer:
         total *= gs[g]
+    nblk = -(-total // (U * B))
     lanes = torch.arange(V)
-    step = BLOCKS_PER_CHUNK * 256
-    for start in range(0, total, step):
-        l = torch.arange(start, min(total, start + step))
-        off = (l % nv) * V * gt[o] + _decompose(l // nv, outer, gs, gt)
+    u, tid = torch.arange(U)[:, None], torch.arange(B)[None, :]
+    for start in range(0, nblk, BLOCKS_PER_CHUNK):
+        blk = torch.arange(start, min(nblk, start + BLOCKS_PER_CHUNK))[:, None, None]
+        l = ((blk * U + u) * B + tid).reshape(-1)    # [block, step u, thread]
+        l = l[l < total]                              # the kernel's `if (l < total)`
+        r = l // nv
+        off = (l - r * nv) * V * gt[o] + _row_offset(r, outer, gs, gt)
         dst[(l[:, None] * V + lanes).reshape(-1)] = src[(off[:, None] + lanes * gt[o]).reshape(-1)]
 
 

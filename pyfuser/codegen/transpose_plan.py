@@ -23,8 +23,8 @@ from ..schedule.transpose import ROWS, TransposeParams, group_extents
 from .kernel import GeneratedKernel, LaunchConfig, Param
 
 BITS_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
-ROW_BLOCK = 256
 MAX_BLOCKS = 4096           # grid-stride cap: blocks * threads stays < 2^21
+MAX_ROW_BLOCKS = 2 ** 31 - 1   # rows kernel: one pass; blk < nblk, so blk + gridDim.x fits
 
 
 def _prologue(p: TransposeParams, it: str) -> list[str]:
@@ -49,23 +49,49 @@ def _decompose(var: str, groups, it: str, in_acc: str, out_acc: str | None) -> l
     return lines
 
 
+def _row_offset(var: str, groups, it: str, acc: str) -> list[str]:
+    """Input offset of row `var` (linear over `groups`, outer -> inner) added to `acc`; the
+    outermost group takes what is left (no div/mod: the row index is in range)."""
+    lines = []
+    for k, g in enumerate(reversed(groups)):
+        if k == len(groups) - 1:
+            lines.append(f"        {acc} += {var} * gt{g};")
+        else:
+            lines.append(f"        {{ const {it} q = {var} / gs{g}; {acc} += ({var} - q * gs{g}) * gt{g}; "
+                         f"{var} = q; }}")
+    return lines
+
+
 def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
-    V, o = p.vec, p.o
+    """Rows copy: vector l of the output (row-major, `vec` elements) reads input row l / nv at
+    column l % nv. A block moves `unroll` x `block` vectors: step u's vectors are consecutive
+    across the block (coalesced), every load is issued before the first store."""
+    V, o, U, B = p.vec, p.o, p.unroll, p.block
     outer = list(range(len(p.groups) - 1))
+    E = f"V_t" if V > 1 else T
     lines = [f"  const {it} nv = gs{o} / {V};",
              f"  const {it} total = {' * '.join([f'gs{g}' for g in outer] + ['nv'])};",
-             f"  for ({it} l = ({it})blockIdx.x * blockDim.x + threadIdx.x; l < total; "
-             f"l += ({it})gridDim.x * blockDim.x) {{",
-             f"    {it} r = l / nv;",
-             f"    {it} off = (l % nv) * {V} * gt{o};"]
-    lines += _decompose("r", outer, it, "off", None)
+             f"  const {it} nblk = (total + {U * B - 1}) / {U * B};"]
     if V > 1:
-        lines += [f"    struct __align__({V * p.itemsize}) V_t {{ {T} v[{V}]; }};",
-                  f"    *reinterpret_cast<V_t*>(out + l * {V}) = "
-                  f"*reinterpret_cast<const V_t*>(in + off);"]
-    else:
-        lines.append("    out[l] = in[off];")
-    lines.append("  }")
+        lines.append(f"  struct __align__({V * p.itemsize}) V_t {{ {T} v[{V}]; }};")
+    lines += [f"  for ({it} blk = blockIdx.x; blk < nblk; blk += gridDim.x) {{",
+              f"    {E} buf[{U}];",
+              "    #pragma unroll",
+              f"    for (int u = 0; u < {U}; ++u) {{",
+              f"      const {it} l = (blk * {U} + u) * {B} + ({it})threadIdx.x;",
+              "      if (l < total) {",
+              f"        {it} r = l / nv;",
+              f"        {it} off = (l - r * nv) * {V} * gt{o};"]
+    lines += _row_offset("r", outer, it, "off")
+    lines += [f"        buf[u] = *reinterpret_cast<const {E}*>(in + off);",
+              "      }",
+              "    }",
+              "    #pragma unroll",
+              f"    for (int u = 0; u < {U}; ++u) {{",
+              f"      const {it} l = (blk * {U} + u) * {B} + ({it})threadIdx.x;",
+              f"      if (l < total) *reinterpret_cast<{E}*>(out + l * {V}) = buf[u];",
+              "    }",
+              "  }"]
     return lines
 
 
@@ -117,12 +143,12 @@ def _launch_fn(p: TransposeParams):
     def launch_config(bindings, tensors) -> LaunchConfig:
         x = tensors[0]
         if p.kind == "empty" or x.numel() == 0:
-            return LaunchConfig((0, 1, 1), (ROW_BLOCK, 1, 1))
+            return LaunchConfig((0, 1, 1), (p.block, 1, 1))
         sizes, _ = group_extents(p.groups, x)
-        if p.kind == "rows":
+        if p.kind == "rows":   # one pass (grid-strides only past MAX_ROW_BLOCKS)
             vectors = x.numel() // p.vec
-            return LaunchConfig((max(1, min(-(-vectors // ROW_BLOCK), MAX_BLOCKS)), 1, 1),
-                                (ROW_BLOCK, 1, 1))
+            return LaunchConfig((max(1, min(-(-vectors // (p.block * p.unroll)), MAX_ROW_BLOCKS)), 1, 1),
+                                (p.block, 1, 1))
         t = p.tile
         nblk = -(-sizes[p.o] // t) * -(-sizes[p.i] // t) * L.numel(sizes[g] for g in p.batch)
         return LaunchConfig((max(1, min(nblk, MAX_BLOCKS * 16)), 1, 1), (t, ROWS, 1))

@@ -6,19 +6,31 @@ primary context, which is the one PyTorch uses), raises the dynamic shared-memor
 launch needs more than 48 KiB, packs the arguments and calls cuLaunchKernel on
 `torch.cuda.current_stream(device)`.
 
-Argument passing (`$PYFUSER_LAUNCH_MODE`, read when a launcher is made):
-- "ptrs" (default): the packer writes all values into one preallocated C buffer with
-  `struct.pack_into`; kernelParams is the address of a prebuilt `void*[]` pointing at each
-  parameter's slot, so cuda-python converts nothing per call.
+Argument passing (`$PYFUSER_LAUNCH_MODE`, read when a launcher is made; `launcher.mode = ...`
+switches an existing launcher, its prepared launches included):
+- "ctypes" (default): libcuda's own entry points through ctypes (`raw_driver()`), no cuda-bindings
+  wrapper per call. kernelParams is a prebuilt `void*[]` pointing into one C buffer. A prepared
+  launch (below) keeps a CUlaunchConfig (grid, block, shared memory, stream) right before its
+  parameters in that buffer, so a call is one `struct.pack_into` (stream + tensor pointers) and
+  one `cuLaunchKernelEx(&config, f, params, NULL)` whose arguments are all bound beforehand
+  (drivers without cuLaunchKernelEx: cuLaunchKernel with argtypes). Where libcuda cannot be
+  loaded, the launcher uses "ptrs".
+- "ptrs": the same buffer through cuda-bindings' `cuLaunchKernel`; kernelParams is the address of
+  a prebuilt `void*[]` pointing at each parameter's slot, so cuda-python converts nothing per call.
 - "extra": the same buffer passed through `extra` = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf,
   CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END}; `size` is the kernel's parameter
   block (the end of the last parameter, `ParamPacker.args_size`), never the 8-padded buffer: a
   larger size fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES ("too many arguments").
 - "tuple": cuda-python's (values, ctypes types) form; slowest, simplest, kept for comparison.
+Modules are loaded, attributes set and layouts checked through cuda-bindings in every mode.
 
 Fast path: `prepare(cfg, device_index, tensors, bindings)` packs every value once into a buffer
-of its own (a `Prepared`) and returns it; `launch_prepared(prep, ptrs)` then only writes the
-tensor pointers (all other parameters are fixed by the executor's fast key) and launches.
+of its own (a `Prepared`) and returns it; `prep.go(ptrs)` (= `launch_prepared(prep, ptrs)`) then
+only writes the tensor pointers (all other parameters are fixed by the executor's fast key) and
+the current stream, and launches. In "ctypes" mode `go` is generated per Prepared and skips the
+context query: it launches first and only when the driver refuses (a non-zero CUresult) looks at
+the thread's current context; if that is not the device's primary context (another device's, or
+none) it pushes the primary context, launches again and pops it; any other failure raises.
 
 Invariants:
 - Every driver call's result is checked; a failure raises CudaDriverError naming the call.
@@ -26,22 +38,31 @@ Invariants:
   list (cuFuncGetParamInfo, where the driver has it): same count, offsets and sizes, else a
   CudaDriverError says which parameter differs (no launch with a wrong layout).
 - The launch runs with the device's primary context current; if the thread had another current
-  context (another device, or none yet), it is pushed for the launch and popped after.
-- One launcher may be used from several threads: the shared argument buffer is guarded by a lock
+  context (another device, or none yet), it is pushed for the launch and popped after (prepared
+  "ctypes" launches find out from the launch's own error, see above: a kernel of a module loaded
+  in one context is not launched in another; the driver answers CUDA_ERROR_INVALID_HANDLE or
+  CUDA_ERROR_INVALID_CONTEXT).
+- One launcher may be used from several threads: each shared argument buffer is guarded by a lock
   (cuLaunchKernel copies the arguments before it returns).
+- Every CUresult is checked in every mode: a non-zero one raises CudaDriverError naming the call,
+  the kernel, grid, block and shared memory.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
+import struct
 import threading
+import weakref
 
 from ..errors import PyfuserError
 from .nvrtc import CompiledBinary
 from .params import ParamPacker
 
-LAUNCH_MODES = ("ptrs", "extra", "tuple")
+LAUNCH_MODES = ("ctypes", "ptrs", "extra", "tuple")
+log = logging.getLogger("pyfuser")
 _DEFAULT_SMEM = 48 * 1024
 
 
@@ -62,8 +83,11 @@ def driver():
 
 
 def _fail(err, call: str):
+    """Raise CudaDriverError for `err` (a CUresult, or its int from a ctypes call)."""
     drv = driver()
     try:
+        if isinstance(err, int) and hasattr(drv, "CUresult"):
+            err = drv.CUresult(err)
         name = drv.cuGetErrorName(err)[1]
         text = drv.cuGetErrorString(err)[1]
         name = name.decode() if isinstance(name, bytes) else name
@@ -135,6 +159,78 @@ def _raw_stream_fn():
     return lambda idx: torch.cuda.current_stream(idx).cuda_stream
 
 
+# ---- libcuda through ctypes ("ctypes" mode) ------------------------------------------------------
+class RawDriver:
+    """libcuda's per-launch entry points through ctypes (what `raw_driver()` returns).
+
+    launch_ex(config, f, params, extra) -> CUresult: cuLaunchKernelEx with no argtypes, so it is
+        called with prebuilt ctypes objects only (c_void_p); None where the driver lacks it.
+    launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> CUresult: cuLaunchKernel
+        (argtypes set: plain ints).
+    get_current(address of a CUcontext cell), push(ctx), pop(address of a cell) -> CUresult.
+    Tests stand in for libcuda with any object that has these five attributes.
+    """
+
+    def __init__(self, lib):
+        V, U, R = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
+
+        def sym(argtypes, *names):
+            for n in names:
+                f = getattr(lib, n, None)
+                if f is not None:
+                    f.restype = R
+                    if argtypes is not None:
+                        f.argtypes = argtypes
+                    return f
+            return None
+
+        self.launch_ex = sym(None, "cuLaunchKernelEx")
+        self.launch = sym([V, U, U, U, U, U, U, U, V, V, V], "cuLaunchKernel")
+        self.get_current = sym([V], "cuCtxGetCurrent")
+        self.push = sym([V], "cuCtxPushCurrent_v2", "cuCtxPushCurrent")
+        self.pop = sym([V], "cuCtxPopCurrent_v2", "cuCtxPopCurrent")
+        missing = [n for n in ("launch", "get_current", "push", "pop") if getattr(self, n) is None]
+        if missing:
+            raise CudaDriverError(f"libcuda lacks {missing}")
+
+
+@functools.lru_cache(maxsize=None)
+def raw_driver() -> RawDriver:
+    """libcuda loaded through ctypes (the library cuda-bindings uses); CudaDriverError if absent."""
+    err = None
+    for name in (("libcuda.so.1", "libcuda.so") if os.name == "posix" else ("nvcuda.dll",)):
+        try:
+            return RawDriver(ctypes.CDLL(name))
+        except OSError as e:
+            err = e
+    raise CudaDriverError(f"libcuda cannot be loaded through ctypes: {err}")
+
+
+def _check_raw(code: int, call: str) -> None:
+    if code:
+        _fail(code, call)
+
+
+def _with_context(raw, ctx_int: int, launch):
+    """launch() -> CUresult with the primary context `ctx_int` current: pushed and popped when
+    the thread has another current context (or none)."""
+    cell = ctypes.c_void_p()
+    _check_raw(raw.get_current(ctypes.addressof(cell)), "cuCtxGetCurrent")
+    if (cell.value or 0) == ctx_int:
+        return launch()
+    _check_raw(raw.push(ctx_int), "cuCtxPushCurrent")
+    try:
+        return launch()
+    finally:
+        _check_raw(raw.pop(ctypes.addressof(cell)), "cuCtxPopCurrent")
+
+
+# A Prepared's buffer: a CUlaunchConfig (7 x uint32 grid/block/smem, pad, hStream @32, attrs @40,
+# numAttrs @48, pad) then the kernel parameters at _CFG.
+_CFG = 56
+_CONFIG = struct.Struct("<7I4xQQI4x")
+
+
 # `extra` is a void** address (an int, 0 for none) in cuda-bindings 13; older releases took a
 # list of ints or None. Both are detected on the first TypeError and remembered.
 _extra_as_list = [False]
@@ -144,15 +240,15 @@ _NO_EXTRA = [0]
 class KernelLauncher:
     def __init__(self, binary: CompiledBinary, packer: ParamPacker, mode: str | None = None):
         self.binary, self.packer = binary, packer
-        self.mode = mode or os.environ.get("PYFUSER_LAUNCH_MODE", "ptrs")
-        if self.mode not in LAUNCH_MODES:
-            raise PyfuserError(f"PYFUSER_LAUNCH_MODE={self.mode!r}; expected one of {LAUNCH_MODES}")
         self._functions: dict[int, object] = {}
+        self._fn_ints: dict[int, int] = {}
         self._modules: dict[int, object] = {}
         self._smem_limit: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stream = _raw_stream_fn()
         self._drv = driver()
+        self._raw = None
+        self._preps: "weakref.WeakSet[Prepared]" = weakref.WeakSet()
         # The argument buffer and the pointer tables into it live as long as the launcher.
         self._buf = ctypes.create_string_buffer(max(packer.size, 8))
         base = ctypes.addressof(self._buf)
@@ -163,6 +259,26 @@ class KernelLauncher:
         self._extra = (ctypes.c_void_p * 5)(1, base, 2, ctypes.addressof(self._size), 0)
         self._extra_addr = ctypes.addressof(self._extra)
         self._extra_list = [1, base, 2, ctypes.addressof(self._size), 0]
+        self.mode = mode or os.environ.get("PYFUSER_LAUNCH_MODE") or "ctypes"
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        """Switch the argument passing (LAUNCH_MODES); prepared launches follow."""
+        if mode not in LAUNCH_MODES:
+            raise PyfuserError(f"PYFUSER_LAUNCH_MODE={mode!r}; expected one of {LAUNCH_MODES}")
+        if mode == "ctypes" and self._raw is None:
+            try:
+                self._raw = raw_driver()
+            except CudaDriverError as e:
+                log.debug("pyfuser: launch mode 'ptrs' instead of 'ctypes': %s", e)
+                mode = "ptrs"
+        self._mode = mode
+        for prep in list(self._preps):
+            self._bind(prep)
 
     # ---- loading --------------------------------------------------------------------------
     def function(self, device_index: int):
@@ -180,6 +296,7 @@ class KernelLauncher:
                                f"cuModuleGetFunction({self.binary.lowered_name})")
                 self._modules[device_index] = mod
                 verify_layout(fn, self.packer, self.binary.name)
+                self._fn_ints[device_index] = int(fn)
                 self._functions[device_index] = fn
         return self._functions[device_index]
 
@@ -191,6 +308,10 @@ class KernelLauncher:
         check(drv.cuFuncSetAttribute(fn, attr, int(smem)),
               f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.binary.name}")
         self._smem_limit[device_index] = int(smem)
+
+    def _what(self, dims) -> str:
+        return (f"cuLaunchKernel({self.binary.name}, grid={tuple(dims[:3])}, "
+                f"block={tuple(dims[3:6])}, smem={dims[6]})")
 
     # ---- launching ------------------------------------------------------------------------
     def launch(self, cfg, tensors, bindings, device_index: int) -> None:
@@ -204,20 +325,29 @@ class KernelLauncher:
         stream = self._stream(device_index)
         gx, gy, gz = cfg.grid
         bx, by, bz = cfg.block
+        if self._mode == "ctypes":
+            raw, fn_int = self._raw, self._fn_ints[device_index]
+            with self._lock:
+                self.packer.pack_into(self._buf, tensors, bindings)
+                res = _with_context(raw, ctx_int, lambda: raw.launch(
+                    fn_int, gx, gy, gz, bx, by, bz, smem, stream, self._ptrs_addr or None, None))
+            if res:
+                _fail(res, self._what((gx, gy, gz, bx, by, bz, smem)))
+            return
         drv = self._drv
         cur = drv.cuCtxGetCurrent()
         pushed = int(cur[0]) != 0 or int(cur[1]) != ctx_int
         if pushed:
             check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
         try:
-            if self.mode == "tuple":
+            if self._mode == "tuple":
                 vals = self.packer.values(tensors, bindings)
                 res = _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream,
                                        (vals, self.packer.ctypes))
             else:
                 with self._lock:
                     self.packer.pack_into(self._buf, tensors, bindings)
-                    if self.mode == "ptrs":
+                    if self._mode == "ptrs":
                         res = _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream,
                                                self._ptrs_addr)
                     else:
@@ -226,21 +356,33 @@ class KernelLauncher:
             if pushed:
                 check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
         if int(res[0]) != 0:
-            _fail(res[0], f"cuLaunchKernel({self.binary.name}, grid={cfg.grid}, "
-                          f"block={cfg.block}, smem={smem})")
+            _fail(res[0], self._what((gx, gy, gz, bx, by, bz, smem)))
 
     # ---- the executor's fast path ------------------------------------------------------------
     def prepare(self, cfg, device_index: int, tensors, bindings) -> "Prepared":
         """A launch of `cfg` whose parameters are those of `tensors`/`bindings` except the tensor
-        pointers, which `launch_prepared` writes. Values are checked (ExecuteError) here."""
+        pointers, which `prep.go(ptrs)` writes. Values are checked (ExecuteError) here."""
         fn = self.function(device_index)
         smem = int(cfg.shared_mem)
         if smem > _DEFAULT_SMEM:
             self._ensure_smem(fn, device_index, smem)
-        return Prepared(self, fn, cfg, smem, device_index, tensors, bindings)
+        prep = Prepared(self, fn, cfg, smem, device_index, tensors, bindings)
+        self._bind(prep)
+        self._preps.add(prep)
+        return prep
+
+    def _bind(self, prep: "Prepared") -> None:
+        """Set prep.go for the current mode."""
+        if self._mode == "ctypes":
+            prep.go = _ctypes_go(self, prep)
+        else:
+            prep.go = functools.partial(self.launch_prepared, prep)
 
     def launch_prepared(self, prep: "Prepared", ptrs) -> None:
         """Launch `prep` with tensor pointers `ptrs` (tensor inputs, then outputs)."""
+        mode = self._mode
+        if mode == "ctypes":
+            return prep.go(ptrs)
         drv = self._drv
         stream = self._stream(prep.device_index)
         cur = drv.cuCtxGetCurrent()
@@ -248,13 +390,12 @@ class KernelLauncher:
         if pushed:
             check(drv.cuCtxPushCurrent(prep.ctx), "cuCtxPushCurrent")
         try:
-            mode = self.mode
             if mode == "ptrs":
-                with self._lock:
+                with prep.lock:
                     prep.write(prep.buf, ptrs)
                     res = _launch_no_extra(drv, prep.fn, *prep.dims, stream, prep.ptrs_addr)
             elif mode == "extra":
-                with self._lock:
+                with prep.lock:
                     prep.write(prep.buf, ptrs)
                     res = self._launch_extra_with(drv, prep, stream)
             else:
@@ -267,8 +408,7 @@ class KernelLauncher:
             if pushed:
                 check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
         if int(res[0]) != 0:
-            _fail(res[0], f"cuLaunchKernel({self.binary.name}, grid={prep.dims[:3]}, "
-                          f"block={prep.dims[3:6]}, smem={prep.dims[6]})")
+            _fail(res[0], self._what(prep.dims))
 
     def _launch_extra_with(self, drv, prep, stream):
         if not _extra_as_list[0]:
@@ -302,21 +442,28 @@ def _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream, params):
 class Prepared:
     """One launch configuration with its own argument buffer, constants packed in.
 
-    `write(buf, ptrs)` (generated) packs the tensor pointers into their slots; runs of adjacent
-    pointer parameters are one struct.pack_into each. `values` / `ptr_slots` serve "tuple" mode.
+    The buffer holds a CUlaunchConfig (grid, block, smem; the stream is written per call) and at
+    offset _CFG the kernel parameters. `go(ptrs)` (set by the launcher for its mode) writes the
+    tensor pointers and launches; `write(buf, ptrs)` (generated) packs just the pointers, runs of
+    adjacent pointer parameters as one struct.pack_into each. `values` / `ptr_slots` serve
+    "tuple" mode.
     """
-    __slots__ = ("fn", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr", "ptrs_addr",
-                 "size", "extra", "extra_addr", "extra_list", "write", "values", "ptr_slots")
+    __slots__ = ("fn", "fn_int", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr",
+                 "ptrs_addr", "size", "extra", "extra_addr", "extra_list", "write", "values",
+                 "ptr_slots", "runs", "go", "lock", "__weakref__")
 
     def __init__(self, launcher, fn, cfg, smem, device_index, tensors, bindings):
         packer = launcher.packer
         self.fn, self.device_index = fn, device_index
+        self.fn_int = launcher._fn_ints.get(device_index, 0)
         self.dims = (*(int(g) for g in cfg.grid), *(int(b) for b in cfg.block), smem)
         self.ctx, self.ctx_int = _contexts[device_index]
-        self.buf = ctypes.create_string_buffer(max(packer.size, 8))
-        packer.pack_into(self.buf, tensors, bindings)          # validates every value
+        self.lock = threading.Lock()
+        self.buf = ctypes.create_string_buffer(_CFG + max(packer.size, 8))
+        _CONFIG.pack_into(self.buf, 0, *self.dims, 0, 0, 0)
+        packer.pack_into(self.buf, tensors, bindings, _CFG)     # validates every value
         self.values = packer.values(tensors, bindings)
-        base = ctypes.addressof(self.buf)
+        base = ctypes.addressof(self.buf) + _CFG
         n = len(packer.params)
         self.ptrs_arr = (ctypes.c_void_p * max(n, 1))(*[base + o for o in packer.offsets])
         self.ptrs_addr = ctypes.addressof(self.ptrs_arr) if n else 0
@@ -326,20 +473,26 @@ class Prepared:
         self.extra_list = [1, base, 2, ctypes.addressof(self.size), 0]
         self.ptr_slots = [(k, int(p.source[1])) for k, p in enumerate(packer.params)
                           if p.source[0] == "ptr"]
-        self.write = _pointer_writer(packer, self.ptr_slots)
+        self.runs = _pointer_runs(packer, self.ptr_slots)
+        self.write = _pointer_writer(self.runs)
+        self.go = None
 
 
-def _pointer_writer(packer, ptr_slots):
-    """Generate `write(buf, ptrs)`: struct.pack_into of each run of adjacent pointer params."""
-    import struct
-    runs, env = [], {}
+def _pointer_runs(packer, ptr_slots):
+    """[(buffer offset, [pointer indices])] of adjacent pointer parameters."""
+    runs = []
     for k, i in ptr_slots:
-        off = packer.offsets[k]
+        off = _CFG + packer.offsets[k]
         if runs and runs[-1][0] + 8 * len(runs[-1][1]) == off:
             runs[-1][1].append(i)
         else:
             runs.append((off, [i]))
-    lines = ["def write(buf, p):"]
+    return runs
+
+
+def _pointer_writer(runs):
+    """Generate `write(buf, ptrs)`: struct.pack_into of each run of adjacent pointer params."""
+    env, lines = {}, ["def write(buf, p):"]
     for r, (off, idx) in enumerate(runs):
         env[f"S{r}"] = struct.Struct("<" + "Q" * len(idx)).pack_into
         lines.append(f"    S{r}(buf, {off}, " + ", ".join(f"p[{i}]" for i in idx) + ")")
@@ -347,6 +500,68 @@ def _pointer_writer(packer, ptr_slots):
         lines.append("    pass")
     exec(compile("\n".join(lines) + "\n", "<pyfuser pointer writer>", "exec"), env)  # noqa: S102
     return env["write"]
+
+
+def _ctypes_go(launcher, prep):
+    """Generate prep's `go(ptrs)` for "ctypes" mode (see the module docstring).
+
+    With cuLaunchKernelEx: one pack_into writes the config's stream (and zero attributes) and the
+    run of pointers that starts the parameter block, others one each; the launch call has every
+    argument bound (functools.partial of the ctypes function over prebuilt c_void_p objects)."""
+    raw = launcher._raw
+    V = ctypes.c_void_p
+    base = ctypes.addressof(prep.buf)
+    params = V(prep.ptrs_addr or None)
+    env = {"acquire": prep.lock.acquire, "release": prep.lock.release, "stream": launcher._stream,
+           "dev": prep.device_index, "buf": prep.buf}
+    runs = list(prep.runs)
+    body = []
+    if raw.launch_ex is not None:
+        env["L"] = launch = functools.partial(raw.launch_ex, V(base), V(prep.fn_int), params, None)
+        call = "L()"
+
+        def relaunch(s):
+            return launch()
+        if runs and runs[0][0] == _CFG:
+            off, idx = runs.pop(0)
+            env["W"] = struct.Struct("<Q16x" + "Q" * len(idx)).pack_into
+            body.append("W(buf, 32, s, " + ", ".join(f"p[{i}]" for i in idx) + ")")
+        else:
+            env["W"] = struct.Struct("<Q").pack_into
+            body.append("W(buf, 32, s)")
+    else:
+        env["L"] = launch = functools.partial(raw.launch, prep.fn_int, *prep.dims)
+        env["PA"] = pa = prep.ptrs_addr or None
+        call = "L(s, PA, None)"
+
+        def relaunch(s):
+            return launch(s, pa, None)
+    for r, (off, idx) in enumerate(runs):
+        env[f"S{r}"] = struct.Struct("<" + "Q" * len(idx)).pack_into
+        body.append(f"S{r}(buf, {off}, " + ", ".join(f"p[{i}]" for i in idx) + ")")
+    what = launcher._what(prep.dims)
+    ctx_int = prep.ctx_int
+
+    def retry(code, s):
+        """The launch was refused: with another (or no) context current, push ours and launch
+        again; otherwise, or if that fails too, raise naming the launch."""
+        cell = V()
+        if raw.get_current(ctypes.addressof(cell)) == 0 and (cell.value or 0) != ctx_int:
+            _check_raw(raw.push(ctx_int), "cuCtxPushCurrent")
+            try:
+                code = relaunch(s)
+            finally:
+                _check_raw(raw.pop(ctypes.addressof(cell)), "cuCtxPopCurrent")
+        if code:
+            _fail(code, what)
+
+    env["retry"] = retry
+    lines = ["def go(p):", "    acquire()", "    try:", "        s = stream(dev)"]
+    lines += [f"        {b}" for b in body]
+    lines += [f"        r = {call}", "        if r:", "            retry(r, s)",
+              "    finally:", "        release()"]
+    exec(compile("\n".join(lines) + "\n", "<pyfuser ctypes launch>", "exec"), env)  # noqa: S102
+    return env["go"]
 
 
 def verify_layout(fn, packer, name: str) -> None:

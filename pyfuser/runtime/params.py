@@ -110,10 +110,10 @@ class ParamPacker:
             self._explain(vals)
             raise
 
-    def pack_into(self, buf, tensors, bindings) -> None:
+    def pack_into(self, buf, tensors, bindings, offset: int = 0) -> None:
         vals = self.values(tensors, bindings)
         try:
-            self.struct.pack_into(buf, 0, *vals)
+            self.struct.pack_into(buf, offset, *vals)
         except (struct.error, OverflowError):
             self._explain(vals)
             raise

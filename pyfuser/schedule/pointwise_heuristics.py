@@ -41,6 +41,8 @@ class PointwiseParams:
     dropped: list = field(default_factory=list)  # reference axes of size 1 (index always 0)
     max_blocks: int = 0         # grid cap (0: one pass, a block per chunk); the kernel
                                 # grid-strides, so any cap is correct
+    min_blocks: int = 0         # __launch_bounds__(block, min_blocks): caps registers so that
+                                # min_blocks blocks fit on an SM (0: no cap)
     stream_stores: bool = False  # outputs stored with st.global.cs (evict-first); measured no
                                  # gain on H200 (2026-11-22), so off by default
     reason: str = ""            # why this kind / vector width, for the dump
@@ -62,8 +64,9 @@ def _overrides(params: PointwiseParams, sms: int) -> None:
     """Tuning knobs (speed only, never correctness): $PYFUSER_PW_BLOCK, $PYFUSER_PW_UNROLL,
     $PYFUSER_PW_WAVES (grid cap = waves x SMs x resident blocks per SM; 0: one pass) and
     $PYFUSER_PW_STREAM_STORES (1/0)."""
-    b, u, w, cs = (_env_int(n) for n in ("PYFUSER_PW_BLOCK", "PYFUSER_PW_UNROLL",
-                                         "PYFUSER_PW_WAVES", "PYFUSER_PW_STREAM_STORES"))
+    b, u, w, cs, mb = (_env_int(n) for n in ("PYFUSER_PW_BLOCK", "PYFUSER_PW_UNROLL",
+                                             "PYFUSER_PW_WAVES", "PYFUSER_PW_STREAM_STORES",
+                                             "PYFUSER_PW_MINBLOCKS"))
     if b:
         params.block = b
     if u:
@@ -72,6 +75,8 @@ def _overrides(params: PointwiseParams, sms: int) -> None:
         params.max_blocks = w * sms * max(1, 2048 // params.block) if w > 0 else 0
     if cs is not None:
         params.stream_stores = bool(cs)
+    if mb is not None:
+        params.min_blocks = mb
 
 
 def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int,
@@ -88,7 +93,8 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         numel *= e
     vec = params.vec
     inner = group_extents[-1] if group_extents else 1
-    if len(group_extents) >= 2 and inner >= 64 * vec:
+    force = os.environ.get("PYFUSER_PW_KIND")     # tuning knob: "1d" / "2d" (speed only)
+    if force != "1d" and len(group_extents) >= 2 and (inner >= 64 * vec or force == "2d"):
         params.kind = "2d"
         outer = numel // inner if inner else 0
         cols = _ceil(inner, vec)

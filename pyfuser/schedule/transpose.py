@@ -21,6 +21,7 @@ is valid for every input with the same signature.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..errors import SchedulerError
@@ -31,6 +32,8 @@ from . import layout as L
 TILE = 32
 ROWS = 8                      # tile kernel block = (TILE, ROWS) threads
 MIN_ROW_BYTES = 0             # rows of any length use the row kernel when i == o
+ROW_BLOCK = 256               # rows kernel: threads per block
+ROW_UNROLL = 4                # rows kernel: vectors per thread, all loaded before the stores
 
 
 def can_schedule(fusion) -> tuple[bool, str]:
@@ -62,12 +65,15 @@ class TransposeParams:
     index_type: str = "int"
     itemsize: int = 4
     tile: int = TILE
+    block: int = ROW_BLOCK      # rows kernel: threads per block
+    unroll: int = ROW_UNROLL    # rows kernel: vectors per thread
     reason: str = ""
     batch: list = field(default_factory=list)   # the other groups, outer -> inner
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "groups": self.groups, "i": self.i, "o": self.o,
-                "vec": self.vec, "index_type": self.index_type, "tile": self.tile}
+                "vec": self.vec, "index_type": self.index_type, "tile": self.tile,
+                "block": self.block, "unroll": self.unroll}
 
 
 def _collapse(sizes, strides) -> list[list[int]]:
@@ -108,6 +114,10 @@ def schedule(fusion, inputs) -> TransposeParams:
     if i == o:
         p.kind, p.vec = "rows", _vector_width(groups, sizes, strides, x)
         p.reason = "rows are contiguous on both sides"
+        # tuning knobs (speed only): $PYFUSER_TR_BLOCK (<= 1024), $PYFUSER_TR_UNROLL
+        b, u = os.environ.get("PYFUSER_TR_BLOCK"), os.environ.get("PYFUSER_TR_UNROLL")
+        p.block = min(1024, int(b)) if b else p.block
+        p.unroll = int(u) if u else p.unroll
     else:
         p.kind, p.reason = "tile", f"input inner group {i} != output inner group {o}"
     return p

@@ -15,9 +15,9 @@ def test_run_seed003_json(capsys):
     rc, rep = _run_json(capsys, "examples/seed003_bn_add_relu.ir", "--device", "cpu",
                         "--shrink", "16")
     assert rc == 0
-    assert rep["groups"] == 1 and rep["kernels"] == 1 and rep["host_segments"] == 0
-    assert rep["matches_eager"] is True and rep["max_abs_err"] < 1e-5
-    assert [f["kind"] for f in rep["fallbacks"]] == ["aten::native_batch_norm"] * 2
+    assert rep["groups"] == 1 and rep["kernels"] == 1 and rep["host_segments"] == 1
+    assert rep["matches_eager"] is True and rep["max_abs_err"] < 1e-4
+    assert rep["fallbacks"] == []
     assert "prim::PyfuserGroup_0" in rep["fused_graph"]
     assert rep["outputs"] == [{"shape": [8, 16, 16, 16], "dtype": "float32"}]
 

@@ -96,7 +96,8 @@ def test_seed003_one_kernel(mode):
                     device="cpu")
     out = f.run(inputs, device="cpu")
     torch.testing.assert_close(out[0], ref[0])
-    assert (f.last_run.groups, f.last_run.kernels, f.last_run.host_segments) == (1, 1, 0)
+    # one kernel; the [256] parameters' broadcasts are views taken on the host (no copy)
+    assert (f.last_run.groups, f.last_run.kernels, f.last_run.host_segments) == (1, 1, 1)
 
 
 VIEW_ONLY_IR = """graph(%x : Float(6, 10, strides=[10, 1], requires_grad=0, device=cpu)):
@@ -135,4 +136,4 @@ def test_run_json_counts_split_groups(tmp_path, capsys, text, kernels, host):
 def test_run_json_seed003(capsys):
     rc, rep = _json(capsys, "examples/seed003_bn_add_relu.ir", "--shrink", "8")
     assert rc == 0 and rep["matches_eager"] is True
-    assert (rep["groups"], rep["kernels"], rep["host_segments"]) == (1, 1, 0)
+    assert (rep["groups"], rep["kernels"], rep["host_segments"]) == (1, 1, 1)

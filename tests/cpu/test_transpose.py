@@ -87,3 +87,19 @@ def test_empty_tensor():
     plan = TR.plan_kernel(f, [x])
     assert plan.kernel.launch_config(None, [x, torch.empty(5, 0)]).grid[0] == 0
     plan.interpret([x], [torch.empty(5, 0)], None)
+
+
+@pytest.mark.parametrize("block,unroll", [(64, 3), (32, 1), (128, 8)])
+def test_rows_knobs_interpret(monkeypatch, block, unroll):
+    """Any rows block / unroll covers every vector once (ragged last block included)."""
+    monkeypatch.setenv("PYFUSER_TR_BLOCK", str(block))
+    monkeypatch.setenv("PYFUSER_TR_UNROLL", str(unroll))
+    x = permuted((3, 7, 5, 8), (0, 2, 1, 3))
+    f = permuted_copy(4, [0, 2, 1, 3])
+    plan = TR.plan_kernel(f, [x])
+    assert plan.params.kind == "rows" and (plan.params.block, plan.params.unroll) == (block, unroll)
+    (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
+    out.fill_(float("nan"))
+    plan.interpret([x], [out], None)
+    assert torch.equal(out, x.contiguous())
+    assert plan.kernel.launch_config(None, [x, out]).grid[0] == -(-x.numel() // plan.params.vec // (block * unroll))

@@ -92,12 +92,10 @@ def test_seed003_one_kernel_full_size():
     torch.testing.assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
     stats = f.last_run
     assert stats.groups == 1 and stats.kernels == 1 and stats.eager_groups == 0
-    assert {fb["kind"] for fb in stats.fallbacks} == {"aten::native_batch_norm"}
+    assert stats.fallbacks == []
     fused = _kernel_names(lambda: f(*inputs))
-    eager = _kernel_names(lambda: _eager(g, inputs))
-    # the two batch norms stay eager (the same kernels in both); add + relu become one kernel
-    assert len(_pyfuser_kernels(fused)) == 1, fused
-    assert len(fused) == len(eager) - 1, (fused, eager)
+    # inference batch norms, add and relu: the whole graph is one kernel
+    assert len(fused) == 1 and len(_pyfuser_kernels(fused)) == 1, fused
 
 
 @pytest.mark.gpu
@@ -160,4 +158,5 @@ def test_run_json_on_cuda(capsys, path):
     rep = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert rep["groups"] == 1 and rep["kernels"] == 1 and rep["matches_eager"] is True
-    assert rep["executor"] == "cuda" and rep["host_segments"] == 0
+    assert rep["executor"] == "cuda"
+    assert rep["host_segments"] == (1 if path == SEED003 else 0)   # seed 003: [256] params broadcast as views

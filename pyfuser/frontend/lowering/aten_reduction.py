@@ -11,7 +11,7 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .registry import NORMALIZATION, REDUCTION, lowers
+from .registry import NORMALIZATION, POINTWISE, REDUCTION, lowers
 
 ew = B.elementwise
 
@@ -110,13 +110,27 @@ def _channel_param(p, x: TensorView):
     return B.broadcast(p, [i != 1 for i in range(x.ndim)])
 
 
-@lowers("aten::batch_norm", op_class=NORMALIZATION, n_args=(9,), const_args=(5, 6, 7, 8))
+def _batch_norm_class(node) -> str:
+    """Inference batch norm (training a constant False) is pointwise: per-channel scale and
+    shift with running statistics. Training mode reduces over the batch."""
+    from .lower import constant_value, is_constant
+    if node.kind == "aten::_native_batch_norm_legit_no_training":
+        return POINTWISE
+    training = node.inputs[5] if len(node.inputs) > 5 else None
+    # TorchScript prints a bool constant as `prim::Constant[value=0]()`: 0 and False alike.
+    if training is not None and is_constant(training) and constant_value(training) in (False, 0):
+        return POINTWISE
+    return NORMALIZATION
+
+
+@lowers("aten::batch_norm", op_class=NORMALIZATION, n_args=(9,), const_args=(5, 6, 7, 8),
+        classify=_batch_norm_class)
 def _batch_norm(x, w, b, rmean, rvar, training, momentum, eps, cudnn_enabled):
     return _native_batch_norm(x, w, b, rmean, rvar, training, momentum, eps)[0]
 
 
 @lowers("aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training",
-        op_class=NORMALIZATION, n_args=(8, 6), const_args=(5, 6, 7))
+        op_class=NORMALIZATION, n_args=(8, 6), const_args=(5, 6, 7), classify=_batch_norm_class)
 def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     if eps is None:              # _native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
         training, momentum, eps = False, training, momentum

@@ -22,15 +22,21 @@ class Lowering:
     op_class: str
     const_args: tuple        # positions that must be constants (dims, sizes, dtypes, flags)
     n_args: tuple            # accepted argument counts (empty: any)
+    # node -> op class, for ops whose class depends on constant arguments (batch_norm in
+    # inference mode is pointwise); None: always `op_class`.
+    classify: Callable | None = None
+
+    def class_of(self, node) -> str:
+        return self.classify(node) if self.classify is not None else self.op_class
 
 
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def lowers(*kinds: str, op_class: str = POINTWISE, const_args=(), n_args=()):
+def lowers(*kinds: str, op_class: str = POINTWISE, const_args=(), n_args=(), classify=None):
     def register(fn):
         for k in kinds:
             assert k not in LOWERINGS, k
-            LOWERINGS[k] = Lowering(k, fn, op_class, tuple(const_args), tuple(n_args))
+            LOWERINGS[k] = Lowering(k, fn, op_class, tuple(const_args), tuple(n_args), classify)
         return fn
     return register

@@ -34,8 +34,9 @@ def fusible_reason(node, info):
     entry = LOWERINGS.get(node.kind)
     if entry is None:
         return f"{node.kind} has no lowering"
-    if entry.op_class not in FUSIBLE_CLASSES:
-        return f"{entry.op_class} ops are not grouped yet (no {entry.op_class} scheduler)"
+    op_class = entry.class_of(node)
+    if op_class not in FUSIBLE_CLASSES:
+        return f"{op_class} ops are not grouped yet (no {op_class} scheduler)"
     if node.kind in TO_COPY:
         return "alias op whose storage is written elsewhere"
     ok, reason = node_support(node)
@@ -53,7 +54,7 @@ def has_compute(node) -> bool:
     if is_group(node):
         return any(has_compute(n) for n in node.g("Subgraph").nodes())
     e = LOWERINGS.get(node.kind)
-    return e is not None and e.op_class != METADATA
+    return e is not None and e.class_of(node) != METADATA
 
 
 def make_group(node, info):
