@@ -1,6 +1,7 @@
 """Pointwise benchmark: pyfuser vs eager vs torch.compile vs the copy-bandwidth floor (one GPU).
 
     PYTHONPATH=. python3 bench/pointwise.py            # writes $OUT/bench_pointwise.md if OUT is set
+    PYTHONPATH=. python3 bench/pointwise.py --host-only   # just the host overhead per cached call
 
 Per case: median time per call (triton do_bench, L2 flushed), % of the measured device-to-device
 copy rate (bytes that must move / time, over the copy rate), pyfuser/torch.compile time ratio
@@ -256,9 +257,25 @@ def host_overhead():
     return rows
 
 
+def host_only() -> int:
+    """`--host-only`: just the host-overhead table (writes $OUT/bench_pointwise_host.md)."""
+    hrows = [(n, f"{us:.1f}") for n, us in host_overhead()]
+    text = "\n".join([f"### Host overhead per cached call on {torch.cuda.get_device_name()} "
+                      "(3 inputs x 1024 float32; CPU time of N calls, then sync)", "",
+                      markdown(hrows, ["path", "µs / call"])]) + "\n"
+    print(text)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_pointwise_host.md"), "w") as f:
+            f.write(text)
+    return 0
+
+
 def main() -> int:
-    """`--cases A,B`: run only the cases whose name contains A or B (case-insensitive)."""
+    """`--cases A,B`: run only the cases whose name contains A or B (case-insensitive).
+    `--host-only`: only the host overhead per cached call."""
     global CASES
+    if "--host-only" in sys.argv:
+        return host_only()
     if "--cases" in sys.argv:
         want = [w.lower() for w in sys.argv[sys.argv.index("--cases") + 1].split(",") if w]
         CASES = [c for c in CASES if any(w in c[0].lower() for w in want)]

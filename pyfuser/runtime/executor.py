@@ -75,9 +75,12 @@ class _Fast:
 def key_function(fusion_inputs):
     """Generate `key_of(inputs) -> (key, tensor pointers)` for a fusion with these inputs.
 
-    Tensor inputs give (dtype, shape, strides, data_ptr & 15, device index); scalar inputs
-    (type, value, sign) (the sign tells -0.0 from 0.0). A wrong input list (count, or a
-    non-tensor where a tensor is declared) raises; callers then take their checked slow path.
+    The key is one flat tuple: per tensor input (dtype, shape, strides, data_ptr & 15, device
+    index), per scalar input (type, value, sign) (the sign tells -0.0 from 0.0); each input
+    gives a fixed number of entries, so flat is unambiguous (and cheaper to build and hash than a
+    tuple per input). The pointers come as a list the caller may extend. A wrong input list
+    (count, or a non-tensor where a tensor is declared) raises; callers then take their checked
+    slow path.
     """
     names, parts, ptrs = [], [], []
     for i, v in enumerate(fusion_inputs):
@@ -250,7 +253,13 @@ class FusionExecutor:
 
     def _fast_call(self, fast, outputs, tensors):
         """Build (inputs, ptrs) -> outputs for this key from a call that just ran: output sizes,
-        strides and dtypes, the launch config and every non-pointer parameter are fixed by it."""
+        strides and dtypes, the launch config and every non-pointer parameter are fixed by it.
+
+        Generated per key: outputs by `x.new_empty_strided(size, stride)` of the first tensor
+        input x (a plain torch.Tensor: the key fixes its dtype and device; no device argument to
+        parse), else (inputs=None from dispatch's programs, a subclass, no tensor input)
+        `torch.empty_strided(size, stride, dtype=, device=)`; then `prep.go(ptrs)`, read per call
+        so that switching the launcher's mode reaches it."""
         entry, cfg, device = fast.entry, fast.cfg, fast.device
         launcher = entry.launcher
         prep = launcher.prepare(cfg, device.index, tensors, fast.bindings) \
@@ -258,30 +267,34 @@ class FusionExecutor:
         specs = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outputs]
         hit = {"kernels": int(prep is not None), "compiled": 0, "cache_hit": True, "disk_hit": 0,
                "compile_time_s": 0.0, "fallback": None}
-        empty_strided = torch.empty_strided
-        launch = launcher.launch_prepared
-        ex = self
-
-        if len(specs) == 1 and prep is not None:
-            (size, stride, dtype), = specs
-
-            def call(inputs, ptrs):
-                out = empty_strided(size, stride, dtype=dtype, device=device)
-                ptrs.append(out.data_ptr())
-                launch(prep, ptrs)
-                fast.runs += 1
-                ex.last_run = hit
-                return [out]
+        env = {"E": torch.empty_strided, "Tensor": torch.Tensor, "dev": device, "prep": prep,
+               "fast": fast, "ex": self, "hit": hit}
+        i0 = self._tensor_idx[0] if self._tensor_idx else None
+        like_dtype = tensors[0].dtype if i0 is not None else None
+        outs = [f"o{k}" for k in range(len(specs))]
+        general, like = [], []
+        for k, (size, stride, dtype) in enumerate(specs):
+            env[f"Z{k}"], env[f"T{k}"], env[f"D{k}"] = size, stride, dtype
+            general.append(f"o{k} = E(Z{k}, T{k}, dtype=D{k}, device=dev)")
+            like.append(f"o{k} = x.new_empty_strided(Z{k}, T{k})" if dtype == like_dtype else
+                        f"o{k} = x.new_empty_strided(Z{k}, T{k}, dtype=D{k})")
+        lines = ["def call(inputs, ptrs):"]
+        if i0 is not None:
+            lines += ["    x = inputs[%d] if inputs is not None else None" % i0,
+                      "    if type(x) is Tensor:"] + [f"        {c}" for c in like] + \
+                     ["    else:"] + [f"        {c}" for c in general]
         else:
-            def call(inputs, ptrs):
-                outs = [empty_strided(sz, st, dtype=dt, device=device) for sz, st, dt in specs]
-                if prep is not None:
-                    ptrs.extend([o.data_ptr() for o in outs])
-                    launch(prep, ptrs)
-                fast.runs += 1
-                ex.last_run = hit
-                return outs
-        return call
+            lines += [f"    {c}" for c in general]
+        if prep is not None:
+            if len(outs) == 1:
+                lines.append("    ptrs.append(o0.data_ptr())")
+            elif outs:
+                lines.append("    ptrs.extend((" + "".join(f"{o}.data_ptr(), " for o in outs) + "))")
+            lines.append("    prep.go(ptrs)")
+        lines += ["    fast.runs += 1", "    ex.last_run = hit",
+                  "    return [" + ", ".join(outs) + "]"]
+        exec(compile("\n".join(lines) + "\n", "<pyfuser fast call>", "exec"), env)  # noqa: S102
+        return env["call"]
 
     def _check_devices(self, inputs) -> None:
         want = "cpu" if self.mode == "interpret" else "cuda"

@@ -330,7 +330,8 @@ class KernelLauncher:
             with self._lock:
                 self.packer.pack_into(self._buf, tensors, bindings)
                 res = _with_context(raw, ctx_int, lambda: raw.launch(
-                    fn_int, gx, gy, gz, bx, by, bz, smem, stream, self._ptrs_addr or None, None))
+                    fn_int, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), smem, stream,
+                    self._ptrs_addr or None, None))
             if res:
                 _fail(res, self._what((gx, gy, gz, bx, by, bz, smem)))
             return

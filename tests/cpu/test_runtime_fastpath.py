@@ -2,9 +2,12 @@
 driver (CPU tensors posing as CUDA ones): what reaches cuLaunchKernel on a fast call (pointers of
 this call's tensors, constants of the key), when the fast path steps aside (new sizes, poison,
 dumps, clear_caches), segmented programs (host views around a kernel), the `extra` buffer size,
-and the check of the packed layout against the kernel's own parameter list."""
+and the check of the packed layout against the kernel's own parameter list. The default launch
+mode ("ctypes": libcuda through ctypes) runs against `FakeRaw`, the others against FakeDriver
+(cuda-bindings)."""
 import ctypes
 import importlib.util
+import itertools
 import os
 import struct
 
@@ -42,7 +45,7 @@ class FakeDriver:
         return (0, "module")
 
     def cuModuleGetFunction(self, mod, name):
-        return (0, "fn:" + name.decode())
+        return (0, next(_HANDLES))                   # CUfunction: int() gives the handle
 
     def cuFuncGetParamInfo(self, fn, k):
         if self.param_info is None:
@@ -56,7 +59,7 @@ class FakeDriver:
         return (0, b"error")
 
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        packer = self.packers[fn]
+        packer = self.packers[int(fn)]
         if isinstance(params, tuple):
             vals = tuple(params[0])
         elif params:
@@ -74,9 +77,41 @@ class FakeDriver:
         return (0,)
 
 
+_HANDLES = itertools.count(0x5000)
+
+
+class FakeRaw:
+    """libcuda through ctypes ("ctypes" mode), decoding each launch through FakeDriver."""
+
+    def __init__(self, drv):
+        self.drv = drv
+
+    def get_current(self, addr):
+        ctypes.c_void_p.from_address(addr).value = 1234
+        return 0
+
+    def push(self, ctx):
+        raise AssertionError("the fake's context is always current")
+
+    pop = push
+
+    def launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        assert extra is None
+        return self.drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params or 0,
+                                       None)[0]
+
+    def launch_ex(self, cfg, fn, params, extra):
+        *dims, stream, attrs, nattrs = struct.unpack("<7I4xQQI4x", ctypes.string_at(cfg.value, 56))
+        assert attrs == 0 and nattrs == 0 and extra is None and stream == 777
+        self.drv.ex_launches += 1
+        return self.launch(fn.value, *dims, stream, params.value, None)
+
+
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     drv = FakeDriver()
+    drv.ex_launches = 0
+    monkeypatch.setattr(L, "raw_driver", lambda: FakeRaw(drv))
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):
         monkeypatch.delenv(var, raising=False)
@@ -90,7 +125,7 @@ def fake(monkeypatch, tmp_path):
 
     def function(self, device_index):
         fn = orig(self, device_index)
-        drv.packers[fn] = self.packer
+        drv.packers[int(fn)] = self.packer
         return fn
     monkeypatch.setattr(L.KernelLauncher, "function", function)
     dispatch.clear_caches()
@@ -185,9 +220,26 @@ def test_modes_on_fast_calls(fake, mode):
     fs.execute(xs)
     for entry in dispatch.get_executor(fs.ir_fusion)._plans.values():
         entry.launcher.mode = mode
+    before = fake.ex_launches
     (out,) = fs.execute(xs)
     vals = fake.launches[-1][3]
     assert (vals["T0"], vals["T4"], vals["n0"]) == (xs[0].data_ptr(), out.data_ptr(), 100)
+    assert fake.ex_launches - before == (mode == "ctypes")      # the switch reached the fast call
+
+
+def test_fast_call_outputs_for_parameters_and_plain_tensors(fake):
+    """Outputs come from new_empty_strided of a plain tensor input, else torch.empty_strided
+    (an nn.Parameter input): same dtype, shape, strides either way, never the input's class."""
+    fs = mul_add()
+    xs = [torch.randn(50) for _ in range(3)]
+    fs.execute(xs)
+    (a,) = fs.execute(xs)
+    ps = [torch.nn.Parameter(torch.randn(50)) for _ in range(3)]
+    (b,) = fs.execute(ps)
+    for out in (a, b):
+        assert type(out) is torch.Tensor and not out.requires_grad
+        assert (out.shape, out.stride(), out.dtype) == ((50,), (1,), torch.float32)
+    assert fake.launches[-1][3]["T4"] == b.data_ptr() and fake.ex_launches == 2
 
 
 def test_segmented_program_transpose_with_views(fake):

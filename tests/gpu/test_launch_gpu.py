@@ -244,3 +244,62 @@ def test_fast_path_with_fresh_tensors(monkeypatch, mode):
     ex = get_executor(fs.ir_fusion)
     assert ex.last_run["cache_hit"] and ex.stats["runs"] == 5
     assert next(iter(ex._plans.values())).launcher.mode == mode
+
+
+# ---- "ctypes" mode: libcuda through ctypes, prepared launches ---------------------------------
+def _prepared_add3(mode, n=1000):
+    launcher = KernelLauncher(compile_cuda(ADD, "pf_add3"), ParamPacker(ADD_PARAMS), mode=mode)
+    a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
+    out = torch.full_like(a, float("nan"))
+    prep = launcher.prepare(_cfg(n), torch.cuda.current_device(), [a, b, c, out], {})
+    return launcher, prep, (a, b, c)
+
+
+def test_ctypes_is_the_default_and_launches():
+    launcher, prep, (a, b, c) = _prepared_add3(None)
+    assert launcher.mode == "ctypes"
+    for _ in range(3):
+        out = torch.full_like(a, float("nan"))
+        prep.go([a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr()])
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, a + b * c)
+
+
+def test_ctypes_launch_from_a_thread_without_a_current_context(capsys):
+    """A fresh thread whose current context was cleared: the launch is refused, the primary
+    context is pushed for a second launch and popped (where the driver refuses at all)."""
+    from pyfuser.runtime.launch import driver
+    drv = driver()
+    launcher, prep, (a, b, c) = _prepared_add3("ctypes")
+    out = torch.full_like(a, float("nan"))
+    res, retries = {}, []
+    env = prep.go.__globals__
+    retry = env["retry"]
+    env["retry"] = lambda code, s: (retries.append(code), retry(code, s))
+
+    def work():
+        try:
+            drv.cuCtxSetCurrent(drv.CUcontext(0))
+            prep.go([a.data_ptr(), b.data_ptr(), c.data_ptr(), out.data_ptr()])
+            res["after"] = int(drv.cuCtxGetCurrent()[1] or 0)
+        except Exception as e:  # noqa: BLE001
+            res["error"] = e
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in res, res
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a + b * c)
+    with capsys.disabled():
+        print(f"\n[ctypes launch without a current context] refused with {retries}, "
+              f"context after: {res['after']:#x}")
+
+
+def test_ctypes_launch_errors_are_raised():
+    launcher = KernelLauncher(compile_cuda(ADD, "pf_add3"), ParamPacker(ADD_PARAMS), mode="ctypes")
+    a = torch.randn(10, device="cuda")
+    prep = launcher.prepare(LaunchConfig((1, 1, 1), (4096, 1, 1)), torch.cuda.current_device(),
+                            [a, a, a, a], {})
+    with pytest.raises(CudaDriverError, match=r"cuLaunchKernel\(pf_add3, grid=\(1, 1, 1\), "
+                                              r"block=\(4096, 1, 1\)"):
+        prep.go([a.data_ptr()] * 4)
