@@ -130,12 +130,7 @@ def plan_kernel(fusion, inputs) -> KernelPlan:
     kernel = GeneratedKernel(name, source, list(kir.params), _launch_fn(sched, ref_seg),
                              sched.params.as_dict())
     D.dump("kernel_ir", name, lambda: K.format_kernel_ir(kir))
-    D.dump("cuda_kernel", name, source)
-    if D.is_enabled("cuda_to_file"):
-        import os
-        os.makedirs(D.dump_dir(), exist_ok=True)
-        with open(os.path.join(D.dump_dir(), f"{name}.cu"), "w") as f:
-            f.write(source)
+    # cuda_kernel / cuda_to_file are dumped where every kernel is compiled (runtime).
     return KernelPlan(sched, kernel, kir, body)
 
 
