@@ -9,9 +9,10 @@ Caches, from cheapest to dearest:
 1. fast key -> _Fast: a tuple of the inputs' (dtype, shape, strides, data_ptr % 16, device) or
    a scalar's (type, value, sign). It fixes everything the codegen's `signature` may look at and
    every kernel parameter except the tensor pointers, so a hit skips `signature`, `bind` and
-   `launch_config`. In "cuda" mode, from the second call with a key on, the hit runs `_Fast.call`:
-   outputs by `torch.empty_strided` with cached sizes/strides, a `Prepared` launch (launch.py)
-   whose buffer already holds every constant parameter, one cuLaunchKernel. `key_function`
+   `launch_config`. In "cuda" mode, from the second call with a key on, the hit runs `_Fast.call`
+   (generated): outputs by `new_empty_strided` of the first tensor input (or `torch.empty_strided`)
+   with cached sizes/strides, then `prep.go(ptrs)` of a `Prepared` launch (launch.py) whose
+   buffer already holds every constant parameter: one cuLaunchKernelEx through ctypes. `key_function`
    generates the key code once per input list shape (no per-call interpretation).
 2. signature -> _Entry (plan, packer, launcher): a new size with the same signature reuses the
    compiled kernel (sizes are kernel arguments, not compile-time constants).
@@ -199,7 +200,9 @@ class FusionExecutor:
             fast = self._fast.get(key)
         except Exception:  # noqa: BLE001 - malformed inputs: the checked path says what is wrong
             key = fast = None
-        if fast is not None and fast.call is not None and not slow_env():
+        if fast is not None and fast.call is not None and (
+                b"PYFUSER_DUMP" not in _RAW_ENV and b"PYFUSER_POISON_OUTPUTS" not in _RAW_ENV
+                if _RAW_ENV is not None else not slow_env()):
             return fast.call(inputs, ptrs)
         inputs = list(inputs)
         if key is None:
