@@ -55,6 +55,16 @@ def copy_rate() -> float:
     return 2 * src.nbytes / (us * 1e-6)
 
 
+def same_size_copy_us(nbytes: int) -> float:
+    """Time of one dst.copy_(src) moving `nbytes` (read + write), for comparison: small transfers
+    do not reach the large-copy rate (launch, ramp-up, tail), so this is the practical floor."""
+    src = torch.randint(0, 255, (max(nbytes // 2, 1),), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = bench_us(lambda: dst.copy_(src))
+    del src, dst
+    return us
+
+
 def count_kernels(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     fn()

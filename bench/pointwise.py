@@ -21,7 +21,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_us, copy_rate, count_kernels, host_us_per_call, markdown  # noqa: E402
+from common import (bench_us, copy_rate, count_kernels, host_us_per_call, markdown,  # noqa: E402
+                    same_size_copy_us)
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
@@ -181,7 +182,8 @@ def run_case(name, define, eager, make_inputs, tol, rate):
         raise AssertionError(f"{name}: pyfuser did not run a kernel (fallback to the evaluator)")
     nbytes = _bytes(xs, [out])
     floor_us = nbytes / rate * 1e6
-    row = {"case": name, "MB": nbytes / 1e6, "floor": floor_us}
+    row = {"case": name, "MB": nbytes / 1e6, "floor": floor_us,
+           "copy_same": same_size_copy_us(nbytes)}
     row["pyfuser"] = bench_us(lambda: fs.execute(xs))
     row["eager"] = bench_us(lambda: eager(*xs))
     row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
@@ -298,15 +300,18 @@ def main() -> int:
     def pct(us, floor):
         return f"{us:.1f} ({100 * floor / us:.0f}%)" if us == us else "n/a"
 
-    table = [(r["case"], f"{r['MB']:.0f}", f"{r['floor']:.1f}", pct(r["pyfuser"], r["floor"]),
+    table = [(r["case"], f"{r['MB']:.0f}", f"{r['floor']:.1f}", f"{r['copy_same']:.1f}",
+              pct(r["pyfuser"], r["floor"]),
               pct(r["eager"], r["floor"]), pct(r["compile"], r["floor"]),
               f"{r['pyfuser'] / r['compile']:.2f}" if r["compile"] == r["compile"] else "n/a",
               f"{r['k_pyfuser']} / {r['k_eager']} / {r['k_compile']}") for r in rows]
     md = [f"## Pointwise benchmark on {dev}", "",
           f"Copy rate (device-to-device, read+write bytes): {rate / 1e12:.2f} TB/s. Times are "
           "medians per call in µs (triton do_bench, L2 flushed); in parentheses the % of the copy "
-          "rate achieved; ratio = pyfuser / torch.compile time (< 1: pyfuser faster).", "",
-          markdown(table, ["case", "MB moved", "copy floor µs", "pyfuser µs (%)", "eager µs (%)",
+          "rate achieved; ratio = pyfuser / torch.compile time (< 1: pyfuser faster). 'same-size "
+          "copy' is one dst.copy_(src) moving the same bytes: the practical floor at that size.", "",
+          markdown(table, ["case", "MB moved", "copy floor µs", "same-size copy µs",
+                           "pyfuser µs (%)", "eager µs (%)",
                            "torch.compile µs (%)", "pyfuser/compile", "kernels pyf/eager/compile"])]
 
     ctimes = []

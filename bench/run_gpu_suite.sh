@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name()); import cuda.bindings; print('cuda-bindings', cuda.bindings.__version__)"
 
 start=$(date +%s)
-timeout 200 $PY -m pytest tests -q -m gpu -rfEs -p no:cacheprovider --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
+timeout 200 $PY -m pytest tests -m gpu -rfEs -p no:cacheprovider --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -n 60 "$OUT/gpu_tests.log"
 tests_s=$(( $(date +%s) - start ))

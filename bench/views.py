@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import bench_us, copy_rate, host_us_per_call, markdown  # noqa: E402
+from bench.common import bench_us, copy_rate, host_us_per_call, markdown, same_size_copy_us  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
     os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"))
@@ -76,12 +76,14 @@ def main() -> None:
         results[name] = (us, pct)
         gpu_us = _kernel_us(lambda: fs.execute(ins))
         host_us = host_us_per_call(lambda: fs.execute(ins), n=500, rounds=3)
+        copy_us = same_size_copy_us(nbytes)
         rows.append([name, f"{us:.1f}", f"{gpu_us:.1f}", f"{host_us:.1f}", f"{eager_us:.1f}",
-                     f"{comp_us:.1f}", f"{pct:.1f}%", str(fs.last_run.kernels),
+                     f"{comp_us:.1f}", f"{copy_us:.1f}", f"{pct:.1f}%", str(fs.last_run.kernels),
                      str(fs.last_run.host_segments)])
     ratio = results["gelu + bookend views"][0] / results["gelu, no views"][0]
     table = markdown(rows, ["case", "pyfuser us", "its kernels us (profiler, L2 flushed)",
-                            "host us / call", "eager us", "torch.compile us", "% of copy BW",
+                            "host us / call", "eager us", "torch.compile us",
+                            "same-size copy us", "% of copy BW",
                             "kernels", "host segments"])
     text = (f"{table}\n\ncopy bandwidth: {rate / 1e9:.0f} GB/s; gelu views / no views = {ratio:.3f} "
             f"(target <= 1.03); gelu >= 92%, transpose >= 80% of copy bandwidth\n")
