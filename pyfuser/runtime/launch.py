@@ -4,11 +4,12 @@
 device_index)` loads the module on that device the first time (cuModuleLoadData in the device's
 primary context, which is the one PyTorch uses), raises the dynamic shared-memory limit when the
 launch needs more than 48 KiB, packs the arguments and calls cuLaunchKernel on
-`torch.cuda.current_stream(device)`.
+`torch.cuda.current_stream(device)`. Driver plumbing (result checks, primary contexts, libcuda
+through ctypes, the layout check) is driver.py's, reached as `D.<name>` (one patch point each).
 
 Argument passing (`$PYFUSER_LAUNCH_MODE`, read when a launcher is made; `launcher.mode = ...`
 switches an existing launcher, its prepared launches included):
-- "ctypes" (default): libcuda's own entry points through ctypes (`raw_driver()`), no cuda-bindings
+- "ctypes" (default): libcuda's own entry points through ctypes (`D.raw_driver()`), no cuda-bindings
   wrapper per call. kernelParams is a prebuilt `void*[]` pointing into one C buffer. A prepared
   launch (below) keeps a CUlaunchConfig (grid, block, shared memory, stream) right before its
   parameters in that buffer, so a call is one `struct.pack_into` (stream + tensor pointers) and
@@ -33,10 +34,7 @@ the thread's current context; if that is not the device's primary context (anoth
 none) it pushes the primary context, launches again and pops it; any other failure raises.
 
 Invariants:
-- Every driver call's result is checked; a failure raises CudaDriverError naming the call.
-- When a kernel is loaded, the packer's layout is checked against the kernel's own parameter
-  list (cuFuncGetParamInfo, where the driver has it): same count, offsets and sizes, else a
-  CudaDriverError says which parameter differs (no launch with a wrong layout).
+- A kernel is launched only after its layout passed `D.verify_layout` when it was loaded.
 - The launch runs with the device's primary context current; if the thread had another current
   context (another device, or none yet), it is pushed for the launch and popped after (prepared
   "ctypes" launches find out from the launch's own error, see above: a kernel of a module loaded
@@ -44,8 +42,8 @@ Invariants:
   CUDA_ERROR_INVALID_CONTEXT).
 - One launcher may be used from several threads: each shared argument buffer is guarded by a lock
   (cuLaunchKernel copies the arguments before it returns).
-- Every CUresult is checked in every mode: a non-zero one raises CudaDriverError naming the call,
-  the kernel, grid, block and shared memory.
+- Every driver call's result and every launch's CUresult is checked, in every mode: a non-zero
+  one raises CudaDriverError naming the call (a launch: the kernel, grid, block and shared memory).
 """
 from __future__ import annotations
 
@@ -58,172 +56,13 @@ import threading
 import weakref
 
 from ..errors import PyfuserError
+from . import driver as D
 from .nvrtc import CompiledBinary
 from .params import ParamPacker
 
 LAUNCH_MODES = ("ctypes", "ptrs", "extra", "tuple")
 log = logging.getLogger("pyfuser")
 _DEFAULT_SMEM = 48 * 1024
-
-
-class CudaDriverError(PyfuserError):
-    """A CUDA driver call failed; the message names the call and the driver's error."""
-
-
-@functools.lru_cache(maxsize=None)
-def driver():
-    try:
-        from cuda.bindings import driver as drv
-    except ImportError:
-        try:
-            from cuda import cuda as drv  # cuda-python < 12.6
-        except ImportError as e:
-            raise CudaDriverError(f"cuda-bindings is not installed: {e}") from None
-    return drv
-
-
-def _fail(err, call: str):
-    """Raise CudaDriverError for `err` (a CUresult, or its int from a ctypes call)."""
-    drv = driver()
-    try:
-        if isinstance(err, int) and hasattr(drv, "CUresult"):
-            err = drv.CUresult(err)
-        name = drv.cuGetErrorName(err)[1]
-        text = drv.cuGetErrorString(err)[1]
-        name = name.decode() if isinstance(name, bytes) else name
-        text = text.decode() if isinstance(text, bytes) else text
-    except Exception:  # noqa: BLE001 - best effort description
-        name, text = repr(err), ""
-    raise CudaDriverError(f"{call} failed: {name}: {text}")
-
-
-def check(result, call: str):
-    """Unpack a cuda-python result tuple (err, *values); raise on error; return the value(s)."""
-    err = result[0]
-    if int(err) != 0:
-        _fail(err, call)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
-
-
-# ---- contexts -----------------------------------------------------------------------------------
-_contexts: dict[int, tuple[object, int]] = {}
-_ctx_lock = threading.Lock()
-
-
-def primary_context(device_index: int):
-    """(CUcontext, its handle as int) of the device's primary context, which PyTorch uses."""
-    hit = _contexts.get(device_index)
-    if hit is not None:
-        return hit
-    with _ctx_lock:
-        if device_index not in _contexts:
-            import torch
-            torch.cuda.init()
-            # Make sure PyTorch has created (and owns) the primary context on this device.
-            torch.empty(1, device=f"cuda:{device_index}")
-            drv = driver()
-            check(drv.cuInit(0), "cuInit")
-            dev = check(drv.cuDeviceGet(device_index), "cuDeviceGet")
-            ctx = check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-            _contexts[device_index] = (ctx, int(ctx))
-    return _contexts[device_index]
-
-
-class _Current:
-    """Context manager: make `ctx` current for the block if it is not already."""
-    __slots__ = ("ctx", "ctx_int", "pushed")
-
-    def __init__(self, ctx, ctx_int):
-        self.ctx, self.ctx_int, self.pushed = ctx, ctx_int, False
-
-    def __enter__(self):
-        drv = driver()
-        cur = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if cur is None or int(cur) != self.ctx_int:
-            check(drv.cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
-            self.pushed = True
-        return self
-
-    def __exit__(self, *exc):
-        if self.pushed:
-            check(driver().cuCtxPopCurrent(), "cuCtxPopCurrent")
-
-
-def _raw_stream_fn():
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw
-    return lambda idx: torch.cuda.current_stream(idx).cuda_stream
-
-
-# ---- libcuda through ctypes ("ctypes" mode) ------------------------------------------------------
-class RawDriver:
-    """libcuda's per-launch entry points through ctypes (what `raw_driver()` returns).
-
-    launch_ex(config, f, params, extra) -> CUresult: cuLaunchKernelEx with no argtypes, so it is
-        called with prebuilt ctypes objects only (c_void_p); None where the driver lacks it.
-    launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> CUresult: cuLaunchKernel
-        (argtypes set: plain ints).
-    get_current(address of a CUcontext cell), push(ctx), pop(address of a cell) -> CUresult.
-    Tests stand in for libcuda with any object that has these five attributes.
-    """
-
-    def __init__(self, lib):
-        V, U, R = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
-
-        def sym(argtypes, *names):
-            for n in names:
-                f = getattr(lib, n, None)
-                if f is not None:
-                    f.restype = R
-                    if argtypes is not None:
-                        f.argtypes = argtypes
-                    return f
-            return None
-
-        self.launch_ex = sym(None, "cuLaunchKernelEx")
-        self.launch = sym([V, U, U, U, U, U, U, U, V, V, V], "cuLaunchKernel")
-        self.get_current = sym([V], "cuCtxGetCurrent")
-        self.push = sym([V], "cuCtxPushCurrent_v2", "cuCtxPushCurrent")
-        self.pop = sym([V], "cuCtxPopCurrent_v2", "cuCtxPopCurrent")
-        missing = [n for n in ("launch", "get_current", "push", "pop") if getattr(self, n) is None]
-        if missing:
-            raise CudaDriverError(f"libcuda lacks {missing}")
-
-
-@functools.lru_cache(maxsize=None)
-def raw_driver() -> RawDriver:
-    """libcuda loaded through ctypes (the library cuda-bindings uses); CudaDriverError if absent."""
-    err = None
-    for name in (("libcuda.so.1", "libcuda.so") if os.name == "posix" else ("nvcuda.dll",)):
-        try:
-            return RawDriver(ctypes.CDLL(name))
-        except OSError as e:
-            err = e
-    raise CudaDriverError(f"libcuda cannot be loaded through ctypes: {err}")
-
-
-def _check_raw(code: int, call: str) -> None:
-    if code:
-        _fail(code, call)
-
-
-def _with_context(raw, ctx_int: int, launch):
-    """launch() -> CUresult with the primary context `ctx_int` current: pushed and popped when
-    the thread has another current context (or none)."""
-    cell = ctypes.c_void_p()
-    _check_raw(raw.get_current(ctypes.addressof(cell)), "cuCtxGetCurrent")
-    if (cell.value or 0) == ctx_int:
-        return launch()
-    _check_raw(raw.push(ctx_int), "cuCtxPushCurrent")
-    try:
-        return launch()
-    finally:
-        _check_raw(raw.pop(ctypes.addressof(cell)), "cuCtxPopCurrent")
-
 
 # A Prepared's buffer: a CUlaunchConfig (7 x uint32 grid/block/smem, pad, hStream @32, attrs @40,
 # numAttrs @48, pad) then the kernel parameters at _CFG.
@@ -245,8 +84,8 @@ class KernelLauncher:
         self._modules: dict[int, object] = {}
         self._smem_limit: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._stream = _raw_stream_fn()
-        self._drv = driver()
+        self._stream = D._raw_stream_fn()
+        self._drv = D.driver()
         self._raw = None
         self._preps: "weakref.WeakSet[Prepared]" = weakref.WeakSet()
         # The argument buffer and the pointer tables into it live as long as the launcher.
@@ -272,8 +111,8 @@ class KernelLauncher:
             raise PyfuserError(f"PYFUSER_LAUNCH_MODE={mode!r}; expected one of {LAUNCH_MODES}")
         if mode == "ctypes" and self._raw is None:
             try:
-                self._raw = raw_driver()
-            except CudaDriverError as e:
+                self._raw = D.raw_driver()
+            except D.CudaDriverError as e:
                 log.debug("pyfuser: launch mode 'ptrs' instead of 'ctypes': %s", e)
                 mode = "ptrs"
         self._mode = mode
@@ -287,15 +126,15 @@ class KernelLauncher:
             return fn
         with self._lock:
             if device_index not in self._functions:
-                ctx, ctx_int = primary_context(device_index)
-                drv = driver()
-                with _Current(ctx, ctx_int):
-                    mod = check(drv.cuModuleLoadData(self.binary.cubin),
+                ctx, ctx_int = D.primary_context(device_index)
+                drv = D.driver()
+                with D._Current(ctx, ctx_int):
+                    mod = D.check(drv.cuModuleLoadData(self.binary.cubin),
                                 f"cuModuleLoadData({self.binary.name})")
-                    fn = check(drv.cuModuleGetFunction(mod, self.binary.lowered_name.encode()),
+                    fn = D.check(drv.cuModuleGetFunction(mod, self.binary.lowered_name.encode()),
                                f"cuModuleGetFunction({self.binary.lowered_name})")
                 self._modules[device_index] = mod
-                verify_layout(fn, self.packer, self.binary.name)
+                D.verify_layout(fn, self.packer, self.binary.name)
                 self._fn_ints[device_index] = int(fn)
                 self._functions[device_index] = fn
         return self._functions[device_index]
@@ -303,9 +142,9 @@ class KernelLauncher:
     def _ensure_smem(self, fn, device_index: int, smem: int) -> None:
         if smem <= max(_DEFAULT_SMEM, self._smem_limit.get(device_index, 0)):
             return
-        drv = driver()
+        drv = D.driver()
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(drv.cuFuncSetAttribute(fn, attr, int(smem)),
+        D.check(drv.cuFuncSetAttribute(fn, attr, int(smem)),
               f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) for {self.binary.name}")
         self._smem_limit[device_index] = int(smem)
 
@@ -321,7 +160,7 @@ class KernelLauncher:
         smem = int(cfg.shared_mem)
         if smem > _DEFAULT_SMEM:
             self._ensure_smem(fn, device_index, smem)
-        ctx, ctx_int = _contexts[device_index]
+        ctx, ctx_int = D._contexts[device_index]
         stream = self._stream(device_index)
         gx, gy, gz = cfg.grid
         bx, by, bz = cfg.block
@@ -329,17 +168,17 @@ class KernelLauncher:
             raw, fn_int = self._raw, self._fn_ints[device_index]
             with self._lock:
                 self.packer.pack_into(self._buf, tensors, bindings)
-                res = _with_context(raw, ctx_int, lambda: raw.launch(
+                res = D._with_context(raw, ctx_int, lambda: raw.launch(
                     fn_int, int(gx), int(gy), int(gz), int(bx), int(by), int(bz), smem, stream,
                     self._ptrs_addr or None, None))
             if res:
-                _fail(res, self._what((gx, gy, gz, bx, by, bz, smem)))
+                D._fail(res, self._what((gx, gy, gz, bx, by, bz, smem)))
             return
         drv = self._drv
         cur = drv.cuCtxGetCurrent()
         pushed = int(cur[0]) != 0 or int(cur[1]) != ctx_int
         if pushed:
-            check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+            D.check(drv.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
         try:
             if self._mode == "tuple":
                 vals = self.packer.values(tensors, bindings)
@@ -352,12 +191,13 @@ class KernelLauncher:
                         res = _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream,
                                                self._ptrs_addr)
                     else:
-                        res = self._launch_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream)
+                        res = _launch_extra(drv, fn, (gx, gy, gz, bx, by, bz, smem), stream,
+                                            self._extra_addr, self._extra_list)
         finally:
             if pushed:
-                check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+                D.check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
         if int(res[0]) != 0:
-            _fail(res[0], self._what((gx, gy, gz, bx, by, bz, smem)))
+            D._fail(res[0], self._what((gx, gy, gz, bx, by, bz, smem)))
 
     # ---- the executor's fast path ------------------------------------------------------------
     def prepare(self, cfg, device_index: int, tensors, bindings) -> "Prepared":
@@ -389,7 +229,7 @@ class KernelLauncher:
         cur = drv.cuCtxGetCurrent()
         pushed = int(cur[0]) != 0 or int(cur[1]) != prep.ctx_int
         if pushed:
-            check(drv.cuCtxPushCurrent(prep.ctx), "cuCtxPushCurrent")
+            D.check(drv.cuCtxPushCurrent(prep.ctx), "cuCtxPushCurrent")
         try:
             if mode == "ptrs":
                 with prep.lock:
@@ -398,7 +238,8 @@ class KernelLauncher:
             elif mode == "extra":
                 with prep.lock:
                     prep.write(prep.buf, ptrs)
-                    res = self._launch_extra_with(drv, prep, stream)
+                    res = _launch_extra(drv, prep.fn, prep.dims, stream, prep.extra_addr,
+                                        prep.extra_list)
             else:
                 vals = list(prep.values)
                 for k, i in prep.ptr_slots:
@@ -407,27 +248,19 @@ class KernelLauncher:
                                        (tuple(vals), self.packer.ctypes))
         finally:
             if pushed:
-                check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
+                D.check(drv.cuCtxPopCurrent(), "cuCtxPopCurrent")
         if int(res[0]) != 0:
-            _fail(res[0], self._what(prep.dims))
+            D._fail(res[0], self._what(prep.dims))
 
-    def _launch_extra_with(self, drv, prep, stream):
-        if not _extra_as_list[0]:
-            try:
-                return drv.cuLaunchKernel(prep.fn, *prep.dims, stream, None, prep.extra_addr)
-            except TypeError:
-                _extra_as_list[0] = True
-        return drv.cuLaunchKernel(prep.fn, *prep.dims, stream, None, prep.extra_list)
 
-    def _launch_extra(self, drv, fn, gx, gy, gz, bx, by, bz, smem, stream):
-        if not _extra_as_list[0]:
-            try:
-                return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, None,
-                                          self._extra_addr)
-            except TypeError:
-                _extra_as_list[0] = True
-        return drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, None,
-                                  self._extra_list)
+def _launch_extra(drv, fn, dims, stream, extra_addr, extra_list):
+    """cuLaunchKernel with `extra` (its void** address, or the list older bindings take)."""
+    if not _extra_as_list[0]:
+        try:
+            return drv.cuLaunchKernel(fn, *dims, stream, None, extra_addr)
+        except TypeError:
+            _extra_as_list[0] = True
+    return drv.cuLaunchKernel(fn, *dims, stream, None, extra_list)
 
 
 def _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream, params):
@@ -458,7 +291,7 @@ class Prepared:
         self.fn, self.device_index = fn, device_index
         self.fn_int = launcher._fn_ints.get(device_index, 0)
         self.dims = (*(int(g) for g in cfg.grid), *(int(b) for b in cfg.block), smem)
-        self.ctx, self.ctx_int = _contexts[device_index]
+        self.ctx, self.ctx_int = D._contexts[device_index]
         self.lock = threading.Lock()
         self.buf = ctypes.create_string_buffer(_CFG + max(packer.size, 8))
         _CONFIG.pack_into(self.buf, 0, *self.dims, 0, 0, 0)
@@ -548,13 +381,13 @@ def _ctypes_go(launcher, prep):
         again; otherwise, or if that fails too, raise naming the launch."""
         cell = V()
         if raw.get_current(ctypes.addressof(cell)) == 0 and (cell.value or 0) != ctx_int:
-            _check_raw(raw.push(ctx_int), "cuCtxPushCurrent")
+            D._check_raw(raw.push(ctx_int), "cuCtxPushCurrent")
             try:
                 code = relaunch(s)
             finally:
-                _check_raw(raw.pop(ctypes.addressof(cell)), "cuCtxPopCurrent")
+                D._check_raw(raw.pop(ctypes.addressof(cell)), "cuCtxPopCurrent")
         if code:
-            _fail(code, what)
+            D._fail(code, what)
 
     env["retry"] = retry
     lines = ["def go(p):", "    acquire()", "    try:", "        s = stream(dev)"]
@@ -563,33 +396,3 @@ def _ctypes_go(launcher, prep):
               "    finally:", "        release()"]
     exec(compile("\n".join(lines) + "\n", "<pyfuser ctypes launch>", "exec"), env)  # noqa: S102
     return env["go"]
-
-
-def verify_layout(fn, packer, name: str) -> None:
-    """Check the packer's offsets/sizes against the loaded kernel's parameters (when the driver
-    can tell: cuFuncGetParamInfo, CUDA 12.4+); raise CudaDriverError on any difference."""
-    drv = driver()
-    info = getattr(drv, "cuFuncGetParamInfo", None)
-    if info is None:
-        return
-    got = []
-    for k in range(len(packer.params) + 1):
-        try:
-            res = info(fn, k)
-        except Exception:  # noqa: BLE001 - bindings without it or with another signature
-            return
-        if int(res[0]) != 0:
-            if k == 0 and packer.params:
-                return                      # the driver cannot tell (not supported): skip
-            break
-        got.append((int(res[1]), int(res[2])))
-    want = list(zip(packer.offsets, packer.sizes))
-    if got == want:
-        return
-    if len(got) != len(want):
-        raise CudaDriverError(f"kernel {name} takes {len(got)} parameters {got} but pyfuser packs "
-                              f"{len(want)} {want} (offset, size): {packer.describe()}")
-    k = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    raise CudaDriverError(f"kernel {name}: parameter {k} ({packer.params[k].name}) is at offset "
-                          f"{got[k][0]}, size {got[k][1]} in the kernel but pyfuser packs it at "
-                          f"offset {want[k][0]}, size {want[k][1]}: {packer.describe()}")

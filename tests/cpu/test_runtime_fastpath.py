@@ -18,7 +18,7 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not 
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.codegen.kernel import Param  # noqa: E402
-from pyfuser.runtime import dispatch, executor as X, launch as L  # noqa: E402
+from pyfuser.runtime import dispatch, driver as D, executor as X, launch as L  # noqa: E402
 from pyfuser.runtime.params import ParamPacker  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
@@ -111,14 +111,14 @@ class FakeRaw:
 def fake(monkeypatch, tmp_path):
     drv = FakeDriver()
     drv.ex_launches = 0
-    monkeypatch.setattr(L, "raw_driver", lambda: FakeRaw(drv))
+    monkeypatch.setattr(D, "raw_driver", lambda: FakeRaw(drv))
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(L, "driver", lambda: drv)
-    monkeypatch.setattr(L, "primary_context", lambda i: ("ctx", 1234))
-    monkeypatch.setitem(L._contexts, None, ("ctx", 1234))
-    monkeypatch.setattr(L, "_raw_stream_fn", lambda: (lambda idx: 777))
+    monkeypatch.setattr(D, "driver", lambda: drv)
+    monkeypatch.setattr(D, "primary_context", lambda i: ("ctx", 1234))
+    monkeypatch.setitem(D._contexts, None, ("ctx", 1234))
+    monkeypatch.setattr(D, "_raw_stream_fn", lambda: (lambda idx: 777))
     monkeypatch.setattr(X.FusionExecutor, "_check_devices", lambda self, inputs: None)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     orig = L.KernelLauncher.function
@@ -285,7 +285,7 @@ def test_extra_size_is_the_parameter_block():
 def test_layout_checked_against_the_kernel(fake):
     fs = mul_add()
     fake.param_info = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 8)]     # kernel says: int64 n
-    with pytest.raises(L.CudaDriverError, match=r"parameter 4 \(n0\).*offset 32, size 8"):
+    with pytest.raises(D.CudaDriverError, match=r"parameter 4 \(n0\).*offset 32, size 8"):
         fs.execute([torch.randn(8) for _ in range(3)])
     dispatch.clear_caches()
     fake.param_info = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 4)]

@@ -1,7 +1,7 @@
 """The launcher's host side against a fake CUDA driver (no GPU needed): the bytes each launch mode
 hands to cuLaunchKernel decode to the right parameter values, the context is pushed only when it
 is not current, dynamic shared memory above 48 KiB is requested once, errors name the call.
-"ctypes" mode calls libcuda through ctypes: `FakeRaw` stands in for it (L.raw_driver)."""
+"ctypes" mode calls libcuda through ctypes: `FakeRaw` stands in for it (D.raw_driver)."""
 import ctypes
 import itertools
 import struct
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pyfuser.codegen.kernel import LaunchConfig, Param
-from pyfuser.runtime import launch as L
+from pyfuser.runtime import driver as D, launch as L
 from pyfuser.runtime.nvrtc import CompiledBinary
 from pyfuser.runtime.params import ParamPacker
 
@@ -153,10 +153,10 @@ def fake(monkeypatch):
     drv = FakeDriver(current=CTX)
     drv.raw = FakeRaw(drv)
     monkeypatch.delenv("PYFUSER_LAUNCH_MODE", raising=False)
-    monkeypatch.setattr(L, "driver", lambda: drv)
-    monkeypatch.setattr(L, "raw_driver", lambda: drv.raw)
-    monkeypatch.setitem(L._contexts, 0, ("ctx", 1234))
-    monkeypatch.setattr(L, "_raw_stream_fn", lambda: (lambda idx: 777))
+    monkeypatch.setattr(D, "driver", lambda: drv)
+    monkeypatch.setattr(D, "raw_driver", lambda: drv.raw)
+    monkeypatch.setitem(D._contexts, 0, ("ctx", 1234))
+    monkeypatch.setattr(D, "_raw_stream_fn", lambda: (lambda idx: 777))
     monkeypatch.setattr(L, "_NO_EXTRA", [0])
     monkeypatch.setattr(L, "_extra_as_list", [False])
     return drv
@@ -202,14 +202,14 @@ def test_large_dynamic_shared_memory_set_once(fake):
 
 def test_launch_error_names_the_call(fake):
     fake.launch_error = 1
-    with pytest.raises(L.CudaDriverError, match=r"cuLaunchKernel\(pf_k.*CUDA_ERROR_INVALID_VALUE"):
+    with pytest.raises(D.CudaDriverError, match=r"cuLaunchKernel\(pf_k.*CUDA_ERROR_INVALID_VALUE"):
         _launcher("ptrs").launch(LaunchConfig((1, 1, 1), (32, 1, 1)), [], VALS, 0)
 
 
 def test_check_unpacks_results():
-    assert L.check((0,), "x") is None
-    assert L.check((0, 5), "x") == 5
-    assert L.check((0, 5, 6), "x") == (5, 6)
+    assert D.check((0,), "x") is None
+    assert D.check((0, 5), "x") == 5
+    assert D.check((0, 5, 6), "x") == (5, 6)
 
 
 def test_bad_mode():
@@ -295,7 +295,7 @@ def test_ctypes_launch_errors_name_the_call_and_kernel(fake):
     _, prep = _prepared(fake, "ctypes")
     fake.launch_error = 1
     fake.calls.clear()
-    with pytest.raises(L.CudaDriverError,
+    with pytest.raises(D.CudaDriverError,
                        match=r"cuLaunchKernel\(pf_k, grid=\(5, 1, 1\), block=\(64, 2, 1\), "
                              r"smem=0\) failed: CUDA_ERROR_INVALID_VALUE"):
         prep.go([1, 2, 3])
@@ -303,7 +303,7 @@ def test_ctypes_launch_errors_name_the_call_and_kernel(fake):
     prep.go.__globals__["acquire"]()                     # the lock was released
     prep.go.__globals__["release"]()
     fake.current = 99                                    # refused again after the push
-    with pytest.raises(L.CudaDriverError, match="cuLaunchKernel"):
+    with pytest.raises(D.CudaDriverError, match="cuLaunchKernel"):
         prep.go([1, 2, 3])
     assert fake.calls[-1] == "pop" and fake.current == 99
 
@@ -312,7 +312,7 @@ def test_ctypes_push_failure_is_checked(fake):
     _, prep = _prepared(fake, "ctypes")
     fake.current = 99
     fake.raw.push = lambda ctx: 201
-    with pytest.raises(L.CudaDriverError, match="cuCtxPushCurrent"):
+    with pytest.raises(D.CudaDriverError, match="cuCtxPushCurrent"):
         prep.go([1, 2, 3])
 
 
@@ -329,8 +329,8 @@ def test_mode_switch_rebinds_prepared_launches(fake):
 
 def test_no_libcuda_falls_back_to_ptrs(fake, monkeypatch):
     def missing():
-        raise L.CudaDriverError("libcuda cannot be loaded through ctypes")
-    monkeypatch.setattr(L, "raw_driver", missing)
+        raise D.CudaDriverError("libcuda cannot be loaded through ctypes")
+    monkeypatch.setattr(D, "raw_driver", missing)
     k = L.KernelLauncher(CompiledBinary("k", "k", "sm_90", b"", "", 0, "k"), ParamPacker([]))
     assert k.mode == "ptrs"
     monkeypatch.setenv("PYFUSER_LAUNCH_MODE", "tuple")

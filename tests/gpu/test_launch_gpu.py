@@ -12,7 +12,8 @@ import torch
 
 from pyfuser.codegen.kernel import GeneratedKernel, LaunchConfig, Param
 from pyfuser.runtime import executor as X
-from pyfuser.runtime.launch import LAUNCH_MODES, CudaDriverError, KernelLauncher
+from pyfuser.runtime.driver import CudaDriverError
+from pyfuser.runtime.launch import LAUNCH_MODES, KernelLauncher
 from pyfuser.runtime.nvrtc import compile_cuda
 from pyfuser.runtime.params import ParamPacker
 
@@ -217,7 +218,7 @@ def test_param_block_of_36_bytes(mode):
 
 
 def test_layout_is_checked_against_the_kernel():
-    from pyfuser.runtime.launch import driver, verify_layout
+    from pyfuser.runtime.driver import driver, verify_layout
     if not hasattr(driver(), "cuFuncGetParamInfo"):
         pytest.skip("cuda-bindings without cuFuncGetParamInfo")
     good = KernelLauncher(compile_cuda(ADD_INT, "pf_add3i"), ParamPacker(ADD_INT_PARAMS))
@@ -268,7 +269,7 @@ def test_ctypes_is_the_default_and_launches():
 def test_ctypes_launch_from_a_thread_without_a_current_context(capsys):
     """A fresh thread whose current context was cleared: the launch is refused, the primary
     context is pushed for a second launch and popped (where the driver refuses at all)."""
-    from pyfuser.runtime.launch import driver
+    from pyfuser.runtime.driver import driver
     drv = driver()
     launcher, prep, (a, b, c) = _prepared_add3("ctypes")
     out = torch.full_like(a, float("nan"))
