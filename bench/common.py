@@ -58,7 +58,7 @@ def copy_rate() -> float:
 def same_size_copy_us(nbytes: int) -> float:
     """Time of one dst.copy_(src) moving `nbytes` (read + write), for comparison: small transfers
     do not reach the large-copy rate (launch, ramp-up, tail), so this is the practical floor."""
-    src = torch.randint(0, 255, (max(nbytes // 2, 1),), dtype=torch.uint8, device="cuda")
+    src = torch.randn(max(nbytes // 8, 1), device="cuda")   # float32, as copy_rate() uses
     dst = torch.empty_like(src)
     us = bench_us(lambda: dst.copy_(src))
     del src, dst
