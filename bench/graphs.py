@@ -44,7 +44,7 @@ import common  # noqa: E402
 
 from pyfuser.frontend.torchscript import make_inputs, parse_ir, run_graph  # noqa: E402
 from pyfuser.frontend.torchscript.fuse_api import jit  # noqa: E402
-from pyfuser.frontend.torchscript.jit import eager_handler, interpreter_available  # noqa: E402
+from pyfuser.frontend.torchscript.jit import eager_handler  # noqa: E402
 
 TS_WARMUP = 10                      # calls before timing TorchScript (profiling executor)
 SPREAD_OK = 0.05                    # acceptance: pyfuser medians within 5% of each other
@@ -98,7 +98,7 @@ class Env:
         self.size = size if dry_run else None
         self.budget = budget_s
         self.t0 = time.perf_counter()
-        self.cpu_mode = "interpret" if interpreter_available() else "evaluator"
+        self.cpu_mode = "interpret"
         self._rate = None
 
     def elapsed(self) -> float:

@@ -19,7 +19,7 @@ import time
 import torch
 
 from .inputs import make_inputs
-from .jit import CompiledGraph, eager_handler, interpreter_available
+from .jit import CompiledGraph, eager_handler
 from .runner import run_graph
 
 # Above this many elements in one input, `pyfuser demo` on the CPU caps every size
@@ -94,8 +94,7 @@ def _bench(graph, compiled, inputs, device) -> dict:
 
 
 def fuse_report(graph, device: str, seed: int = 0, shrink=None, bench: bool = False) -> dict:
-    mode = "interpret" if interpreter_available() else "evaluator"
-    compiled = CompiledGraph(graph, cpu_executor=mode)
+    compiled = CompiledGraph(graph, cpu_executor="interpret")
     inputs = make_inputs(graph, device=device, seed=seed, size_override=shrink)
     ref = run_graph(graph, _clone(inputs), device=device, node_handler=eager_handler)
     out = compiled.run(_clone(inputs), device=device)

@@ -22,7 +22,6 @@ A group that falls back to eager counts nothing here (it is in `fallbacks`/`eage
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
@@ -61,10 +60,6 @@ def _copy_op(node, args, ctx):
 
 EAGER = {"prim::add_optional": _add_optional, "prim::inplace_cast": _inplace_cast,
          **{k: _copy_op for k in FROM_COPY}}
-
-
-def interpreter_available() -> bool:
-    return importlib.util.find_spec("pyfuser.codegen.api") is not None
 
 
 @dataclass
@@ -155,12 +150,7 @@ class CompiledGraph:
         self.graph = graph.copy()
         self.report = run_pipeline(self.graph, arg_limit)
         self.module = module
-        mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "evaluator"
-        if mode == "interpret" and not interpreter_available():
-            log.info("pyfuser: the CPU interpreter of generated kernels is not available; "
-                     "groups run on the reference evaluator")
-            mode = "evaluator"
-        self.cpu_mode = mode
+        self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "evaluator"
         groups = [n for n in self.graph.all_nodes() if n.kind == GROUP_KIND]
         self.runners = {n: GroupRunner(n, i) for i, n in enumerate(groups)}
         self.last_run = RunStats(groups=len(groups), fallbacks=self.report.fallbacks())
