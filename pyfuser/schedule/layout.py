@@ -73,13 +73,20 @@ def eager_output_orders(fusion, inputs, bindings) -> list[tuple]:
     so every op's layout rule (TensorIterator's stride-order propagation, reshape copies...) is
     PyTorch's own.
     """
+    from ..ir import exprs as E
     from ..ir.tensor import TensorView
+    exprs = fusion.used_exprs()
+    if not any(isinstance(e, E.PermuteOp) for e in exprs) and all(
+            x.is_contiguous() for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)):
+        # Contiguous inputs and no permute: every elementwise, cast, broadcast, expand, view and
+        # squeeze result is row-major in eager too; skip the meta run (a warm start pays for it).
+        return [tuple(range(o.ndim)) for o in fusion.outputs]
     env = {}
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):
             env[v] = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype,
                                          device="meta")
-    for e in fusion.used_exprs():
+    for e in exprs:
         out = e.outputs[0]
         if not isinstance(out, TensorView):
             continue
