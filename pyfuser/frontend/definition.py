@@ -45,7 +45,12 @@ class Fusion:
             raise FusionDefinitionError("this Fusion has not been defined yet (use FusionDefinition)")
         return self._ir
 
+    _run = None     # dispatch's generated run(inputs) of _ir, once the first call made it
+
     def execute(self, inputs) -> list:
+        run = self._run
+        if run is not None and (type(inputs) is list or type(inputs) is tuple):
+            return run(inputs)             # the same as execute_fusion(self._ir, inputs)
         if self._ir is None:
             raise ExecuteError("execute: the Fusion is not defined yet; build it inside "
                                "`with FusionDefinition(fs) as fd:` first")
@@ -55,7 +60,15 @@ class Fusion:
         if dispatch is None:               # imported once: an import statement per call costs
             from ..runtime import dispatch     # about a microsecond
             _DISPATCH[0] = dispatch
-        return dispatch.execute_fusion(self._ir, inputs)   # it never changes the caller's list
+        outs = dispatch.execute_fusion(self._ir, inputs)   # it never changes the caller's list
+        if self._run is None:
+            self._run = dispatch.programs_run(self._ir)
+        return outs
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_run", None)            # a cache of this object (and a generated function)
+        return state
 
     @property
     def last_run(self):

@@ -27,6 +27,7 @@ and scheduler, kernels run, host segments); `fs.last_run` and `pyfuser run --jso
 """
 from __future__ import annotations
 
+import math
 import os
 import weakref
 
@@ -60,13 +61,17 @@ class _Executors(dict):
 
 
 class _Programs:
-    """Per Fusion: key function and key -> (run(inputs, ptrs) -> outputs, RunReport)."""
-    __slots__ = ("key_of", "runs", "__weakref__")
+    """Per Fusion: key -> (run(inputs, ptrs) -> outputs, RunReport), and `run(inputs)`: the
+    whole cached call generated as one function (key, lookup, program), the slow path on a miss.
+    It lives as long as its Fusion (clear_caches and executor.clear() empty `runs`, never replace
+    it), so `run` may be held by the frontend's Fusion."""
+    __slots__ = ("key_of", "runs", "run", "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
         self.key_of = key_function(fusion.inputs)
         self.runs: dict = {}
+        self.run = _run_function(fusion, self.runs)
 
     def __deepcopy__(self, memo):
         return None
@@ -78,6 +83,35 @@ class _Programs:
         self.runs.clear()
 
 
+def _run_function(fusion, runs):
+    """Generate `run(inputs)`: what `execute_fusion(fusion, inputs)` does, in one frame on a hit
+    (the key expression of executor.key_function inlined, one dict lookup, the env check)."""
+    from .executor import key_parts
+    names, ptrs, key = key_parts(fusion.inputs)
+    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
+    env = {"get": runs.get, "FD": fusion.__dict__, "REPORT": _REPORT, "slow": _execute_slow,
+           "F": fusion, "ENV": _RAW_ENV, "slow_env": _slow_env, "DUMP": _DUMP, "POISON": _POISON,
+           "_sign": math.copysign}
+    quiet = "DUMP not in ENV and POISON not in ENV" if _RAW_ENV is not None else "not slow_env()"
+    lines = ["def run(inputs):", "    try:", f"        {unpack} = inputs"]
+    lines += [f"        {p} = x{p[1:]}.data_ptr()" for p in ptrs]
+    lines += [f"        hit = get(({key}))",
+              "    except Exception:  # malformed inputs: the slow path says what is wrong",
+              "        hit = None",
+              f"    if hit is not None and {quiet}:",
+              "        FD[REPORT] = hit[1]",
+              f"        return hit[0](inputs, [{', '.join(ptrs)}])",
+              "    return slow(F, inputs, None)"]
+    exec(compile("\n".join(lines) + "\n", "<pyfuser fusion run>", "exec"), env)  # noqa: S102
+    return env["run"]
+
+
+def programs_run(fusion):
+    """The Fusion's generated `run(inputs)` (its _Programs made if needed): frontends call it
+    instead of execute_fusion(fusion, inputs) (mode None) to save the frames."""
+    return _programs(fusion)[1].run
+
+
 CPU_MODES = ("evaluator", "interpret")
 
 
@@ -86,19 +120,9 @@ _DUMP, _POISON = b"PYFUSER_DUMP", b"PYFUSER_POISON_OUTPUTS"
 
 def execute_fusion(fusion, inputs, mode: str | None = None) -> list:
     if mode is None:
-        fd = fusion.__dict__
-        progs = fd.get(_PROGS)
+        progs = fusion.__dict__.get(_PROGS)
         if progs is not None:
-            try:
-                key, ptrs = progs.key_of(inputs)
-                hit = progs.runs.get(key)
-            except Exception:  # noqa: BLE001 - malformed inputs: the slow path says what is wrong
-                hit = None
-            if hit is not None and (_DUMP not in _RAW_ENV and _POISON not in _RAW_ENV
-                                    if _RAW_ENV is not None else not _slow_env()):
-                outs = hit[0](inputs, ptrs)
-                fd[_REPORT] = hit[1]
-                return outs
+            return progs.run(inputs)
     return _execute_slow(fusion, inputs, mode)
 
 
@@ -152,7 +176,7 @@ def _programs(fusion, *executors):
     progs = fusion.__dict__.get(_PROGS)
     if progs is None:
         progs = fusion.__dict__[_PROGS] = _Programs(fusion)
-        _holders.add(fusion)
+    _holders.add(fusion)                 # again after a clear_caches (which keeps progs)
     if len(progs.runs) >= _MAX_PROGRAMS:
         progs.runs.clear()
     for ex in executors:
@@ -243,5 +267,7 @@ def clear_caches() -> None:
     forget_all()
     for fusion in list(_holders):
         fusion.__dict__.pop(_ATTR, None)
-        fusion.__dict__.pop(_PROGS, None)
+        progs = fusion.__dict__.get(_PROGS)
+        if progs is not None:            # emptied, not dropped: frontends hold its `run`
+            progs.clear()
     _holders.clear()

@@ -83,6 +83,19 @@ def key_function(fusion_inputs):
     (count, or a non-tensor where a tensor is declared) raises; callers then take their checked
     slow path.
     """
+    names, ptrs, key = key_parts(fusion_inputs)
+    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
+    lines = ["def key_of(inputs):", f"    {unpack} = inputs"]
+    lines += [f"    {p} = x{p[1:]}.data_ptr()" for p in ptrs]
+    lines.append(f"    return ({key}), [{', '.join(ptrs)}]")
+    env = {"_sign": math.copysign}
+    exec(compile("\n".join(lines) + "\n", "<pyfuser key>", "exec"), env)  # noqa: S102
+    return env["key_of"]
+
+
+def key_parts(fusion_inputs):
+    """(names x0.., pointer names p.., the key's tuple body) for generated key code: inputs
+    unpacked to x<i>, tensor pointers read into p<i> first; `_sign` is math.copysign."""
     names, parts, ptrs = [], [], []
     for i, v in enumerate(fusion_inputs):
         names.append(f"x{i}")
@@ -91,13 +104,7 @@ def key_function(fusion_inputs):
             parts.append(f"x{i}.dtype, x{i}.shape, x{i}.stride(), p{i} & 15, x{i}.get_device()")
         else:
             parts.append(f"type(x{i}), x{i}, _sign(1.0, x{i})")
-    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
-    lines = ["def key_of(inputs):", f"    {unpack} = inputs"]
-    lines += [f"    {p} = x{p[1:]}.data_ptr()" for p in ptrs]
-    lines.append(f"    return ({''.join(q + ', ' for q in parts)}), [{', '.join(ptrs)}]")
-    env = {"_sign": math.copysign}
-    exec(compile("\n".join(lines) + "\n", "<pyfuser key>", "exec"), env)  # noqa: S102
-    return env["key_of"]
+    return names, ptrs, "".join(q + ", " for q in parts)
 
 
 # os.environ.get costs ~1 us (it encodes the key); the hot path reads the raw POSIX dict, which

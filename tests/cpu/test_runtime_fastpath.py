@@ -199,7 +199,36 @@ def test_clear_drops_programs(fake):
     assert not _programs(fs)
     fs.execute(xs)
     dispatch.clear_caches()
-    assert dispatch._PROGS not in fs.ir_fusion.__dict__
+    assert not _programs(fs)
+
+
+def test_folded_run_misses_on_every_key_change(fake):
+    """fs.execute's generated run (one frame: key, lookup, program) hits only the same dtype,
+    shape, strides, alignment and device; anything else is a new program (or an error)."""
+    fs = mul_add()
+    xs = [torch.randn(64) for _ in range(3)]
+    fs.execute(xs)
+    assert fs._run is dispatch.programs_run(fs.ir_fusion)
+    (a,) = fs.execute(xs)
+    (b,) = fs.execute(tuple(xs))
+    assert len(_programs(fs)) == 1 and a.data_ptr() != b.data_ptr()        # fresh outputs
+    from pyfuser.errors import ExecuteError
+    with pytest.raises(ExecuteError, match="must be torch.float32"):         # dtype: checked
+        fs.execute([torch.randn(64, dtype=torch.float64) for _ in range(3)])
+    base = torch.randn(200)
+    for other in ([torch.randn(65) for _ in range(3)],                        # shape
+                  [torch.randn(128)[::2] for _ in range(3)],                  # strides
+                  [base[1:65], base[:64], base[:64]]):                        # alignment
+        n = len(_programs(fs))
+        fs.execute(other)
+        assert len(_programs(fs)) == n + 1
+    key = next(iter(_programs(fs)))
+    assert key[4] == xs[0].get_device()                                       # device
+    dispatch.clear_caches()                         # the held run survives, its programs do not
+    assert not _programs(fs)
+    fs.execute(xs)
+    assert dispatch.get_executor(fs.ir_fusion).stats["compiled"] == 1 and len(_programs(fs)) == 1
+    assert "_run" not in fs.__getstate__()
 
 
 def test_bad_inputs_still_raise(fake):
@@ -211,6 +240,8 @@ def test_bad_inputs_still_raise(fake):
         fs.execute(xs[:2])
     with pytest.raises(ExecuteError):
         fs.execute([xs[0], 1.0, xs[2]])
+    with pytest.raises(ExecuteError, match="must be a list"):
+        fs.execute(iter(xs))
 
 
 @pytest.mark.parametrize("mode", L.LAUNCH_MODES)
