@@ -8,6 +8,9 @@ Invariants:
 - `exprs` is in creation order, which is topological.
 - Inputs are TensorViews or symbolic Scalars that no Expr defines; outputs are TensorViews.
 - A TensorView that is an input or an output is in global memory (`_g`); others are local (`_l`).
+- The runtime caches what it derives from a Fusion (segments, executors, fast-call programs) in
+  attributes named `_pyfuser_*`; any change to the program (a new expr, input or output) drops
+  them, so a Fusion edited after it ran never replays a stale plan.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import threading
 from ..errors import FusionDefinitionError
 
 _state = threading.local()
+RUNTIME_CACHE_PREFIX = "_pyfuser_"
 
 
 class Fusion:
@@ -56,6 +60,11 @@ class Fusion:
 
     def register_expr(self, expr) -> None:
         self.exprs.append(expr)
+        self._drop_runtime_caches()
+
+    def _drop_runtime_caches(self) -> None:
+        for key in [k for k in self.__dict__ if k.startswith(RUNTIME_CACHE_PREFIX)]:
+            del self.__dict__[key]
 
     def add_input(self, val) -> None:
         from .base import Scalar
@@ -66,6 +75,7 @@ class Fusion:
             raise FusionDefinitionError(f"{val} is computed in the fusion; it cannot be an input")
         if val not in self.inputs:
             self.inputs.append(val)
+            self._drop_runtime_caches()
 
     def add_output(self, val) -> None:
         from .tensor import TensorView
@@ -73,6 +83,7 @@ class Fusion:
             raise FusionDefinitionError(
                 f"add_output takes a tensor of this fusion, got {val!r}")
         self.outputs.append(val)
+        self._drop_runtime_caches()
 
     def is_boundary(self, tv) -> bool:
         return tv in self.inputs or tv in self.outputs

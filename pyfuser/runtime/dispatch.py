@@ -91,7 +91,7 @@ def _run_function(fusion, runs):
     unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
     env = {"get": runs.get, "FD": fusion.__dict__, "REPORT": _REPORT, "slow": _execute_slow,
            "F": fusion, "ENV": _RAW_ENV, "slow_env": _slow_env, "DUMP": _DUMP, "POISON": _POISON,
-           "_sign": math.copysign}
+           "_sign": math.copysign, "_T": torch.Tensor}
     quiet = "DUMP not in ENV and POISON not in ENV" if _RAW_ENV is not None else "not slow_env()"
     lines = ["def run(inputs):", "    try:", f"        {unpack} = inputs"]
     lines += [f"        {p} = x{p[1:]}.data_ptr()" for p in ptrs]

@@ -77,25 +77,27 @@ def key_function(fusion_inputs):
     """Generate `key_of(inputs) -> (key, tensor pointers)` for a fusion with these inputs.
 
     The key is one flat tuple: per tensor input (dtype, shape, strides, data_ptr & 15, device
-    index), per scalar input (type, value, sign) (the sign tells -0.0 from 0.0); each input
-    gives a fixed number of entries, so flat is unambiguous (and cheaper to build and hash than a
-    tuple per input). The pointers come as a list the caller may extend. A wrong input list
-    (count, or a non-tensor where a tensor is declared) raises; callers then take their checked
-    slow path.
+    index), per scalar input (type, value, sign) (the sign tells -0.0 from 0.0; a 0-dim tensor's
+    value is (dtype, shape, item), never the tensor: it hashes by identity, so a value changed in
+    place would hit the old key); each input gives a fixed number of entries, so flat is
+    unambiguous (and cheaper to build and hash than a tuple per input). The pointers come as a
+    list the caller may extend. A wrong input list (count, or a non-tensor where a tensor is
+    declared) raises; callers then take their checked slow path.
     """
     names, ptrs, key = key_parts(fusion_inputs)
     unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
     lines = ["def key_of(inputs):", f"    {unpack} = inputs"]
     lines += [f"    {p} = x{p[1:]}.data_ptr()" for p in ptrs]
     lines.append(f"    return ({key}), [{', '.join(ptrs)}]")
-    env = {"_sign": math.copysign}
+    env = {"_sign": math.copysign, "_T": torch.Tensor}
     exec(compile("\n".join(lines) + "\n", "<pyfuser key>", "exec"), env)  # noqa: S102
     return env["key_of"]
 
 
 def key_parts(fusion_inputs):
     """(names x0.., pointer names p.., the key's tuple body) for generated key code: inputs
-    unpacked to x<i>, tensor pointers read into p<i> first; `_sign` is math.copysign."""
+    unpacked to x<i>, tensor pointers read into p<i> first; `_sign` is math.copysign, `_T`
+    torch.Tensor."""
     names, parts, ptrs = [], [], []
     for i, v in enumerate(fusion_inputs):
         names.append(f"x{i}")
@@ -103,7 +105,8 @@ def key_parts(fusion_inputs):
             ptrs.append(f"p{i}")
             parts.append(f"x{i}.dtype, x{i}.shape, x{i}.stride(), p{i} & 15, x{i}.get_device()")
         else:
-            parts.append(f"type(x{i}), x{i}, _sign(1.0, x{i})")
+            parts.append(f"type(x{i}), (x{i}.dtype, x{i}.shape, x{i}.item()) "
+                         f"if isinstance(x{i}, _T) else x{i}, _sign(1.0, x{i})")
     return names, ptrs, "".join(q + ", " for q in parts)
 
 

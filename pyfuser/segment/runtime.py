@@ -34,8 +34,12 @@ _MAX_BINDINGS = 256
 
 
 def _bindings(sf, inputs):
-    """The original fusion's Bindings, cached by input shapes when there are no scalar inputs."""
-    if any(not isinstance(x, torch.Tensor) for x in inputs):
+    """The original fusion's Bindings, cached by input shapes when there are no scalar inputs.
+
+    Whether there are is the Fusion's declaration, not the values' types: a scalar input may be
+    given as a 0-dim tensor, whose value a shape key does not see."""
+    if any(not isinstance(v, TensorView) for v in sf.fusion.inputs) or \
+            any(not isinstance(x, torch.Tensor) for x in inputs):
         return bind(sf.fusion, inputs)
     key = tuple((x.shape, x.dtype) for x in inputs)
     cache = sf.__dict__.setdefault("_bindings", {})
