@@ -31,23 +31,44 @@ def _is_one(x) -> bool:
     return not isinstance(x, (TensorView, Scalar)) and x == 1
 
 
-def _scaled(other, alpha):
-    return other if _is_one(alpha) else ew("mul", other, alpha)
+def _kind_of(x) -> str:
+    """'bool', 'int' or 'float' for a lowered operand (TensorView, Scalar, Python value)."""
+    if isinstance(x, (TensorView, Scalar)):
+        dt = x.dtype
+        return "bool" if dt.is_bool else ("float" if dt.is_floating or dt.is_complex else "int")
+    if isinstance(x, bool):
+        return "bool"
+    return "int" if isinstance(x, int) else "float"
+
+
+def _scaled(self_, other, alpha):
+    """`other * alpha` for add/sub/rsub. In eager alpha takes no part in type promotion: with
+    bool operands the result stays bool (so a non-unit alpha is left to eager), and integral
+    operands with a floating alpha raise in eager (left to eager too)."""
+    if _is_one(alpha):
+        return other
+    kinds = {_kind_of(self_), _kind_of(other)}
+    if kinds == {"bool"}:
+        raise UnsupportedOpError("alpha other than 1 on bool operands (left to eager)")
+    if "float" not in kinds and _kind_of(alpha) == "float":
+        raise UnsupportedOpError("For integral input tensors, argument alpha must not be a "
+                                 "floating point number (eager raises)")
+    return ew("mul", other, alpha)
 
 
 @lowers("aten::add", n_args=(2, 3))
 def _add(a, b, alpha=1):
-    return ew("add", a, _scaled(b, alpha))
+    return ew("add", a, _scaled(a, b, alpha))
 
 
 @lowers("aten::sub", n_args=(2, 3))
 def _sub(a, b, alpha=1):
-    return ew("sub", a, _scaled(b, alpha))
+    return ew("sub", a, _scaled(a, b, alpha))
 
 
 @lowers("aten::rsub", n_args=(2, 3))
 def _rsub(a, b, alpha=1):
-    return ew("sub", b, _scaled(a, alpha))
+    return ew("sub", b, _scaled(b, a, alpha))
 
 
 @lowers("prim::add_optional", n_args=(2,))
@@ -65,7 +86,7 @@ def _div(a, b, rounding_mode=None):
 
 # Ops whose aten arguments map one to one onto op-table operands.
 _DIRECT = {
-    "mul": "mul", "pow": "pow", "remainder": "remainder", "fmod": "fmod", "neg": "neg",
+    "mul": "mul", "remainder": "remainder", "fmod": "fmod", "neg": "neg",
     "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
     "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
@@ -96,6 +117,21 @@ def _direct(table_name):
 for _aten, _name in _DIRECT.items():
     if _name is not None:
         lowers(f"aten::{_aten}", n_args=(OPS[_name].arity,))(_direct(_name))
+
+
+@lowers("aten::pow", n_args=(2,))
+def _pow(base, exp):
+    """Eager raises "Integers to negative integer powers are not allowed" for an integral
+    tensor base and a negative integral *scalar* exponent (tensor exponents give 0 instead):
+    a negative constant exponent, or a run-time int whose sign only eager sees, stays eager."""
+    if isinstance(base, TensorView) and not base.dtype.is_floating and not isinstance(exp, TensorView):
+        if isinstance(exp, Scalar) and not exp.dtype.is_floating:
+            raise UnsupportedOpError("aten::pow: integral tensor to a run-time integer power "
+                                     "(eager raises when it is negative)")
+        if isinstance(exp, int) and exp < 0:
+            raise UnsupportedOpError("aten::pow: integers to negative integer powers are not "
+                                     "allowed (eager raises)")
+    return ew("pow", base, exp)
 
 
 @lowers("aten::relu6", n_args=(1,))

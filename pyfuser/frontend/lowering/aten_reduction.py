@@ -146,15 +146,40 @@ def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     else:
         if rmean is None or rvar is None:
             raise UnsupportedOpError("batch_norm in inference mode needs running_mean and running_var")
+        out_dtype = _inference_dtypes(x, (w, b, rmean, rvar))
+        compute = out_dtype.compute if out_dtype.is_reduced_float else out_dtype
+        x0 = x
+        x, w, b, rmean, rvar = (B.cast(v, compute) if isinstance(v, TensorView) else v
+                                for v in (x, w, b, rmean, rvar))
         centered = ew("sub", x, _channel_param(rmean, x))
         invstd = ew("rsqrt", ew("add", rvar, float(eps)))
         y = ew("mul", centered, _channel_param(invstd, x))
-        save_mean = save_invstd = None
+        if w is not None:
+            y = ew("mul", y, _channel_param(w, x))
+        if b is not None:
+            y = ew("add", y, _channel_param(b, x))
+        return B.cast(y, x0.dtype), None, None
     if w is not None:
         y = ew("mul", y, _channel_param(w, x))
     if b is not None:
         y = ew("add", y, _channel_param(b, x))
     return y, save_mean, save_invstd
+
+
+def _inference_dtypes(x: TensorView, params) -> DataType:
+    """Eager (CPU) batch_norm: the result has x's dtype; the parameters share one dtype, which is
+    x's, or Float for a Half/BFloat16 x (mixed precision); anything else raises in eager."""
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"batch_norm of a {x.dtype.name} input (eager raises)")
+    p_dtypes = {p.dtype for p in params if isinstance(p, TensorView)}
+    if any(p is not None and not isinstance(p, TensorView) for p in params):
+        raise UnsupportedOpError("batch_norm: a parameter is not a tensor")
+    ok = p_dtypes <= {x.dtype} or (x.dtype.is_reduced_float and p_dtypes == {DataType.Float})
+    if not ok:
+        names = sorted(d.name for d in p_dtypes)
+        raise UnsupportedOpError(f"batch_norm: {x.dtype.name} input with {names} parameters "
+                                 "(eager's mixed-dtype rules; left to eager)")
+    return x.dtype
 
 
 @lowers("aten::layer_norm", op_class=NORMALIZATION, n_args=(6,), const_args=(1, 4, 5))

@@ -29,8 +29,10 @@ def _torch_graph(obj):
     if isinstance(obj, torch.jit.ScriptModule):
         module = obj
     g = obj.inlined_graph.copy()
+    # Fold the constant branches of inlined helpers (`if inplace:` ...). No torch DCE here: it
+    # deletes an unused training batch_norm, whose running-stat update the caller must see;
+    # pyfuser's cleanup pass removes dead code knowing those writes.
     torch._C._jit_pass_constant_propagation(g)
-    torch._C._jit_pass_dce(g)
     name = getattr(obj, "__name__", None) or getattr(obj, "original_name", "graph")
     return parse_ir(str(g), filename=f"<{name}>"), module
 

@@ -19,7 +19,7 @@ from ...lowering.registry import METADATA, POINTWISE
 from ..graph import Graph
 from ..types import TensorType
 from .alias_copy import TO_COPY
-from .aliasing import op_effects
+from .aliasing import node_effects
 
 GROUP_KIND = "prim::PyfuserGroup"
 FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA})
@@ -44,7 +44,7 @@ def fusible_reason(node, info):
         return reason
     if not node.outputs or not all(isinstance(o.type, TensorType) for o in node.outputs):
         return "an output is not a tensor"
-    e = op_effects(node.kind)
+    e = node_effects(node)
     if e.aliases and any(info.is_mutated(o) for o in node.outputs):
         return "its output may alias a tensor that is written in place"
     return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ...lowering import LOWERINGS
 from ..types import FloatType, TensorType
-from .aliasing import creates_alias, op_effects
+from .aliasing import WILDCARD, creates_alias, node_effects
 
 INPLACE_TWINS = {k + "_": k for k in LOWERINGS
                  if k.startswith("aten::") and not k.endswith("_")}
@@ -40,7 +40,7 @@ def unsafe_reason(node, x):
         if creates_alias(user, x):
             return f"%{x.debug_name} is aliased by {user.kind} (a view or container shares it)"
         if user.owning_block is not node.owning_block:
-            e = op_effects(user.kind)
+            e = node_effects(user)
             if e.opaque or use.offset in e.writes:
                 return f"%{x.debug_name} is written inside a nested block by {user.kind}"
     return None
@@ -48,14 +48,20 @@ def unsafe_reason(node, x):
 
 def _fresh(x, depth: int = 0) -> bool:
     """x owns its storage: made by a non-aliasing op, or an alias of a fresh tensor that
-    nothing else uses (the `prim::inplace_cast` this pass inserts, a chain of such)."""
+    nothing else uses (the `prim::inplace_cast` this pass inserts, a chain of such). An alias
+    whose producer has another used output (`b, c = y.expand(2, 3).unbind(0)`: b and c
+    share storage) or reads the wildcard set (`l[0]`, `d[k]`) is not fresh."""
     p = x.node
-    e = op_effects(p.kind)
+    e = node_effects(p)
     if p.kind == "prim::Param" or e.opaque or e.writes or depth > 16 or p.blocks:
         return False
     al = e.aliases[x.offset] if x.offset < len(e.aliases) else frozenset()
     if not al:
         return True
+    if any(o is not x and o.uses for o in p.outputs):
+        return False
+    if al == WILDCARD and not p.kind.startswith("prim::"):
+        return False
     srcs = p.inputs if al == "*" else [p.inputs[i] for i in al if i < len(p.inputs)]
     return all(len(a.uses) == 1 and a.node.owning_block is p.owning_block and _fresh(a, depth + 1)
                for a in srcs if isinstance(a.type, TensorType) or a.node.kind != "prim::Constant")
