@@ -134,6 +134,7 @@ def _batch_norm(x, w, b, rmean, rvar, training, momentum, eps, cudnn_enabled):
 def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     if eps is None:              # _native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
         training, momentum, eps = False, training, momentum
+    out_dtype = x.dtype
     if training:
         if rmean is not None or rvar is not None:
             raise UnsupportedOpError("batch_norm in training mode updates running stats in place; "
@@ -147,23 +148,18 @@ def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
         if rmean is None or rvar is None:
             raise UnsupportedOpError("batch_norm in inference mode needs running_mean and running_var")
         out_dtype = _inference_dtypes(x, (w, b, rmean, rvar))
-        compute = out_dtype.compute if out_dtype.is_reduced_float else out_dtype
-        x0 = x
-        x, w, b, rmean, rvar = (B.cast(v, compute) if isinstance(v, TensorView) else v
+        # Half/BFloat16 inputs compute in float (with float parameters) and round at the end.
+        x, w, b, rmean, rvar = (B.cast(v, out_dtype.compute) if isinstance(v, TensorView) else v
                                 for v in (x, w, b, rmean, rvar))
         centered = ew("sub", x, _channel_param(rmean, x))
         invstd = ew("rsqrt", ew("add", rvar, float(eps)))
         y = ew("mul", centered, _channel_param(invstd, x))
-        if w is not None:
-            y = ew("mul", y, _channel_param(w, x))
-        if b is not None:
-            y = ew("add", y, _channel_param(b, x))
-        return B.cast(y, x0.dtype), None, None
+        save_mean = save_invstd = None
     if w is not None:
         y = ew("mul", y, _channel_param(w, x))
     if b is not None:
         y = ew("add", y, _channel_param(b, x))
-    return y, save_mean, save_invstd
+    return B.cast(y, out_dtype), save_mean, save_invstd
 
 
 def _inference_dtypes(x: TensorView, params) -> DataType:
