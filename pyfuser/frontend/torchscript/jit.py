@@ -30,6 +30,7 @@ import torch
 
 from ...dump import dump
 from ...errors import PyfuserError
+from ...runtime import dispatch
 from ..lowering import lower_graph
 from ..lowering.aten_pointwise import check_inplace_cast
 from .ops import call_op
@@ -123,23 +124,12 @@ class GroupRunner:
         fusion = self.lowered.fusion
         on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         try:
-            outs = execute_fusion(fusion, args, None if on_cuda else cpu_mode)
+            outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode)
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
-        stats.add_run(run_summary(fusion), on_cuda)
+        stats.add_run(dispatch.run_summary(fusion), on_cuda)
         return [outs[i] for i in self.lowered.output_map]
-
-
-def execute_fusion(fusion, args, mode):
-    from ...runtime.dispatch import execute_fusion as run
-    return run(fusion, args, mode) if mode is not None else run(fusion, args)
-
-
-def run_summary(fusion) -> dict:
-    """What the last execute of `fusion` ran, segment by segment (dispatch.run_summary)."""
-    from ...runtime.dispatch import run_summary as summary
-    return summary(fusion)
 
 
 class CompiledGraph:
