@@ -45,24 +45,20 @@ def _events_us(fn, rep_ms: float) -> float:
     return statistics.median(times) * 1e3
 
 
+def same_size_copy_us(nbytes: int) -> float:
+    """Time of one float32 dst.copy_(src) moving `nbytes` (read + write). Small transfers do not
+    reach the large-copy rate (launch, ramp-up, tail), so at a case's size this is the practical
+    floor."""
+    src = torch.randn(max(nbytes // 8, 1), device="cuda")
+    dst = torch.empty_like(src)
+    return bench_us(lambda: dst.copy_(src))
+
+
 @functools.lru_cache(maxsize=None)
 def copy_rate() -> float:
-    """Bytes moved per second by a large dst.copy_(src), counting reads and writes."""
-    n = 1 << 28                                          # 1 GiB of float32
-    src = torch.randn(n, device="cuda")
-    dst = torch.empty_like(src)
-    us = bench_us(lambda: dst.copy_(src))
-    return 2 * src.nbytes / (us * 1e-6)
-
-
-def same_size_copy_us(nbytes: int) -> float:
-    """Time of one dst.copy_(src) moving `nbytes` (read + write), for comparison: small transfers
-    do not reach the large-copy rate (launch, ramp-up, tail), so this is the practical floor."""
-    src = torch.randn(max(nbytes // 8, 1), device="cuda")   # float32, as copy_rate() uses
-    dst = torch.empty_like(src)
-    us = bench_us(lambda: dst.copy_(src))
-    del src, dst
-    return us
+    """Bytes moved per second by a large (1 GiB source) copy, counting reads and writes."""
+    nbytes = 2 << 30
+    return nbytes / (same_size_copy_us(nbytes) * 1e-6)
 
 
 def count_kernels(fn) -> int:

@@ -203,27 +203,27 @@ def run_case(name, define, eager, make_inputs, tol, rate):
     return row
 
 
+def _first_call_ms(fs, xs) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fs.execute(xs)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def compile_times(name, define, make_inputs, tmp):
     """(cold first call ms, NVRTC ms, warm start from disk ms, cached call us)."""
     xs = make_inputs()
     os.environ["PYFUSER_DISABLE_DISK_CACHE"] = "1"
     fs = define()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fs.execute(xs)
-    torch.cuda.synchronize()
-    cold = (time.perf_counter() - t0) * 1e3
+    cold = _first_call_ms(fs, xs)
     nvrtc_ms = get_executor(fs.ir_fusion, "cuda").last_run["compile_time_s"] * 1e3
     os.environ.pop("PYFUSER_DISABLE_DISK_CACHE")
     os.environ["PYFUSER_CACHE_DIR"] = tmp
     define().execute(xs)                                 # fills the disk cache
     dispatch.clear_caches()
     fs = define()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fs.execute(xs)
-    torch.cuda.synchronize()
-    warm = (time.perf_counter() - t0) * 1e3
+    warm = _first_call_ms(fs, xs)
     ex = get_executor(fs.ir_fusion, "cuda")
     assert ex.stats["disk_hits"] == 1 and ex.stats["nvrtc"] == 0, ex.stats
     del xs
