@@ -78,9 +78,6 @@ class KernelPlan:
         self._outputs = list(sched.orig.outputs)
         self._orders = sched.out_orders
 
-    def output_shapes(self, bindings) -> list[list[int]]:
-        return [bindings.shape(o) for o in self._outputs]
-
     def allocate_outputs(self, bindings, inputs, device) -> list:
         import torch
         outs = []

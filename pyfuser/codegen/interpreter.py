@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.dtypes import DataType
 from ..ir.ops import OPS
 from . import kernel_ir as K
 

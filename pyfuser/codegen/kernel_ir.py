@@ -44,10 +44,6 @@ STORAGE_CTYPE = dict(REGISTER_CTYPE)
 STORAGE_CTYPE.update({DataType.Half: "pf_half", DataType.BFloat16: "pf_bf16"})
 
 
-def register_dtype(d: DataType) -> DataType:
-    return d.compute
-
-
 # ---- expressions ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Var:

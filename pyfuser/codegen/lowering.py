@@ -18,7 +18,6 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType, Operand, Promotion, result_type
-from ..ir.ops import OPS
 from ..ir.tensor import TensorView
 from . import kernel_ir as K
 from .kernel import Param

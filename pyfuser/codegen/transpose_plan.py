@@ -68,7 +68,7 @@ def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
     across the block (coalesced), every load is issued before the first store."""
     V, o, U, B = p.vec, p.o, p.unroll, p.block
     outer = list(range(len(p.groups) - 1))
-    E = f"V_t" if V > 1 else T
+    E = "V_t" if V > 1 else T
     lines = [f"  const {it} nv = gs{o} / {V};",
              f"  const {it} total = {' * '.join([f'gs{g}' for g in outer] + ['nv'])};",
              f"  const {it} nblk = (total + {U * B - 1}) / {U * B};"]

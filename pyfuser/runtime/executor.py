@@ -174,9 +174,6 @@ class FusionExecutor:
         return st
 
     # ---- keys -------------------------------------------------------------------------------
-    def fast_key(self, inputs) -> tuple:
-        return self.key_of(inputs)[0]
-
     def num_kernels_compiled(self) -> int:
         return len([e for e in self._plans.values() if e.fallback is None])
 

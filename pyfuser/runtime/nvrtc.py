@@ -66,16 +66,6 @@ def nvrtc_version() -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def supported_archs() -> tuple[int, ...]:
-    nv = _nvrtc()
-    try:
-        err, archs = nv.nvrtcGetSupportedArchs()
-        _check(err, "nvrtcGetSupportedArchs")
-        return tuple(int(a) for a in archs)
-    except AttributeError:
-        return ()
-
-
 def _ok(err) -> bool:
     return int(err) == 0
 

@@ -24,7 +24,6 @@ import copy
 import sys
 from dataclasses import dataclass, field
 
-import torch
 
 from .. import dump as D
 from ..errors import SchedulerError

@@ -21,7 +21,6 @@ import sys
 from dataclasses import dataclass, field
 
 from ..ir import exprs as E
-from ..ir.base import Scalar
 from ..ir.tensor import TensorView
 
 METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
@@ -114,28 +113,6 @@ class Graph:
         self._memo[mk] = node
         self.nodes.append(node)
         return node
-
-
-def scalar_leaves(fusion, graph: Graph) -> list[Scalar]:
-    """Symbolic Scalars the kernel reads that no in-kernel expr defines (inputs, extents)."""
-    seen, out = set(), []
-
-    def visit(s):
-        if id(s) in seen or s.is_const:
-            return
-        seen.add(id(s))
-        if s.definition is not None:
-            for v in s.definition.inputs:
-                if isinstance(v, Scalar):
-                    visit(v)
-            return
-        out.append(s)
-
-    for n in graph.nodes:
-        for a in n.args:
-            if isinstance(a, Scalar):
-                visit(a)
-    return out
 
 
 def is_alias_of_input(tv: TensorView) -> bool:

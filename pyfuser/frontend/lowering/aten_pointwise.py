@@ -13,7 +13,7 @@ from ...ir.dtypes import DataType
 from ...ir.ops import OPS
 from ...ir.tensor import TensorView
 from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
-from .registry import POINTWISE, lowers
+from .registry import lowers
 
 ew = B.elementwise
 

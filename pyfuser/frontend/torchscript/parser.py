@@ -21,7 +21,6 @@ exception that leaves `parse_ir` is IRParseError (deep nesting, internal slips i
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from pyfuser.errors import IRParseError
 

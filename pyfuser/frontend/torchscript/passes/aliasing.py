@@ -24,7 +24,6 @@ import functools
 from dataclasses import dataclass
 
 from ..ops import schemas
-from ..types import TensorType
 
 WILDCARD = "*"
 # Ops whose schema says "fresh" but whose eager implementation may hand back `self`.
@@ -267,7 +266,3 @@ class AliasInfo:
 def _may_hold_tensor(v) -> bool:
     from ..types import BoolType, FloatType, IntType, NoneType, StringType, DeviceType
     return not isinstance(v.type, (BoolType, FloatType, IntType, NoneType, StringType, DeviceType))
-
-
-def is_tensor(v) -> bool:
-    return isinstance(v.type, TensorType)
