@@ -104,7 +104,7 @@ _DIRECT = {
     "leaky_relu": "leaky_relu", "lerp": "lerp", "where": "where", "threshold": "threshold",
     "softplus": "softplus", "hardtanh": "hardtanh",
     "greater": "gt", "less": "lt", "greater_equal": "ge", "less_equal": "le",
-    "not_equal": "ne", "relu6": None,
+    "not_equal": "ne",
 }
 
 
@@ -115,8 +115,7 @@ def _direct(table_name):
 
 
 for _aten, _name in _DIRECT.items():
-    if _name is not None:
-        lowers(f"aten::{_aten}", n_args=(OPS[_name].arity,))(_direct(_name))
+    lowers(f"aten::{_aten}", n_args=(OPS[_name].arity,))(_direct(_name))
 
 
 @lowers("aten::pow", n_args=(2,))
