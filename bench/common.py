@@ -1,7 +1,13 @@
 """Timing helpers for the benchmarks (GPU only).
 
-- `bench_us(fn)`: median time of one call in microseconds: triton.testing.do_bench when Triton is
-  installed (it flushes L2 before each call), else CUDA events around each call after an L2 flush.
+- `bench_us(fn, flush=)`: median time of one call in microseconds, L2 flushed before each call.
+  flush="write" (the default, the issues' method): triton.testing.do_bench, whose flush zeroes a
+  256 MB buffer, so the timed call starts with L2 full of dirty lines it must write back (up to
+  the L2 size of extra DRAM writes: several µs, a large share of a 20-50 µs kernel). flush="read":
+  CUDA events after a flush that reads 512 MB, so L2 starts clean.
+- `steady_us(fns)`: time per call of back-to-back calls (no flush) rotating over input sets that
+  together exceed several times L2, queued behind a sleep kernel so host time is hidden: the
+  throughput of a stream of such kernels, where each pays its predecessor's write-backs.
 - `copy_rate()`: device-to-device copy bandwidth in bytes/s (read + write bytes), measured once.
 - `count_kernels(fn)`: CUDA kernels one call launches, from torch.profiler (memcpy/memset excluded).
 - `host_us_per_call(fn)`: host (CPU) time of one cached call, median of rounds of 2000 calls.
@@ -9,6 +15,7 @@
 """
 from __future__ import annotations
 
+import collections
 import functools
 import statistics
 import time
@@ -16,9 +23,11 @@ import time
 import torch
 
 
-def bench_us(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+def bench_us(fn, warmup_ms: float = 25, rep_ms: float = 100, flush: str = "write") -> float:
     fn()
     torch.cuda.synchronize()
+    if flush == "read":
+        return _events_us(fn, rep_ms, _read_flush)
     try:
         from triton.testing import do_bench
         return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
@@ -26,8 +35,20 @@ def bench_us(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
         return _events_us(fn, rep_ms)
 
 
-def _events_us(fn, rep_ms: float) -> float:
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+@functools.lru_cache(maxsize=None)
+def _flush_buffer(nbytes: int) -> torch.Tensor:
+    return torch.ones(nbytes // 4, dtype=torch.int32, device="cuda")
+
+
+def _write_flush() -> None:
+    _flush_buffer(256 << 20).zero_()
+
+
+def _read_flush() -> None:
+    torch.amax(_flush_buffer(512 << 20))
+
+
+def _events_us(fn, rep_ms: float, flush=_write_flush) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -36,7 +57,7 @@ def _events_us(fn, rep_ms: float) -> float:
     n = max(5, min(1000, int(rep_ms / max(start.elapsed_time(end), 1e-3))))
     times = []
     for _ in range(n):
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()
@@ -45,20 +66,56 @@ def _events_us(fn, rep_ms: float) -> float:
     return statistics.median(times) * 1e3
 
 
-def same_size_copy_us(nbytes: int) -> float:
+def steady_us(fns, calls: int = 48, rounds: int = 5) -> float:
+    """Median over `rounds` of (GPU time of `calls` back-to-back calls) / calls, cycling through
+    `fns` (one callable per input set; their data should exceed L2 several times). A sleep kernel
+    queued first keeps the GPU busy while the host enqueues, so host overhead stays hidden; what
+    the last len(fns) + 1 calls return is kept, so an output's memory is reused only after at
+    least a whole rotation of input sets has gone through L2."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        keep = collections.deque(maxlen=len(fns) + 1)
+        torch.cuda._sleep(20_000_000)          # ~10 ms at 2 GHz: longer than enqueueing `calls`
+        start.record()
+        for k in range(calls):
+            keep.append(fns[k % len(fns)]())
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+        del keep
+    return statistics.median(times) * 1e3
+
+
+def input_sets(make, footprint_bytes: int, l2_bytes: int | None = None) -> list:
+    """Enough independent results of make() (input lists) that together they are >= 4x L2."""
+    if l2_bytes is None:
+        l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    n = max(2, -(-4 * l2_bytes // max(footprint_bytes, 1)))
+    return [make() for _ in range(n)]
+
+
+def same_size_copy_us(nbytes: int, flush: str = "write") -> float:
     """Time of one float32 dst.copy_(src) moving `nbytes` (read + write). Small transfers do not
     reach the large-copy rate (launch, ramp-up, tail), so at a case's size this is the practical
     floor."""
     src = torch.randn(max(nbytes // 8, 1), device="cuda")
     dst = torch.empty_like(src)
-    return bench_us(lambda: dst.copy_(src))
+    if flush == "steady":
+        pairs = input_sets(lambda: (torch.randn_like(src), torch.empty_like(src)), nbytes)
+        return steady_us([lambda d=d, s=s: d.copy_(s) for s, d in pairs])
+    return bench_us(lambda: dst.copy_(src), flush=flush)
 
 
 @functools.lru_cache(maxsize=None)
-def copy_rate() -> float:
-    """Bytes moved per second by a large (1 GiB source) copy, counting reads and writes."""
+def copy_rate(flush: str = "write") -> float:
+    """Bytes moved per second by a large (1 GiB source) copy, counting reads and writes, timed
+    with `flush` ("write", "read" or "steady")."""
     nbytes = 2 << 30
-    return nbytes / (same_size_copy_us(nbytes) * 1e-6)
+    return nbytes / (same_size_copy_us(nbytes, flush) * 1e-6)
 
 
 def count_kernels(fn) -> int:

@@ -3,9 +3,11 @@
     PYTHONPATH=. python3 bench/pointwise.py            # writes $OUT/bench_pointwise.md if OUT is set
     PYTHONPATH=. python3 bench/pointwise.py --host-only   # just the host overhead per cached call
 
-Per case: median time per call (triton do_bench, L2 flushed), % of the measured device-to-device
-copy rate (bytes that must move / time, over the copy rate), pyfuser/torch.compile time ratio
-(< 1: pyfuser faster), CUDA kernels per call (torch.profiler). Then: cold compile time (disk cache
+Per case and timing method (bench/common.py: "write" = do_bench with its L2 flush by zeroing,
+the issues' method; "read" = L2 flushed by reading, so it starts clean; "steady" = back-to-back
+calls over rotating inputs): median time per call, % of the measured device-to-device copy rate
+(bytes that must move / time, over that method's large-copy rate), pyfuser/torch.compile time
+ratio (< 1: pyfuser faster), CUDA kernels per call (torch.profiler). Then: cold compile time (disk cache
 off, first call of a new fusion), warm start from a hot disk cache (new fusion object, so new
 executor), and host overhead per cached call of a tiny 3-input fusion. Every pyfuser result is
 checked against eager before it is timed; a wrong result aborts that case with a message.
@@ -21,8 +23,17 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (bench_us, copy_rate, count_kernels, host_us_per_call, markdown,  # noqa: E402
-                    same_size_copy_us)
+from common import (bench_us, copy_rate, count_kernels, host_us_per_call,  # noqa: E402
+                    input_sets, markdown, same_size_copy_us, steady_us)
+
+METHODS = ("write", "read", "steady")
+
+
+def time_all(fn, fn_of_set, sets) -> dict:
+    """{method: µs per call}: fn timed with both flushes, fn_of_set(s) back to back over sets."""
+    out = {m: bench_us(fn, flush=m) for m in ("write", "read")}
+    out["steady"] = steady_us([lambda s=s: fn_of_set(s) for s in sets])
+    return out
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
@@ -170,7 +181,7 @@ def _check(name, got, want, tol):
     torch.testing.assert_close(got, want, **tol)
 
 
-def run_case(name, define, eager, make_inputs, tol, rate):
+def run_case(name, define, eager, make_inputs, tol, rates):
     xs = make_inputs()
     fs = define()
     (out,) = fs.execute(xs)
@@ -181,11 +192,12 @@ def run_case(name, define, eager, make_inputs, tol, rate):
     if ex is None or ex.last_run.get("fallback"):
         raise AssertionError(f"{name}: pyfuser did not run a kernel (fallback to the evaluator)")
     nbytes = _bytes(xs, [out])
-    floor_us = nbytes / rate * 1e6
-    row = {"case": name, "MB": nbytes / 1e6, "floor": floor_us,
-           "copy_same": same_size_copy_us(nbytes)}
-    row["pyfuser"] = bench_us(lambda: fs.execute(xs))
-    row["eager"] = bench_us(lambda: eager(*xs))
+    sets = input_sets(make_inputs, _bytes(xs, []))
+    row = {"case": name, "MB": nbytes / 1e6,
+           "floor": {m: nbytes / rates[m] * 1e6 for m in METHODS},
+           "copy_same": {m: same_size_copy_us(nbytes, m) for m in METHODS}}
+    row["pyfuser"] = time_all(lambda: fs.execute(xs), fs.execute, sets)
+    row["eager"] = time_all(lambda: eager(*xs), lambda s: eager(*s), sets)
     row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
     row["k_eager"] = count_kernels(lambda: eager(*xs))
     try:
@@ -193,12 +205,12 @@ def run_case(name, define, eager, make_inputs, tol, rate):
         got = compiled(*xs)
         torch.cuda.synchronize()
         torch.testing.assert_close(got, ref, **tol)
-        row["compile"] = bench_us(lambda: compiled(*xs))
+        row["compile"] = time_all(lambda: compiled(*xs), lambda s: compiled(*s), sets)
         row["k_compile"] = count_kernels(lambda: compiled(*xs))
     except Exception as e:  # noqa: BLE001 - report and keep going
         print(f"[{name}] torch.compile failed: {type(e).__name__}: {e}")
-        row["compile"], row["k_compile"] = float("nan"), "-"
-    del xs, out, ref
+        row["compile"], row["k_compile"] = {m: float("nan") for m in METHODS}, "-"
+    del xs, out, ref, sets
     torch.cuda.empty_cache()
     return row
 
@@ -283,13 +295,14 @@ def main() -> int:
         CASES = [c for c in CASES if any(w in c[0].lower() for w in want)]
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
-    rate = copy_rate()
-    print(f"device: {dev}; copy rate {rate / 1e12:.2f} TB/s (read+write)")
+    rates = {m: copy_rate(m) for m in METHODS}
+    print(f"device: {dev}; copy rate (read+write) " +
+          ", ".join(f"{m} {r / 1e12:.2f} TB/s" for m, r in rates.items()))
     rows, failures = [], []
     for name, define, eager, make_inputs, tol in CASES:
         t0 = time.perf_counter()
         try:
-            rows.append(run_case(name, define, eager, make_inputs, tol, rate))
+            rows.append(run_case(name, define, eager, make_inputs, tol, rates))
         except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
             traceback.print_exc()
             failures.append(f"{name}: {type(e).__name__}: {e}")
@@ -300,19 +313,25 @@ def main() -> int:
     def pct(us, floor):
         return f"{us:.1f} ({100 * floor / us:.0f}%)" if us == us else "n/a"
 
-    table = [(r["case"], f"{r['MB']:.0f}", f"{r['floor']:.1f}", f"{r['copy_same']:.1f}",
-              pct(r["pyfuser"], r["floor"]),
-              pct(r["eager"], r["floor"]), pct(r["compile"], r["floor"]),
-              f"{r['pyfuser'] / r['compile']:.2f}" if r["compile"] == r["compile"] else "n/a",
-              f"{r['k_pyfuser']} / {r['k_eager']} / {r['k_compile']}") for r in rows]
     md = [f"## Pointwise benchmark on {dev}", "",
-          f"Copy rate (device-to-device, read+write bytes): {rate / 1e12:.2f} TB/s. Times are "
-          "medians per call in µs (triton do_bench, L2 flushed); in parentheses the % of the copy "
-          "rate achieved; ratio = pyfuser / torch.compile time (< 1: pyfuser faster). 'same-size "
-          "copy' is one dst.copy_(src) moving the same bytes: the practical floor at that size.", "",
-          markdown(table, ["case", "MB moved", "copy floor µs", "same-size copy µs",
-                           "pyfuser µs (%)", "eager µs (%)",
-                           "torch.compile µs (%)", "pyfuser/compile", "kernels pyf/eager/compile"])]
+          "Large-copy rate (1 GiB source, read+write bytes) per timing method: " +
+          ", ".join(f"{m} {r / 1e12:.2f} TB/s" for m, r in rates.items()) + ". Times are "
+          "medians per call in µs; in parentheses the % of that method's large-copy rate; ratio = "
+          "pyfuser / torch.compile time (< 1: pyfuser faster). 'same-size copy' is torch's "
+          "dst.copy_(src) moving the same bytes. write: do_bench, L2 flushed by zeroing 256 MB "
+          "(the issue's method); read: L2 flushed by reading 512 MB; steady: back-to-back calls "
+          "over rotating inputs (bench/common.py)."]
+    for m in METHODS:
+        table = [(r["case"], f"{r['MB']:.0f}", f"{r['floor'][m]:.1f}",
+                  pct(r["copy_same"][m], r["floor"][m]), pct(r["pyfuser"][m], r["floor"][m]),
+                  pct(r["eager"][m], r["floor"][m]), pct(r["compile"][m], r["floor"][m]),
+                  f"{r['pyfuser'][m] / r['compile'][m]:.2f}" if r["compile"][m] == r["compile"][m]
+                  else "n/a",
+                  f"{r['k_pyfuser']} / {r['k_eager']} / {r['k_compile']}") for r in rows]
+        md += ["", f"### {m}", "",
+               markdown(table, ["case", "MB moved", "copy floor µs", "same-size copy µs (%)",
+                                "pyfuser µs (%)", "eager µs (%)", "torch.compile µs (%)",
+                                "pyfuser/compile", "kernels pyf/eager/compile"])]
 
     ctimes = []
     tmp = tempfile.mkdtemp(prefix="pyfuser_bench_cache_")

@@ -128,7 +128,10 @@ class Printer:
 
     def load(self, s: K.Load, pad: str) -> None:
         dst, off = self._dst(s.dst, s.index), self.e(s.offset)
-        if s.stride is None and s.width > 1:
+        if s.stride is None and s.cache:
+            pol = K.CACHE_POLICIES[s.cache]
+            self.lines.append(f"{pad}pf_ldc<{pol}, {s.width}>({dst}, {s.ptr} + {off});")
+        elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_ld<{s.width}>({dst}, {s.ptr} + {off});")
         elif s.stride is None:
             self.lines.append(f"{pad}{dst}[0] = {s.ptr}[{off}];")
@@ -139,8 +142,9 @@ class Printer:
 
     def store(self, s: K.Store, pad: str) -> None:
         src, off = self._dst(s.src, s.index), self.e(s.offset)
-        if s.stride is None and s.cache == "cs":
-            self.lines.append(f"{pad}pf_st_cs<{s.width}>({s.ptr} + {off}, {src});")
+        if s.stride is None and s.cache:
+            pol = K.CACHE_POLICIES[s.cache]
+            self.lines.append(f"{pad}pf_stc<{pol}, {s.width}>({s.ptr} + {off}, {src});")
         elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_st<{s.width}>({s.ptr} + {off}, {src});")
         elif s.stride is None:

@@ -16,9 +16,11 @@ Statements:
   Alloc(name, dtype, dims) a local array in storage type
   Loop(var, start, stop, step, kind, body)   kind: "grid" (grid-stride), "unroll", "lanes"
   If(cond, body)
-  Load(dst, index, ptr, offset, width, stride)   width elements at ptr[offset + lane*stride]
+  Load(dst, index, ptr, offset, width, stride, cache)   width elements at ptr[offset + lane*stride]
       (stride None: one contiguous vector access of `width` elements)
-  Store(ptr, offset, src, index, width, stride, cache)   cache "cs": streaming store
+  Store(ptr, offset, src, index, width, stride, cache)
+      cache (contiguous accesses only, speed only): "" plain, "cs" streaming (.cs), "ef" L2
+      evict_first, "el" L2 evict_last
   Assign(name, index, expr)
   Comment(text)
 
@@ -140,6 +142,10 @@ class If:
     body: list = field(default_factory=list)
 
 
+# cache policy of a contiguous access -> the prelude's PF_* constant ("": a plain access)
+CACHE_POLICIES = {"": None, "cs": "PF_CS", "ef": "PF_EF", "el": "PF_EL"}
+
+
 @dataclass
 class Load:
     dst: str
@@ -148,6 +154,7 @@ class Load:
     offset: Any
     width: int
     stride: Any = None
+    cache: str = ""          # see CACHE_POLICIES
 
 
 @dataclass
@@ -158,7 +165,7 @@ class Store:
     index: tuple
     width: int
     stride: Any = None
-    cache: str = ""          # "" plain store, "cs": streaming (evict-first, st.global.cs)
+    cache: str = ""          # see CACHE_POLICIES
 
 
 @dataclass
@@ -222,10 +229,10 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}ALLOC {s.name}{list(s.dims)} : {s.dtype.name}")
             elif isinstance(s, Load):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
-                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width} {s.ptr}[{fmt(s.offset)}]{st}")
+                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st}")
             elif isinstance(s, Store):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
-                lines.append(f"{pad}STORE{s.width}{'.cs' if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
+                lines.append(f"{pad}STORE{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
             elif isinstance(s, Assign):
                 lines.append(f"{pad}{s.name}{list(map(fmt, s.index))} = {fmt(s.expr)}")
             elif isinstance(s, Comment):

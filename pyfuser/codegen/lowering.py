@@ -283,7 +283,7 @@ class Lowering:
         off = self.offset(a, gvars)
         p = self.ptr(a)
         if a.mode == "vector":
-            return K.Load(arr, idx, p, off, self.p.vec)
+            return K.Load(arr, idx, p, off, self.p.vec, None, self.p.load_cache)
         if a.mode == "strided" and self.p.vec > 1:
             inner = self.p.groups[-1][-1]
             return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
@@ -305,7 +305,7 @@ class Lowering:
             lanes.append(K.Assign(f"T{a.tv.number}_w", (K.Var("v"),),
                                   K.Convert("store", vals[id(a.node)], a.tv.dtype, a.tv.dtype)))
         body.append(K.Loop("v", self.const(0), self.const(self.p.vec), self.const(1), "lanes", lanes))
-        cache = "cs" if self.p.stream_stores else ""
+        cache = self.p.store_cache
         for a in stores:
             off = self.offset(a, gvars)
             p = self.ptr(a)

@@ -13,6 +13,63 @@ Invariants:
 - No fast-math: exp/erf/tanh... are the precise CUDA functions (overloads of expf/erff/tanhf).
 """
 
+
+def _cache_policy_cpp() -> str:
+    """C++ of `pf_ldc<P, N>` / `pf_stc<P, N>`: N-element loads and stores of 4, 8 or 16 bytes
+    with a cache policy P (other sizes fall back to pf_ld / pf_st). PF_CS: `.cs` streaming
+    (evict-first in L1 and L2); PF_EF: L2 evict_first (loads skip L1); PF_EL: L2 evict_last."""
+    out = ["enum { PF_CS = 1, PF_EF = 2, PF_EL = 3 };",
+           "PF_D unsigned long long pf_l2_policy(int p) { unsigned long long q;",
+           "  if (p == PF_EF) asm(\"createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\" : \"=l\"(q));",
+           "  else asm(\"createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\" : \"=l\"(q));",
+           "  return q; }",
+           "template <int P, int BYTES> struct pf_mem;"]
+    quals = {"PF_CS": ("ld.global.cs", "st.global.cs", False),
+             "PF_EF": ("ld.global.L1::no_allocate.L2::cache_hint", "st.global.L2::cache_hint", True),
+             "PF_EL": ("ld.global.L2::cache_hint", "st.global.L2::cache_hint", True)}
+    for pol, (ld, st, hint) in quals.items():
+        for nbytes, words in ((16, 4), (8, 2), (4, 1)):
+            vec = {4: ".v4", 2: ".v2", 1: ""}[words]
+            regs = ", ".join(f"%{i}" for i in range(words))
+            regs = "{" + regs + "}" if words > 1 else regs
+            outs = ", ".join(f'"=r"(w[{i}])' for i in range(words))
+            ins = ", ".join(f'"r"(w[{i}])' for i in range(words))
+            pol_arg = f", %{words + 1}" if hint else ""
+            pol_in = f', "l"(pf_l2_policy({pol}))' if hint else ""
+            sregs = "{" + ", ".join(f"%{i + 1}" for i in range(words)) + "}" if words > 1 else "%1"
+            out.append(
+                f"template <> struct pf_mem<{pol}, {nbytes}> {{\n"
+                f"  static PF_D void ld(const void* p, unsigned int* w) {{ asm volatile("
+                f"\"{ld}{vec}.u32 {regs}, [%{words}]{pol_arg};\" : {outs} : \"l\"(p){pol_in}); }}\n"
+                f"  static PF_D void st(void* p, const unsigned int* w) {{ asm volatile("
+                f"\"{st}{vec}.u32 [%0], {sregs}{pol_arg};\" :: \"l\"(p), {ins}{pol_in} : \"memory\"); }} }};")
+    out.append("""template <typename T, int N> union pf_words {
+  pf_vec<T, N> v; unsigned int w[(sizeof(T) * N + 3) / 4]; };
+template <typename T, int N> constexpr bool pf_word_sized() {
+  return sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16; }
+template <int P, int N, typename T> PF_D void pf_ldc(T* dst, const T* __restrict__ src) {
+  if constexpr (pf_word_sized<T, N>()) {
+    pf_words<T, N> u;
+    pf_mem<P, sizeof(T) * N>::ld(src, u.w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = u.v.v[i];
+  } else {
+    pf_ld<N>(dst, src);
+  }
+}
+template <int P, int N, typename T> PF_D void pf_stc(T* __restrict__ dst, const T* src) {
+  if constexpr (pf_word_sized<T, N>()) {
+    pf_words<T, N> u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) u.v.v[i] = src[i];
+    pf_mem<P, sizeof(T) * N>::st(dst, u.w);
+  } else {
+    pf_st<N>(dst, src);
+  }
+}""")
+    return "\n".join(out)
+
+
 PRELUDE = r"""
 // ---- pyfuser kernel prelude -------------------------------------------------------------------
 typedef signed char int8_t;
@@ -54,28 +111,8 @@ template <int N, typename T> PF_D void pf_st(T* __restrict__ dst, const T* src) 
   *reinterpret_cast<pf_vec<T, N>*>(dst) = x;
 }
 
-// streaming (evict-first) stores of N elements = 1..16 bytes: outputs are not read again
-template <int BYTES> struct pf_cs;
-template <> struct pf_cs<16> { static PF_D void st(void* p, const unsigned int* w) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(w[0]), "r"(w[1]),
-               "r"(w[2]), "r"(w[3]) : "memory"); } };
-template <> struct pf_cs<8> { static PF_D void st(void* p, const unsigned int* w) {
-  asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(w[0]), "r"(w[1]) : "memory"); } };
-template <> struct pf_cs<4> { static PF_D void st(void* p, const unsigned int* w) {
-  asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(p), "r"(w[0]) : "memory"); } };
-template <typename T, int N> union pf_words {
-  pf_vec<T, N> v; unsigned int w[(sizeof(T) * N + 3) / 4]; };
-template <int N, typename T> PF_D void pf_st_cs(T* __restrict__ dst, const T* src) {
-  if constexpr (sizeof(T) * N >= 4) {
-    pf_words<T, N> u;
-#pragma unroll
-    for (int i = 0; i < N; ++i) u.v.v[i] = src[i];
-    pf_cs<sizeof(T) * N>::st(dst, u.w);
-  } else {
-    pf_st<N>(dst, src);
-  }
-}
-
+// cache-policy accesses (speed only: the same bytes as pf_ld / pf_st), generated below
+""" + _cache_policy_cpp() + r"""
 // ---- conversions as eager does them -----------------------------------------------------------
 template <typename To, typename From> struct pf_caster { static PF_D To run(From x) { return static_cast<To>(x); } };
 template <typename From> struct pf_caster<bool, From> { static PF_D bool run(From x) { return x != From(0); } };

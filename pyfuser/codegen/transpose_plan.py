@@ -21,6 +21,8 @@ from ..ir.tensor import TensorView
 from ..schedule import layout as L
 from ..schedule.transpose import ROWS, TransposeParams, group_extents
 from .kernel import GeneratedKernel, LaunchConfig, Param
+from .kernel_ir import CACHE_POLICIES
+from .prelude import PRELUDE
 
 BITS_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 MAX_BLOCKS = 4096           # grid-stride cap: blocks * threads stays < 2^21
@@ -62,6 +64,15 @@ def _row_offset(var: str, groups, it: str, acc: str) -> list[str]:
     return lines
 
 
+def _load(policy: str, n: int, dst: str, src: str, plain: str) -> str:
+    """The statement loading n elements at `src` into `dst` with a cache policy ("" = `plain`)."""
+    return f"pf_ldc<{CACHE_POLICIES[policy]}, {n}>({dst}, {src});" if policy else plain
+
+
+def _store(policy: str, n: int, dst: str, src: str, plain: str) -> str:
+    return f"pf_stc<{CACHE_POLICIES[policy]}, {n}>({dst}, {src});" if policy else plain
+
+
 def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
     """Rows copy: vector l of the output (row-major, `vec` elements) reads input row l / nv at
     column l % nv. A block moves `unroll` x `block` vectors: step u's vectors are consecutive
@@ -83,13 +94,16 @@ def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
               f"        {it} r = l / nv;",
               f"        {it} off = (l - r * nv) * {V} * gt{o};"]
     lines += _row_offset("r", outer, it, "off")
-    lines += [f"        buf[u] = *reinterpret_cast<const {E}*>(in + off);",
+    lines += ["        " + _load(p.load_cache, V, "buf[u].v" if V > 1 else "&buf[u]", "in + off",
+                                 f"buf[u] = *reinterpret_cast<const {E}*>(in + off);"),
               "      }",
               "    }",
               "    #pragma unroll",
               f"    for (int u = 0; u < {U}; ++u) {{",
               f"      const {it} l = (blk * {U} + u) * {B} + ({it})threadIdx.x;",
-              f"      if (l < total) *reinterpret_cast<{E}*>(out + l * {V}) = buf[u];",
+              "      if (l < total) " + _store(p.store_cache, V, f"out + l * {V}",
+                                             "buf[u].v" if V > 1 else "&buf[u]",
+                                             f"*reinterpret_cast<{E}*>(out + l * {V}) = buf[u];"),
               "    }",
               "  }"]
     return lines
@@ -109,12 +123,16 @@ def _tile_body(p: TransposeParams, it: str, T: str) -> list[str]:
     lines += _decompose("r", p.batch, it, "ib", "ob")
     lines += [f"    for (int j = threadIdx.y; j < {t}; j += {ROWS}) {{",
               f"      const {it} ii = i0 + threadIdx.x, oo = o0 + j;",
-              f"      if (ii < gs{i} && oo < gs{o}) tile[j][threadIdx.x] = in[ib + ii * gt{i} + oo * gt{o}];",
+              f"      if (ii < gs{i} && oo < gs{o}) " + _load(
+                  p.load_cache, 1, "&tile[j][threadIdx.x]", f"in + (ib + ii * gt{i} + oo * gt{o})",
+                  f"tile[j][threadIdx.x] = in[ib + ii * gt{i} + oo * gt{o}];"),
               "    }",
               "    __syncthreads();",
               f"    for (int j = threadIdx.y; j < {t}; j += {ROWS}) {{",
               f"      const {it} oo = o0 + threadIdx.x, ii = i0 + j;",
-              f"      if (ii < gs{i} && oo < gs{o}) out[ob + ii * os{i} + oo] = tile[threadIdx.x][j];",
+              f"      if (ii < gs{i} && oo < gs{o}) " + _store(
+                  p.store_cache, 1, f"out + (ob + ii * os{i} + oo)", "&tile[threadIdx.x][j]",
+                  f"out[ob + ii * os{i} + oo] = tile[threadIdx.x][j];"),
               "    }",
               "    __syncthreads();",
               "  }"]
@@ -133,8 +151,9 @@ def generate(p: TransposeParams, name: str) -> tuple[str, list[Param]]:
     sig = ", ".join([f"const {T}* __restrict__ in", f"{T}* __restrict__ out"] +
                     [f"{it} {q.name}" for q in params[2:]])
     body = (_prologue(p, it) if p.groups else []) + BODIES[p.kind](p, it, T)
-    src = "\n".join([f"// pyfuser transpose kernel: {p.as_dict()}",
-                     "typedef long long int64_t;",
+    # the prelude (with int64_t) only where a cache policy needs its pf_ldc / pf_stc
+    head = [PRELUDE] if (p.load_cache or p.store_cache) else ["typedef long long int64_t;"]
+    src = "\n".join([f"// pyfuser transpose kernel: {p.as_dict()}"] + head + [
                      f'extern "C" __global__ void {name}({sig}) {{'] + body + ["}", ""])
     return src, params
 

@@ -205,7 +205,7 @@ def _print(fusion) -> str:
 def _describe(s: PointwiseSchedule) -> str:
     p = s.params
     lines = [f"kind={p.kind} vec={p.vec} block={p.block} unroll={p.unroll} index={p.index_type} "
-             f"max_blocks={p.max_blocks} stream_stores={p.stream_stores}",
+             f"max_blocks={p.max_blocks} load_cache={p.load_cache or 'plain'} store_cache={p.store_cache or 'plain'}",
              f"groups={p.groups} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
         lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode}"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from . import cache_policy
+
 DEFAULT_SM_COUNT = 132  # H100 / H200 SXM
 
 
@@ -43,8 +45,9 @@ class PointwiseParams:
                                 # grid-strides, so any cap is correct
     min_blocks: int = 0         # __launch_bounds__(block, min_blocks): caps registers so that
                                 # min_blocks blocks fit on an SM (0: no cap)
-    stream_stores: bool = False  # outputs stored with st.global.cs (evict-first); measured no
-                                 # gain on H200 (2026-11-22), so off by default
+    load_cache: str = ""        # cache policy of contiguous (non-broadcast) loads and of
+    store_cache: str = ""       # stores: "" plain, "cs" streaming, "ef" L2 evict_first, "el" L2
+                                # evict_last (schedule/cache_policy.py)
     reason: str = ""            # why this kind / vector width, for the dump
 
     def as_dict(self) -> dict:
@@ -62,19 +65,18 @@ def _env_int(name: str):
 
 def _overrides(params: PointwiseParams, sms: int) -> None:
     """Tuning knobs (speed only, never correctness): $PYFUSER_PW_BLOCK, $PYFUSER_PW_UNROLL,
-    $PYFUSER_PW_WAVES (grid cap = waves x SMs x resident blocks per SM; 0: one pass) and
-    $PYFUSER_PW_STREAM_STORES (1/0)."""
-    b, u, w, cs, mb = (_env_int(n) for n in ("PYFUSER_PW_BLOCK", "PYFUSER_PW_UNROLL",
-                                             "PYFUSER_PW_WAVES", "PYFUSER_PW_STREAM_STORES",
-                                             "PYFUSER_PW_MINBLOCKS"))
+    $PYFUSER_PW_WAVES (grid cap = waves x SMs x resident blocks per SM; 0: one pass),
+    $PYFUSER_PW_MINBLOCKS, and $PYFUSER_LOAD_CACHE / $PYFUSER_STORE_CACHE (schedule/cache_policy.py)."""
+    b, u, w, mb = (_env_int(n) for n in ("PYFUSER_PW_BLOCK", "PYFUSER_PW_UNROLL",
+                                         "PYFUSER_PW_WAVES", "PYFUSER_PW_MINBLOCKS"))
     if b:
         params.block = b
     if u:
         params.unroll = u
     if w is not None:
         params.max_blocks = w * sms * max(1, 2048 // params.block) if w > 0 else 0
-    if cs is not None:
-        params.stream_stores = bool(cs)
+    params.load_cache, params.store_cache = cache_policy.choose(params.load_cache,
+                                                                params.store_cache)
     if mb is not None:
         params.min_blocks = mb
 
@@ -99,8 +101,11 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         params.kind = "2d"
         outer = numel // inner if inner else 0
         cols = _ceil(inner, vec)
-        # Least idle threads in the last column block; 128 preferred on ties.
-        params.block = min((128, 64), key=lambda b: (_ceil(cols, b) * b, -b))
+        # 128 threads unless a row leaves more than a quarter of them idle and 64 leaves fewer
+        # (H200, bench/sweep.py bn, 2026-11-22: 3136-wide rows, 784 vectors, 14% idle at 128:
+        # 24.3 / 20.0 / 21.3 us write / read / steady vs 25.2 / 20.4 / 21.6 at 64).
+        idle = {b: _ceil(cols, b) * b - cols for b in (128, 64)}
+        params.block = 64 if idle[128] > cols / 4 and idle[64] < idle[128] else 128
         nbx = _ceil(cols, params.block)
         unroll = 1 if vec_bytes >= 16 else 4
         while unroll > 1 and nbx * _ceil(outer, unroll) < 4 * sms:

@@ -132,19 +132,31 @@ def test_div_trunc_reduced_rounds_the_quotient_first():
     assert torch.equal(outs[0], want)
 
 
-def test_stream_stores_print_and_compile(monkeypatch):
-    from pyfuser.codegen import api
+@pytest.mark.parametrize("policy", ["cs", "ef", "el"])
+def test_cache_policy_loads_and_stores_print_and_compile(monkeypatch, policy):
+    """Every cache policy, on loads and stores of 1..16 bytes (fp64 x1, fp32 x4/x1, fp16 x8/x1):
+    the source names it, NVRTC assembles it for sm_90 and the interpreter's result is eager's."""
     from pyfuser.runtime.nvrtc import compile_cuda
     from codegen_cases import B, make_fusion, run_plan
-    monkeypatch.setenv("PYFUSER_PW_STREAM_STORES", "1")
+    monkeypatch.setenv("PYFUSER_LOAD_CACHE", policy)
+    monkeypatch.setenv("PYFUSER_STORE_CACHE", policy)
+    macro = {"cs": "PF_CS", "ef": "PF_EF", "el": "PF_EL"}[policy]
     for dt, tdt in ((DataType.Float, torch.float32), (DataType.Half, torch.float16),
-                    (DataType.Double, torch.float64)):
+                    (DataType.Double, torch.float64), (DataType.Bool, torch.bool)):
         def build():
             a = B.define_tensor([-1], dt)
-            return B.elementwise("mul", a, a)
+            return B.elementwise("bitwise_xor" if dt == DataType.Bool else "mul", a, a)
         for n in (64, 63):
-            x = torch.randn(n, dtype=tdt)
+            x = torch.randn(n).to(tdt) if dt != DataType.Bool else torch.rand(n) > 0.5
             plan, outs = run_plan(make_fusion(build), [x])
-            assert "pf_st_cs<" in plan.body
-            assert torch.equal(outs[0], x * x)
+            assert f"pf_ldc<{macro}, " in plan.body and f"pf_stc<{macro}, " in plan.body
+            assert torch.equal(outs[0], x ^ x if dt == DataType.Bool else x * x)
             compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90", use_disk_cache=False)
+
+
+def test_cache_policy_env_rejects_unknown(monkeypatch):
+    from codegen_cases import B, make_fusion, run_plan
+    monkeypatch.setenv("PYFUSER_LOAD_CACHE", "evict_sometimes")
+    with pytest.raises(ValueError, match="PYFUSER_LOAD_CACHE"):
+        run_plan(make_fusion(lambda: B.elementwise("neg", B.define_tensor([-1], DataType.Float))),
+                 [torch.randn(8)])

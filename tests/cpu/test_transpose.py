@@ -103,3 +103,27 @@ def test_rows_knobs_interpret(monkeypatch, block, unroll):
     plan.interpret([x], [out], None)
     assert torch.equal(out, x.contiguous())
     assert plan.kernel.launch_config(None, [x, out]).grid[0] == -(-x.numel() // plan.params.vec // (block * unroll))
+
+
+@pytest.mark.parametrize("policy", ["cs", "ef", "el"])
+@pytest.mark.parametrize("shape,perm,kind", [CASES[0], CASES[1]])
+def test_cache_policies_compile_and_interpret(shape, perm, kind, policy, monkeypatch):
+    """Loads and stores with each cache policy: named in the source, assembled by NVRTC for
+    sm_90 (the prelude comes along), and the same copy."""
+    monkeypatch.setenv("PYFUSER_LOAD_CACHE", policy)
+    monkeypatch.setenv("PYFUSER_STORE_CACHE", policy)
+    for dtype in (torch.float32, torch.float16):
+        x = permuted(shape, perm, dtype)
+        order = sorted(range(len(shape)), key=lambda a: -x.stride(a))
+        dt = DataType.Float if dtype == torch.float32 else DataType.Half
+        f = permuted_copy(len(shape), order, dt)
+        plan = TR.plan_kernel(f, [x])
+        assert plan.params.kind == kind and plan.params.load_cache == policy
+        src = plan.kernel.source
+        assert "pf_ldc<PF_" in src and "pf_stc<PF_" in src
+        (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
+        plan.interpret([x], [out], None)
+        assert torch.equal(out, x.contiguous())
+        nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
+        pytest.importorskip("cuda.bindings.nvrtc")
+        nvrtc.compile_cuda(src, plan.kernel.name, "sm_90", use_disk_cache=False)
