@@ -6,7 +6,8 @@ kernel's time is the benchmark's L2 flush rather than the kernel.
 Sets (default: all): `cache` - load/store cache policies (schedule/cache_policy.py) on the
 pointwise cases of bench/pointwise.py (seed 000 left out: 3.6 GB, DRAM-bound) and seed 002's
 transpose; `bn` - 1-D / 2-D, block and unroll on the batch-norm graph; `copy` - pyfuser's copy
-kernel (`set`) against torch's copy_ at the batch-norm graph's and GELU's byte counts.
+kernel (`set`) against torch's copy_ at the batch-norm graph's and GELU's byte counts; `1d` -
+block and unroll of the 1-D schedule on GELU and SiLU-mul.
 Each variant (environment knobs, read when a new Fusion is planned) is timed three ways
 (bench/common.py):
   write  - do_bench, L2 flushed by zeroing 256 MB before each call (the issues' method)
@@ -42,7 +43,11 @@ _COPY = [("pf b128 u2", {}), ("pf b128 u1", {"PYFUSER_PW_UNROLL": "1"}),
          ("pf b128 u4", {"PYFUSER_PW_UNROLL": "4"}), ("pf b256 u2", {"PYFUSER_PW_BLOCK": "256"}),
          ("pf b512 u1", {"PYFUSER_PW_BLOCK": "512", "PYFUSER_PW_UNROLL": "1"}),
          ("pf b128 u8", {"PYFUSER_PW_UNROLL": "8"})]
-KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY for k in env})
+_ONE_D = [("b128 u2", {}), ("b128 u1", {"PYFUSER_PW_UNROLL": "1"}),
+          ("b128 u4", {"PYFUSER_PW_UNROLL": "4"}), ("b256 u1", {"PYFUSER_PW_BLOCK": "256",
+                                                               "PYFUSER_PW_UNROLL": "1"}),
+          ("b256 u2", {"PYFUSER_PW_BLOCK": "256"}), ("b64 u2", {"PYFUSER_PW_BLOCK": "64"})]
+KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D for k in env})
 
 
 def _segment_cases():
@@ -76,8 +81,9 @@ def _sets():
                  lambda x: C.transpose_eager(x, C.FULL_TR),
                  lambda: [torch.randn(768, 128, 64, device="cuda")], {})
     bn = [c for c in pointwise if "BN" in c[0]]
+    one_d = [c for c in pointwise if c[0].startswith(("GELU", "SiLU"))]
     return {"cache": (pointwise + [transpose], _CACHE), "bn": (bn, _BN),
-            "copy": ([_copy_case(77), _copy_case(201)], _COPY)}
+            "copy": ([_copy_case(77), _copy_case(201)], _COPY), "1d": (one_d, _ONE_D)}
 
 
 def _time(method, fn, fns) -> float:

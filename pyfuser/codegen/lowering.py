@@ -65,6 +65,27 @@ class Lowering:
         self._param_names: set = set()
         self.ref_seg = len(sched.fusion.tensor_inputs())
         self.need_r = any(not a.node.affine for a in sched.accesses)
+        self.store_only = self._store_only_nodes()
+
+    def _store_only_nodes(self) -> set:
+        """ids of graph nodes whose value is only stored, directly or through set/alias nodes,
+        to outputs of its own dtype. A half/bf16 op result among them is not rounded in its Let:
+        the store's conversion to the storage type is that same rounding (round to nearest
+        even), done once instead of twice."""
+        users: dict = {}
+        for n in self.s.graph.nodes:
+            for a in n.args:
+                if not isinstance(a, Scalar):
+                    users.setdefault(id(a), []).append(n)
+        stored = {id(a.node) for a in self.s.accesses if a.is_store}
+        out: set = set()
+        for n in reversed(self.s.graph.nodes):           # users come after their producers
+            us = users.get(id(n), [])
+            if (us or id(n) in stored) and all(
+                    u.kind in ("set", "alias") and id(u) in out and u.tv.dtype is n.tv.dtype
+                    for u in us):
+                out.add(id(n))
+        return out
 
     # ---- params ---------------------------------------------------------------------------
     def _param(self, bucket, name, ctype, source):
@@ -131,7 +152,7 @@ class Lowering:
         return expr if src.compute is dst else K.Convert("cast", expr, src, dst)
 
     @staticmethod
-    def _op(e, args, compute: DataType, out: DataType):
+    def _op(e, args, compute: DataType, out: DataType, rounded: bool = True):
         if e.info.name == "div_trunc" and compute.is_reduced_float:
             # eager (CUDA) computes trunc(a / b) on scalar_t = half/bfloat16: the quotient is
             # rounded to the reduced type before the trunc (2.999 -> bf16 3.0 -> 3, not 2)
@@ -139,7 +160,7 @@ class Lowering:
             return K.Convert("round", K.Op("trunc", (q,), compute), DataType.Float, out) \
                 if out.is_reduced_float else K.Op("trunc", (q,), compute)
         expr = K.Op(e.info.name, tuple(args), compute)
-        if out.is_reduced_float:
+        if out.is_reduced_float and rounded:
             expr = K.Convert("round", expr, DataType.Float, out)
         return expr
 
@@ -272,7 +293,7 @@ class Lowering:
                         args.append(self._convert_arg(self.scalar(a), a.dtype, compute, e, i))
                     else:
                         args.append(self._convert_arg(vals[id(a)], a.tv.dtype, compute, e, i))
-                expr = self._op(e, args, compute, dt)
+                expr = self._op(e, args, compute, dt, id(node) not in self.store_only)
             out.append(K.Let(name, K.REGISTER_CTYPE[dt], expr))
             vals[id(node)] = K.Var(name)
         return vals

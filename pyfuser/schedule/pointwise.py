@@ -20,8 +20,6 @@ Invariant: the decisions in 2-3 read only facts that `layout.signature` puts in 
 """
 from __future__ import annotations
 
-import copy
-import sys
 from dataclasses import dataclass, field
 
 
@@ -29,6 +27,7 @@ from .. import dump as D
 from ..errors import SchedulerError
 from ..ir import exprs as E
 from ..ir.base import Scalar
+from ..ir.clone import deep_clone
 from ..ir.iterdomain import ParallelType
 from ..ir.ops import OPS
 from ..ir.shapes import bind
@@ -128,12 +127,7 @@ class PointwiseSchedule:
 
 def _clone(fusion):
     memo = {id(info): info for info in OPS.values()}
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 50000))
-    try:
-        clone = copy.deepcopy(fusion, memo)
-    finally:
-        sys.setrecursionlimit(old)
+    clone = deep_clone(fusion, memo)
     orig_of = {}
     for v in fusion.vals:
         c = memo.get(id(v))

@@ -18,12 +18,11 @@ sub-Fusion input, the original Val whose value feeds it.
 """
 from __future__ import annotations
 
-import copy
-import sys
 from dataclasses import dataclass
 
 from ..ir import exprs as E
 from ..ir.base import Scalar
+from ..ir.clone import deep_clone
 from ..ir.fusion import Fusion
 from ..ir.iterdomain import IterType
 from ..ir.ops import OPS, REDUCTIONS
@@ -42,12 +41,7 @@ def _clone_graph(fusion):
     memo = {id(fusion): new}
     for info in list(OPS.values()) + list(REDUCTIONS.values()):
         memo[id(info)] = info
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 50000))
-    try:
-        vals, exprs = copy.deepcopy((fusion.vals, fusion.exprs), memo)
-    finally:
-        sys.setrecursionlimit(old)
+    vals, exprs = deep_clone((fusion.vals, fusion.exprs), memo)
     new._counters = dict(fusion._counters)
     return new, memo, vals
 

@@ -160,3 +160,23 @@ def test_cache_policy_env_rejects_unknown(monkeypatch):
     with pytest.raises(ValueError, match="PYFUSER_LOAD_CACHE"):
         run_plan(make_fusion(lambda: B.elementwise("neg", B.define_tensor([-1], DataType.Float))),
                  [torch.randn(8)])
+
+
+@pytest.mark.parametrize("dt,tdt", [(DataType.BFloat16, torch.bfloat16), (DataType.Half, torch.float16)])
+def test_stored_only_results_round_once(dt, tdt):
+    """A half/bf16 op result that is only stored is rounded by the store's conversion alone; one
+    that also feeds another op keeps its own rounding. Both outputs equal eager bit for bit."""
+    from codegen_cases import B, make_fusion, run_plan
+
+    def build():
+        a, b = B.define_tensor([-1], dt), B.define_tensor([-1], dt)
+        m = B.elementwise("mul", a, b)            # stored and used by the add
+        return [m, B.elementwise("add", m, a)]    # stored only
+    a = torch.randn(4099).to(tdt)
+    b = torch.randn(4099).to(tdt)
+    plan, outs = run_plan(make_fusion(build), [a, b])
+    lets = {ln.split("=")[0].split()[-1]: ln for ln in plan.body.splitlines() if "const float t" in ln}
+    mul_let = next(v for v in lets.values() if "pf_mul(" in v)
+    add_let = next(v for v in lets.values() if "pf_add(" in v)
+    assert "pf_round_" in mul_let and "pf_round_" not in add_let
+    assert torch.equal(outs[0], a * b) and torch.equal(outs[1], a * b + a)
