@@ -88,8 +88,8 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
     `vec_bytes`: bytes of the widest vectorized access (16 = full 16-byte vectors). Measured on
     an H200 (bench/pointwise.py, 2026-11-22): with 16-byte vectors a 2-D schedule is fastest with
     one row per thread (BN+add+relu 24.4 us vs 25.3 us at 4 rows, broadcast add 51.8 vs 52.5);
-    1-D is best at block 128 x unroll 2 (unroll 4 measured 2-3% slower on GELU, 1% on SiLU-mul;
-    256 threads, unroll 8, a persistent grid: all slower)."""
+    1-D is best at block 128 x unroll 2 for vectors of up to 4 elements, unroll 1 for 8 (bf16 /
+    half): unroll 4 measured 2-5% slower; 256 threads, unroll 8, a persistent grid: all slower."""
     sms = sm_count()
     numel = 1
     for e in group_extents:
@@ -117,10 +117,11 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
     params.kind = "1d"
     params.block = 128
     vectors = _ceil(numel, vec)
-    # 2 vectors per thread (H200, 2026-11-23, kernel alone, L2 flushed): GELU f32 8192x3072
-    # 50.1 us vs 51.3-52.0 at 4 (4 at __launch_bounds__(128, 16), 32 regs: 51.5, so not the
-    # occupancy); SiLU-mul bf16 8192^2 96.7 vs 97.9-98.0 (1: 96.9).
-    unroll = 2
+    # 2 vectors per thread up to 4 elements a vector, else 1 (H200, bench/sweep.py 1d,
+    # 2026-11-22, write / read / steady us): GELU f32 8192x3072 u2 52.4 / 48.4 / 50.9, u1 52.7 /
+    # 48.5 / 50.5, u4 55.1 / 49.7 / 52.6; SiLU-mul bf16 8192^2 (8 a vector) u2 99.3 / 92.9 / 95.5,
+    # u1 98.5 / 92.1 / 94.4 (torch.compile 99.0 / 92.1 / 94.4).
+    unroll = 2 if vec <= 4 else 1
     while unroll > 1 and _ceil(vectors, params.block * unroll) < 4 * sms:
         unroll //= 2
     params.unroll = unroll

@@ -119,3 +119,13 @@ def test_schedule_leaves_user_fusion_unchanged():
     leaf = list(f.outputs[0].leaf)
     api.plan_kernel(f, [torch.zeros(8, 1024), torch.zeros(1024)])
     assert (len(f.vals), len(f.exprs), f.outputs[0].leaf) == (nvals, nexprs, leaf)
+
+
+def test_one_d_unroll_follows_vector_elements():
+    """1-D: 2 vectors per thread when a vector holds up to 4 elements, 1 when it holds 8."""
+    for dt, tdt, vec, unroll in ((F, torch.float32, 4, 2), (DataType.BFloat16, torch.bfloat16, 8, 1)):
+        def build():
+            return B.elementwise("mul", B.define_tensor([-1], dt), B.define_tensor([-1], dt))
+        x = torch.zeros(1 << 24, dtype=tdt)
+        p = api.plan_kernel(make_fusion(build), [x, x]).schedule.params
+        assert (p.kind, p.vec, p.unroll) == ("1d", vec, unroll)
