@@ -22,11 +22,10 @@ import types
 
 import torch
 
+# what copy.deepcopy returns as is (bound methods are not: deepcopy copies their __self__)
 _ATOMIC = {type(None), int, float, bool, str, bytes, complex, type, range, torch.dtype,
-           types.FunctionType, types.BuiltinFunctionType, types.MethodType}
+           types.FunctionType, types.BuiltinFunctionType}
 _PLAIN: dict = {}     # class -> True when deep_clone may rebuild it directly
-
-
 _HOOKS_ABSENT = ("__deepcopy__", "__copy__", "__setstate__")
 _HOOKS_INHERITED = ("__reduce__", "__reduce_ex__", "__getstate__")
 
