@@ -54,12 +54,16 @@ def run_file(path: str, device: Optional[str] = None, seed: int = 0, graph=None,
     device = device or default_device()
     g = graph if graph is not None else load_graph(path)
     inputs = make_inputs(g, device=device, seed=seed, size_override=shrink)
-    outputs = run_graph(g, inputs, device=device, node_handler=eager_handler)
+    if fuse:       # eager runs on copies (the graph may write its inputs), the fused graph after
+        from pyfuser.frontend.torchscript.fuse_run import clone_inputs
+        outputs = run_graph(g, clone_inputs(inputs), device=device, node_handler=eager_handler)
+    else:
+        outputs = run_graph(g, inputs, device=device, node_handler=eager_handler)
     report = {"file": path, "device": device, "seed": seed,
               "outputs": [describe_output(o) for o in outputs]}
     if fuse:
         from pyfuser.frontend.torchscript.fuse_run import fuse_report
-        report.update(fuse_report(g, device, seed, shrink, bench))
+        report.update(fuse_report(g, device, seed, shrink, bench, inputs=inputs, ref=outputs))
     return report
 
 

@@ -45,3 +45,16 @@ def test_demo_on_a_small_dir(tmp_path, capsys, monkeypatch):
     assert main(["demo", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "sizes capped" in out and "matches eager: True" in out and "1/1 examples ran" in out
+
+
+def test_run_graph_that_writes_its_input(capsys, tmp_path):
+    """Eager's reference runs on copies: a graph that writes its input in place is compared
+    against the fused run on the same input values, not on values eager already changed."""
+    path = tmp_path / "writes_input.ir"
+    path.write_text("graph(%x : Float(64, strides=[1], requires_grad=0, device=cpu)):\n"
+                    "  %one : int = prim::Constant[value=1]()\n"
+                    "  %y : Tensor = aten::add_(%x, %x, %one)\n"
+                    "  %z : Tensor = aten::mul(%y, %x)\n"
+                    "  return (%z)\n")
+    rc, rep = _run_json(capsys, str(path), "--device", "cpu")
+    assert rc == 0 and rep["matches_eager"] is True and rep["max_abs_err"] == 0
