@@ -272,6 +272,17 @@ def host_overhead():
     return rows
 
 
+def _bare_launch(prep):
+    """libcuda's cuLaunchKernelEx with the config and parameters prep's last launch packed."""
+    import ctypes
+    import functools
+    from pyfuser.runtime import driver
+    raw = driver.raw_driver()
+    V = ctypes.c_void_p
+    return functools.partial(raw.launch_ex, V(ctypes.addressof(prep.buf)), V(prep.fn_int),
+                             V(prep.ptrs_addr or None), None)
+
+
 def _host_parts(ex, xs):
     """Where a cached call's host time goes: the key alone, the output allocation alone, the
     prepared launch alone (fixed pointers), and one eager op for scale."""
@@ -290,6 +301,10 @@ def _host_parts(ex, xs):
              host_us_per_call(lambda: x0.new_empty_strided((1024,), (1,)))),
             ("part: prepared launch, fixed pointers (ctypes cuLaunchKernelEx)",
              host_us_per_call(lambda: preps[-1].go(ptrs))),
+            ("part of that: the bare cuLaunchKernelEx call (ctypes, all arguments prebuilt)",
+             host_us_per_call(_bare_launch(preps[-1]))),
+            ("part of that: torch's current-stream query",
+             host_us_per_call(lambda: torch._C._cuda_getCurrentRawStream(0))),
             ("scale: one eager op (torch.add)", host_us_per_call(lambda: torch.add(x0, x0)))]
 
 
