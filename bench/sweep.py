@@ -7,7 +7,8 @@ Sets (default: all): `cache` - load/store cache policies (schedule/cache_policy.
 pointwise cases of bench/pointwise.py (seed 000 left out: 3.6 GB, DRAM-bound) and seed 002's
 transpose; `bn` - 1-D / 2-D, block and unroll on the batch-norm graph; `copy` - pyfuser's copy
 kernel (`set`) against torch's copy_ at the batch-norm graph's and GELU's byte counts; `1d` -
-block and unroll of the 1-D schedule on GELU and SiLU-mul.
+block and unroll of the 1-D schedule on GELU and SiLU-mul; `2d` - the 2-D schedule's block on the
+batch-norm graph and the broadcast add.
 Each variant (environment knobs, read when a new Fusion is planned) is timed three ways
 (bench/common.py):
   write  - do_bench, L2 flushed by zeroing 256 MB before each call (the issues' method)
@@ -33,12 +34,15 @@ METHODS = ("write", "read", "steady")
 _CACHE = [(f"{ld}/{st}", {"PYFUSER_LOAD_CACHE": ld, "PYFUSER_STORE_CACHE": st})
           for ld, st in (("plain", "plain"), ("cs", "plain"), ("ef", "plain"), ("plain", "cs"),
                          ("ef", "el"), ("cs", "cs"), ("ef", "ef"))]
-_BN = [("default", {}), ("1d b128 u2", {"PYFUSER_PW_KIND": "1d"}),
+_BN = [("default (2d b128)", {}), ("1d b128 u2", {"PYFUSER_PW_KIND": "1d"}),
        ("1d b128 u1", {"PYFUSER_PW_KIND": "1d", "PYFUSER_PW_UNROLL": "1"}),
        ("1d b256 u2", {"PYFUSER_PW_KIND": "1d", "PYFUSER_PW_BLOCK": "256"}),
        ("1d b128 u4", {"PYFUSER_PW_KIND": "1d", "PYFUSER_PW_UNROLL": "4"}),
-       ("2d b128", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_BLOCK": "128"}),
-       ("2d b64 u2", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_UNROLL": "2"})]
+       ("2d b64", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_BLOCK": "64"}),
+       ("2d b64 u2", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_BLOCK": "64", "PYFUSER_PW_UNROLL": "2"}),
+       ("2d b128 u2", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_BLOCK": "128", "PYFUSER_PW_UNROLL": "2"}),
+       ("2d b256", {"PYFUSER_PW_KIND": "2d", "PYFUSER_PW_BLOCK": "256"}),
+       ("2d b128 ld ef", {"PYFUSER_PW_KIND": "2d", "PYFUSER_LOAD_CACHE": "ef"})]
 _COPY = [("pf b128 u2", {}), ("pf b128 u1", {"PYFUSER_PW_UNROLL": "1"}),
          ("pf b128 u4", {"PYFUSER_PW_UNROLL": "4"}), ("pf b256 u2", {"PYFUSER_PW_BLOCK": "256"}),
          ("pf b512 u1", {"PYFUSER_PW_BLOCK": "512", "PYFUSER_PW_UNROLL": "1"}),
@@ -47,7 +51,10 @@ _ONE_D = [("b128 u2", {}), ("b128 u1", {"PYFUSER_PW_UNROLL": "1"}),
           ("b128 u4", {"PYFUSER_PW_UNROLL": "4"}), ("b256 u1", {"PYFUSER_PW_BLOCK": "256",
                                                                "PYFUSER_PW_UNROLL": "1"}),
           ("b256 u2", {"PYFUSER_PW_BLOCK": "256"}), ("b64 u2", {"PYFUSER_PW_BLOCK": "64"})]
-KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D for k in env})
+_TWO_D = [("2d default", {}), ("2d b64", {"PYFUSER_PW_BLOCK": "64"}),
+          ("2d b128", {"PYFUSER_PW_BLOCK": "128"}), ("2d b256", {"PYFUSER_PW_BLOCK": "256"}),
+          ("2d b512", {"PYFUSER_PW_BLOCK": "512"})]
+KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D + _TWO_D for k in env})
 
 
 def _segment_cases():
@@ -83,7 +90,8 @@ def _sets():
     bn = [c for c in pointwise if "BN" in c[0]]
     one_d = [c for c in pointwise if c[0].startswith(("GELU", "SiLU"))]
     return {"cache": (pointwise + [transpose], _CACHE), "bn": (bn, _BN),
-            "copy": ([_copy_case(77), _copy_case(201)], _COPY), "1d": (one_d, _ONE_D)}
+            "copy": ([_copy_case(77), _copy_case(201)], _COPY), "1d": (one_d, _ONE_D),
+            "2d": ([c for c in pointwise if c[0].startswith(("seed003", "broadcast"))], _TWO_D)}
 
 
 def _time(method, fn, fns) -> float:
