@@ -8,6 +8,8 @@
 - `steady_us(fns)`: time per call of back-to-back calls (no flush) rotating over input sets that
   together exceed several times L2, queued behind a sleep kernel so host time is hidden: the
   throughput of a stream of such kernels, where each pays its predecessor's write-backs.
+- `time_methods(fn, inputs, sets)`: {method: µs} for METHODS ("write", "read", "steady");
+  `copy_methods(nbytes)`: the same for a plain copy of nbytes.
 - `copy_rate()`: device-to-device copy bandwidth in bytes/s (read + write bytes), measured once.
 - `count_kernels(fn)`: CUDA kernels one call launches, from torch.profiler (memcpy/memset excluded).
 - `host_us_per_call(fn)`: host (CPU) time of one cached call: rounds of 128 calls issued while
@@ -47,6 +49,22 @@ def _write_flush() -> None:
 
 def _read_flush() -> None:
     torch.amax(_flush_buffer(512 << 20))
+
+
+METHODS = ("write", "read", "steady")
+
+
+def time_methods(fn, inputs, sets) -> dict:
+    """{method: µs per call}: fn(*inputs) with each flush, and fn(*s) back to back over `sets`
+    (input lists, together several times L2: see input_sets)."""
+    out = {m: bench_us(lambda: fn(*inputs), flush=m) for m in ("write", "read")}
+    out["steady"] = steady_us([lambda s=s: fn(*s) for s in sets])
+    return out
+
+
+def copy_methods(nbytes: int) -> dict:
+    """{method: µs} of a plain copy moving nbytes (same_size_copy_us), for each of METHODS."""
+    return {m: same_size_copy_us(nbytes, m) for m in METHODS}
 
 
 def _events_us(fn, rep_ms: float, flush=_write_flush) -> float:

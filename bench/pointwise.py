@@ -23,17 +23,8 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (bench_us, copy_rate, count_kernels, host_us_per_call,  # noqa: E402
-                    input_sets, markdown, same_size_copy_us, steady_us)
-
-METHODS = ("write", "read", "steady")
-
-
-def time_all(fn, fn_of_set, sets) -> dict:
-    """{method: µs per call}: fn timed with both flushes, fn_of_set(s) back to back over sets."""
-    out = {m: bench_us(fn, flush=m) for m in ("write", "read")}
-    out["steady"] = steady_us([lambda s=s: fn_of_set(s) for s in sets])
-    return out
+from common import (METHODS, copy_methods, copy_rate, count_kernels,  # noqa: E402
+                    host_us_per_call, input_sets, markdown, time_methods)
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
@@ -195,9 +186,9 @@ def run_case(name, define, eager, make_inputs, tol, rates):
     sets = input_sets(make_inputs, _bytes(xs, []))
     row = {"case": name, "MB": nbytes / 1e6,
            "floor": {m: nbytes / rates[m] * 1e6 for m in METHODS},
-           "copy_same": {m: same_size_copy_us(nbytes, m) for m in METHODS}}
-    row["pyfuser"] = time_all(lambda: fs.execute(xs), fs.execute, sets)
-    row["eager"] = time_all(lambda: eager(*xs), lambda s: eager(*s), sets)
+           "copy_same": copy_methods(nbytes)}
+    row["pyfuser"] = time_methods(lambda *a: fs.execute(list(a)), xs, sets)
+    row["eager"] = time_methods(eager, xs, sets)
     row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
     row["k_eager"] = count_kernels(lambda: eager(*xs))
     try:
@@ -205,7 +196,7 @@ def run_case(name, define, eager, make_inputs, tol, rates):
         got = compiled(*xs)
         torch.cuda.synchronize()
         torch.testing.assert_close(got, ref, **tol)
-        row["compile"] = time_all(lambda: compiled(*xs), lambda s: compiled(*s), sets)
+        row["compile"] = time_methods(compiled, xs, sets)
         row["k_compile"] = count_kernels(lambda: compiled(*xs))
     except Exception as e:  # noqa: BLE001 - report and keep going
         print(f"[{name}] torch.compile failed: {type(e).__name__}: {e}")

@@ -28,9 +28,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pointwise as PWB  # noqa: E402
-from common import bench_us, copy_rate, input_sets, markdown, same_size_copy_us, steady_us  # noqa: E402
+from common import METHODS, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
 
-METHODS = ("write", "read", "steady")
 _CACHE = [(f"{ld}/{st}", {"PYFUSER_LOAD_CACHE": ld, "PYFUSER_STORE_CACHE": st})
           for ld, st in (("plain", "plain"), ("cs", "plain"), ("ef", "plain"), ("plain", "cs"),
                          ("ef", "el"), ("cs", "cs"), ("ef", "ef"))]
@@ -94,32 +93,23 @@ def _sets():
             "2d": ([c for c in pointwise if c[0].startswith(("seed003", "broadcast"))], _TWO_D)}
 
 
-def _time(method, fn, fns) -> float:
-    return steady_us(fns) if method == "steady" else bench_us(fn, flush=method)
-
-
 def run_case(variants, name, define, eager, make_inputs, tol):
     xs = make_inputs()
     ref = eager(*xs)
     nbytes = sum(t.nbytes for t in xs) + ref.nbytes
     sets = input_sets(make_inputs, nbytes - ref.nbytes)
-    row = {"case": name, "MB": nbytes / 1e6}
-    for m in METHODS:
-        row[("copy", m)] = same_size_copy_us(nbytes, m)
-        row[("eager", m)] = _time(m, lambda: eager(*xs), [lambda s=s: eager(*s) for s in sets])
+    row = {"case": name, "MB": nbytes / 1e6, "copy": copy_methods(nbytes),
+           "eager": time_methods(eager, xs, sets)}
     compiled = torch.compile(eager)
     torch.testing.assert_close(compiled(*xs), ref, **tol)
-    for m in METHODS:
-        row[("compile", m)] = _time(m, lambda: compiled(*xs), [lambda s=s: compiled(*s) for s in sets])
+    row["compile"] = time_methods(compiled, xs, sets)
     for label, env in variants:
         for k in KNOBS:
             os.environ.pop(k, None)
         os.environ.update(env)
         fs = define()
         torch.testing.assert_close(fs.execute(xs)[-1], ref, **tol)
-        for m in METHODS:
-            row[(label, m)] = _time(m, lambda: fs.execute(xs),
-                                    [lambda s=s: fs.execute(s) for s in sets])
+        row[label] = time_methods(lambda *a: fs.execute(list(a)), xs, sets)
     for k in KNOBS:
         os.environ.pop(k, None)
     del xs, sets, ref
@@ -151,7 +141,7 @@ def main() -> int:
             for r in rows:
                 floor = r["MB"] * 1e6 / rates[m] * 1e6
                 table.append([r["case"], f"{r['MB']:.0f}"] +
-                             [f"{r[(c, m)]:.1f} ({100 * floor / r[(c, m)]:.0f}%)" for c in cols])
+                             [f"{r[c][m]:.1f} ({100 * floor / r[c][m]:.0f}%)" for c in cols])
             md += ["", f"### {set_name}, {m}", "", markdown(table, ["case", "MB"] + cols)]
     text = "\n".join(md) + "\n"
     print("\n" + text)

@@ -18,8 +18,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import (bench_us, copy_rate, host_us_per_call, input_sets, markdown,  # noqa: E402
-                          same_size_copy_us, steady_us)
+from bench.common import (METHODS, bench_us, copy_methods, copy_rate,  # noqa: E402
+                          host_us_per_call, input_sets, markdown, time_methods)
 
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
     os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"))
@@ -55,8 +55,7 @@ def _kernel_us(fn, n: int = 10) -> float:
 
 def main() -> None:
     torch.manual_seed(0)
-    methods = ("write", "read", "steady")
-    rates = {m: copy_rate(m) for m in methods}
+    rates = {m: copy_rate(m) for m in METHODS}
     x = torch.randn(8192, 3072, device="cuda")
     x3 = x.view(64, 128, 3072).clone()
     xt = torch.randn(768, 128, 64, device="cuda")
@@ -75,35 +74,31 @@ def main() -> None:
         nbytes = 2 * ins[0].nbytes
         sets = input_sets(make, ins[0].nbytes)
         comp = _compiled(eager)
-
-        def timed(fn):
-            t = {m: bench_us(lambda: fn(*ins), flush=m) for m in ("write", "read")}
-            t["steady"] = steady_us([lambda s=s: fn(*s) for s in sets])
-            return t
-        us = timed(lambda *a: fs.execute(list(a)))
-        comp_us = timed(comp) if comp is not None else {m: float("nan") for m in methods}
-        copy_us = {m: same_size_copy_us(nbytes, m) for m in methods}
-        pct = {m: 100 * nbytes / (us[m] * 1e-6) / rates[m] for m in methods}
+        us = time_methods(lambda *a: fs.execute(list(a)), ins, sets)
+        comp_us = time_methods(comp, ins, sets) if comp is not None else \
+            {m: float("nan") for m in METHODS}
+        copy_us = copy_methods(nbytes)
+        pct = {m: 100 * nbytes / (us[m] * 1e-6) / rates[m] for m in METHODS}
         results[name] = (us, pct)
         eager_us = bench_us(lambda: eager(*ins))
         gpu_us = _kernel_us(lambda: fs.execute(ins))
         host_us = host_us_per_call(lambda: fs.execute(ins))
 
         def trio(d, fmt="{:.1f}"):
-            return " / ".join(fmt.format(d[m]) for m in methods)
+            return " / ".join(fmt.format(d[m]) for m in METHODS)
         rows.append([name, trio(us), trio(pct, "{:.0f}%"), trio(copy_us), trio(comp_us),
                      f"{eager_us:.1f}", f"{gpu_us:.1f}", f"{host_us:.1f}",
                      str(fs.last_run.kernels), str(fs.last_run.host_segments)])
     ratio = {m: results["gelu + bookend views"][0][m] / results["gelu, no views"][0][m]
-             for m in methods}
+             for m in METHODS}
     table = markdown(rows, ["case", "pyfuser µs (write / read / steady)",
                             "% of copy rate (w / r / s)", "same-size copy µs (w / r / s)",
                             "torch.compile µs (w / r / s)", "eager µs (write)",
                             "its kernels µs (profiler, write flush)", "host µs / call",
                             "kernels", "host segments"])
     text = (f"{table}\n\nlarge-copy rate: " +
-            ", ".join(f"{m} {rates[m] / 1e9:.0f} GB/s" for m in methods) +
-            "; gelu views / no views = " + " / ".join(f"{ratio[m]:.3f}" for m in methods) +
+            ", ".join(f"{m} {rates[m] / 1e9:.0f} GB/s" for m in METHODS) +
+            "; gelu views / no views = " + " / ".join(f"{ratio[m]:.3f}" for m in METHODS) +
             " (target <= 1.03); targets: gelu >= 92%, transpose >= 80% of the copy rate. write: "
             "do_bench, L2 flushed by zeroing (the issue's method); read: L2 flushed by reading; "
             "steady: back-to-back over rotating inputs (bench/common.py)\n")
