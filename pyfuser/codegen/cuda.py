@@ -42,6 +42,16 @@ def c_const(value, ctype: str, dtype: DataType | None) -> str:
     return str(v) if ctype in ("int", "nidx_t") else f"(({ctype}){v})"
 
 
+
+def cached_load(policy: str, n: int, dst: str, src: str) -> str:
+    """The statement loading n elements at `src` into `dst` with cache policy `policy` (not "")."""
+    return f"pf_ldc<{K.CACHE_POLICIES[policy]}, {n}>({dst}, {src});"
+
+
+def cached_store(policy: str, n: int, dst: str, src: str) -> str:
+    """The statement storing n elements of `src` at `dst` with cache policy `policy` (not "")."""
+    return f"pf_stc<{K.CACHE_POLICIES[policy]}, {n}>({dst}, {src});"
+
 class Printer:
     def __init__(self, k: K.Kernel):
         self.k = k
@@ -129,8 +139,7 @@ class Printer:
     def load(self, s: K.Load, pad: str) -> None:
         dst, off = self._dst(s.dst, s.index), self.e(s.offset)
         if s.stride is None and s.cache:
-            pol = K.CACHE_POLICIES[s.cache]
-            self.lines.append(f"{pad}pf_ldc<{pol}, {s.width}>({dst}, {s.ptr} + {off});")
+            self.lines.append(pad + cached_load(s.cache, s.width, dst, f"{s.ptr} + {off}"))
         elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_ld<{s.width}>({dst}, {s.ptr} + {off});")
         elif s.stride is None:
@@ -143,8 +152,7 @@ class Printer:
     def store(self, s: K.Store, pad: str) -> None:
         src, off = self._dst(s.src, s.index), self.e(s.offset)
         if s.stride is None and s.cache:
-            pol = K.CACHE_POLICIES[s.cache]
-            self.lines.append(f"{pad}pf_stc<{pol}, {s.width}>({s.ptr} + {off}, {src});")
+            self.lines.append(pad + cached_store(s.cache, s.width, f"{s.ptr} + {off}", src))
         elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_st<{s.width}>({s.ptr} + {off}, {src});")
         elif s.stride is None:

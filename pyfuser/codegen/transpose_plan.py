@@ -21,7 +21,7 @@ from ..ir.tensor import TensorView
 from ..schedule import layout as L
 from ..schedule.transpose import ROWS, TransposeParams, group_extents
 from .kernel import GeneratedKernel, LaunchConfig, Param
-from .kernel_ir import CACHE_POLICIES
+from .cuda import cached_load, cached_store
 from .prelude import PRELUDE
 
 BITS_CTYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
@@ -66,11 +66,11 @@ def _row_offset(var: str, groups, it: str, acc: str) -> list[str]:
 
 def _load(policy: str, n: int, dst: str, src: str, plain: str) -> str:
     """The statement loading n elements at `src` into `dst` with a cache policy ("" = `plain`)."""
-    return f"pf_ldc<{CACHE_POLICIES[policy]}, {n}>({dst}, {src});" if policy else plain
+    return cached_load(policy, n, dst, src) if policy else plain
 
 
 def _store(policy: str, n: int, dst: str, src: str, plain: str) -> str:
-    return f"pf_stc<{CACHE_POLICIES[policy]}, {n}>({dst}, {src});" if policy else plain
+    return cached_store(policy, n, dst, src) if policy else plain
 
 
 def _rows_body(p: TransposeParams, it: str, T: str) -> list[str]:
