@@ -173,6 +173,29 @@ def host_us_per_call(fn, n: int = 128, rounds: int = 15) -> float:
     return statistics.median(times) / n * 1e6
 
 
+def host_us_interleaved(paths: dict, n: int = 128, rounds: int = 21) -> dict:
+    """{name: CPU µs per call} for several paths timed as host_us_per_call does, but in turns:
+    each round times every path once (n calls behind one sleep kernel each), the order rotating
+    from round to round; the median round per path. Paths compared in one table are then
+    exposed to the same drift of the host."""
+    names = list(paths)
+    for fn in paths.values():
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    times = {k: [] for k in names}
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            fn = paths[k]
+            torch.cuda._sleep(40_000_000)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[k].append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+    return {k: statistics.median(v) / n * 1e6 for k, v in times.items()}
+
+
 def markdown(rows, headers) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -24,7 +24,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (METHODS, copy_methods, copy_rate, count_kernels,  # noqa: E402
-                    host_us_per_call, input_sets, markdown, time_methods)
+                    host_us_interleaved, host_us_per_call, input_sets, markdown,
+                    time_methods)
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
@@ -234,32 +235,76 @@ def compile_times(name, define, make_inputs, tmp):
     return cold, nvrtc_ms, warm
 
 
-def host_overhead():
+def _mul_add_fusion(native: bool, xs):
+    """a + b * c on three 1-D float32 inputs, run once on xs with the native runner on or off
+    (the choice is made when a fusion's first program is recorded)."""
     fs = Fusion()
     with FusionDefinition(fs) as fd:
         a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
                    for _ in range(3))
         fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    old = os.environ.get("PYFUSER_NATIVE")
+    os.environ["PYFUSER_NATIVE"] = "1" if native else "0"
+    try:
+        fs.execute(xs)
+    finally:
+        if old is None:
+            del os.environ["PYFUSER_NATIVE"]
+        else:
+            os.environ["PYFUSER_NATIVE"] = old
+    return fs
+
+
+def host_overhead():
+    """Rows (path, µs per call). The main paths and the parts are timed interleaved (one round
+    of each in turn, rounds rotating), so that drift of the host over the run (seen: 1.5x between
+    processes on one machine) does not favour one path; the other launch modes after them."""
+    from pyfuser.runtime import dispatch
     xs = [torch.randn(1024, device="cuda") for _ in range(3)]
-    fs.execute(xs)
-    ex = get_executor(fs.ir_fusion, "cuda")
-    rows = [("pyfuser Fusion.execute", host_us_per_call(lambda: fs.execute(xs)))]
-    from pyfuser.runtime.launch import LAUNCH_MODES
     f = lambda a, b, c: a + b * c  # noqa: E731
-    for mode in LAUNCH_MODES:
+    fused = {}
+    for native in (True, False):
+        fs = fused[native] = _mul_add_fusion(native, xs)
+        torch.testing.assert_close(fs.execute(xs)[0], f(*xs))
+        assert bool(dispatch.programs(fs.ir_fusion).native) == native, \
+            "native runner: " + ("missing" if native else "used")
+    ex = get_executor(fused[False].ir_fusion, "cuda")
+    torch.testing.assert_close(ex.run(xs)[0], f(*xs))
+    (out,) = ex.run(xs)
+    preps = [p for e in ex._plans.values() if e.launcher is not None for p in e.launcher._preps]
+    ptrs = [x.data_ptr() for x in xs] + [out.data_ptr()]
+    x0 = xs[0]
+    paths = {"pyfuser Fusion.execute (native runner)": lambda: fused[True].execute(xs),
+             "pyfuser Fusion.execute (Python path, PYFUSER_NATIVE=0)":
+                 lambda: fused[False].execute(xs),
+             "pyfuser FusionExecutor.run (ctypes)": lambda: ex.run(xs)}
+    try:
+        compiled = torch.compile(f)
+        torch.testing.assert_close(compiled(*xs), f(*xs))
+        paths["torch.compile wrapper"] = lambda: compiled(*xs)
+    except Exception as e:  # noqa: BLE001 - report the others anyway
+        print(f"[host overhead] torch.compile failed: {type(e).__name__}: {e}")
+    paths.update({
+        "eager (2 kernels)": lambda: f(*xs),
+        "part: key of 3 inputs (dtype, shape, strides, alignment, device)": lambda: ex.key_of(xs),
+        "part: output allocation (new_empty_strided)":
+            lambda: x0.new_empty_strided((1024,), (1,)),
+        "part: prepared launch, fixed pointers (ctypes cuLaunchKernelEx)":
+            lambda: preps[-1].go(ptrs),
+        "part of that: the bare cuLaunchKernelEx call (ctypes, all arguments prebuilt)":
+            _bare_launch(preps[-1]),
+        "part of that: torch's current-stream query":
+            lambda: torch._C._cuda_getCurrentRawStream(0),
+        "scale: one eager op (torch.add)": lambda: torch.add(x0, x0)})
+    rows = list(host_us_interleaved(paths).items())
+    from pyfuser.runtime.launch import LAUNCH_MODES
+    for mode in LAUNCH_MODES[1:]:
         for entry in ex._plans.values():
             if entry.launcher is not None:
                 entry.launcher.mode = mode
         torch.testing.assert_close(ex.run(xs)[0], f(*xs))    # every mode passes the right values
-        rows.append((f"pyfuser FusionExecutor.run ({mode})", host_us_per_call(lambda: ex.run(xs))))
-    try:
-        compiled = torch.compile(f)
-        torch.testing.assert_close(compiled(*xs), f(*xs))
-        rows.append(("torch.compile wrapper", host_us_per_call(lambda: compiled(*xs))))
-    except Exception as e:  # noqa: BLE001 - report the others anyway
-        print(f"[host overhead] torch.compile failed: {type(e).__name__}: {e}")
-    rows.append(("eager (2 kernels)", host_us_per_call(lambda: f(*xs))))
-    rows += _host_parts(ex, xs)
+        rows.append((f"pyfuser FusionExecutor.run ({mode}; timed alone)",
+                     host_us_per_call(lambda: ex.run(xs))))
     return rows
 
 
@@ -272,31 +317,6 @@ def _bare_launch(prep):
     V = ctypes.c_void_p
     return functools.partial(raw.launch_ex, V(ctypes.addressof(prep.buf)), V(prep.fn_int),
                              V(prep.ptrs_addr or None), None)
-
-
-def _host_parts(ex, xs):
-    """Where a cached call's host time goes: the key alone, the output allocation alone, the
-    prepared launch alone (fixed pointers), and one eager op for scale."""
-    for entry in ex._plans.values():
-        if entry.launcher is not None:
-            entry.launcher.mode = "ctypes"
-    ex._fast.clear()
-    out = ex.run(xs)[0]
-    ex.run(xs)                                           # builds the fast call again
-    preps = [p for e in ex._plans.values() if e.launcher is not None for p in e.launcher._preps]
-    ptrs = [x.data_ptr() for x in xs] + [out.data_ptr()]
-    x0 = xs[0]
-    return [("part: key of 3 inputs (dtype, shape, strides, alignment, device)",
-             host_us_per_call(lambda: ex.key_of(xs))),
-            ("part: output allocation (new_empty_strided)",
-             host_us_per_call(lambda: x0.new_empty_strided((1024,), (1,)))),
-            ("part: prepared launch, fixed pointers (ctypes cuLaunchKernelEx)",
-             host_us_per_call(lambda: preps[-1].go(ptrs))),
-            ("part of that: the bare cuLaunchKernelEx call (ctypes, all arguments prebuilt)",
-             host_us_per_call(_bare_launch(preps[-1]))),
-            ("part of that: torch's current-stream query",
-             host_us_per_call(lambda: torch._C._cuda_getCurrentRawStream(0))),
-            ("scale: one eager op (torch.add)", host_us_per_call(lambda: torch.add(x0, x0)))]
 
 
 def host_only() -> int:

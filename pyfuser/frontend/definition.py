@@ -45,12 +45,12 @@ class Fusion:
             raise FusionDefinitionError("this Fusion has not been defined yet (use FusionDefinition)")
         return self._ir
 
-    _run = None     # dispatch's generated run(inputs) of _ir, once the first call made it
+    _progs = None   # dispatch's _Programs of _ir (its cached-call `run`), once the first call made it
 
     def execute(self, inputs) -> list:
-        run = self._run
-        if run is not None and (type(inputs) is list or type(inputs) is tuple):
-            return run(inputs)             # the same as execute_fusion(self._ir, inputs)
+        progs = self._progs
+        if progs is not None and (type(inputs) is list or type(inputs) is tuple):
+            return progs.run(inputs)       # the same as execute_fusion(self._ir, inputs)
         if self._ir is None:
             raise ExecuteError("execute: the Fusion is not defined yet; build it inside "
                                "`with FusionDefinition(fs) as fd:` first")
@@ -61,13 +61,13 @@ class Fusion:
             from ..runtime import dispatch     # about a microsecond
             _DISPATCH[0] = dispatch
         outs = dispatch.execute_fusion(self._ir, inputs)   # it never changes the caller's list
-        if self._run is None:
-            self._run = dispatch.programs_run(self._ir)
+        if self._progs is None:
+            self._progs = dispatch.programs(self._ir)
         return outs
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.pop("_run", None)            # a cache of this object (and a generated function)
+        state.pop("_progs", None)          # a cache of this object (and generated functions)
         return state
 
     @property

@@ -20,6 +20,10 @@ A program is recorded only when every segment ran a kernel or a view (no eager s
 fallback, no 0-dim CPU tensor moved to the device) and each host view was checked to share its
 base's storage offset. `mode=...`, PYFUSER_DUMP and PYFUSER_POISON_OUTPUTS always take the slow
 path. Kernel segments of every scheduler (pointwise, transpose) run on the one FusionExecutor.
+Each program is also handed, as plain data, to the Fusion's native Runner (runtime/native.py,
+csrc/fast_runner.cpp) where the extension is available and every input is a tensor; from then on
+`progs.run` is the Runner's, which replays a hit with no Python frame and passes a miss to the
+generated Python run. Both are emptied together (clear_caches, executor.clear()).
 
 `last_report(fusion)` is the RunReport of the fusion's last execute (segments in order with kind
 and scheduler, kernels run, host segments); `fs.last_run` and `pyfuser run --json` read it.
@@ -62,16 +66,22 @@ class _Executors(dict):
 
 class _Programs:
     """Per Fusion: key -> (run(inputs, ptrs) -> outputs, RunReport), and `run(inputs)`: the
-    whole cached call generated as one function (key, lookup, program), the slow path on a miss.
-    It lives as long as its Fusion (clear_caches and executor.clear() empty `runs`, never replace
-    it), so `run` may be held by the frontend's Fusion."""
-    __slots__ = ("key_of", "runs", "run", "__weakref__")
+    whole cached call, the slow path on a miss. `run` is the Python one generated here (key,
+    lookup, program in one frame), or once a program was handed to it the native Runner's
+    (runtime/native.py), which falls through to the Python one on a miss. It lives as long as its
+    Fusion (clear_caches and executor.clear() empty `runs` and the runner, never replace them),
+    so frontends may hold it and call `progs.run`."""
+    __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
         self.key_of = key_function(fusion.inputs)
         self.runs: dict = {}
-        self.run = _run_function(fusion, self.runs)
+        self.run = self.py_run = _run_function(fusion, self.runs)
+        # None: not asked yet; False: not for this fusion (scalar inputs, no extension, ...)
+        self.native = None if all(isinstance(v, TensorView) for v in fusion.inputs) \
+            and _RAW_ENV is not None else False
+        self.n_inputs = len(fusion.inputs)
 
     def __deepcopy__(self, memo):
         return None
@@ -81,6 +91,31 @@ class _Programs:
 
     def clear(self) -> None:
         self.runs.clear()
+        if self.native:
+            self.native.clear()
+
+    def drop_native(self) -> None:
+        """Forget the native programs (a launcher's mode changed): the Python ones answer."""
+        if self.native:
+            self.native.clear()
+
+    def install(self, inputs, run, report, steps) -> None:
+        """Record `run` (Python) for the key of `inputs`; `steps()` gives the native program's
+        (steps, results, effects, device), or None when it cannot be one."""
+        if len(self.runs) >= _MAX_PROGRAMS:
+            self.clear()
+        self.runs[self.key_of(inputs)[0]] = (run, report)
+        if self.native is False:
+            return
+        from . import native
+        mod = native.runner_module()
+        program = steps() if mod is not None and native.configure(mod) else None
+        if program is None:
+            return
+        if self.native is None:
+            self.native = mod.Runner(self.n_inputs, self.py_run, _RAW_ENV, (_DUMP, _POISON))
+            self.run = self.native.run
+        self.native.add(inputs, *program)
 
 
 def _run_function(fusion, runs):
@@ -106,10 +141,11 @@ def _run_function(fusion, runs):
     return env["run"]
 
 
-def programs_run(fusion):
-    """The Fusion's generated `run(inputs)` (its _Programs made if needed): frontends call it
-    instead of execute_fusion(fusion, inputs) (mode None) to save the frames."""
-    return _programs(fusion)[1].run
+def programs(fusion):
+    """The Fusion's _Programs (made if needed): frontends call its `run(inputs)` instead of
+    execute_fusion(fusion, inputs) (mode None) to save the frames; `run` is read per call, since
+    it becomes the native runner's once a program was handed to one."""
+    return _programs(fusion)[1]
 
 
 CPU_MODES = ("evaluator", "interpret")
@@ -168,7 +204,11 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
     if record is not None and ex is not None and used == "cuda":
         fast = ex.fast_entry(inputs)
         if fast is not None:
-            _programs(fusion, ex)[1].runs[ex.key_of(inputs)[0]] = (fast.call, report)
+            n = len(inputs)
+            _programs(fusion, ex)[1].install(
+                inputs, fast.call, report, lambda: _native_program(
+                    fusion, report, [(fast, list(range(n)), ex)],
+                    [(n + k, None) for k in range(len(fast.specs))], n))
     return outs
 
 
@@ -177,8 +217,6 @@ def _programs(fusion, *executors):
     if progs is None:
         progs = fusion.__dict__[_PROGS] = _Programs(fusion)
     _holders.add(fusion)                 # again after a clear_caches (which keeps progs)
-    if len(progs.runs) >= _MAX_PROGRAMS:
-        progs.runs.clear()
     for ex in executors:
         if not any(cb.__self__ is progs for cb in ex.on_clear):
             ex.on_clear.append(progs.clear)
@@ -198,7 +236,47 @@ def _install(fusion, inputs, report, record) -> None:
         return [env[k] if spec is None else env[k].as_strided(*spec) for k, spec in outputs]
 
     _, progs = _programs(fusion, *executors)
-    progs.runs[progs.key_of(inputs)[0]] = (run, report)
+    progs.install(inputs, run, report, lambda: _native_program(
+        fusion, report, record["kernels"], outputs, len(inputs)))
+
+
+def _native_program(fusion, report, kernels, outputs, n_inputs):
+    """(steps, results, effects, device) of the native Runner for a recorded program: per kernel
+    (fast, its input slots, executor) its outputs allocated and its prepared launch (pointers from
+    those slots, then its outputs), per output its slot or a view of one; the effects are what the
+    Python program does besides (the fast entries' run counts, executors' last_run, the report).
+    None when a launch cannot go through the runner (native.launch_step)."""
+    from . import native
+    steps, effects, device = [], [], -1
+    slot = n_inputs
+    for fast, slots, ex in kernels:
+        outs = []
+        for size, stride, dtype in fast.specs:
+            steps.append(("alloc", size, stride, torch.empty(0, dtype=dtype, device=fast.device)))
+            outs.append(slot)
+            slot += 1
+        if fast.prep is not None:
+            step = native.launch_step(ex_launcher(fast), fast.prep, list(slots) + outs)
+            if step is None:
+                return None
+            steps.append(step)
+            device = fast.prep.device_index
+            fast.prep.listeners.append(fusion.__dict__[_PROGS].drop_native)
+        effects += [("incr", fast, "runs"), ("setattr", ex, "last_run", fast.hit)]
+    results = []
+    for k, spec in outputs:
+        if spec is None:
+            results.append(k)
+        else:
+            steps.append(("view", k, *spec))
+            results.append(slot)
+            slot += 1
+    effects.append(("setitem", fusion.__dict__, _REPORT, report))
+    return steps, results, effects, device
+
+
+def ex_launcher(fast):
+    return fast.entry.launcher
 
 
 def last_report(fusion) -> RunReport | None:

@@ -133,7 +133,9 @@ class RawDriver:
     launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> CUresult: cuLaunchKernel
         (argtypes set: plain ints).
     get_current(address of a CUcontext cell), push(ctx), pop(address of a cell) -> CUresult.
-    Tests stand in for libcuda with any object that has these five attributes.
+    addresses() -> the C entry points the native runner calls, or None.
+    Tests stand in for libcuda with any object that has these five attributes (and `addresses`
+    for the native runner).
     """
 
     def __init__(self, lib):
@@ -157,6 +159,14 @@ class RawDriver:
         missing = [n for n in ("launch", "get_current", "push", "pop") if getattr(self, n) is None]
         if missing:
             raise CudaDriverError(f"libcuda lacks {missing}")
+
+    def addresses(self):
+        """(cuLaunchKernelEx, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent) as ints, for
+        the native runner; None when the driver has no cuLaunchKernelEx."""
+        if self.launch_ex is None:
+            return None
+        return tuple(ctypes.cast(f, ctypes.c_void_p).value
+                     for f in (self.launch_ex, self.get_current, self.push, self.pop))
 
 
 @functools.lru_cache(maxsize=None)

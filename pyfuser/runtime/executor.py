@@ -65,12 +65,16 @@ class _Entry:
 
 
 class _Fast:
-    __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs")
+    """One fast key's entry. Once `call` is built (cuda mode): `prep` (the Prepared launch, None
+    for an empty grid), `specs` (size, stride, dtype) per output and `hit` (its last_run) are
+    what dispatch hands to the native runner."""
+    __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs", "prep", "specs", "hit")
 
     def __init__(self, entry, device, bindings=None, cfg=None):
         self.entry, self.device, self.bindings, self.cfg = entry, device, bindings, cfg
         self.call = None          # (inputs, ptrs) -> outputs, once built (cuda mode)
         self.runs = 0
+        self.prep = self.specs = self.hit = None
 
 
 def key_function(fusion_inputs):
@@ -304,6 +308,7 @@ class FusionExecutor:
         lines += ["    fast.runs += 1", "    ex.last_run = hit",
                   "    return [" + ", ".join(outs) + "]"]
         exec(compile("\n".join(lines) + "\n", "<pyfuser fast call>", "exec"), env)  # noqa: S102
+        fast.prep, fast.specs, fast.hit = prep, specs, hit
         return env["call"]
 
     def _check_devices(self, inputs) -> None:

@@ -118,6 +118,8 @@ class KernelLauncher:
         self._mode = mode
         for prep in list(self._preps):
             self._bind(prep)
+            for listener in prep.listeners:
+                listener()
 
     # ---- loading --------------------------------------------------------------------------
     def function(self, device_index: int):
@@ -276,6 +278,9 @@ def _launch_no_extra(drv, fn, gx, gy, gz, bx, by, bz, smem, stream, params):
 class Prepared:
     """One launch configuration with its own argument buffer, constants packed in.
 
+    `listeners` are called when the launcher's mode changes (after `go` is rebound): copies of
+    this launch held elsewhere (the native runner's programs) are dropped then.
+
     The buffer holds a CUlaunchConfig (grid, block, smem; the stream is written per call) and at
     offset _CFG the kernel parameters. `go(ptrs)` (set by the launcher for its mode) writes the
     tensor pointers and launches; `write(buf, ptrs)` (generated) packs just the pointers, runs of
@@ -284,7 +289,7 @@ class Prepared:
     """
     __slots__ = ("fn", "fn_int", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr",
                  "ptrs_addr", "size", "extra", "extra_addr", "extra_list", "write", "values",
-                 "ptr_slots", "runs", "go", "lock", "__weakref__")
+                 "ptr_slots", "runs", "go", "lock", "listeners", "__weakref__")
 
     def __init__(self, launcher, fn, cfg, smem, device_index, tensors, bindings):
         packer = launcher.packer
@@ -310,6 +315,7 @@ class Prepared:
         self.runs = _pointer_runs(packer, self.ptr_slots)
         self.write = _pointer_writer(self.runs)
         self.go = None
+        self.listeners = []     # called after a mode switch rebinds `go` (the native runner's)
 
 
 def _pointer_runs(packer, ptr_slots):

@@ -106,11 +106,38 @@ class FakeRaw:
         self.drv.ex_launches += 1
         return self.launch(fn.value, *dims, stream, params.value, None)
 
+    def addresses(self):
+        """C entry points for the native runner: ctypes callbacks into this fake, kept on the
+        driver (alive as long as it is). An exception inside one is recorded and answered with
+        an error code (ctypes would otherwise print it and return 0)."""
+        V = ctypes.c_void_p
+        if not hasattr(self.drv, "callbacks"):
+            errors = self.drv.callback_errors = []
 
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
+            def guard(f):
+                def call(*args):
+                    try:
+                        return f(*args)
+                    except BaseException as e:  # noqa: BLE001 - reported by the fixture
+                        errors.append(e)
+                        return 999
+                return call
+            launch = ctypes.CFUNCTYPE(ctypes.c_int, V, V, V, V)(
+                guard(lambda cfg, fn, params, extra: self.launch_ex(
+                    V(cfg), V(fn), V(params), extra)))
+            cell = ctypes.CFUNCTYPE(ctypes.c_int, V)
+            self.drv.callbacks = (launch, cell(guard(self.get_current)), cell(guard(self.push)),
+                                  cell(guard(self.pop)))
+        return tuple(ctypes.cast(c, V).value for c in self.drv.callbacks)
+
+
+@pytest.fixture(params=["native", "python"])
+def fake(request, monkeypatch, tmp_path):
+    """The fake driver, with cached calls through the native runner or the Python path."""
     drv = FakeDriver()
     drv.ex_launches = 0
+    drv.native = request.param == "native"
+    monkeypatch.setenv("PYFUSER_NATIVE", "1" if drv.native else "0")
     monkeypatch.setattr(D, "raw_driver", lambda: FakeRaw(drv))
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):
@@ -131,6 +158,7 @@ def fake(monkeypatch, tmp_path):
     dispatch.clear_caches()
     yield drv
     dispatch.clear_caches()
+    assert not getattr(drv, "callback_errors", [])
 
 
 def mul_add():
@@ -145,6 +173,15 @@ def mul_add():
 def _programs(fs):
     p = fs.ir_fusion.__dict__.get(dispatch._PROGS)
     return p.runs if p is not None else {}
+
+
+def _check_runner(fs, fake, n):
+    """With the native runner on, it answers fs.execute and holds n programs; else Python does."""
+    p = fs.ir_fusion.__dict__[dispatch._PROGS]
+    if fake.native:
+        assert p.run == p.native.run and len(p.native) == n
+    else:
+        assert p.run is p.py_run and p.native is None
 
 
 def test_fast_call_passes_this_calls_pointers(fake):
@@ -166,6 +203,7 @@ def test_fast_call_passes_this_calls_pointers(fake):
     assert st["runs"] == 2 and st["cache_hits"] == 1 and st["kernels"] == 2 and st["compiled"] == 1
     (out2,) = ex.run(fresh)                              # the executor's own fast path
     assert fake.launches[-1][3]["T4"] == out2.data_ptr() and ex.stats["runs"] == 3
+    _check_runner(fs, fake, 1)
 
 
 def test_new_sizes_take_the_slow_path_once(fake):
@@ -174,6 +212,7 @@ def test_new_sizes_take_the_slow_path_once(fake):
         fs.execute([torch.randn(n) for _ in range(3)])
         assert fake.launches[-1][3]["n0"] == n
     assert len(_programs(fs)) == 2 and dispatch.get_executor(fs.ir_fusion).stats["compiled"] == 1
+    _check_runner(fs, fake, 2)
 
 
 def test_poison_and_dumps_step_aside(fake, monkeypatch, capsys):
@@ -197,9 +236,12 @@ def test_clear_drops_programs(fake):
     assert _programs(fs)
     dispatch.get_executor(fs.ir_fusion).clear()
     assert not _programs(fs)
+    _check_runner(fs, fake, 0)
     fs.execute(xs)
+    _check_runner(fs, fake, 1)
     dispatch.clear_caches()
     assert not _programs(fs)
+    _check_runner(fs, fake, 0)
 
 
 def test_folded_run_misses_on_every_key_change(fake):
@@ -208,7 +250,7 @@ def test_folded_run_misses_on_every_key_change(fake):
     fs = mul_add()
     xs = [torch.randn(64) for _ in range(3)]
     fs.execute(xs)
-    assert fs._run is dispatch.programs_run(fs.ir_fusion)
+    assert fs._progs is dispatch.programs(fs.ir_fusion)
     (a,) = fs.execute(xs)
     (b,) = fs.execute(tuple(xs))
     assert len(_programs(fs)) == 1 and a.data_ptr() != b.data_ptr()        # fresh outputs
@@ -228,7 +270,7 @@ def test_folded_run_misses_on_every_key_change(fake):
     assert not _programs(fs)
     fs.execute(xs)
     assert dispatch.get_executor(fs.ir_fusion).stats["compiled"] == 1 and len(_programs(fs)) == 1
-    assert "_run" not in fs.__getstate__()
+    assert "_progs" not in fs.__getstate__()
 
 
 def test_bad_inputs_still_raise(fake):
@@ -256,6 +298,7 @@ def test_modes_on_fast_calls(fake, mode):
     vals = fake.launches[-1][3]
     assert (vals["T0"], vals["T4"], vals["n0"]) == (xs[0].data_ptr(), out.data_ptr(), 100)
     assert fake.ex_launches - before == (mode == "ctypes")      # the switch reached the fast call
+    _check_runner(fs, fake, 0)                          # a switch drops the native programs
 
 
 def test_fast_call_outputs_for_parameters_and_plain_tensors(fake):
@@ -286,6 +329,7 @@ def test_segmented_program_transpose_with_views(fake):
     _, grid, block, vals = fake.launches[-1]
     assert vals["in"] == y.data_ptr() and vals["out"] == out.data_ptr()
     assert out.shape == ref.shape and out.stride() == ref.stride() and out._base is not None
+    _check_runner(fs, fake, 1)
 
 
 def test_segmented_program_output_view_of_input(fake):
@@ -297,6 +341,7 @@ def test_segmented_program_output_view_of_input(fake):
     assert view._base is y and view.shape == y.view(*C.SMALL_GELU[2]).shape
     assert y.data_ptr() in fake.launches[-1][3].values()          # the kernel reads y itself
     assert fs.last_run.kernels == 1 and fs.last_run.host_segments >= 1
+    _check_runner(fs, fake, 1)
 
 
 def test_views_only_program_returns_the_input_itself(fake):

@@ -1,0 +1,663 @@
+// pyfuser's native cached-call runner: a replay of recorded fusion programs with no Python frame.
+//
+// A `Runner` belongs to one Fusion (runtime/dispatch.py's _Programs). `runner.add(inputs, steps,
+// results, effects, device)` records one program under the key of `inputs`; `runner.run(inputs)`
+// computes the key of its argument, and on a hit replays the program:
+//   slots = the input tensors; then per step
+//     ("alloc", sizes, strides, like)   slots += at::empty_strided(sizes, strides, like.options())
+//     ("view", base, sizes, strides)    slots += slots[base].as_strided(sizes, strides)
+//     ("launch", fn, ctx, buffer, param_offsets, writes, fail)
+//         buffer = a CUlaunchConfig (stream at byte 32) then the packed kernel parameters;
+//         writes = [(byte offset, slot)]: that slot's data_ptr is written there each call;
+//         cuLaunchKernelEx(buffer, fn, &param pointers, NULL)
+//   then the `effects` (("setattr", obj, name, value), ("setitem", mapping, key, value),
+//   ("incr", obj, name)) keep the executors' counters and run reports as the Python path does,
+//   and the result is [slots[r] for r in results].
+// A miss (another key, an input that is not a strided tensor, a wrong count, or PYFUSER_DUMP /
+// PYFUSER_POISON_OUTPUTS in the environment dict) calls `slow(inputs)` and returns its result.
+//
+// The key is what executor.key_function's key fixes, per input: dtype, rank, sizes, strides,
+// data_ptr % 16, device type and index. Every kernel parameter other than the tensor pointers is
+// fixed by it, so a hit needs nothing but the pointers and the current stream.
+//
+// The driver entry points (cuLaunchKernelEx and the context calls) come as addresses through
+// `configure(...)`, with a Python callable for the current raw stream; this module links no CUDA
+// library. A refused launch is retried once with the program's context pushed when another (or
+// none) is current, as launch.py's prepared launches do; a failure then calls `fail(code, call)`,
+// which raises (CudaDriverError naming the launch).
+//
+// Invariants: the GIL is held throughout (no buffer is shared between threads mid-write); every
+// Python reference a program holds is visited by the garbage collector (a Runner is part of its
+// Fusion's reference cycle).
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using LaunchEx = int (*)(const void* config, void* fn, void** params, void** extra);
+using CtxGet = int (*)(void** ctx);
+using CtxPush = int (*)(void* ctx);
+using CtxPop = int (*)(void** ctx);
+
+struct Driver {
+  LaunchEx launch = nullptr;
+  CtxGet get_current = nullptr;
+  CtxPush push = nullptr;
+  CtxPop pop = nullptr;
+  PyObject* stream_fn = nullptr;  // callable(device index) -> raw stream as int
+};
+Driver g_driver;
+
+constexpr size_t kStreamOffset = 32;  // CUlaunchConfig.hStream
+
+// An owned Python reference.
+struct Ref {
+  PyObject* p = nullptr;
+  Ref() = default;
+  static Ref borrow(PyObject* o) { Py_XINCREF(o); Ref r; r.p = o; return r; }
+  static Ref steal(PyObject* o) { Ref r; r.p = o; return r; }
+  Ref(const Ref& o) : p(o.p) { Py_XINCREF(p); }
+  Ref(Ref&& o) noexcept : p(o.p) { o.p = nullptr; }
+  Ref& operator=(Ref o) noexcept { std::swap(p, o.p); return *this; }
+  ~Ref() { Py_XDECREF(p); }
+};
+
+struct Alloc {
+  std::vector<int64_t> sizes, strides;
+  at::TensorOptions options;
+};
+
+struct View {
+  uint32_t base;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Launch {
+  std::vector<uint64_t> buffer;              // 8-byte aligned: config, then parameters
+  std::vector<uint32_t> param_offsets;       // byte offsets of the parameters in `buffer`
+  std::vector<void*> params;                 // &buffer[offset], set once the program is placed
+  std::vector<std::pair<uint32_t, uint32_t>> writes;  // (byte offset, slot)
+  void* fn = nullptr;
+  void* ctx = nullptr;
+  Ref fail;                                  // callable(code, call) -> raises
+};
+
+enum class StepKind : uint8_t { kAlloc, kView, kLaunch };
+struct Step {
+  StepKind kind;
+  uint32_t index;
+};
+
+enum class EffectKind : uint8_t { kSetAttr, kSetItem, kIncr };
+struct Effect {
+  EffectKind kind;
+  Ref obj, name, value;
+};
+
+struct Program {
+  std::vector<Step> steps;
+  std::vector<Alloc> allocs;
+  std::vector<View> views;
+  std::vector<Launch> launches;
+  std::vector<uint32_t> results;
+  std::vector<Effect> effects;
+  Ref device;  // device index (int) for the stream callable
+  size_t slots = 0;
+
+  void place() {
+    for (auto& l : launches) {
+      l.params.clear();
+      char* base = reinterpret_cast<char*>(l.buffer.data());
+      for (uint32_t off : l.param_offsets) l.params.push_back(base + off);
+    }
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t v : k) {
+      h ^= static_cast<uint64_t>(v);
+      h *= 1099511628211ULL;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+using ProgramMap = std::unordered_map<std::vector<int64_t>, Program, KeyHash>;
+
+struct Runner {
+  PyObject_HEAD
+  Py_ssize_t n_inputs;
+  PyObject* slow;       // callable(inputs)
+  PyObject* env;        // dict of the raw environment (bytes -> bytes), or NULL
+  PyObject* env_keys;   // tuple of bytes: any present means "take the slow path"
+  ProgramMap* programs;
+  std::vector<int64_t>* scratch;
+};
+
+// ---- keys -----------------------------------------------------------------------------------
+bool items_of(PyObject* seq, PyObject*** items, Py_ssize_t* n) {
+  if (PyList_CheckExact(seq)) {
+    *items = reinterpret_cast<PyListObject*>(seq)->ob_item;
+    *n = PyList_GET_SIZE(seq);
+    return true;
+  }
+  if (PyTuple_CheckExact(seq)) {
+    *items = reinterpret_cast<PyTupleObject*>(seq)->ob_item;
+    *n = PyTuple_GET_SIZE(seq);
+    return true;
+  }
+  return false;
+}
+
+// False when `inputs` is not n strided tensors (the slow path then decides what it is).
+bool make_key(Py_ssize_t n_inputs, PyObject* inputs, std::vector<int64_t>& key) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!items_of(inputs, &items, &n) || n != n_inputs) return false;
+  key.clear();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = items[i];
+    if (!THPVariable_Check(o)) return false;
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (!t.defined() || t.layout() != at::kStrided || t.is_conj() || t.is_neg()) return false;
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    key.push_back(static_cast<int64_t>(t.scalar_type()));
+    key.push_back(static_cast<int64_t>(sizes.size()));
+    key.insert(key.end(), sizes.begin(), sizes.end());
+    key.insert(key.end(), strides.begin(), strides.end());
+    key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) & 15));
+    key.push_back(static_cast<int64_t>(t.device().type()));
+    key.push_back(static_cast<int64_t>(t.device().index()));
+  }
+  return true;
+}
+
+bool env_says_slow(Runner* self) {
+  if (self->env == nullptr) return false;
+  Py_ssize_t n = PyTuple_GET_SIZE(self->env_keys);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int has = PyDict_Contains(self->env, PyTuple_GET_ITEM(self->env_keys, i));
+    if (has != 0) return true;  // present, or an error: the slow path reads os.environ itself
+  }
+  return false;
+}
+
+PyObject* call_slow(Runner* self, PyObject* inputs) {
+  if (PyErr_Occurred()) PyErr_Clear();
+  return PyObject_CallOneArg(self->slow, inputs);
+}
+
+// ---- replay ---------------------------------------------------------------------------------
+// cuLaunchKernelEx; if refused while another (or no) context is current, once more with the
+// program's context pushed. Returns 0, or raises through `fail` and returns -1.
+int launch(Launch& l) {
+  char* buf = reinterpret_cast<char*>(l.buffer.data());
+  int code = g_driver.launch(buf, l.fn, l.params.data(), nullptr);
+  if (code == 0) return 0;
+  const char* call = "launch";
+  void* current = nullptr;
+  if (g_driver.get_current(&current) == 0 && current != l.ctx) {
+    int pushed = g_driver.push(l.ctx);
+    if (pushed != 0) {
+      code = pushed;
+      call = "cuCtxPushCurrent";
+    } else {
+      code = g_driver.launch(buf, l.fn, l.params.data(), nullptr);
+      void* popped = nullptr;
+      int pop = g_driver.pop(&popped);
+      if (code == 0 && pop != 0) {
+        code = pop;
+        call = "cuCtxPopCurrent";
+      }
+    }
+  }
+  if (code == 0) return 0;
+  PyObject* r = PyObject_CallFunction(l.fail.p, "is", code, call);
+  if (r != nullptr) {  // `fail` must raise; if it did not, say so
+    Py_DECREF(r);
+    PyErr_Format(PyExc_RuntimeError, "pyfuser native runner: launch failed with CUresult %d", code);
+  }
+  return -1;
+}
+
+bool apply_effects(Program& p) {
+  for (auto& e : p.effects) {
+    int rc = 0;
+    if (e.kind == EffectKind::kSetAttr) {
+      rc = PyObject_SetAttr(e.obj.p, e.name.p, e.value.p);
+    } else if (e.kind == EffectKind::kSetItem) {
+      rc = PyObject_SetItem(e.obj.p, e.name.p, e.value.p);
+    } else {
+      Ref v = Ref::steal(PyObject_GetAttr(e.obj.p, e.name.p));
+      if (v.p == nullptr) return false;
+      Ref one = Ref::steal(PyLong_FromLong(1));
+      Ref nv = Ref::steal(PyNumber_Add(v.p, one.p));
+      if (nv.p == nullptr) return false;
+      rc = PyObject_SetAttr(e.obj.p, e.name.p, nv.p);
+    }
+    if (rc != 0) return false;
+  }
+  return true;
+}
+
+PyObject* replay(Program& p, PyObject* inputs) {
+  PyObject** items;
+  Py_ssize_t n;
+  items_of(inputs, &items, &n);
+  std::vector<at::Tensor> slots;
+  slots.reserve(p.slots);
+  for (Py_ssize_t i = 0; i < n; ++i) slots.push_back(THPVariable_Unpack(items[i]));
+  void* stream = nullptr;
+  if (!p.launches.empty()) {
+    Ref s = Ref::steal(PyObject_CallOneArg(g_driver.stream_fn, p.device.p));
+    if (s.p == nullptr) return nullptr;
+    stream = PyLong_AsVoidPtr(s.p);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  try {
+    for (const Step& step : p.steps) {
+      if (step.kind == StepKind::kAlloc) {
+        const Alloc& a = p.allocs[step.index];
+        slots.push_back(at::empty_strided(a.sizes, a.strides, a.options));
+      } else if (step.kind == StepKind::kView) {
+        const View& v = p.views[step.index];
+        slots.push_back(at::as_strided(slots[v.base], v.sizes, v.strides));
+      } else {
+        Launch& l = p.launches[step.index];
+        char* buf = reinterpret_cast<char*>(l.buffer.data());
+        std::memcpy(buf + kStreamOffset, &stream, sizeof(void*));
+        for (const auto& w : l.writes) {
+          void* ptr = slots[w.second].data_ptr();
+          std::memcpy(buf + w.first, &ptr, sizeof(void*));
+        }
+        if (launch(l) != 0) return nullptr;
+      }
+    }
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Ref out = Ref::steal(PyList_New(static_cast<Py_ssize_t>(p.results.size())));
+  if (out.p == nullptr) return nullptr;
+  for (size_t k = 0; k < p.results.size(); ++k) {
+    PyObject* t = THPVariable_Wrap(slots[p.results[k]]);
+    if (t == nullptr) return nullptr;
+    PyList_SET_ITEM(out.p, static_cast<Py_ssize_t>(k), t);
+  }
+  if (!apply_effects(p)) return nullptr;
+  PyObject* r = out.p;
+  out.p = nullptr;
+  return r;
+}
+
+// ---- building programs from Python specs ----------------------------------------------------
+bool int64_list(PyObject* o, std::vector<int64_t>& v, const char* what) {
+  Ref seq = Ref::steal(PySequence_Fast(o, what));
+  if (seq.p == nullptr) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.p);
+  v.clear();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    long long x = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq.p, i));
+    if (x == -1 && PyErr_Occurred()) return false;
+    v.push_back(static_cast<int64_t>(x));
+  }
+  return true;
+}
+
+bool slot_index(PyObject* o, size_t nslots, uint32_t* out) {
+  long long s = PyLong_AsLongLong(o);
+  if (s == -1 && PyErr_Occurred()) return false;
+  if (s < 0 || static_cast<size_t>(s) >= nslots) {
+    PyErr_Format(PyExc_ValueError, "slot %lld is not one of the %zu made so far", s, nslots);
+    return false;
+  }
+  *out = static_cast<uint32_t>(s);
+  return true;
+}
+
+bool parse_launch(PyObject* t, size_t nslots, Launch& l) {
+  const char* kind;
+  PyObject *fn, *ctx, *buffer, *offsets, *writes, *fail;
+  if (!PyArg_ParseTuple(t, "sOOOOOO", &kind, &fn, &ctx, &buffer, &offsets, &writes, &fail))
+    return false;
+  l.fn = PyLong_AsVoidPtr(fn);
+  l.ctx = PyLong_AsVoidPtr(ctx);
+  if (PyErr_Occurred()) return false;
+  char* data;
+  Py_ssize_t size;
+  if (PyBytes_AsStringAndSize(buffer, &data, &size) != 0) return false;
+  if (size < static_cast<Py_ssize_t>(kStreamOffset + 8)) {
+    PyErr_SetString(PyExc_ValueError, "launch buffer shorter than a CUlaunchConfig");
+    return false;
+  }
+  l.buffer.assign((static_cast<size_t>(size) + 7) / 8, 0);
+  std::memcpy(l.buffer.data(), data, static_cast<size_t>(size));
+  std::vector<int64_t> offs;
+  if (!int64_list(offsets, offs, "param offsets must be a sequence")) return false;
+  for (int64_t o : offs) {
+    if (o < 0 || o >= size) {
+      PyErr_Format(PyExc_ValueError, "parameter offset %lld outside the %zd-byte buffer",
+                   static_cast<long long>(o), size);
+      return false;
+    }
+    l.param_offsets.push_back(static_cast<uint32_t>(o));
+  }
+  Ref ws = Ref::steal(PySequence_Fast(writes, "writes must be a sequence"));
+  if (ws.p == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(ws.p); ++i) {
+    PyObject *off, *slot;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(ws.p, i), "OO", &off, &slot)) return false;
+    long long o = PyLong_AsLongLong(off);
+    if (o == -1 && PyErr_Occurred()) return false;
+    if (o < 0 || o + 8 > size) {
+      PyErr_Format(PyExc_ValueError, "pointer write at %lld outside the %zd-byte buffer", o, size);
+      return false;
+    }
+    uint32_t s;
+    if (!slot_index(slot, nslots, &s)) return false;
+    l.writes.emplace_back(static_cast<uint32_t>(o), s);
+  }
+  if (!PyCallable_Check(fail)) {
+    PyErr_SetString(PyExc_TypeError, "launch step: fail must be callable");
+    return false;
+  }
+  l.fail = Ref::borrow(fail);
+  return true;
+}
+
+bool parse_steps(PyObject* steps, Program& p) {
+  Ref seq = Ref::steal(PySequence_Fast(steps, "steps must be a sequence"));
+  if (seq.p == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq.p); ++i) {
+    PyObject* t = PySequence_Fast_GET_ITEM(seq.p, i);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 0))) {
+      PyErr_SetString(PyExc_ValueError, "each step is a tuple starting with its kind");
+      return false;
+    }
+    std::string kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 0));
+    if (kind == "alloc") {
+      const char* k;
+      PyObject *sizes, *strides, *like;
+      if (!PyArg_ParseTuple(t, "sOOO", &k, &sizes, &strides, &like)) return false;
+      if (!THPVariable_Check(like)) {
+        PyErr_SetString(PyExc_TypeError, "alloc step: `like` must be a tensor");
+        return false;
+      }
+      Alloc a;
+      if (!int64_list(sizes, a.sizes, "sizes") || !int64_list(strides, a.strides, "strides"))
+        return false;
+      a.options = THPVariable_Unpack(like).options();
+      p.steps.push_back({StepKind::kAlloc, static_cast<uint32_t>(p.allocs.size())});
+      p.allocs.push_back(std::move(a));
+      ++p.slots;
+    } else if (kind == "view") {
+      const char* k;
+      PyObject *base, *sizes, *strides;
+      if (!PyArg_ParseTuple(t, "sOOO", &k, &base, &sizes, &strides)) return false;
+      View v;
+      if (!slot_index(base, p.slots, &v.base)) return false;
+      if (!int64_list(sizes, v.sizes, "sizes") || !int64_list(strides, v.strides, "strides"))
+        return false;
+      p.steps.push_back({StepKind::kView, static_cast<uint32_t>(p.views.size())});
+      p.views.push_back(std::move(v));
+      ++p.slots;
+    } else if (kind == "launch") {
+      Launch l;
+      if (!parse_launch(t, p.slots, l)) return false;
+      p.steps.push_back({StepKind::kLaunch, static_cast<uint32_t>(p.launches.size())});
+      p.launches.push_back(std::move(l));
+    } else {
+      PyErr_Format(PyExc_ValueError, "unknown step kind %s", kind.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool parse_effects(PyObject* effects, Program& p) {
+  Ref seq = Ref::steal(PySequence_Fast(effects, "effects must be a sequence"));
+  if (seq.p == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq.p); ++i) {
+    PyObject* t = PySequence_Fast_GET_ITEM(seq.p, i);
+    const char* kind;
+    PyObject *obj, *name, *value = Py_None;
+    if (!PyArg_ParseTuple(t, "sOO|O", &kind, &obj, &name, &value)) return false;
+    std::string k = kind;
+    Effect e;
+    if (k == "setattr" || k == "incr") {
+      if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "effect: an attribute name must be a str");
+        return false;
+      }
+      e.kind = k == "setattr" ? EffectKind::kSetAttr : EffectKind::kIncr;
+    } else if (k == "setitem") {
+      e.kind = EffectKind::kSetItem;
+    } else {
+      PyErr_Format(PyExc_ValueError, "unknown effect %s", kind);
+      return false;
+    }
+    e.obj = Ref::borrow(obj);
+    e.name = Ref::borrow(name);
+    e.value = Ref::borrow(value);
+    p.effects.push_back(std::move(e));
+  }
+  return true;
+}
+
+// ---- the Runner type ------------------------------------------------------------------------
+PyObject* runner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  Py_ssize_t n_inputs;
+  PyObject *slow, *env = Py_None, *env_keys = nullptr;
+  static const char* names[] = {"n_inputs", "slow", "env", "env_keys", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nO|OO!", const_cast<char**>(names), &n_inputs,
+                                   &slow, &env, &PyTuple_Type, &env_keys))
+    return nullptr;
+  if (!PyCallable_Check(slow)) {
+    PyErr_SetString(PyExc_TypeError, "Runner: slow must be callable");
+    return nullptr;
+  }
+  if (env != Py_None && !PyDict_Check(env)) {
+    PyErr_SetString(PyExc_TypeError, "Runner: env must be a dict or None");
+    return nullptr;
+  }
+  Runner* self = reinterpret_cast<Runner*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->n_inputs = n_inputs;
+  self->slow = Py_NewRef(slow);
+  self->env = env == Py_None ? nullptr : Py_NewRef(env);
+  self->env_keys = env_keys ? Py_NewRef(env_keys) : PyTuple_New(0);
+  self->programs = new ProgramMap();
+  self->scratch = new std::vector<int64_t>();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+int runner_traverse(Runner* self, visitproc visit, void* arg) {
+  Py_VISIT(self->slow);
+  Py_VISIT(self->env);
+  Py_VISIT(self->env_keys);
+  if (self->programs != nullptr) {
+    for (auto& kv : *self->programs) {
+      for (auto& e : kv.second.effects) {
+        Py_VISIT(e.obj.p);
+        Py_VISIT(e.name.p);
+        Py_VISIT(e.value.p);
+      }
+      for (auto& l : kv.second.launches) Py_VISIT(l.fail.p);
+      Py_VISIT(kv.second.device.p);
+    }
+  }
+  return 0;
+}
+
+int runner_clear(Runner* self) {
+  if (self->programs != nullptr) {
+    ProgramMap doomed;
+    doomed.swap(*self->programs);  // references dropped after the map is consistent
+  }
+  Py_CLEAR(self->slow);
+  Py_CLEAR(self->env);
+  Py_CLEAR(self->env_keys);
+  return 0;
+}
+
+void runner_dealloc(Runner* self) {
+  PyObject_GC_UnTrack(self);
+  runner_clear(self);
+  delete self->programs;
+  delete self->scratch;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* runner_run(Runner* self, PyObject* inputs) {
+  if (self->slow == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "Runner was cleared");
+    return nullptr;
+  }
+  if (env_says_slow(self)) return call_slow(self, inputs);
+  bool ok;
+  try {
+    ok = make_key(self->n_inputs, inputs, *self->scratch);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (!ok) return call_slow(self, inputs);
+  auto it = self->programs->find(*self->scratch);
+  if (it == self->programs->end()) return call_slow(self, inputs);
+  return replay(it->second, inputs);
+}
+
+PyObject* runner_add(Runner* self, PyObject* args) {
+  PyObject *inputs, *steps, *results, *effects, *device;
+  if (!PyArg_ParseTuple(args, "OOOOO", &inputs, &steps, &results, &effects, &device)) return nullptr;
+  std::vector<int64_t> key;
+  bool ok;
+  try {
+    ok = make_key(self->n_inputs, inputs, key);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+  if (!ok) {
+    PyErr_Format(PyExc_ValueError, "Runner.add: inputs must be a list or tuple of %zd strided "
+                 "tensors", self->n_inputs);
+    return nullptr;
+  }
+  Program p;
+  p.slots = static_cast<size_t>(self->n_inputs);
+  if (!parse_steps(steps, p) || !parse_effects(effects, p)) return nullptr;
+  std::vector<int64_t> rs;
+  if (!int64_list(results, rs, "results must be a sequence")) return nullptr;
+  for (int64_t r : rs) {
+    if (r < 0 || static_cast<size_t>(r) >= p.slots) {
+      PyErr_Format(PyExc_ValueError, "result slot %lld is not one of the %zu made",
+                   static_cast<long long>(r), p.slots);
+      return nullptr;
+    }
+    p.results.push_back(static_cast<uint32_t>(r));
+  }
+  if (!p.launches.empty() && (g_driver.launch == nullptr || g_driver.stream_fn == nullptr)) {
+    PyErr_SetString(PyExc_RuntimeError, "Runner.add: configure() the driver before adding launches");
+    return nullptr;
+  }
+  p.device = Ref::borrow(device);
+  auto placed = self->programs->insert_or_assign(std::move(key), std::move(p));
+  placed.first->second.place();
+  Py_RETURN_NONE;
+}
+
+PyObject* runner_clear_programs(Runner* self, PyObject*) {
+  ProgramMap doomed;
+  doomed.swap(*self->programs);
+  Py_RETURN_NONE;
+}
+
+PyObject* runner_key(Runner* self, PyObject* inputs) {
+  std::vector<int64_t> key;
+  bool ok;
+  try {
+    ok = make_key(self->n_inputs, inputs, key);
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  if (!ok) Py_RETURN_NONE;
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(key.size()));
+  if (t == nullptr) return nullptr;
+  for (size_t i = 0; i < key.size(); ++i)
+    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(key[i]));
+  return t;
+}
+
+Py_ssize_t runner_len(Runner* self) { return static_cast<Py_ssize_t>(self->programs->size()); }
+
+PyMethodDef runner_methods[] = {
+    {"run", reinterpret_cast<PyCFunction>(runner_run), METH_O,
+     "run(inputs) -> outputs: replay the program of this key, else slow(inputs)"},
+    {"add", reinterpret_cast<PyCFunction>(runner_add), METH_VARARGS,
+     "add(inputs, steps, results, effects, device): record a program under inputs' key"},
+    {"clear", reinterpret_cast<PyCFunction>(runner_clear_programs), METH_NOARGS,
+     "forget every program"},
+    {"key", reinterpret_cast<PyCFunction>(runner_key), METH_O,
+     "key(inputs) -> the key as a tuple of ints, or None when inputs have none"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PySequenceMethods runner_as_sequence = {reinterpret_cast<lenfunc>(runner_len)};
+
+PyTypeObject RunnerType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyObject* configure(PyObject*, PyObject* args) {
+  PyObject *launch_ex, *get_current, *push, *pop, *stream_fn;
+  if (!PyArg_ParseTuple(args, "OOOOO", &launch_ex, &get_current, &push, &pop, &stream_fn))
+    return nullptr;
+  void* l = PyLong_AsVoidPtr(launch_ex);
+  void* g = PyLong_AsVoidPtr(get_current);
+  void* pu = PyLong_AsVoidPtr(push);
+  void* po = PyLong_AsVoidPtr(pop);
+  if (PyErr_Occurred()) return nullptr;
+  if (!l || !g || !pu || !po || !PyCallable_Check(stream_fn)) {
+    PyErr_SetString(PyExc_ValueError, "configure: four non-null addresses and a stream callable");
+    return nullptr;
+  }
+  g_driver.launch = reinterpret_cast<LaunchEx>(l);
+  g_driver.get_current = reinterpret_cast<CtxGet>(g);
+  g_driver.push = reinterpret_cast<CtxPush>(pu);
+  g_driver.pop = reinterpret_cast<CtxPop>(po);
+  Py_XSETREF(g_driver.stream_fn, Py_NewRef(stream_fn));
+  Py_RETURN_NONE;
+}
+
+PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(cuLaunchKernelEx, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent addresses, "
+     "stream(device) callable)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  RunnerType.tp_name = "pyfuser_native.Runner";
+  RunnerType.tp_basicsize = sizeof(Runner);
+  RunnerType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  RunnerType.tp_doc = "Replays a fusion's recorded programs by input key (see fast_runner.cpp).";
+  RunnerType.tp_new = runner_new;
+  RunnerType.tp_dealloc = reinterpret_cast<destructor>(runner_dealloc);
+  RunnerType.tp_traverse = reinterpret_cast<traverseproc>(runner_traverse);
+  RunnerType.tp_clear = reinterpret_cast<inquiry>(runner_clear);
+  RunnerType.tp_methods = runner_methods;
+  RunnerType.tp_as_sequence = &runner_as_sequence;
+  if (PyType_Ready(&RunnerType) < 0) throw pybind11::error_already_set();
+  Py_INCREF(&RunnerType);
+  m.add_object("Runner", reinterpret_cast<PyObject*>(&RunnerType));
+  if (PyModule_AddFunctions(m.ptr(), module_methods) < 0) throw pybind11::error_already_set();
+}

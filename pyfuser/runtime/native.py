@@ -1,0 +1,131 @@
+"""The native cached-call runner (csrc/fast_runner.cpp): building it, and programs for it.
+
+dispatch.py records, per Fusion and input key, a program that replays a cached call (kernel
+outputs allocated, host views taken, kernels launched). Where this module's extension is
+available, each such program is also handed to a native `Runner` (C++), whose `run(inputs)` is
+then what `fs.execute(inputs)` calls: key, lookup, allocation, pointer writes and
+cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
+
+- `$PYFUSER_NATIVE`: "0" / "off" / "false" turn the native runner off (the Python path is the
+  same calls, slower); anything else, or unset, uses it.
+- `runner_module()` builds the extension on first use (torch.utils.cpp_extension, about 15-60 s
+  once per machine, torch version and source) under `$PYFUSER_CACHE_DIR/native/`, and loads it
+  from there afterwards. It is only asked for when a program is recorded for CUDA tensors, so
+  CPU-only use never builds it. Where it cannot be built (no compiler, no headers) the reason is
+  logged once and the Python path runs.
+- `launch_step(fast, slots)` / `program_steps(...)` turn an executor's prepared launch
+  (launch.Prepared) into the runner's plain data: the prepared buffer (CUlaunchConfig then the
+  packed parameters), the parameter offsets and, per tensor pointer, its byte offset and slot.
+
+Invariants: a program is handed to the runner only when every launch in it is a "ctypes"-mode
+Prepared whose driver has cuLaunchKernelEx (the runner calls that entry point); switching a
+launcher's mode clears the runners that replay it (launch.Prepared.on_rebind). The runner's key
+fixes the same things as executor.key_function's key, so a native hit is a Python hit.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+
+from . import driver as D
+
+log = logging.getLogger("pyfuser")
+_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "fast_runner.cpp")
+_OFF = ("0", "off", "false", "no")
+
+
+def enabled() -> bool:
+    return os.environ.get("PYFUSER_NATIVE", "1").strip().lower() not in _OFF
+
+
+def _name() -> str:
+    import torch
+    with open(_SOURCE, "rb") as f:
+        src = f.read()
+    tag = hashlib.sha256(src + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
+    return f"pyfuser_native_{tag}"
+
+
+def build_dir() -> str:
+    from .disk_cache import cache_dir
+    return os.path.join(cache_dir(), "native", _name())
+
+
+@functools.lru_cache(maxsize=None)
+def _load():
+    """The extension module (one per process: the first build_dir() asked for is the one used),
+    built there if it is not yet; None (logged) when it cannot be built or loaded."""
+    directory = build_dir()
+    name = os.path.basename(directory)
+    path = os.path.join(directory, name + ".so")
+    try:
+        if os.path.exists(path):
+            try:
+                return _import(name, path)
+            except ImportError as e:                 # a damaged or foreign build: build again
+                log.info("pyfuser: rebuilding the native runner (%s)", e)
+                os.remove(path)
+        log.info("pyfuser: building the native runner in %s (once; about 15-60 s)", directory)
+        os.makedirs(directory, exist_ok=True)
+        if shutil.which("ninja") is None:      # the venv's ninja package, when not activated
+            os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
+                os.environ.get("PATH", "")
+        from torch.utils.cpp_extension import load
+        return load(name, [_SOURCE], build_directory=directory, extra_cflags=["-O2"],
+                    verbose=False)
+    except Exception as e:  # noqa: BLE001 - any build failure means "use the Python path"
+        log.warning("pyfuser: the native runner is unavailable, cached calls run in Python: "
+                    "%s: %s", type(e).__name__, str(e).strip().splitlines()[-1:] or "")
+        return None
+
+
+def _import(name: str, path: str):
+    import torch  # noqa: F401 - the extension links against libtorch, loaded by this import
+    spec = importlib.util.spec_from_file_location(
+        name, path, loader=importlib.machinery.ExtensionFileLoader(name, path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def runner_module():
+    """The native extension (built on first use), or None when it is off or unavailable."""
+    if not enabled():
+        return None
+    return _load()
+
+
+def configure(mod) -> bool:
+    """Point the extension at the current raw driver; False when it lacks cuLaunchKernelEx (or
+    libcuda cannot be loaded): then no launch is handed to the runner."""
+    try:
+        raw = D.raw_driver()
+    except D.CudaDriverError:
+        return False
+    addresses = raw.addresses() if hasattr(raw, "addresses") else None
+    if addresses is None:
+        return False
+    mod.configure(*addresses, D._raw_stream_fn())
+    return True
+
+
+def launch_step(launcher, prep, ptr_slots):
+    """The runner's ("launch", ...) step for Prepared `prep`, whose i-th tensor pointer comes from
+    slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx."""
+    if launcher.mode != "ctypes" or launcher._raw is None or launcher._raw.launch_ex is None:
+        return None
+    from .launch import _CFG
+    offsets = [_CFG + o for o in launcher.packer.offsets]
+    writes = [(off + 8 * j, ptr_slots[i]) for off, idx in prep.runs for j, i in enumerate(idx)]
+    what = launcher._what(prep.dims)
+
+    def fail(code, call):
+        D._fail(code, what if call == "launch" else call)
+
+    return ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)

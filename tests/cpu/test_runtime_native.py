@@ -1,0 +1,217 @@
+"""The native cached-call runner (runtime/csrc/fast_runner.cpp) on its own, on CPU tensors, with
+ctypes callbacks standing in for libcuda: keys and misses, allocations and views, what a launch
+writes into its buffer, the context retry, failures, effects, argument checks and garbage
+collection. (test_runtime_fastpath.py runs every fast-path test through it as well.)"""
+import ctypes
+import gc
+import struct
+import weakref
+
+import pytest
+import torch
+
+from pyfuser.runtime import native
+
+V = ctypes.c_void_p
+CFG = struct.Struct("<7I4xQQI4x")
+
+
+@pytest.fixture(scope="module")
+def mod():
+    m = native._load()
+    assert m is not None, "the native runner did not build (see the log)"
+    return m
+
+
+class Driver:
+    """Callbacks for configure(): each launch is decoded (config, then 8-byte parameters)."""
+
+    def __init__(self, mod, nparams, codes=(), current=7):
+        self.launches, self.calls, self.errors = [], [], []
+        self.codes, self.current, self.nparams = list(codes), current, nparams
+
+        def guard(f):
+            def call(*args):
+                try:
+                    return f(*args)
+                except BaseException as e:  # noqa: BLE001 - checked by the test
+                    self.errors.append(e)
+                    return 999
+            return call
+        cell = ctypes.CFUNCTYPE(ctypes.c_int, V)
+        self.cbs = (ctypes.CFUNCTYPE(ctypes.c_int, V, V, V, V)(guard(self.launch)),
+                    cell(guard(self.get_current)), cell(guard(self.push)), cell(guard(self.pop)))
+        mod.configure(*[ctypes.cast(c, V).value for c in self.cbs], self.stream)
+
+    def stream(self, device):
+        self.calls.append(("stream", device))
+        return 0xABC0 + device
+
+    def launch(self, cfg, fn, params, extra):
+        dims = CFG.unpack(ctypes.string_at(cfg, 56))
+        ptrs = (V * self.nparams).from_address(params)
+        vals = [ctypes.c_uint64.from_address(p).value for p in ptrs]
+        self.launches.append((dims, fn, vals, [p - cfg for p in ptrs], extra))
+        return self.codes.pop(0) if self.codes else 0
+
+    def get_current(self, addr):
+        V.from_address(addr).value = self.current
+        self.calls.append(("get",))
+        return 0
+
+    def push(self, ctx):
+        self.calls.append(("push", ctx))
+        return 0
+
+    def pop(self, addr):
+        self.calls.append(("pop",))
+        return 0
+
+
+def _buffer(dims=(4, 1, 1, 128, 1, 1, 0), consts=(11, 22)):
+    """A CUlaunchConfig then parameters: two pointers (to write) and two constants."""
+    return CFG.pack(*dims, 0, 0, 0) + struct.pack("<QQQQ", 0, 0, *consts)
+
+
+class Sink:
+    runs = 0
+    last = None
+
+
+def _runner(mod, n=2, slow=None, env=None):
+    slow = slow or (lambda inputs: ("slow", len(inputs)))
+    return mod.Runner(n, slow, env, (b"PYFUSER_DUMP",))
+
+
+def _launch_program(fail=None, consts=(11, 22)):
+    steps = [("alloc", (6,), (1,), torch.empty(0, dtype=torch.float64)),
+             ("launch", 0x1234, 7, _buffer(consts=consts), [56, 64, 72, 80], [(56, 0), (64, 2)],
+              fail or (lambda code, call: (_ for _ in ()).throw(RuntimeError(f"{call}:{code}"))))]
+    return steps
+
+
+def test_hit_allocates_launches_and_applies_effects(mod):
+    drv = Driver(mod, 4)
+    r = _runner(mod)
+    sink, report = Sink(), {}
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, _launch_program(), [2], [("incr", sink, "runs"), ("setattr", sink, "last", "hit"),
+                                       ("setitem", report, "k", "v")], 3)
+    assert len(r) == 1 and r.key(xs) is not None
+    ys = [torch.randn(6), torch.randn(6)]
+    (out,) = r.run(ys)
+    assert (out.shape, out.stride(), out.dtype) == ((6,), (1,), torch.float64)
+    dims, fn, vals, offsets, extra = drv.launches[-1]
+    assert dims[:7] == (4, 1, 1, 128, 1, 1, 0) and dims[7] == 0xABC0 + 3     # the stream
+    assert fn == 0x1234 and extra is None and offsets == [56, 64, 72, 80]
+    assert vals == [ys[0].data_ptr(), out.data_ptr(), 11, 22]
+    assert (sink.runs, sink.last, report) == (1, "hit", {"k": "v"})
+    (out2,) = r.run(tuple(ys))                                    # a tuple, fresh output
+    assert out2.data_ptr() != out.data_ptr()
+    assert sink.runs == 2 and ("stream", 3) in drv.calls and not drv.errors
+
+
+def test_misses_call_slow(mod):
+    Driver(mod, 4)
+    seen = []
+    r = _runner(mod, slow=lambda inputs: seen.append(inputs) or "slow")
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, _launch_program(), [2], [], 0)
+    base = torch.randn(13)
+    for other in ([torch.randn(7), torch.randn(6)],                     # size
+                  [torch.randn(12)[::2], torch.randn(6)],               # stride
+                  [base[1:7], torch.randn(6)],                          # alignment
+                  [torch.randn(6, dtype=torch.float64), torch.randn(6)],  # dtype
+                  [torch.randn(6)],                                     # count
+                  [torch.randn(6), 1.0],                                # not a tensor
+                  [torch.randn(6), torch.randn(6).to_sparse()],         # layout
+                  iter(xs)):                                            # not a list
+        assert r.run(other) == "slow"
+    assert len(seen) == 8 and r.key([torch.randn(6)]) is None
+
+
+def test_environment_sends_to_slow(mod):
+    Driver(mod, 4)
+    env = {}
+    r = _runner(mod, slow=lambda inputs: "slow", env=env)
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, _launch_program(), [2], [], 0)
+    assert isinstance(r.run(xs), list)
+    env[b"PYFUSER_DUMP"] = b"cuda_kernel"
+    assert r.run(xs) == "slow"
+
+
+def test_views_and_inputs_as_results(mod):
+    r = _runner(mod, n=1)
+    x = torch.randn(4, 6)
+    steps = [("view", 0, (6, 4), (1, 6)),
+             ("alloc", (2, 3), (1, 2), torch.empty(0, dtype=torch.int32))]
+    r.add([x], steps, [1, 0, 2], [], -1)
+    y = torch.randn(4, 6)
+    view, same, new = r.run([y])
+    assert same is y and view._base is y and view.stride() == (1, 6) and torch.equal(view, y.t())
+    assert (new.shape, new.stride(), new.dtype) == ((2, 3), (1, 2), torch.int32)
+
+
+def test_refused_launch_retried_in_its_context(mod):
+    drv = Driver(mod, 4, codes=[201], current=5)           # another context is current
+    r = _runner(mod)
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, _launch_program(), [2], [], 0)
+    (out,) = r.run(xs)
+    assert len(drv.launches) == 2 and drv.launches[1][2][1] == out.data_ptr()
+    assert [c for c in drv.calls if c[0] != "stream"] == [("get",), ("push", 7), ("pop",)]
+
+
+def test_failed_launch_raises_through_fail(mod):
+    Driver(mod, 4, codes=[700, 700], current=7)            # our context is current: no retry
+    seen = []
+
+    def fail(code, call):
+        seen.append((code, call))
+        raise RuntimeError("launch failed")
+    r = _runner(mod)
+    sink = Sink()
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, _launch_program(fail), [2], [("incr", sink, "runs")], 0)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        r.run(xs)
+    assert seen == [(700, "launch")] and sink.runs == 0    # no effects after a failure
+
+
+def test_add_checks_its_arguments(mod):
+    Driver(mod, 4)
+    r = _runner(mod)
+    xs = [torch.randn(6), torch.randn(6)]
+    with pytest.raises(ValueError, match="slot 5"):
+        r.add(xs, [("view", 5, (1,), (1,))], [], [], 0)
+    with pytest.raises(ValueError, match="result slot 2"):
+        r.add(xs, [], [2], [], 0)
+    with pytest.raises(ValueError, match="outside"):
+        r.add(xs, [("launch", 1, 7, _buffer(), [56, 4000], [], lambda c, s: None)], [], [], 0)
+    with pytest.raises(ValueError, match="unknown step"):
+        r.add(xs, [("copy", 0)], [], [], 0)
+    with pytest.raises(ValueError, match="strided tensors"):
+        r.add([xs[0]], [], [], [], 0)
+    with pytest.raises(ValueError, match="unknown effect"):
+        r.add(xs, [], [], [("poke", xs, "a")], 0)
+    assert len(r) == 0
+
+
+def test_clear_and_garbage_collection(mod):
+    r = _runner(mod, n=1)
+    x = torch.randn(3)
+
+    class Holder:
+        pass
+    h = Holder()
+    h.runner = r                                           # a cycle through the runner
+    r.add([x], [], [0], [("setattr", h, "last", 1)], -1)
+    assert r.run([x])[0] is x and h.last == 1
+    r.clear()
+    assert len(r) == 0 and r.run([x]) == ("slow", 1)
+    r.add([x], [], [0], [("setattr", h, "last", 2)], -1)
+    ref = weakref.ref(h)
+    del h, r
+    gc.collect()
+    assert ref() is None

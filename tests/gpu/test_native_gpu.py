@@ -1,0 +1,131 @@
+"""The native cached-call runner on the GPU: it answers cached calls (plain, segmented with host
+views, transpose), bit for bit what the Python path gives, on fresh tensors each call, on a side
+stream, from a thread with no current context, and from several threads at once."""
+import importlib.util
+import os
+import threading
+
+import pytest
+import torch
+
+from pyfuser import DataType, Fusion, FusionDefinition
+from pyfuser.runtime import dispatch, native
+
+pytestmark = pytest.mark.gpu
+
+_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
+    os.path.dirname(__file__), "..", "cpu", "segment_cases.py"))
+C = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(C)
+
+
+@pytest.fixture(autouse=True)
+def _native_on(monkeypatch):
+    monkeypatch.setenv("PYFUSER_NATIVE", "1")
+    assert native.runner_module() is not None, "the native runner did not build (see the log)"
+
+
+def mul_add():
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+                   for _ in range(3))
+        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    return fs
+
+
+CASES = {
+    "mul_add": (mul_add, lambda: [torch.randn(5000, device="cuda") for _ in range(3)],
+                lambda a, b, c: [a + b * c]),
+    "gelu_views": (lambda: C.gelu(two_outputs=True),
+                   lambda: [torch.randn(C.SMALL_GELU[0], C.SMALL_GELU[1], device="cuda")],
+                   lambda x: [x.view(*C.SMALL_GELU[2]), C.gelu_eager(x)]),
+    "transpose": (C.transpose, lambda: [torch.randn(*C.SMALL_TR[0], device="cuda")],
+                  lambda x: [C.transpose_eager(x)]),
+}
+
+
+def _runs_native(fs) -> bool:
+    progs = dispatch.programs(fs.ir_fusion)
+    return bool(progs.native) and progs.run == progs.native.run and len(progs.native) >= 1
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_matches_python_path(case, monkeypatch):
+    define, make, eager = CASES[case]
+    fs_native = define()
+    monkeypatch.setenv("PYFUSER_NATIVE", "0")
+    fs_python = define()
+    fs_python.execute(make())
+    monkeypatch.setenv("PYFUSER_NATIVE", "1")
+    fs_native.execute(make())
+    assert _runs_native(fs_native) and not dispatch.programs(fs_python.ir_fusion).native
+    for _ in range(3):
+        xs = make()
+        got, want = fs_native.execute(xs), fs_python.execute(xs)
+        ref = eager(*xs)
+        assert len(got) == len(want) == len(ref)
+        for g, w, r in zip(got, want, ref):
+            assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype)
+            assert torch.equal(g, w)
+            torch.testing.assert_close(g, r)
+    assert fs_native.last_run.launched == 1
+
+
+def test_native_on_a_side_stream():
+    fs = mul_add()
+    xs = [torch.randn(1 << 20, device="cuda") for _ in range(3)]
+    fs.execute(xs)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        ys = [x * 2 for x in xs]                      # made on s: the kernel must follow them
+        (out,) = fs.execute(ys)
+        res = out.clone()
+    s.synchronize()
+    assert _runs_native(fs)
+    torch.testing.assert_close(res, ys[0] + ys[1] * ys[2])
+
+
+def test_native_from_a_thread_without_a_current_context():
+    from pyfuser.runtime.driver import driver
+    drv = driver()
+    fs = mul_add()
+    xs = [torch.randn(4096, device="cuda") for _ in range(3)]
+    fs.execute(xs)
+    assert _runs_native(fs)
+    res = {}
+
+    def work():
+        try:
+            drv.cuCtxSetCurrent(drv.CUcontext(0))
+            res["out"] = fs.execute(xs)[0]
+        except Exception as e:  # noqa: BLE001
+            res["error"] = e
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in res, res
+    torch.cuda.synchronize()
+    torch.testing.assert_close(res["out"], xs[0] + xs[1] * xs[2])
+
+
+def test_native_from_concurrent_threads():
+    fs = mul_add()
+    fs.execute([torch.randn(777, device="cuda") for _ in range(3)])
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(40):
+                xs = [torch.randn(777, device="cuda") for _ in range(3)]
+                (out,) = fs.execute(xs)
+                torch.testing.assert_close(out, xs[0] + xs[1] * xs[2])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert _runs_native(fs)
