@@ -9,8 +9,8 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
 - `$PYFUSER_NATIVE`: "0" / "off" / "false" turn the native runner off (the Python path is the
   same calls, slower); anything else, or unset, uses it.
 - `runner_module()` builds the extension on first use (torch.utils.cpp_extension, about 15-60 s
-  once per machine, torch version and source) under `$PYFUSER_CACHE_DIR/native/`, and loads it
-  from there afterwards. It is only asked for when a program is recorded for CUDA tensors, so
+  once per machine, torch version and source; a warning says so) under
+  `$PYFUSER_CACHE_DIR/native/`, and loads it from there afterwards. It is only asked for when a program is recorded for CUDA tensors, so
   CPU-only use never builds it. Where it cannot be built (no compiler, no headers) the reason is
   logged once and the Python path runs.
 - `launch_step(fast, slots)` / `program_steps(...)` turn an executor's prepared launch
@@ -59,9 +59,15 @@ def build_dir() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _load():
-    """The extension module (one per process: the first build_dir() asked for is the one used),
-    built there if it is not yet; None (logged) when it cannot be built or loaded."""
-    directory = build_dir()
+    """The extension module (one per process: the first build_dir() asked for is the one used);
+    None (logged) when it cannot be built or loaded."""
+    return build_or_import(build_dir(), _SOURCE)
+
+
+def build_or_import(directory: str, source: str):
+    """Import the extension built from `source` in `directory` (named after the directory),
+    building it there first if it is not (or is damaged); None, with a warning naming the first
+    compiler error (else the exception's last line), when that fails."""
     name = os.path.basename(directory)
     path = os.path.join(directory, name + ".so")
     try:
@@ -71,17 +77,20 @@ def _load():
             except ImportError as e:                 # a damaged or foreign build: build again
                 log.info("pyfuser: rebuilding the native runner (%s)", e)
                 os.remove(path)
-        log.info("pyfuser: building the native runner in %s (once; about 15-60 s)", directory)
+        log.warning("pyfuser: building the native cached-call runner in %s (once per machine, "
+                    "about 15-60 s; PYFUSER_NATIVE=0 skips it)", directory)
         os.makedirs(directory, exist_ok=True)
         if shutil.which("ninja") is None:      # the venv's ninja package, when not activated
             os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
                 os.environ.get("PATH", "")
         from torch.utils.cpp_extension import load
-        return load(name, [_SOURCE], build_directory=directory, extra_cflags=["-O2"],
+        return load(name, [source], build_directory=directory, extra_cflags=["-O2"],
                     verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure means "use the Python path"
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        detail = next((x for x in lines if "error:" in x), lines[-1] if lines else "")
         log.warning("pyfuser: the native runner is unavailable, cached calls run in Python: "
-                    "%s: %s", type(e).__name__, str(e).strip().splitlines()[-1:] or "")
+                    "%s: %s", type(e).__name__, detail)
         return None
 
 

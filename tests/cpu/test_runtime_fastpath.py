@@ -368,3 +368,16 @@ def test_layout_checked_against_the_kernel(fake):
     fs = mul_add()
     fs.execute([torch.randn(8) for _ in range(3)])                    # matches: launches
     assert fake.launches[-1][3]["n0"] == 8
+
+
+def test_python_path_when_the_runner_is_unavailable(fake, monkeypatch):
+    """No extension (no compiler, say): cached calls take the Python replay, same results."""
+    from pyfuser.runtime import native
+    monkeypatch.setattr(native, "runner_module", lambda: None)
+    fs = mul_add()
+    xs = [torch.randn(300) for _ in range(3)]
+    fs.execute(xs)
+    (out,) = fs.execute(xs)
+    p = fs.ir_fusion.__dict__[dispatch._PROGS]
+    assert p.run is p.py_run and not p.native and len(p.runs) == 1
+    assert fake.launches[-1][3]["T4"] == out.data_ptr()

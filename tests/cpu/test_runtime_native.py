@@ -215,3 +215,28 @@ def test_clear_and_garbage_collection(mod):
     del h, r
     gc.collect()
     assert ref() is None
+
+
+def test_a_failed_build_warns_and_gives_none(tmp_path, caplog):
+    src = tmp_path / "broken.cpp"
+    src.write_text("int ok() { return 0; }\nint broken( {\n")
+    with caplog.at_level("WARNING", logger="pyfuser"):
+        assert native.build_or_import(str(tmp_path / "pyfuser_native_broken"), str(src)) is None
+    text = caplog.text
+    assert "building the native cached-call runner" in text
+    assert "native runner is unavailable" in text and "broken.cpp:2" in text.split("unavailable")[1]
+
+
+def test_a_damaged_build_is_rebuilt(tmp_path):
+    d = tmp_path / "pyfuser_native_damaged"
+    d.mkdir()
+    (d / "pyfuser_native_damaged.so").write_bytes(b"not an ELF file")
+    src = tmp_path / "tiny.cpp"
+    src.write_text(                              # plain CPython: builds in about a second
+        "#include <Python.h>\n"
+        "static PyObject* answer(PyObject*, PyObject*) { return PyLong_FromLong(42); }\n"
+        "static PyMethodDef M[] = {{\"answer\", answer, METH_NOARGS, nullptr}, {}};\n"
+        "static PyModuleDef D = {PyModuleDef_HEAD_INIT, \"pyfuser_native_damaged\", nullptr, -1, M};\n"
+        "PyMODINIT_FUNC PyInit_pyfuser_native_damaged() { return PyModule_Create(&D); }\n")
+    m = native.build_or_import(str(d), str(src))
+    assert m is not None and m.answer() == 42
