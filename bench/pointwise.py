@@ -257,9 +257,8 @@ def _mul_add_fusion(native: bool, xs):
 
 def host_overhead():
     """Rows (path, µs per call). The main paths and the parts are timed interleaved (one round
-    of each in turn, rounds rotating), so that drift of the host over the run (seen: 1.5x between
-    processes on one machine) does not favour one path; the other launch modes after them."""
-    from pyfuser.runtime import dispatch
+    of each in turn, rounds rotating), so that drift of the host over the run (seen: up to 1.9x
+    between processes on one machine) does not favour one path; the other launch modes after."""
     xs = [torch.randn(1024, device="cuda") for _ in range(3)]
     f = lambda a, b, c: a + b * c  # noqa: E731
     fused = {}

@@ -256,12 +256,14 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
             outs.append(slot)
             slot += 1
         if fast.prep is not None:
-            step = native.launch_step(ex_launcher(fast), fast.prep, list(slots) + outs)
+            step = native.launch_step(fast.entry.launcher, fast.prep, list(slots) + outs)
             if step is None:
                 return None
             steps.append(step)
             device = fast.prep.device_index
-            fast.prep.listeners.append(fusion.__dict__[_PROGS].drop_native)
+            drop = fusion.__dict__[_PROGS].drop_native
+            if drop not in fast.prep.listeners:
+                fast.prep.listeners.append(drop)
         effects += [("incr", fast, "runs"), ("setattr", ex, "last_run", fast.hit)]
     results = []
     for k, spec in outputs:
@@ -274,9 +276,6 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
     effects.append(("setitem", fusion.__dict__, _REPORT, report))
     return steps, results, effects, device
 
-
-def ex_launcher(fast):
-    return fast.entry.launcher
 
 
 def last_report(fusion) -> RunReport | None:

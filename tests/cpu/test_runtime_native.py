@@ -240,3 +240,13 @@ def test_a_damaged_build_is_rebuilt(tmp_path):
         "PyMODINIT_FUNC PyInit_pyfuser_native_damaged() { return PyModule_Create(&D); }\n")
     m = native.build_or_import(str(d), str(src))
     assert m is not None and m.answer() == 42
+
+
+def test_torch_errors_keep_their_type_and_skip_effects(mod):
+    r = _runner(mod, n=1)
+    sink = Sink()
+    x = torch.randn(3)
+    r.add([x], [("alloc", (-2,), (1,), torch.empty(0))], [1], [("incr", sink, "runs")], -1)
+    with pytest.raises(RuntimeError, match="negative dimension"):
+        r.run([x])
+    assert sink.runs == 0

@@ -30,6 +30,7 @@
 // Python reference a program holds is visited by the garbage collector (a Runner is part of its
 // Fusion's reference cycle).
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/as_strided.h>
@@ -252,6 +253,32 @@ bool apply_effects(Program& p) {
   return true;
 }
 
+// The program's steps on `slots` (inputs already there). False with a Python error set: torch's
+// own exception types for its errors (torch.OutOfMemoryError, ...), as the Python path raises.
+bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream) {
+  HANDLE_TH_ERRORS
+  for (const Step& step : p.steps) {
+    if (step.kind == StepKind::kAlloc) {
+      const Alloc& a = p.allocs[step.index];
+      slots.push_back(at::empty_strided(a.sizes, a.strides, a.options));
+    } else if (step.kind == StepKind::kView) {
+      const View& v = p.views[step.index];
+      slots.push_back(at::as_strided(slots[v.base], v.sizes, v.strides));
+    } else {
+      Launch& l = p.launches[step.index];
+      char* buf = reinterpret_cast<char*>(l.buffer.data());
+      std::memcpy(buf + kStreamOffset, &stream, sizeof(void*));
+      for (const auto& w : l.writes) {
+        void* ptr = slots[w.second].data_ptr();
+        std::memcpy(buf + w.first, &ptr, sizeof(void*));
+      }
+      if (launch(l) != 0) return false;
+    }
+  }
+  return true;
+  END_HANDLE_TH_ERRORS_RET(false)
+}
+
 PyObject* replay(Program& p, PyObject* inputs) {
   PyObject** items;
   Py_ssize_t n;
@@ -266,29 +293,7 @@ PyObject* replay(Program& p, PyObject* inputs) {
     stream = PyLong_AsVoidPtr(s.p);
     if (PyErr_Occurred()) return nullptr;
   }
-  try {
-    for (const Step& step : p.steps) {
-      if (step.kind == StepKind::kAlloc) {
-        const Alloc& a = p.allocs[step.index];
-        slots.push_back(at::empty_strided(a.sizes, a.strides, a.options));
-      } else if (step.kind == StepKind::kView) {
-        const View& v = p.views[step.index];
-        slots.push_back(at::as_strided(slots[v.base], v.sizes, v.strides));
-      } else {
-        Launch& l = p.launches[step.index];
-        char* buf = reinterpret_cast<char*>(l.buffer.data());
-        std::memcpy(buf + kStreamOffset, &stream, sizeof(void*));
-        for (const auto& w : l.writes) {
-          void* ptr = slots[w.second].data_ptr();
-          std::memcpy(buf + w.first, &ptr, sizeof(void*));
-        }
-        if (launch(l) != 0) return nullptr;
-      }
-    }
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-    return nullptr;
-  }
+  if (!run_steps(p, slots, stream)) return nullptr;
   Ref out = Ref::steal(PyList_New(static_cast<Py_ssize_t>(p.results.size())));
   if (out.p == nullptr) return nullptr;
   for (size_t k = 0; k < p.results.size(); ++k) {
