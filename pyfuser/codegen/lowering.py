@@ -64,7 +64,7 @@ class Lowering:
         self._scalars: dict = {}
         self._param_names: set = set()
         self.ref_seg = len(sched.fusion.tensor_inputs())
-        self.need_r = any(not a.node.affine for a in sched.accesses)
+        self.need_r = any(not a.affine for a in sched.accesses)
         self.store_only = self._store_only_nodes()
 
     def _store_only_nodes(self) -> set:
@@ -104,7 +104,15 @@ class Lowering:
     def extent(self, k: int):
         return self._param(self.size_params, f"n{k}", self.it, ("size", self.ref_seg, k))
 
-    def stride(self, a, j: int):
+    def stride(self, a, j):
+        """Stride of access `a` along its axis j: a kernel parameter; for a load through a view
+        (j = ("rm", view, i)) the product of the view output's extents after axis i."""
+        if isinstance(j, tuple):
+            _, view, i = j
+            st = self.const(1)
+            for d in view.outputs[0].logical[i + 1:]:
+                st = K.mul(st, self.extent_expr(d))
+            return st
         return self._param(self.stride_params, f"T{a.tv.number}_s{j}", self.it, ("stride", a.seg, j))
 
     def const(self, v: int):
@@ -188,7 +196,7 @@ class Lowering:
     def offset(self, a, group_vars):
         """Offset (elements) of access `a` for lane 0 at the current group indices."""
         off = self.const(0)
-        if a.node.affine:
+        if a.affine:
             for g, gv in zip(self.p.groups, group_vars):
                 st = a.eff.get(g[-1])
                 if st is None or st[0] == 0:

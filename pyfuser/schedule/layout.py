@@ -34,6 +34,19 @@ def stride_order(sizes, strides) -> tuple:
     return tuple(sorted(axes, key=lambda i: (-strides[i], i)))
 
 
+def row_major(sizes, strides) -> bool:
+    """Dense row-major over the axes of size > 1 (what the stride order, contiguity flags and
+    unit inner stride of tensor_facts say together)."""
+    expect = 1
+    for n, st in zip(reversed(sizes), reversed(strides)):
+        if n == 1:
+            continue
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def tensor_facts(x: torch.Tensor) -> tuple:
     sizes, strides = tuple(x.shape), tuple(x.stride())
     order = stride_order(sizes, strides)

@@ -33,7 +33,7 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from .pointwise_graph import ALLOWED_EXPRS, Graph, is_alias_of_input
+from .pointwise_graph import ALLOWED_EXPRS, Graph, is_affine, is_alias_of_input
 from .pointwise_heuristics import PointwiseParams, choose
 
 
@@ -106,10 +106,16 @@ class Access:
     itemsize: int
     sizes: tuple
     strides: tuple
-    eff: dict = field(default_factory=dict)      # R axis -> (stride, tensor axis)
+    eff: dict = field(default_factory=dict)      # R axis -> (stride, tensor axis or ("rm", view, i))
+    linear: bool = False        # a load through a view whose offset is affine after all (_linear_view)
     mode: str = "general"       # "vector" / "bcast" / "strided" / "general"
     row_invariant: bool = False  # 2-D: offset does not depend on the row
     ptr_align: int = 16         # byte alignment of the data pointer (capped at 16)
+
+    @property
+    def affine(self) -> bool:
+        """The offset is a sum over R axes of index * eff stride (collapsible, vectorizable)."""
+        return self.linear or self.node.affine
 
 
 @dataclass
@@ -165,7 +171,14 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     order = [k for k in orders[0] if k not in dropped]
     ref_key = tuple(0 if k in dropped else ("r", k) for k in range(len(shape)))
     graph = Graph(clone, ref_key)
-    accesses = _accesses(clone, fusion, graph, inputs, bindings, orders)
+    def view_extent(s):  # (value, is it a signature fact) of an extent Scalar of the clone
+        if s.is_const:
+            return int(s.value), True
+        orig = orig_of.get(id(s))
+        return (int(bindings.value(orig)) if orig is not None else None), \
+            orig is not None and id(orig) in known
+
+    accesses = _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent)
     params = PointwiseParams(dropped=dropped)
     params.groups = _collapse(order, shape, accesses)
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
@@ -203,11 +216,12 @@ def _describe(s: PointwiseSchedule) -> str:
              f"groups={p.groups} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
         lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode}"
-                     f"{' row-invariant' if a.row_invariant else ''}")
+                     f"{' row-invariant' if a.row_invariant else ''}"
+                     f"{' (through a view, linear)' if a.linear else ''}")
     return "\n".join(lines)
 
 
-def _accesses(clone, fusion, graph, inputs, bindings, orders) -> list[Access]:
+def _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent) -> list[Access]:
     tensor_inputs = clone.tensor_inputs()
     actual = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
     out = []
@@ -216,6 +230,10 @@ def _accesses(clone, fusion, graph, inputs, bindings, orders) -> list[Access]:
         x = actual[i]
         a = _access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
         a.ptr_align = L.p2(x.data_ptr()) if x.numel() else 16
+        if not node.affine:
+            eff = _linear_view(node.key, a.sizes, a.strides, view_extent)
+            if eff is not None:
+                a.eff, a.linear = eff, True
         out.append(a)
     nin = len(tensor_inputs)
     for oi, (o, node) in enumerate(zip(clone.outputs, graph.outputs)):
@@ -234,9 +252,51 @@ def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:
     return a
 
 
+def _linear_view(key, sizes, strides, view_extent):
+    """R axis -> (coefficient, ("rm", view, i)) for a load read through one view between compute
+    ops whose offset is affine in R after all, else None.
+
+    That is the case when the key is ("vd", view, key_out, j) for every axis j of the tensor (its
+    axes are the view input's, through elementwise ops; 0 where the view's input is a size-1
+    broadcast axis, never where the tensor alone is broadcast), key_out (where the view's output is
+    read) is affine, the tensor is dense row-major (stride order, contiguity and unit inner
+    stride: signature facts) and every extent of the view's output is a signature fact (a
+    constant or an input's extent). A view keeps the row-major linear index, so the offset is
+    the view output's linear index at key_out: sum of r_k * (product of the view output's
+    extents after axis i) over the axes i read at r_k. Its relations to other accesses' strides
+    (collapsing, vector width) then follow from signature facts, as for any input."""
+    vds = [c for c in key if c != 0]
+    if not vds or not all(isinstance(c, tuple) and c[0] == "vd" for c in vds):
+        return None
+    _, view, key_out, _ = vds[0]
+    src = view.inputs[0].logical
+    if len(key) != len(src):
+        return None
+    for j, c in enumerate(key):
+        if c == 0:                        # only where the view's input has extent 1 too
+            if not (src[j].is_broadcast and src[j].expanded_extent is None):
+                return None
+        elif c[1] is not view or c[2] != key_out or c[3] != j:
+            return None
+    if not is_affine(key_out) or not L.row_major(sizes, strides):
+        return None
+    exts = [view_extent(d.extent) for d in view.outputs[0].logical]
+    if not all(proven for _, proven in exts):
+        return None
+    eff, coef = {}, 1
+    for i in range(len(key_out) - 1, -1, -1):
+        c, n = key_out[i], exts[i][0]
+        if c != 0 and n != 1:
+            if c[1] in eff:
+                return None               # one R axis at two axes of the view: not a stride
+            eff[c[1]] = (coef, ("rm", view, i))
+        coef *= n
+    return eff
+
+
 def _collapse(order, shape, accesses) -> list[list[int]]:
     groups: list[list[int]] = []
-    affine = [a for a in accesses if a.node.affine]
+    affine = [a for a in accesses if a.affine]
     for k in order:
         if groups:
             prev = groups[-1][-1]
@@ -248,7 +308,7 @@ def _collapse(order, shape, accesses) -> list[list[int]]:
 
 
 def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
-    if not groups or not inner_proven or any(not a.node.affine for a in accesses):
+    if not groups or not inner_proven or any(not a.affine for a in accesses):
         return 1
     inner_k = groups[-1][-1]
     outer_ks = [g[-1] for g in groups[:-1]]
@@ -271,7 +331,7 @@ def _classify(params: PointwiseParams, accesses) -> None:
     inner_k = groups[-1][-1] if groups else None
     outer_ks = [g[-1] for g in groups[:-1]]
     for a in accesses:
-        if not a.node.affine:
+        if not a.affine:
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0

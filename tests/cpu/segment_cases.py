@@ -39,6 +39,24 @@ def gelu_eager(x, sizes=SMALL_GELU, views=True):
     return t9.view(sizes[0], sizes[1]) if views else t9
 
 
+def gelu_mid_view(sizes=SMALL_GELU):
+    """GELU of x * 0.5 with the view between the ops: no bookend, the view stays in the kernel."""
+    n, h, mid = sizes
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        T0 = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        T1 = fd.ops.view(fd.ops.mul(T0, fd.define_constant(0.5)), original_shape=[n, h],
+                         new_shape=list(mid))
+        T2 = fd.ops.erf(fd.ops.mul(T1, fd.define_constant(1.414214)))
+        fd.add_output(fd.ops.mul(T1, fd.ops.add(T2, fd.define_constant(1.0))))
+    return fs
+
+
+def gelu_mid_view_eager(x, sizes=SMALL_GELU):
+    t1 = (x * 0.5).view(*sizes[2])
+    return t1 * (torch.erf(t1 * 1.414214) + 1.0)
+
+
 def sequential(keep, sizes=SMALL_GELU):
     """Seed 002's views A, B, C around an add and a mul; keep = (A, B, C) booleans."""
     n, h, mid = sizes

@@ -167,3 +167,90 @@ def test_vectorization_is_defeated_by_odd_sizes_and_misalignment():
     assert sig_a != sig_b
     assert api.plan_kernel(f, [mis, x]).schedule.params.vec == 1
     run_plan(f, [mis, x])
+
+
+# ---- views between compute ops ------------------------------------------------------------------
+def _relu_view_mul(shape, perm=None):
+    def build():
+        x = B.define_tensor([-1, -1], F)
+        w = B.define_tensor([-1], F)
+        v = B.reshape(B.elementwise("relu", x), shape)
+        if perm is not None:
+            v = B.permute(v, perm)
+        return B.elementwise("mul", v, w)
+    return build
+
+
+def _accesses(plan):
+    return {a.tv.name: a for a in plan.schedule.accesses}
+
+
+def test_view_between_compute_ops_keeps_vectors():
+    """relu(x).view(4, 16, 48) * w: x is read at the view output's row-major index, an affine
+    offset, so the kernel is one collapsed axis of 16-byte vectors with no div/mod per element."""
+    x, w = t(64, 48), t(48, seed=1)
+    plan = check(_relu_view_mul([4, 16, 48]), [x, w], lambda x, w: x.relu().view(4, 16, 48) * w)
+    p = plan.schedule.params
+    loads = [a for a in plan.schedule.accesses if not a.is_store]
+    xa = next(a for a in loads if a.sizes == (64, 48))
+    assert xa.linear and xa.mode == "vector" and p.vec == 4
+    assert p.groups[-1][-1] == 2 and [k for g in p.groups for k in g] == [0, 1, 2]
+    body = [ln for ln in plan.body.splitlines() if "nbx =" not in ln and "r" in ln]
+    assert not [ln for ln in body if "%" in ln], "a view decomposed per element"
+
+
+@pytest.mark.parametrize("case", ["transposed input", "permute after the view", "inferred size",
+                                  "misaligned", "size-1 axes", "broadcast operand"])
+def test_view_between_compute_ops_other_layouts(case):
+    """Where the offset is not the row-major index (or a view extent is not a signature fact)
+    the access stays general; either way the results equal eager's."""
+    x, w = t(64, 48), t(48, seed=1)
+    if case == "transposed input":
+        x = t(48, 64).t()
+        plan = check(_relu_view_mul([4, 16, 48]), [x, w],
+                     lambda x, w: x.relu().reshape(4, 16, 48) * w)
+        assert not _linear(plan, x)
+    elif case == "permute after the view":
+        w = t(16, seed=1)
+        plan = check(_relu_view_mul([4, 48, 16], perm=[1, 0, 2]), [x, w],
+                     lambda x, w: x.relu().view(4, 48, 16).permute(1, 0, 2) * w)
+        assert _linear(plan, x) and _access_of(plan, x).mode == "vector"   # eager keeps x's order
+    elif case == "inferred size":
+        plan = check(_relu_view_mul([4, -1, 48]), [x, w],
+                     lambda x, w: x.relu().view(4, -1, 48) * w)
+        assert not _linear(plan, x)                # the -1 extent is bound at run time
+    elif case == "misaligned":
+        base = t(64 * 48 + 1)
+        x = base[1:].view(64, 48)
+        plan = check(_relu_view_mul([4, 16, 48]), [x, w],
+                     lambda x, w: x.relu().view(4, 16, 48) * w)
+        assert _linear(plan, x) and plan.schedule.params.vec == 1
+    elif case == "broadcast operand":
+        y = t(64, 1, seed=2)                       # broadcast along the view input's axis 1
+
+        def build():
+            xx = B.define_tensor([-1, -1], F)
+            yy = B.define_tensor([-1, 1], F)
+            ww = B.define_tensor([-1], F)
+            v = B.reshape(B.elementwise("add", xx, yy), [4, 16, 48])
+            return B.elementwise("mul", v, ww)
+        plan = check(build, [x, y, w], lambda x, y, w: (x + y).view(4, 16, 48) * w)
+        assert _linear(plan, x) and not _linear(plan, y)
+    else:
+        x = t(64, 1, 48)
+
+        def build():
+            xx = B.define_tensor([-1, 1, -1], F)
+            ww = B.define_tensor([-1], F)
+            v = B.reshape(B.elementwise("neg", xx), [8, 1, 8, 48])
+            return B.elementwise("add", v, ww)
+        plan = check(build, [x, w], lambda x, w: (-x).view(8, 1, 8, 48) + w)
+        assert _linear(plan, x)
+
+
+def _access_of(plan, x):
+    return next(a for a in plan.schedule.accesses if not a.is_store and a.sizes == tuple(x.shape))
+
+
+def _linear(plan, x) -> bool:
+    return _access_of(plan, x).linear

@@ -157,3 +157,17 @@ def test_bad_input_is_execute_error():
     fs = C.gelu()
     with pytest.raises(ExecuteError):
         fs.execute([torch.randn(64, 48, dtype=torch.float64)])
+
+
+def test_view_between_ops_is_one_vectorized_kernel():
+    """gelu_mid_view (bench/views.py's row): one kernel segment, no host segment, and the view's
+    load is affine (vectorized) in the interpreter's plan."""
+    from pyfuser.codegen import api
+    fs = C.gelu_mid_view()
+    sf = segment(fs.ir_fusion)
+    assert [s.kind for s in sf.segments] == ["kernel"]
+    x = torch.randn(C.SMALL_GELU[0], C.SMALL_GELU[1])
+    plan = api.plan_kernel(sf.segments[0].fusion, [x])
+    assert plan.schedule.params.vec == 4 and any(a.linear for a in plan.schedule.accesses)
+    (out,) = fs.execute([x])
+    torch.testing.assert_close(out, C.gelu_mid_view_eager(x))

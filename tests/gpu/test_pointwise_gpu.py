@@ -210,3 +210,31 @@ def test_dispatch_falls_back_for_refused_fusions(monkeypatch):
                if s.kind == "kernel")
     C.assert_same([out], [torch.relu(x[0]) + x[1]])
     dispatch.clear_caches()
+
+
+# ---- a view between compute ops ---------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "misaligned"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_view_between_compute_ops(layout, dtype):
+    """relu(x).view(64, 128, 3072) * w at full size: x read at the view output's row-major index
+    (16-byte vectors when x is dense row-major and aligned), else the general path; equal to
+    eager either way."""
+    dt = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}[dtype]
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], dt)
+        w = B.define_tensor([-1], dt)
+        f.add_output(B.elementwise("mul", B.reshape(B.elementwise("relu", x), [64, 128, 3072]), w))
+    if layout == "contiguous":
+        xs = torch.randn(8192, 3072, device="cuda", dtype=dtype)
+    elif layout == "transposed":
+        xs = torch.randn(3072, 8192, device="cuda", dtype=dtype).t()
+    else:
+        xs = torch.randn(8192 * 3072 + 1, device="cuda", dtype=dtype)[1:].view(8192, 3072)
+    ws = torch.randn(3072, device="cuda", dtype=dtype)
+    (out,), ex = run_kernel(f, [xs, ws])
+    C.assert_same([out], [xs.relu().reshape(64, 128, 3072) * ws], layout)
+    (plan,) = [e.plan for e in ex._plans.values()]
+    xa = next(a for a in plan.schedule.accesses if not a.is_store and a.sizes == (8192, 3072))
+    assert xa.linear == (layout != "transposed")
+    assert (plan.schedule.params.vec > 1) == (layout == "contiguous")
