@@ -39,7 +39,8 @@ def signature(fusion, inputs) -> tuple:
         else:
             facts.append(L.scalar_fact(x))
     out_numel = _ref_numel(fusion, inputs)
-    return (tuple(facts), L.needs_int64(inputs, out_numel))
+    views = L.view_extent_facts(fusion, inputs)
+    return (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ())
 
 
 def _ref_numel(fusion, inputs) -> int:

@@ -5,8 +5,10 @@ pointwise scheduler's *correctness* decisions read (collapsing axes, vector widt
 per tensor input its dtype, rank, which axes have size 1, which have stride 0, its stride order
 (axes by decreasing stride), which neighbours in that order are contiguous, whether the innermost
 stride is 1, the power of two (capped at 16) dividing each size and stride and the data pointer's
-byte alignment (capped at 16); per scalar input its Python type; and whether 64-bit indexing is
-needed. Sizes themselves are not in it.
+byte alignment (capped at 16); per scalar input its Python type; whether 64-bit indexing is
+needed; and, when views have extents bound at run time (a `-1` size), per such extent whether it
+is 1 and the power of two (capped at 16) dividing it (`view_extent_facts`). Sizes themselves are
+not in it.
 
 Invariant: every decision `plan_kernel` takes that affects correctness is a function of these
 facts; heuristic choices (1-D vs 2-D, unroll) may also look at sizes, and are valid for any size.
@@ -70,6 +72,24 @@ def span(x: torch.Tensor) -> int:
 def needs_int64(inputs, out_numel: int) -> bool:
     spans = [span(x) for x in inputs if isinstance(x, torch.Tensor)]
     return max(spans + [int(out_numel)]) >= INDEX32_LIMIT
+
+
+def symbolic_view_extents(fusion) -> list:
+    """Extent Scalars of view outputs that are bound at run time (not constants), in expr order:
+    their facts are in the signature, so schedulers may decide on them."""
+    from ..ir import exprs as E
+    return [d.extent for e in fusion.exprs if isinstance(e, E.ViewOp)
+            for d in e.outputs[0].logical if not d.extent.is_const]
+
+
+def view_extent_facts(fusion, inputs) -> tuple:
+    """(is 1, power of two dividing it) of each symbolic view extent; () when there are none."""
+    extents = symbolic_view_extents(fusion)
+    if not extents:
+        return ()
+    from ..ir.shapes import bind
+    b = bind(fusion, inputs)
+    return tuple((int(b.value(s)) == 1, p2(int(b.value(s)))) for s in extents)
 
 
 def scalar_fact(x) -> str:

@@ -142,8 +142,10 @@ def _clone(fusion):
     return clone, orig_of
 
 
-def _input_extent_ids(fusion) -> set:
-    out = set()
+def _known_extent_ids(fusion) -> set:
+    """Extents whose facts (size 1, powers of two) the signature holds: the inputs' and the
+    views' bound at run time (layout.symbolic_view_extents)."""
+    out = {id(s) for s in L.symbolic_view_extents(fusion)}
     for t in fusion.tensor_inputs():
         for d in t.logical:
             out.add(id(d.extent))
@@ -160,9 +162,9 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     clone, orig_of = _clone(fusion)
     ref = clone.outputs[0]
     shape = bindings.shape(fusion.outputs[0])
-    known = _input_extent_ids(fusion)
+    known = _known_extent_ids(fusion)
 
-    def proven(k):  # the extent of R axis k is a fact of the signature (input size or constant)
+    def proven(k):  # the extent of R axis k is a fact of the signature (constant, input, view)
         d = fusion.outputs[0].logical[k]
         s = d.expanded_extent if d.expanded_extent is not None else d.extent
         return s.is_const or id(s) in known
@@ -261,7 +263,8 @@ def _linear_view(key, sizes, strides, view_extent):
     broadcast axis, never where the tensor alone is broadcast), key_out (where the view's output is
     read) is affine, the tensor is dense row-major (stride order, contiguity and unit inner
     stride: signature facts) and every extent of the view's output is a signature fact (a
-    constant or an input's extent). A view keeps the row-major linear index, so the offset is
+    constant, an input's extent or a view extent bound at run time, whose facts the signature
+    also holds). A view keeps the row-major linear index, so the offset is
     the view output's linear index at key_out: sum of r_k * (product of the view output's
     extents after axis i) over the axes i read at r_k. Its relations to other accesses' strides
     (collapsing, vector width) then follow from signature facts, as for any input."""

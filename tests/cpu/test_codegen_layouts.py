@@ -202,8 +202,8 @@ def test_view_between_compute_ops_keeps_vectors():
 @pytest.mark.parametrize("case", ["transposed input", "permute after the view", "inferred size",
                                   "misaligned", "size-1 axes", "broadcast operand"])
 def test_view_between_compute_ops_other_layouts(case):
-    """Where the offset is not the row-major index (or a view extent is not a signature fact)
-    the access stays general; either way the results equal eager's."""
+    """Where the offset is not the row-major index the access stays general; either way the
+    results equal eager's."""
     x, w = t(64, 48), t(48, seed=1)
     if case == "transposed input":
         x = t(48, 64).t()
@@ -215,10 +215,10 @@ def test_view_between_compute_ops_other_layouts(case):
         plan = check(_relu_view_mul([4, 48, 16], perm=[1, 0, 2]), [x, w],
                      lambda x, w: x.relu().view(4, 48, 16).permute(1, 0, 2) * w)
         assert _linear(plan, x) and _access_of(plan, x).mode == "vector"   # eager keeps x's order
-    elif case == "inferred size":
+    elif case == "inferred size":                  # the -1 extent's facts are in the signature
         plan = check(_relu_view_mul([4, -1, 48]), [x, w],
                      lambda x, w: x.relu().view(4, -1, 48) * w)
-        assert not _linear(plan, x)                # the -1 extent is bound at run time
+        assert _linear(plan, x) and plan.schedule.params.vec == 4
     elif case == "misaligned":
         base = t(64 * 48 + 1)
         x = base[1:].view(64, 48)
@@ -254,3 +254,23 @@ def _access_of(plan, x):
 
 def _linear(plan, x) -> bool:
     return _access_of(plan, x).linear
+
+
+def test_inferred_view_extents_are_in_the_signature():
+    """A `-1` view extent bound at run time: whether it is 1 and its power of two are signature
+    facts, so a plan made for one size is reused only where its decisions hold, and is right."""
+    from pyfuser.codegen import api
+    f = make_fusion(_relu_view_mul([4, -1, 48]))
+    w = t(48, seed=1)
+    sig = [api.signature(f, [t(4 * n, 48), w]) for n in (16, 32, 3, 1)]
+    assert sig[0] == sig[1] and sig[0] != sig[2] and sig[2] != sig[3]
+    plan = api.plan_kernel(f, [t(64, 48), w])
+    x = t(128, 48, seed=3)                          # same signature, other size
+    _, outs = run_plan(f, [x, w], plan)
+    assert torch.equal(outs[0], x.relu().view(4, -1, 48) * w)
+    plan3 = check(_relu_view_mul([4, -1, 48]), [t(12, 48), w],
+                  lambda x, w: x.relu().view(4, -1, 48) * w)
+    assert plan3.schedule.params.vec == 4          # 3 rows of 48: still whole vectors
+    plan1 = check(_relu_view_mul([4, -1, 48]), [t(4, 48), w],
+                  lambda x, w: x.relu().view(4, -1, 48) * w)
+    assert 1 in plan1.schedule.params.dropped      # the size-1 view axis, a signature fact

@@ -213,18 +213,19 @@ def test_dispatch_falls_back_for_refused_fusions(monkeypatch):
 
 
 # ---- a view between compute ops ---------------------------------------------------------------
+@pytest.mark.parametrize("shape", [[64, 128, 3072], [64, -1, 3072]], ids=["const", "inferred"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "misaligned"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_view_between_compute_ops(layout, dtype):
-    """relu(x).view(64, 128, 3072) * w at full size: x read at the view output's row-major index
-    (16-byte vectors when x is dense row-major and aligned), else the general path; equal to
-    eager either way."""
+def test_view_between_compute_ops(layout, dtype, shape):
+    """relu(x).view(64, 128, 3072) * w at full size (the 128 given, or inferred from -1): x read
+    at the view output's row-major index (16-byte vectors when x is dense row-major and aligned),
+    else the general path; equal to eager either way."""
     dt = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}[dtype]
     f = Fusion()
     with f:
         x = B.define_tensor([-1, -1], dt)
         w = B.define_tensor([-1], dt)
-        f.add_output(B.elementwise("mul", B.reshape(B.elementwise("relu", x), [64, 128, 3072]), w))
+        f.add_output(B.elementwise("mul", B.reshape(B.elementwise("relu", x), shape), w))
     if layout == "contiguous":
         xs = torch.randn(8192, 3072, device="cuda", dtype=dtype)
     elif layout == "transposed":
