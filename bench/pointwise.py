@@ -235,6 +235,10 @@ def compile_times(name, define, make_inputs, tmp):
     return cold, nvrtc_ms, warm
 
 
+def _mul_add_ts(a, b, c):
+    return a + b * c
+
+
 def _mul_add_fusion(native: bool, xs):
     """a + b * c on three 1-D float32 inputs, run once on xs with the native runner on or off
     (the choice is made when a fusion's first program is recorded)."""
@@ -277,6 +281,11 @@ def host_overhead():
              "pyfuser Fusion.execute (Python path, PYFUSER_NATIVE=0)":
                  lambda: fused[False].execute(xs),
              "pyfuser FusionExecutor.run (ctypes)": lambda: ex.run(xs)}
+    import pyfuser
+    jitted = pyfuser.jit(torch.jit.script(_mul_add_ts))
+    torch.testing.assert_close(jitted(*xs), f(*xs))
+    assert jitted.last_run.kernels == 1, jitted.last_run
+    paths["pyfuser.jit of the scripted function (one group)"] = lambda: jitted(*xs)
     try:
         compiled = torch.compile(f)
         torch.testing.assert_close(compiled(*xs), f(*xs))

@@ -108,3 +108,25 @@ def test_scalar_input_type_guard():
     torch.testing.assert_close(f(x, 0.5), fn(x, 0.5))
     torch.testing.assert_close(f(x, 1.5), fn(x, 1.5))
     assert f.last_run.eager_groups == 0
+
+
+def test_inputs_that_passed_skip_the_signature_but_others_do_not(monkeypatch):
+    """The guard's signature is computed once per (dtype, sizes, strides, device) seen; a seen
+    key passes without it, a new layout is still checked (and falls back)."""
+    from pyfuser.frontend.torchscript import jit as J
+    calls = []
+    real = J.signature
+    monkeypatch.setattr(J, "signature", lambda args: calls.append(1) or real(args))
+    f = _compiled()
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    for _ in range(3):
+        _check(f, x, y)
+    assert len(calls) == 1 and f.last_run.kernels == 1
+    _check(f, torch.randn(3, 4), torch.randn(3, 4))        # same key, other tensors
+    assert len(calls) == 1
+    _check(f, torch.randn(5, 4), torch.randn(5, 4))        # new sizes: checked, passes
+    assert len(calls) == 2 and f.last_run.eager_groups == 0
+    xt = torch.randn(4, 3).t()                             # new layout: checked, fails
+    _check(f, xt, y)
+    _check(f, xt, y)
+    assert len(calls) == 4 and f.last_run.eager_groups == 1 and f.last_run.kernels == 0

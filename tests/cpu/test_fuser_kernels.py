@@ -1,4 +1,4 @@
-"""Kernel counts of `pyfuser.jit` come from the segmenter's split of each group (dispatch.run_summary):
+"""Kernel counts of `pyfuser.jit` come from the segmenter's split of each group (its RunReport):
 views peeled off a group cost no kernel, a view-only group is 0 kernels, counts are per call."""
 import json
 
@@ -78,10 +78,11 @@ def test_guard_failure_counts_no_kernel():
 
 
 def test_cuda_counts_launched_cpu_counts_kernel_segments():
-    summary = {"kernels": 2, "launched": 1, "host_segments": 1, "eager_segments": 0}
+    from pyfuser.segment.segmented_fusion import RunReport
+    report = RunReport(kernels=2, launched=1, host_segments=1, eager_segments=0)
     cpu, gpu = RunStats(), RunStats()
-    cpu.add_run(summary, on_cuda=False)
-    gpu.add_run(summary, on_cuda=True)
+    cpu.add_run(report, on_cuda=False)
+    gpu.add_run(report, on_cuda=True)
     assert (cpu.kernels, gpu.kernels) == (2, 1)
     assert cpu.host_segments == gpu.host_segments == 1
 

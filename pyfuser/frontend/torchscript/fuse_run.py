@@ -2,7 +2,7 @@
 
 `fuse_report(graph, device, seed, shrink=None, bench=False) -> dict` adds to the CLI's report:
 `groups`, `kernels` (kernel launches in one call), `host_segments` (group segments run as
-views on the host, no kernel; both from the dispatcher's run_summary of each group call),
+views on the host, no kernel; both from the dispatcher's RunReport of each group call),
 `fallbacks` ([{node, kind, reason}] for
 each unfused candidate op and each failed guard), `matches_eager`, `max_abs_err`,
 `executor` (cuda / interpret / evaluator), `fused_graph` (text), `shrunk_to` (when sizes

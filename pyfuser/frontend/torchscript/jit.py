@@ -7,12 +7,14 @@
     remembers their guard signature (passes/guards.py);
   * on later calls runs the Fusion through `runtime.dispatch.execute_fusion` when the
     signature matches (new sizes, same rank/layout: no re-lowering, no recompilation), and
-    else runs the unfused subgraph eagerly, logging the reason once;
+    else runs the unfused subgraph eagerly, logging the reason once. Inputs whose dtypes,
+    sizes, strides and devices (per other value: type) passed the guard before pass it again
+    without recomputing the signature, which is a function of exactly those (`_guard_key`);
   * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
     logged once). Never a silent wrong result: every fallback is the eager subgraph.
 `prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
 `last_run` (RunStats) describes the last call: groups, kernels launched, host segments,
-fallbacks. Counts come from the dispatcher's `run_summary(fusion)` of each group call, i.e. from
+fallbacks. Counts come from the dispatcher's RunReport (`last_report(fusion)`) of each group call, i.e. from
 the segments the segmenter split the group into (a group of views only is host segments and 0
 kernels; views peeled off a group's edges cost no kernel):
   * `kernels`: on CUDA, the kernels actually launched (`launched`); on the CPU, the kernel
@@ -78,11 +80,23 @@ class RunStats:
                 "eager_groups": self.eager_groups, "executor": self.executor,
                 "host_segments": self.host_segments, "eager_segments": self.eager_segments}
 
-    def add_run(self, summary: dict, on_cuda: bool) -> None:
-        """Count one group call from its `dispatch.run_summary`."""
-        self.kernels += int(summary.get("launched" if on_cuda else "kernels", 0))
-        self.host_segments += int(summary.get("host_segments", 0))
-        self.eager_segments += int(summary.get("eager_segments", 0))
+    def add_run(self, report, on_cuda: bool) -> None:
+        """Count one group call from its fusion's RunReport (`dispatch.last_report`)."""
+        if report is None:
+            return
+        self.kernels += report.launched if on_cuda else report.kernels
+        self.host_segments += report.host_segments
+        self.eager_segments += report.eager_segments
+
+
+_MAX_PASSED = 256
+
+
+def _guard_key(args) -> tuple:
+    """What the guard signature is a function of, cheap to build and hash: per tensor its dtype,
+    sizes, strides and device; per other value its type."""
+    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor)
+                 else type(a) for a in args)
 
 
 class GroupRunner:
@@ -93,6 +107,7 @@ class GroupRunner:
         self.spec = None
         self.dead = None              # reason this group runs eagerly for good
         self._logged: set = set()
+        self._passed: dict = {}       # _guard_key of inputs that passed the guard -> on CUDA
 
     @property
     def name(self) -> str:
@@ -110,25 +125,32 @@ class GroupRunner:
     def run(self, args, ctx, stats, cpu_mode):
         if self.dead is not None:
             return self._fallback(self.dead, args, ctx, stats)
-        sig = signature(args)
-        if self.lowered is None:
-            try:
-                self.lowered = lower_graph(self.subgraph, args)
-            except PyfuserError as e:
-                self.dead = f"lowering failed: {e}"
-                return self._fallback(self.dead, args, ctx, stats)
-            self.spec = sig
-            dump("fusion_ir", self.name, lambda: str(self.lowered.fusion))
-        elif sig != self.spec:
-            return self._fallback(f"guard failed: {mismatch(self.spec, sig)}", args, ctx, stats)
+        key = _guard_key(args)
+        on_cuda = self._passed.get(key)
+        if on_cuda is None:              # not seen yet: the full guard signature
+            sig = signature(args)
+            if self.lowered is None:
+                try:
+                    self.lowered = lower_graph(self.subgraph, args)
+                except PyfuserError as e:
+                    self.dead = f"lowering failed: {e}"
+                    return self._fallback(self.dead, args, ctx, stats)
+                self.spec = sig
+                dump("fusion_ir", self.name, lambda: str(self.lowered.fusion))
+            elif sig != self.spec:
+                return self._fallback(f"guard failed: {mismatch(self.spec, sig)}", args, ctx,
+                                      stats)
+            on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+            if len(self._passed) >= _MAX_PASSED:
+                self._passed.clear()
+            self._passed[key] = on_cuda
         fusion = self.lowered.fusion
-        on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         try:
             outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode)
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
-        stats.add_run(dispatch.run_summary(fusion), on_cuda)
+        stats.add_run(dispatch.last_report(fusion), on_cuda)
         return [outs[i] for i in self.lowered.output_map]
 
 
