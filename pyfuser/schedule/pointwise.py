@@ -255,19 +255,48 @@ def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:
 
 
 def _linear_view(key, sizes, strides, view_extent):
-    """R axis -> (coefficient, ("rm", view, i)) for a load read through one view between compute
+    """R axis -> (coefficient, ("rm", view, i)) for a load read through views between compute
     ops whose offset is affine in R after all, else None.
 
     That is the case when the key is ("vd", view, key_out, j) for every axis j of the tensor (its
     axes are the view input's, through elementwise ops; 0 where the view's input is a size-1
-    broadcast axis, never where the tensor alone is broadcast), key_out (where the view's output is
-    read) is affine, the tensor is dense row-major (stride order, contiguity and unit inner
-    stride: signature facts) and every extent of the view's output is a signature fact (a
+    broadcast axis, never where the tensor alone is broadcast), the tensor is dense row-major
+    (stride order, contiguity and unit inner stride: signature facts), and key_out (where the
+    view's output is read) is affine, or is itself such a key of a later view, and so on until
+    an affine one. A view keeps the row-major linear index, so the offset is the last view's
+    output's linear index at its affine key: sum of r_k * (product of that output's extents after
+    axis i) over the axes i read at r_k. Every extent of that output must be a signature fact (a
     constant, an input's extent or a view extent bound at run time, whose facts the signature
-    also holds). A view keeps the row-major linear index, so the offset is
-    the view output's linear index at key_out: sum of r_k * (product of the view output's
-    extents after axis i) over the axes i read at r_k. Its relations to other accesses' strides
-    (collapsing, vector width) then follow from signature facts, as for any input."""
+    also holds); the access's relations to other accesses' strides (collapsing, vector width)
+    then follow from signature facts, as for any input."""
+    if not L.row_major(sizes, strides):
+        return None
+    hop = _view_hop(key)
+    if hop is None:
+        return None
+    view, key_out = hop
+    while not is_affine(key_out):          # the view's output reaches a later view's input
+        hop = _view_hop(key_out)
+        if hop is None:
+            return None
+        view, key_out = hop
+    exts = [view_extent(d.extent) for d in view.outputs[0].logical]
+    if not all(proven for _, proven in exts):
+        return None
+    eff, coef = {}, 1
+    for i in range(len(key_out) - 1, -1, -1):
+        c, n = key_out[i], exts[i][0]
+        if c != 0 and n != 1:
+            if c[1] in eff:
+                return None               # one R axis at two axes of the view: not a stride
+            eff[c[1]] = (coef, ("rm", view, i))
+        coef *= n
+    return eff
+
+
+def _view_hop(key):
+    """(view, key_out) when `key` reads every axis j of a view's input as ("vd", view, key_out,
+    j) (0 only where that input axis is a size-1 broadcast); else None."""
     vds = [c for c in key if c != 0]
     if not vds or not all(isinstance(c, tuple) and c[0] == "vd" for c in vds):
         return None
@@ -281,20 +310,7 @@ def _linear_view(key, sizes, strides, view_extent):
                 return None
         elif c[1] is not view or c[2] != key_out or c[3] != j:
             return None
-    if not is_affine(key_out) or not L.row_major(sizes, strides):
-        return None
-    exts = [view_extent(d.extent) for d in view.outputs[0].logical]
-    if not all(proven for _, proven in exts):
-        return None
-    eff, coef = {}, 1
-    for i in range(len(key_out) - 1, -1, -1):
-        c, n = key_out[i], exts[i][0]
-        if c != 0 and n != 1:
-            if c[1] in eff:
-                return None               # one R axis at two axes of the view: not a stride
-            eff[c[1]] = (coef, ("rm", view, i))
-        coef *= n
-    return eff
+    return view, key_out
 
 
 def _collapse(order, shape, accesses) -> list[list[int]]:

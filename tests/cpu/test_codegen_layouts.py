@@ -274,3 +274,25 @@ def test_inferred_view_extents_are_in_the_signature():
     plan1 = check(_relu_view_mul([4, -1, 48]), [t(4, 48), w],
                   lambda x, w: x.relu().view(4, -1, 48) * w)
     assert 1 in plan1.schedule.params.dropped      # the size-1 view axis, a signature fact
+
+
+def test_views_in_a_chain_stay_linear():
+    """x -> neg -> view [4, 16, 48] -> exp -> view [8, 384] -> * w: each view keeps the row-major
+    index, so x's offset is the last view's linear index: one vectorized axis. A permute between
+    the views breaks that: div/mod indexing, same results."""
+    def build(permute):
+        def b():
+            x = B.define_tensor([-1, -1], F)
+            w = B.define_tensor([-1], F)
+            v = B.reshape(B.elementwise("neg", x), [4, 16, 48])
+            v = B.elementwise("exp", v)
+            if permute:
+                v = B.permute(v, [1, 0, 2])
+            return B.elementwise("mul", B.reshape(v, [8, 384]), w)
+        return b
+    x, w = t(64, 48), t(384, seed=1)
+    plan = check(build(False), [x, w], lambda x, w: (-x).view(4, 16, 48).exp().view(8, 384) * w)
+    assert _linear(plan, x) and plan.schedule.params.vec == 4
+    plan = check(build(True), [x, w],
+                 lambda x, w: (-x).view(4, 16, 48).exp().permute(1, 0, 2).reshape(8, 384) * w)
+    assert not _linear(plan, x)

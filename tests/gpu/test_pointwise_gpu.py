@@ -239,3 +239,20 @@ def test_view_between_compute_ops(layout, dtype, shape):
     xa = next(a for a in plan.schedule.accesses if not a.is_store and a.sizes == (8192, 3072))
     assert xa.linear == (layout != "transposed")
     assert (plan.schedule.params.vec > 1) == (layout == "contiguous")
+
+
+def test_views_in_a_chain():
+    """exp(neg(x).view(64, 128, 3072)).view(8192, 3072) * w: both views keep the row-major index;
+    one vectorized kernel, equal to eager."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        w = B.define_tensor([-1], DataType.Float)
+        v = B.elementwise("exp", B.reshape(B.elementwise("neg", x), [64, 128, 3072]))
+        f.add_output(B.elementwise("mul", B.reshape(v, [8192, 3072]), w))
+    xs = torch.randn(8192, 3072, device="cuda")
+    ws = torch.randn(3072, device="cuda")
+    (out,), ex = run_kernel(f, [xs, ws])
+    C.assert_same([out], [(-xs).view(64, 128, 3072).exp().view(8192, 3072) * ws], "chain")
+    (plan,) = [e.plan for e in ex._plans.values()]
+    assert plan.schedule.params.vec == 4 and any(a.linear for a in plan.schedule.accesses)
