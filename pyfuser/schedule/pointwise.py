@@ -173,6 +173,7 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     order = [k for k in orders[0] if k not in dropped]
     ref_key = tuple(0 if k in dropped else ("r", k) for k in range(len(shape)))
     graph = Graph(clone, ref_key)
+
     def view_extent(s):  # (value, is it a signature fact) of an extent Scalar of the clone
         if s.is_const:
             return int(s.value), True

@@ -1,4 +1,5 @@
-"""Fusions of seed 002 (bookend views), shared by the CPU and GPU segmenter tests.
+"""Fusions of seed 002 (bookend views), shared by the CPU and GPU segmenter tests, and the small
+`mul_add` of the fast-path tests.
 
 Each builder takes the sizes so the CPU tests use small ones and the GPU tests the seed's."""
 import itertools
@@ -14,6 +15,16 @@ SMALL_GELU = (64, 48, (4, 16, 48))           # [N, H] -> view [a, b, H]
 FULL_GELU = (8192, 3072, (64, 128, 3072))
 SMALL_TR = ((24, 8, 4), (2, 12, 8, 4), (2, 8, 48), (16, 48))
 FULL_TR = ((768, 128, 64), (64, 12, 128, 64), (64, 128, 768), (8192, 768))
+
+
+def mul_add():
+    """a + b * c on three 1-D float32 inputs (the fast-path and native-runner tests)."""
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
+                   for _ in range(3))
+        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
+    return fs
 
 
 def gelu(sizes=SMALL_GELU, views=True, two_outputs=False):

@@ -16,7 +16,6 @@ import torch
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
 
-from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.codegen.kernel import Param  # noqa: E402
 from pyfuser.runtime import dispatch, driver as D, executor as X, launch as L  # noqa: E402
 from pyfuser.runtime.params import ParamPacker  # noqa: E402
@@ -161,13 +160,7 @@ def fake(request, monkeypatch, tmp_path):
     assert not getattr(drv, "callback_errors", [])
 
 
-def mul_add():
-    fs = Fusion()
-    with FusionDefinition(fs) as fd:
-        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
-                   for _ in range(3))
-        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
-    return fs
+mul_add = C.mul_add
 
 
 def _programs(fs):

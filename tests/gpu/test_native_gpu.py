@@ -8,7 +8,6 @@ import threading
 import pytest
 import torch
 
-from pyfuser import DataType, Fusion, FusionDefinition
 from pyfuser.runtime import dispatch, native
 
 pytestmark = pytest.mark.gpu
@@ -25,13 +24,7 @@ def _native_on(monkeypatch):
     assert native.runner_module() is not None, "the native runner did not build (see the log)"
 
 
-def mul_add():
-    fs = Fusion()
-    with FusionDefinition(fs) as fd:
-        a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
-                   for _ in range(3))
-        fd.add_output(fd.ops.add(a, fd.ops.mul(b, c)))
-    return fs
+mul_add = C.mul_add
 
 
 CASES = {
