@@ -236,3 +236,58 @@ def test_inplace_that_eager_rejects_still_raises():
         compiled(a, x)
     ok = compiled(a, x.to(torch.int64))
     assert torch.equal(ok, fn(a, x.to(torch.int64)))
+
+
+def _size_and_dtype_reads(x, y):
+    z = x * y + 1.0
+    return torch.relu(z), z.size(0), z.dtype, z.size()
+
+
+def _size_read_of_dynamic_dim(x, k: int):
+    z = x * 2.0
+    return torch.relu(z), z.size(k)
+
+
+def _only_a_size(x):
+    z = x * 2.0
+    return z.size()
+
+
+def test_size_and_dtype_reads_move_into_the_group():
+    """z is read only by size/dtype outside: those reads move into the group, z is no longer
+    a group output (never written), and every result equals the scripted function's."""
+    s = torch.jit.script(_size_and_dtype_reads)
+    g = fuse_graph(s)
+    (group,) = _groups(g)
+    assert _sub_kinds(group)[-3:] == ["aten::size", "prim::dtype", "aten::size"]
+    assert [str(o.type) for o in group.outputs] == ["Tensor", "int", "int", "int[]"]
+    assert _kinds(g) == ["prim::PyfuserGroup", "prim::TupleConstruct"]
+    f = jit(s)
+    for shape in [(5, 7), (3, 7), (5, 7)]:
+        x, y = torch.randn(shape), torch.randn(shape)
+        got, want = f(x, y), s(x, y)
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+    (runner,) = f.runners.values()
+    assert len(runner.lowered.fusion.outputs) == 1 and f.last_run.kernels == 1
+    x64 = torch.randn(4, 7, dtype=torch.float64)                     # guard fails: eager
+    got, want = f(x64, x64), s(x64, x64)
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:] and f.last_run.eager_groups == 1
+
+
+def test_size_read_with_a_dynamic_dim_keeps_the_output():
+    s = torch.jit.script(_size_read_of_dynamic_dim)
+    g = fuse_graph(s)
+    (group,) = _groups(g)
+    assert "aten::size" not in _sub_kinds(group) and len(group.outputs) == 2
+    f = jit(s)
+    x = torch.randn(4, 6)
+    assert f(x, 1)[1] == 6 and torch.equal(f(x, 1)[0], s(x, 1)[0])
+
+
+def test_a_group_of_only_size_reads_launches_nothing():
+    s = torch.jit.script(_only_a_size)
+    f = jit(s)
+    for shape in [(2, 3), (4, 5)]:
+        assert f(torch.randn(shape)) == list(shape)
+    (runner,) = f.runners.values()
+    assert not runner.lowered.fusion.outputs and f.last_run.kernels == 0

@@ -160,3 +160,22 @@ def test_run_json_on_cuda(capsys, path):
     assert rep["groups"] == 1 and rep["kernels"] == 1 and rep["matches_eager"] is True
     assert rep["executor"] == "cuda"
     assert rep["host_segments"] == (1 if path == SEED003 else 0)   # seed 003: [256] params broadcast as views
+
+
+def _size_and_dtype_reads(x, y):
+    z = x * y + 1.0
+    return torch.relu(z), z.size(0), z.dtype, z.size()
+
+
+def test_size_and_dtype_reads_are_answered_on_the_host():
+    """z, read only by size/dtype, is not a kernel output: one kernel writes relu(z) alone, and
+    the sizes and dtype equal the scripted function's, for two sizes."""
+    s = torch.jit.script(_size_and_dtype_reads)
+    f = jit(s)
+    for shape in [(4096, 1024), (1000, 1024)]:
+        x, y = torch.randn(shape, device="cuda"), torch.randn(shape, device="cuda")
+        got, want = f(x, y), s(x, y)
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+        assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
+    (runner,) = f.runners.values()
+    assert len(runner.lowered.fusion.outputs) == 1

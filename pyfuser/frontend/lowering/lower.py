@@ -28,11 +28,33 @@ _LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
 _SCALAR_TYPES = {IntType: DataType.Int, FloatType: DataType.Double, BoolType: DataType.Bool}
 
 
+@dataclass(frozen=True)
+class HostValue:
+    """A graph output the host answers without the kernel: the dtype (TorchScript's int code)
+    or the sizes (all, or one dim) of a TensorView of the Fusion, which need not be an output
+    (passes/shape_reads.py moves such reads into groups)."""
+    kind: str                 # "dtype" or "size"
+    tv: TensorView
+    dim: int | None = None
+
+    def value(self, bindings):
+        """The value for inputs bound as `bindings` (ir.shapes.bind)."""
+        if self.kind == "dtype":
+            from ..torchscript.types import DTYPE_TO_CODE
+            return DTYPE_TO_CODE[self.tv.dtype.torch]
+        shape = bindings.shape(self.tv)
+        return list(shape) if self.dim is None else shape[self.dim]
+
+
 @dataclass
 class LoweredGraph:
     fusion: Fusion
-    # For each graph output: the index of the fusion output that gives it.
-    output_map: list[int]
+    # For each graph output: the index of the fusion output that gives it, or a HostValue.
+    output_map: list
+
+    @property
+    def host_values(self) -> bool:
+        return any(isinstance(m, HostValue) for m in self.output_map)
 
 
 def where(node) -> str:
@@ -89,12 +111,33 @@ def lower_graph(graph, example_inputs=None) -> LoweredGraph:
         output_map = []
         for v in graph.outputs:
             val = env.get(v)
+            if isinstance(val, HostValue):
+                output_map.append(val)
+                continue
             if not isinstance(val, TensorView):
                 raise UnsupportedOpError(f"graph output %{v.debug_name} is not a tensor computed by the fusion")
             if val not in fusion.outputs:
                 fusion.add_output(val)
             output_map.append(fusion.outputs.index(val))
     return LoweredGraph(fusion, output_map)
+
+
+_SHAPE_READS = ("aten::size", "prim::dtype")
+
+
+def _shape_read(node, tv) -> HostValue:
+    """prim::dtype(t), aten::size(t) or aten::size(t, <constant dim>) as a HostValue; only as
+    graph outputs (the kernel cannot use them)."""
+    if any(u.user.kind != "prim::Return" for u in node.output().uses):
+        raise UnsupportedOpError(f"{where(node)}: its result is used inside the group")
+    if node.kind == "prim::dtype":
+        return HostValue("dtype", tv)
+    if len(node.inputs) == 1:
+        return HostValue("size", tv)
+    dim = constant_value(node.inputs[1]) if is_constant(node.inputs[1]) else None
+    if not isinstance(dim, int) or not -tv.ndim <= dim < tv.ndim:
+        raise UnsupportedOpError(f"{where(node)}: dim must be a constant in [-{tv.ndim}, {tv.ndim})")
+    return HostValue("size", tv, dim % tv.ndim)
 
 
 def _lower_input(v, example):
@@ -155,6 +198,9 @@ def _lower_node(node, env) -> None:
         return
     if kind in _LIST_KINDS:
         env[node.output()] = [env[i] for i in node.inputs]
+        return
+    if kind in _SHAPE_READS and node.inputs and isinstance(env.get(node.inputs[0]), TensorView):
+        env[node.output()] = _shape_read(node, env[node.inputs[0]])
         return
     ok, reason = node_support(node)
     if not ok:

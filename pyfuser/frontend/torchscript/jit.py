@@ -32,8 +32,10 @@ import torch
 
 from ...dump import dump
 from ...errors import PyfuserError
+from ...ir.shapes import bind
 from ...runtime import dispatch
 from ..lowering import lower_graph
+from ..lowering.lower import HostValue
 from ..lowering.aten_pointwise import check_inplace_cast
 from .ops import call_op
 from .passes import run_pipeline
@@ -108,6 +110,7 @@ class GroupRunner:
         self.dead = None              # reason this group runs eagerly for good
         self._logged: set = set()
         self._passed: dict = {}       # _guard_key of inputs that passed the guard -> on CUDA
+        self._host: dict = {}         # _guard_key -> host-answered outputs (sizes, dtypes)
 
     @property
     def name(self) -> str:
@@ -144,14 +147,27 @@ class GroupRunner:
             if len(self._passed) >= _MAX_PASSED:
                 self._passed.clear()
             self._passed[key] = on_cuda
-        fusion = self.lowered.fusion
+        lowered = self.lowered
+        fusion = lowered.fusion
         try:
-            outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode)
+            outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode) \
+                if fusion.outputs else []
+            if not lowered.host_values:
+                stats.add_run(dispatch.last_report(fusion) if outs else None, on_cuda)
+                return [outs[i] for i in lowered.output_map]
+            host = self._host.get(key)
+            if host is None:                 # sizes are fixed by the key: computed once per key
+                b = bind(fusion, args)
+                host = self._host[key] = [m.value(b) if isinstance(m, HostValue) else None
+                                          for m in lowered.output_map]
+                if len(self._host) > _MAX_PASSED:
+                    self._host.clear()
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
-        stats.add_run(dispatch.last_report(fusion), on_cuda)
-        return [outs[i] for i in self.lowered.output_map]
+        stats.add_run(dispatch.last_report(fusion) if fusion.outputs else None, on_cuda)
+        return [outs[m] if h is None else (list(h) if isinstance(h, list) else h)
+                for m, h in zip(lowered.output_map, host)]
 
 
 class CompiledGraph:

@@ -1,9 +1,8 @@
 """Pass 5: clean up after fusion: unused group outputs/inputs, dead code, common subexpressions.
 
 * Group outputs nothing uses are dropped (from the group node and its subgraph), then dead
-  nodes inside subgraphs, then unused group inputs. (An output used only by `aten::size` or
-  `prim::dtype` is kept: its size and dtype are only known once the group is specialised at
-  run time, and a kept output is always correct.)
+  nodes inside subgraphs, then unused group inputs. (An output read only by `aten::size` or
+  `prim::dtype` has no use left here: shape_reads.py moved those reads into the group.)
 * Dead code elimination: a node goes when no output is used and it has no effect (writes,
   side effects, opaque calls, blocks are kept) — see aliasing.is_writer.
 * Common subexpression elimination, per block (a nested block also sees the outer block's

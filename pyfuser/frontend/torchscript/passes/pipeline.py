@@ -2,7 +2,8 @@
 
 Order (each pass in its own module): inplace (functionalize) -> decompose (bias split) ->
 alias_copy (views to copies) -> fusion_scan (groups) -> alias_copy.revert (copies left
-outside groups back to views) -> cleanup (DCE/CSE, group outputs) -> candidates (every
+outside groups back to views) -> shape_reads (size/dtype reads of group outputs move into the
+group) -> cleanup (DCE/CSE, group outputs) -> candidates (every
 unfused op the lowering table knows gets a reason in the report). With
 `PYFUSER_DUMP=graph_passes` the graph is printed after each pass; with `fusion_groups`, each
 group's subgraph and the unfused candidates with their reasons. The graph is changed in place
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from ....dump import dump
 from ...lowering import LOWERINGS
-from . import alias_copy, cleanup, decompose, fusion_scan, inplace
+from . import alias_copy, cleanup, decompose, fusion_scan, inplace, shape_reads
 from .aliasing import AliasInfo
 from .groups import fusible_reason, is_group
 from .report import FuseReport
@@ -50,6 +51,7 @@ def run_pipeline(graph, arg_limit: int = fusion_scan.DEFAULT_ARG_LIMIT,
         ("alias_copy", lambda: alias_copy.to_copies(graph, report)),
         ("fusion_scan", lambda: fusion_scan.fuse_groups(graph, report, arg_limit)),
         ("alias_copy.revert", lambda: alias_copy.revert(graph)),
+        ("shape_reads", lambda: shape_reads.sink_shape_reads(graph)),
         ("cleanup", lambda: cleanup.cleanup(graph)),
     ]
     for name, fn in passes:
