@@ -167,6 +167,7 @@ def _size_and_dtype_reads(x, y):
     return torch.relu(z), z.size(0), z.dtype, z.size()
 
 
+@pytest.mark.gpu
 def test_size_and_dtype_reads_are_answered_on_the_host():
     """z, read only by size/dtype, is not a kernel output: one kernel writes relu(z) alone, and
     the sizes and dtype equal the scripted function's, for two sizes."""
