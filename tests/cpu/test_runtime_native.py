@@ -250,3 +250,20 @@ def test_torch_errors_keep_their_type_and_skip_effects(mod):
     with pytest.raises(RuntimeError, match="negative dimension"):
         r.run([x])
     assert sink.runs == 0
+
+
+def test_a_program_dropped_during_its_replay_finishes(mod):
+    """Python code run by a replay (here an effect) may clear the runner: the replay still ends
+    on the program it started (the runner holds programs by shared reference)."""
+    r = _runner(mod, n=1)
+    x = torch.randn(3)
+
+    class Clearing:
+        def __setattr__(self, name, value):
+            r.clear()
+            object.__setattr__(self, name, value)
+    c = Clearing()
+    r.add([x], [("alloc", (3,), (1,), torch.empty(0))], [1, 0],
+          [("setattr", c, "a", 1), ("setattr", c, "b", 2)], -1)
+    out, same = r.run([x])
+    assert same is x and out.shape == (3,) and (c.a, c.b) == (1, 2) and len(r) == 0

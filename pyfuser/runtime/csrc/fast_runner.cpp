@@ -38,6 +38,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -134,7 +135,9 @@ struct KeyHash {
     return static_cast<size_t>(h);
   }
 };
-using ProgramMap = std::unordered_map<std::vector<int64_t>, Program, KeyHash>;
+// Programs are shared: a replay holds its own reference, so a program dropped (clear, add) by
+// Python code that runs during the replay stays alive until the replay ends.
+using ProgramMap = std::unordered_map<std::vector<int64_t>, std::shared_ptr<Program>, KeyHash>;
 
 struct Runner {
   PyObject_HEAD
@@ -494,13 +497,13 @@ int runner_traverse(Runner* self, visitproc visit, void* arg) {
   Py_VISIT(self->env_keys);
   if (self->programs != nullptr) {
     for (auto& kv : *self->programs) {
-      for (auto& e : kv.second.effects) {
+      for (auto& e : kv.second->effects) {
         Py_VISIT(e.obj.p);
         Py_VISIT(e.name.p);
         Py_VISIT(e.value.p);
       }
-      for (auto& l : kv.second.launches) Py_VISIT(l.fail.p);
-      Py_VISIT(kv.second.device.p);
+      for (auto& l : kv.second->launches) Py_VISIT(l.fail.p);
+      Py_VISIT(kv.second->device.p);
     }
   }
   return 0;
@@ -540,7 +543,8 @@ PyObject* runner_run(Runner* self, PyObject* inputs) {
   if (!ok) return call_slow(self, inputs);
   auto it = self->programs->find(*self->scratch);
   if (it == self->programs->end()) return call_slow(self, inputs);
-  return replay(it->second, inputs);
+  std::shared_ptr<Program> program = it->second;
+  return replay(*program, inputs);
 }
 
 PyObject* runner_add(Runner* self, PyObject* args) {
@@ -559,7 +563,8 @@ PyObject* runner_add(Runner* self, PyObject* args) {
                  "tensors", self->n_inputs);
     return nullptr;
   }
-  Program p;
+  auto shared = std::make_shared<Program>();
+  Program& p = *shared;
   p.slots = static_cast<size_t>(self->n_inputs);
   if (!parse_steps(steps, p) || !parse_effects(effects, p)) return nullptr;
   std::vector<int64_t> rs;
@@ -577,8 +582,8 @@ PyObject* runner_add(Runner* self, PyObject* args) {
     return nullptr;
   }
   p.device = Ref::borrow(device);
-  auto placed = self->programs->insert_or_assign(std::move(key), std::move(p));
-  placed.first->second.place();
+  p.place();
+  self->programs->insert_or_assign(std::move(key), std::move(shared));
   Py_RETURN_NONE;
 }
 
