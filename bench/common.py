@@ -159,18 +159,7 @@ def host_us_per_call(fn, n: int = 128, rounds: int = 15) -> float:
     under the launch queue's depth, so the figure is host time alone whatever the GPU is doing.
     (Rounds of 2000 calls on an idle GPU, the method before, gave the same figures on an H200
     host, 2026-11-22.)"""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        torch.cuda._sleep(40_000_000)         # ~20 ms at 2 GHz: longer than the n calls take
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        times.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
-    return statistics.median(times) / n * 1e6
+    return host_us_interleaved({"fn": fn}, n, rounds)["fn"]
 
 
 def host_us_interleaved(paths: dict, n: int = 128, rounds: int = 21) -> dict:
@@ -187,7 +176,7 @@ def host_us_interleaved(paths: dict, n: int = 128, rounds: int = 21) -> dict:
     for r in range(rounds):
         for k in names[r % len(names):] + names[:r % len(names)]:
             fn = paths[k]
-            torch.cuda._sleep(40_000_000)
+            torch.cuda._sleep(40_000_000)     # ~20 ms at 2 GHz: longer than the n calls take
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()

@@ -91,8 +91,7 @@ class _Programs:
 
     def clear(self) -> None:
         self.runs.clear()
-        if self.native:
-            self.native.clear()
+        self.drop_native()
 
     def drop_native(self) -> None:
         """Forget the native programs (a launcher's mode changed): the Python ones answer."""

@@ -10,16 +10,17 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   same calls, slower); anything else, or unset, uses it.
 - `runner_module()` builds the extension on first use (torch.utils.cpp_extension, about 15-60 s
   once per machine, torch version and source; a warning says so) under
-  `$PYFUSER_CACHE_DIR/native/`, and loads it from there afterwards. It is only asked for when a program is recorded for CUDA tensors, so
-  CPU-only use never builds it. Where it cannot be built (no compiler, no headers) the reason is
-  logged once and the Python path runs.
-- `launch_step(fast, slots)` / `program_steps(...)` turn an executor's prepared launch
-  (launch.Prepared) into the runner's plain data: the prepared buffer (CUlaunchConfig then the
-  packed parameters), the parameter offsets and, per tensor pointer, its byte offset and slot.
+  `$PYFUSER_CACHE_DIR/native/`, and loads it from there afterwards. It is only asked for when a
+  program is recorded for CUDA tensors, so CPU-only use never builds it. Where it cannot be
+  built (no compiler, no headers) the reason is logged once and the Python path runs.
+- `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
+  into the runner's plain data: the prepared buffer (CUlaunchConfig then the packed
+  parameters), the parameter offsets and, per tensor pointer, its byte offset and slot
+  (dispatch._native_program assembles the whole program).
 
 Invariants: a program is handed to the runner only when every launch in it is a "ctypes"-mode
 Prepared whose driver has cuLaunchKernelEx (the runner calls that entry point); switching a
-launcher's mode clears the runners that replay it (launch.Prepared.on_rebind). The runner's key
+launcher's mode clears the runners that replay it (launch.Prepared.listeners). The runner's key
 fixes the same things as executor.key_function's key, so a native hit is a Python hit.
 """
 from __future__ import annotations

@@ -152,22 +152,27 @@ class GroupRunner:
         try:
             outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode) \
                 if fusion.outputs else []
-            if not lowered.host_values:
-                stats.add_run(dispatch.last_report(fusion) if outs else None, on_cuda)
-                return [outs[i] for i in lowered.output_map]
-            host = self._host.get(key)
-            if host is None:                 # sizes are fixed by the key: computed once per key
-                b = bind(fusion, args)
-                host = self._host[key] = [m.value(b) if isinstance(m, HostValue) else None
-                                          for m in lowered.output_map]
-                if len(self._host) > _MAX_PASSED:
-                    self._host.clear()
+            host = self._host_values(key, fusion, args) if lowered.host_values else None
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
         stats.add_run(dispatch.last_report(fusion) if fusion.outputs else None, on_cuda)
+        if host is None:
+            return [outs[i] for i in lowered.output_map]
         return [outs[m] if h is None else (list(h) if isinstance(h, list) else h)
                 for m, h in zip(lowered.output_map, host)]
+
+    def _host_values(self, key, fusion, args) -> list:
+        """Per graph output, its HostValue's value (None for kernel outputs); the sizes are fixed
+        by the guard key, so they are computed once per key."""
+        host = self._host.get(key)
+        if host is None:
+            b = bind(fusion, args)
+            if len(self._host) >= _MAX_PASSED:
+                self._host.clear()
+            host = self._host[key] = [m.value(b) if isinstance(m, HostValue) else None
+                                      for m in self.lowered.output_map]
+        return host
 
 
 class CompiledGraph:
