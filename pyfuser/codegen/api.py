@@ -1,16 +1,20 @@
-"""The codegen API the runtime calls: signature, can_schedule, plan_kernel, KernelPlan, interpret.
+"""The codegen API the runtime calls: signature, can_schedule, plan_kernel, interpret.
 
     sig = signature(fusion, inputs)          # cache key; sizes are not part of it
-    plan = plan_kernel(fusion, inputs)       # SchedulerError when the pointwise scheduler refuses
-                                             # (fusion.kernel_scheduler == "transpose": TransposePlan)
+    plan = plan_kernel(fusion, inputs)       # a kernel.KernelPlan; SchedulerError when refused
     outs = plan.allocate_outputs(bindings, inputs, device)
     cfg = plan.kernel.launch_config(bindings, tensors)   # grid (0, 1, 1): nothing to launch
-    interpret(plan, inputs, outs, bindings)  # CPU run of the kernel's logic
+    interpret(plan, inputs, outs, bindings)  # CPU run of the kernel IR
+
+`plan_kernel` asks the scheduler registry (schedule/registry.py) which scheduler takes the
+fusion for these inputs (from the one the segmenter named in `fusion.kernel_scheduler` on) and
+lowers its schedule with that scheduler's lowering (LOWERINGS): every scheduler ends in kernel IR,
+printed as CUDA C (cuda.py) and run by the CPU interpreter (interpreter.py).
 
 Segment tensors (Param sources) are the tensor inputs in fusion.inputs order, then the outputs.
 
 Invariants:
-- plan_kernel never changes the user's Fusion (it schedules a deep copy).
+- plan_kernel never changes the user's Fusion (schedulers work on deep copies).
 - A plan is valid for every input list with the same signature (see schedule/layout.py).
 - Kernel params use only the sources documented in kernel.py; scalar sources name the user's
   Scalars, so `bind(user_fusion, inputs)` gives their values.
@@ -18,12 +22,13 @@ Invariants:
 from __future__ import annotations
 
 from .. import dump as D
+from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from ..schedule import layout as L
-from ..schedule import pointwise as PW
+from ..schedule import registry
 from . import kernel_ir as K
 from .cuda import full_source, kernel_body
-from .kernel import GeneratedKernel, LaunchConfig
+from .kernel import GeneratedKernel, KernelPlan, LaunchConfig
 from .lowering import Lowering, kernel_name
 
 MAX_GRID_X = 2 ** 31 - 1
@@ -32,7 +37,6 @@ MAX_GRID_Y = 65535
 
 def signature(fusion, inputs) -> tuple:
     facts = []
-    out_numel = None
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):
             facts.append(L.tensor_facts(x))
@@ -60,39 +64,18 @@ def _ref_numel(fusion, inputs) -> int:
         elif id(s) in where:
             n *= where[id(s)]
         else:
-            from ..ir.shapes import bind
             return L.numel(bind(fusion, inputs).shape(fusion.outputs[0]))
     return n
 
 
 def can_schedule(fusion) -> tuple[bool, str]:
-    return PW.can_schedule(fusion)
+    """Whether some kernel scheduler takes `fusion` whole (the registry's compile checks)."""
+    name, why = registry.accepting(fusion, ", ".join(e.op_name for e in fusion.used_exprs()))
+    return name is not None, why
 
 
-class KernelPlan:
-    def __init__(self, sched, kernel: GeneratedKernel, kir: K.Kernel, body: str):
-        self.schedule = sched
-        self.kernel = kernel
-        self.kernel_ir = kir
-        self.index_type = kir.index_type
-        self.body = body             # the __global__ function alone (no prelude)
-        self._outputs = list(sched.orig.outputs)
-        self._orders = sched.out_orders
-
-    def allocate_outputs(self, bindings, inputs, device) -> list:
-        import torch
-        outs = []
-        for o, order in zip(self._outputs, self._orders):
-            sizes = bindings.shape(o)
-            outs.append(torch.empty_strided(sizes, L.strides_for(sizes, order), dtype=o.dtype.torch,
-                                            device=device))
-        return outs
-
-    def __repr__(self) -> str:
-        return f"KernelPlan({self.kernel.name}, {self.schedule.params.as_dict()})"
-
-
-def _launch_fn(sched, ref_seg: int):
+# ---- pointwise --------------------------------------------------------------------------------
+def _pointwise_launch(sched, ref_seg: int):
     p = sched.params
     groups = p.groups
 
@@ -113,28 +96,44 @@ def _launch_fn(sched, ref_seg: int):
     return launch_config
 
 
-def plan_kernel(fusion, inputs) -> KernelPlan:
-    if getattr(fusion, "kernel_scheduler", None) == "transpose":   # set by the segmenter
-        from ..schedule import transpose
-        return transpose.plan_kernel(fusion, inputs)
-    sched = PW.schedule(fusion, list(inputs))
+def _plan_pointwise(fusion, inputs, sched) -> KernelPlan:
     name = kernel_name(sched.fusion)
-    low = Lowering(sched)
-    kir = low.build(name)
-    body = kernel_body(kir)
+    kir = Lowering(sched).build(name)
     header = f"// pyfuser pointwise kernel: {sched.params.as_dict()}\n"
-    source = full_source(kir, header)
     ref_seg = len(sched.fusion.tensor_inputs())
-    kernel = GeneratedKernel(name, source, list(kir.params), _launch_fn(sched, ref_seg),
-                             sched.params.as_dict())
-    D.dump("kernel_ir", name, lambda: K.format_kernel_ir(kir))
+    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params),
+                             _pointwise_launch(sched, ref_seg), sched.params.as_dict())
+    plan = KernelPlan(fusion, "pointwise", sched.params, kernel, kir, kernel_body(kir),
+                      sched.out_orders)
+    plan.schedule = sched
+    return plan
+
+
+# ---- transpose --------------------------------------------------------------------------------
+def _plan_transpose(fusion, inputs, params) -> KernelPlan:
+    from .transpose_lowering import build, launch_fn
+    name = f"pf_transpose_{params.kind}_kernel"
+    kir = build(params, fusion, name)
+    header = f"// pyfuser transpose kernel: {params.as_dict()}\n"
+    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params),
+                             launch_fn(params), params.as_dict())
+    return KernelPlan(fusion, "transpose", params, kernel, kir, kernel_body(kir),
+                      [tuple(range(fusion.outputs[0].ndim))])
+
+
+LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose}
+
+
+def plan_kernel(fusion, inputs) -> KernelPlan:
+    inputs = list(inputs)
+    sched = registry.select(fusion, inputs, bind(fusion, inputs),
+                            getattr(fusion, "kernel_scheduler", None))
+    plan = LOWERINGS[sched.name](fusion, inputs, sched.plan(fusion, inputs))
+    D.dump("kernel_ir", plan.kernel.name, lambda: K.format_kernel_ir(plan.kernel_ir))
     # cuda_kernel / cuda_to_file are dumped where every kernel is compiled (runtime).
-    return KernelPlan(sched, kernel, kir, body)
+    return plan
 
 
 def interpret(plan: KernelPlan, inputs, outputs, bindings) -> None:
-    if hasattr(plan, "interpret"):                 # plans of other schedulers (transpose)
-        plan.interpret(inputs, outputs, bindings)
-        return
     from .interpreter import run
     run(plan, list(inputs), list(outputs), bindings)

@@ -52,10 +52,14 @@ def cached_store(policy: str, n: int, dst: str, src: str) -> str:
     """The statement storing n elements of `src` at `dst` with cache policy `policy` (not "")."""
     return f"pf_stc<{K.CACHE_POLICIES[policy]}, {n}>({dst}, {src});"
 
+SHFL_NATIVE = {"int", "int64_t", "float", "double"}     # types __shfl_xor_sync takes as they are
+
+
 class Printer:
     def __init__(self, k: K.Kernel):
         self.k = k
         self.lines: list[str] = []
+        self.dims: dict = {}             # array name -> its Alloc's dims (element vs row access)
 
     # ---- expressions ----------------------------------------------------------------------
     def e(self, x) -> str:
@@ -73,6 +77,11 @@ class Printer:
             return OPS[x.name].cuda.format(*(self.e(a) for a in x.args))
         if isinstance(x, K.Convert):
             return self.convert(x)
+        if isinstance(x, K.Shfl):
+            ct = K.REGISTER_CTYPE[x.dtype]
+            if ct in SHFL_NATIVE:
+                return f"__shfl_xor_sync(0xffffffffu, {self.e(x.value)}, {x.lane_xor})"
+            return f"(({ct})__shfl_xor_sync(0xffffffffu, (int)({self.e(x.value)}), {x.lane_xor}))"
         raise TypeError(f"cannot print {x!r}")
 
     def convert(self, x: K.Convert) -> str:
@@ -100,7 +109,9 @@ class Printer:
                 self.lines.append(f"{pad}const {ct} {s.name} = {self.e(s.expr)};{note}")
             elif isinstance(s, K.Alloc):
                 dims = "".join(f"[{d}]" for d in s.dims)
-                self.lines.append(f"{pad}{K.STORAGE_CTYPE[s.dtype]} {s.name}{dims};")
+                space = "__shared__ " if s.space == "shared" else ""
+                self.dims[s.name] = tuple(s.dims)
+                self.lines.append(f"{pad}{space}{K.STORAGE_CTYPE[s.dtype]} {s.name}{dims};")
             elif isinstance(s, K.Loop):
                 self.loop(s, ind)
             elif isinstance(s, K.If):
@@ -114,13 +125,21 @@ class Printer:
             elif isinstance(s, K.Assign):
                 idx = "".join(f"[{self.e(i)}]" for i in s.index)
                 self.lines.append(f"{pad}{s.name}{idx} = {self.e(s.expr)};")
+            elif isinstance(s, K.Sync):
+                self.lines.append(f"{pad}__syncthreads();")
+            elif isinstance(s, K.AtomicAdd):
+                ct = K.STORAGE_CTYPE[self.k.tensors[s.ptr].dtype]
+                self.lines.append(f"{pad}const {ct} {s.dst} = atomicAdd({s.ptr} + {self.e(s.offset)}, "
+                                  f"({ct}){self.e(s.value)});")
+            elif isinstance(s, K.Fence):
+                self.lines.append(f"{pad}__threadfence();")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
 
     def loop(self, s: K.Loop, ind: int) -> None:
         pad = "  " * ind
         note = f"  // {s.comment}" if s.comment else ""
-        if s.kind == "grid":
+        if s.kind in ("grid", "serial"):
             self.lines.append(f"{pad}for (nidx_t {s.var} = {self.e(s.start)}; {s.var} < {self.e(s.stop)}; "
                               f"{s.var} += {self.e(s.step)}) {{{note}")
         else:
@@ -136,9 +155,17 @@ class Printer:
     def _dst(self, name, index):
         return name + "".join(f"[{self.e(i)}]" for i in index)
 
+    def _element(self, name, index) -> bool:
+        """An access of one element named by the full index (not a row of `width` elements)."""
+        return len(index) == len(self.dims.get(name, (None,)))
+
     def load(self, s: K.Load, pad: str) -> None:
         dst, off = self._dst(s.dst, s.index), self.e(s.offset)
-        if s.stride is None and s.cache:
+        if self._element(s.dst, s.index):
+            assert s.width == 1, "an element access has width 1"
+            self.lines.append(pad + (cached_load(s.cache, 1, f"&{dst}", f"{s.ptr} + {off}")
+                                     if s.cache else f"{dst} = {s.ptr}[{off}];"))
+        elif s.stride is None and s.cache:
             self.lines.append(pad + cached_load(s.cache, s.width, dst, f"{s.ptr} + {off}"))
         elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_ld<{s.width}>({dst}, {s.ptr} + {off});")
@@ -151,7 +178,11 @@ class Printer:
 
     def store(self, s: K.Store, pad: str) -> None:
         src, off = self._dst(s.src, s.index), self.e(s.offset)
-        if s.stride is None and s.cache:
+        if self._element(s.src, s.index):
+            assert s.width == 1, "an element access has width 1"
+            self.lines.append(pad + (cached_store(s.cache, 1, f"{s.ptr} + {off}", f"&{src}")
+                                     if s.cache else f"{s.ptr}[{off}] = {src};"))
+        elif s.stride is None and s.cache:
             self.lines.append(pad + cached_store(s.cache, s.width, f"{s.ptr} + {off}", src))
         elif s.stride is None and s.width > 1:
             self.lines.append(f"{pad}pf_st<{s.width}>({s.ptr} + {off}, {src});")
@@ -178,7 +209,7 @@ class Printer:
     def function(self) -> str:
         self.lines = []
         self.emit(self.k.body, 1)
-        lb = f"{self.k.block}, {self.k.min_blocks}" if self.k.min_blocks else f"{self.k.block}"
+        lb = f"{self.k.threads}, {self.k.min_blocks}" if self.k.min_blocks else f"{self.k.threads}"
         head = (f'extern "C" __global__ void __launch_bounds__({lb}) {self.k.name}(\n'
                 f"    {self.signature()}) {{")
         return "\n".join([head, *self.lines, "}"])

@@ -2,15 +2,24 @@
 
 The grid of the plan's LaunchConfig is processed in chunks of blocks; within a chunk every thread
 is one row of torch tensors (index values are int64 tensors of shape [threads], lane values
-[threads, V]). Loads and stores go through flat views of the real tensors' storage with the
-kernel's own offsets, so indexing bugs show up as wrong results exactly as on a GPU.
+[threads, V]); row r is thread r % T of block r // T of the chunk (T threads per block, linear
+thread id x + X * (y + Y * z)), so the 32 rows of a warp are neighbours. Loads and stores go
+through flat views of the real tensors' storage with the kernel's own offsets, so indexing bugs
+show up as wrong results exactly as on a GPU.
 
-Semantics mirror the CUDA printer: `If` and grid-stride loops narrow the set of active threads
-(the body runs on the compacted subset, so inactive threads never evaluate anything), unrolled
-loops run in Python, the lanes loop is a tensor dimension (values hoisted out of it, per thread or per unrolled step,
-are [threads] tensors and broadcast over the lanes). Op values come from the op table's
-PyTorch reference in the op's register type (half/bf16 compute in float32 and are rounded where
-the kernel rounds).
+Semantics mirror the CUDA printer: `If` and runtime loops ("grid", "serial") narrow the set of
+active threads (the body runs on the compacted subset, so inactive threads never evaluate
+anything), unrolled loops run in Python, the lanes loop is a tensor dimension (values hoisted out
+of it, per thread or per unrolled step, are [threads] tensors and broadcast over the lanes). Op
+values come from the op table's PyTorch reference in the op's register type (half/bf16 compute in
+float32 and are rounded where the kernel rounds).
+
+Threads run statement by statement in lockstep, which is one of the schedules a GPU may pick; the
+interpreter also checks what would make the kernel depend on the schedule (a `KernelRaceError`):
+- a `Sync` reached by part of a block, a `Shfl` by part of a warp;
+- a shared-memory element written by one thread and read or written by another, or read by one
+  and written by another, with no `Sync` between the two accesses.
+Atomics apply in thread order (rows ascending), which is one valid order of a GPU's.
 """
 from __future__ import annotations
 
@@ -19,9 +28,14 @@ import torch
 from ..ir.ops import OPS
 from . import kernel_ir as K
 
-ELEMENT_BUDGET = 1 << 22          # elements (threads x unroll x vector) per chunk
+ELEMENT_BUDGET = 1 << 22          # elements (threads x per-thread data) per chunk
 SCALAR_ARG_OPS = {"leaky_relu": (1,), "softplus": (1, 2), "hardtanh": (1, 2), "threshold": (1, 2),
                   "addcmul": (3,)}
+WARP = 32
+
+
+class KernelRaceError(AssertionError):
+    """The kernel's result would depend on the order threads run in (a missing barrier)."""
 
 
 def _flat(t: torch.Tensor):
@@ -56,13 +70,25 @@ class _Scope:
         return _Scope(env, sel[idx])
 
 
+class _Shared:
+    """One shared-memory array of every block of the chunk, with its race bookkeeping: per
+    element the thread (row) that wrote it and the one that read it since the block's last Sync
+    (-1 none, -2 several readers)."""
+    __slots__ = ("data", "writer", "reader")
+
+    def __init__(self, nblocks, dims, dtype):
+        self.data = torch.zeros((nblocks, *dims), dtype=dtype)
+        self.writer = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.reader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+
+
 class Interpreter:
     def __init__(self, plan, tensors, bindings):
         self.k: K.Kernel = plan.kernel_ir
         self.values = {}
         for p in self.k.params:
             src = p.source
-            if src[0] == "ptr":
+            if src[0] in ("ptr", "workspace"):
                 self.values[p.name] = _flat(tensors[src[1]])
             elif src[0] == "size":
                 self.values[p.name] = int(tensors[src[1]].shape[src[2]])
@@ -73,27 +99,45 @@ class Interpreter:
             else:
                 self.values[p.name] = bindings.value(src[1])
         self.arrays: dict = {}
+        self.shared: dict = {}
 
     # ---- driving --------------------------------------------------------------------------
+    def _per_thread(self) -> int:
+        widths = max((s.width for s in self.k.walk() if isinstance(s, (K.Load, K.Store))), default=1)
+        unroll = max((s.stop.value for s in self.k.walk()
+                      if isinstance(s, K.Loop) and s.kind == "unroll"), default=1)
+        local = 1
+        for s in self.k.walk():
+            if isinstance(s, K.Alloc) and s.space == "local":
+                n = 1
+                for d in s.dims:
+                    n *= d
+                local = max(local, n)
+        return max(1, widths * unroll, local)
+
     def run(self, cfg) -> None:
-        gx, gy, _ = cfg.grid
-        T = cfg.block[0]
-        per_thread = max(1, max((s.width for s in self.k.walk() if isinstance(s, (K.Load, K.Store))),
-                                default=1)) * max((s.stop.value for s in self.k.walk()
-                                                   if isinstance(s, K.Loop) and s.kind == "unroll"),
-                                                  default=1)
-        nblocks = gx * gy
-        chunk = max(1, ELEMENT_BUDGET // (T * per_thread))
+        gx, gy, gz = cfg.grid
+        bx, by, bz = cfg.block
+        T = bx * by * bz
+        assert (bx, by, bz) == self.k.block, f"launch block {cfg.block} != kernel block {self.k.block}"
+        nblocks = gx * gy * gz
+        chunk = max(1, ELEMENT_BUDGET // (T * self._per_thread()))
+        tid = torch.arange(T, dtype=torch.int64)
         for b0 in range(0, nblocks, chunk):
             lin = torch.arange(b0, min(nblocks, b0 + chunk), dtype=torch.int64)
             nb = lin.shape[0]
             env = dict(self.values)
             env["blockIdx.x"] = (lin % gx).repeat_interleave(T)
-            env["blockIdx.y"] = (lin // gx).repeat_interleave(T)
-            env["threadIdx.x"] = torch.arange(T, dtype=torch.int64).repeat(nb)
-            env["gridDim.x"], env["gridDim.y"] = gx, gy
-            self.arrays = {}
-            self.P = nb * T
+            env["blockIdx.y"] = ((lin // gx) % gy).repeat_interleave(T)
+            env["blockIdx.z"] = (lin // (gx * gy)).repeat_interleave(T)
+            env["threadIdx.x"] = (tid % bx).repeat(nb)
+            env["threadIdx.y"] = ((tid // bx) % by).repeat(nb)
+            env["threadIdx.z"] = (tid // (bx * by)).repeat(nb)
+            for axis, g, b in (("x", gx, bx), ("y", gy, by), ("z", gz, bz)):
+                env[f"gridDim.{axis}"], env[f"blockDim.{axis}"] = g, b
+            self.arrays, self.shared = {}, {}
+            self.P, self.T, self.nb = nb * T, T, nb
+            self.block_of = torch.arange(nb, dtype=torch.int64).repeat_interleave(T)
             self.exec(self.k.body, _Scope(env, None))
 
     # ---- statements -----------------------------------------------------------------------
@@ -102,7 +146,7 @@ class Interpreter:
             if isinstance(s, K.Let):
                 sc.env[s.name] = self.ev(s.expr, sc)
             elif isinstance(s, K.Alloc):
-                self.arrays[s.name] = torch.zeros((self.P, *s.dims), dtype=s.dtype.torch)
+                self.alloc(s)
             elif isinstance(s, K.If):
                 keep = self.ev(s.cond, sc)
                 if isinstance(keep, bool):
@@ -119,18 +163,32 @@ class Interpreter:
             elif isinstance(s, K.Store):
                 self.store(s, sc)
             elif isinstance(s, K.Assign):
-                arr = self.arrays[s.name]
-                val = self.ev(s.expr, sc)
-                idx = self._index(s.index, sc)
-                target = arr[(sc.rows, *idx)]
-                if isinstance(val, torch.Tensor):
-                    val = val.to(arr.dtype).expand_as(target)
-                arr[(sc.rows, *idx)] = val
+                self.assign(s, sc)
+            elif isinstance(s, K.Sync):
+                self.sync(sc)
+            elif isinstance(s, K.AtomicAdd):
+                self.atomic_add(s, sc)
+
+    def alloc(self, s: K.Alloc) -> None:
+        dtype = s.dtype.torch
+        if s.space == "shared":
+            if s.name not in self.shared:      # static: one array per block for the whole kernel
+                self.shared[s.name] = _Shared(self.nb, s.dims, dtype)
+        else:
+            self.arrays[s.name] = torch.zeros((self.P, *s.dims), dtype=dtype)
 
     def loop(self, s: K.Loop, sc: _Scope) -> None:
-        if s.kind == "grid":
+        if s.kind in ("grid", "serial"):
             cur = self.ev(s.start, sc)
             stop, step = self.ev(s.stop, sc), self.ev(s.step, sc)
+            if not any(isinstance(v, torch.Tensor) for v in (cur, stop, step)):
+                while cur < stop:             # the same trip count in every thread
+                    sc.env[s.var] = cur
+                    self.exec(s.body, sc)
+                    cur = cur + step
+                return
+            n = sc.count(self.P)
+            cur = cur if isinstance(cur, torch.Tensor) else torch.full((n,), int(cur))
             while True:
                 keep = cur < stop
                 if not bool(keep.any()):
@@ -148,14 +206,103 @@ class Interpreter:
             self.exec(s.body, sc)
             del sc.env[s.var]
 
+    # ---- local arrays (uniform indices) -----------------------------------------------------
     def _index(self, index, sc) -> tuple:
         out = []
         for i in index:
             if isinstance(i, K.Var) and i.name == "v":
                 out.append(slice(None))
             else:
-                out.append(int(self.ev(i, sc)))
+                v = self.ev(i, sc)
+                if isinstance(v, torch.Tensor):
+                    raise AssertionError(f"index {K.fmt(i)} of a local array differs between threads")
+                out.append(int(v))
         return tuple(out)
+
+    def _local_ref(self, name, index, sc):
+        """(array, key of the active threads' elements, is one element per thread)."""
+        arr = self.arrays[name]
+        idx = self._index(index, sc)
+        return arr, (sc.rows, *idx), len(idx) == arr.dim() - 1
+
+    # ---- shared arrays (per-thread indices) -------------------------------------------------
+    def _shared_key(self, name, index, sc):
+        """(the _Shared, advanced-index key, thread row of each element): every index broadcast
+        with the block of each active thread ([n] or, inside a lanes loop, [n, V])."""
+        sh = self.shared[name]
+        rows = torch.arange(self.P) if sc.sel is None else sc.sel
+        idx = [self.ev(i, sc) for i in index]
+        two_d = any(isinstance(v, torch.Tensor) and v.dim() == 2 for v in idx)
+        blk, rid = self.block_of[rows], rows
+        if two_d:
+            blk, rid = blk.unsqueeze(1), rid.unsqueeze(1)
+        idx = [v if isinstance(v, torch.Tensor) else torch.tensor(int(v)) for v in idx]
+        key = torch.broadcast_tensors(blk, *idx)
+        return sh, tuple(key), torch.broadcast_tensors(rid, key[0])[0]
+
+    def _shared_read(self, name, index, sc):
+        sh, key, rid = self._shared_key(name, index, sc)
+        w = sh.writer[key]
+        bad = (w != -1) & (w != rid)
+        if bool(bad.any()):
+            raise KernelRaceError(f"{self.k.name}: shared {name} read by thread {int(rid[bad][0])} "
+                                  f"after thread {int(w[bad][0])} wrote it, with no __syncthreads between")
+        self._mark_readers(sh, key, rid)
+        return sh.data[key]
+
+    @staticmethod
+    def _mark_readers(sh, key, rid):
+        flat = torch.zeros_like(sh.reader).view(-1)
+        lin = torch.arange(flat.numel()).view(sh.reader.shape)[key].reshape(-1)
+        r = rid.reshape(-1)
+        lo = torch.full_like(flat, 2 ** 62).scatter_reduce(0, lin, r, "amin")
+        hi = torch.full_like(flat, -1).scatter_reduce(0, lin, r, "amax")
+        prev = sh.reader.view(-1)
+        touched = hi >= 0
+        one = lo == hi
+        new = torch.where(one & ((prev == -1) | (prev == lo)), lo, torch.full_like(prev, -2))
+        prev[touched] = new[touched]
+
+    def _shared_write(self, name, index, sc, value):
+        sh, key, rid = self._shared_key(name, index, sc)
+        lin = torch.arange(sh.writer.numel()).view(sh.writer.shape)[key].reshape(-1)
+        if lin.unique().numel() != lin.numel():
+            raise KernelRaceError(f"{self.k.name}: two threads write one element of shared {name} "
+                                  "in the same statement")
+        w, r = sh.writer[key], sh.reader[key]
+        bad = ((w != -1) & (w != rid)) | ((r != -1) & (r != rid))
+        if bool(bad.any()):
+            raise KernelRaceError(f"{self.k.name}: shared {name} written by thread "
+                                  f"{int(rid[bad][0])} while another thread's access since the last "
+                                  "__syncthreads is unordered with it")
+        sh.writer[key] = rid
+        if isinstance(value, torch.Tensor):
+            value = value.to(sh.data.dtype).expand(key[0].shape) if value.dim() else value.item()
+        sh.data[key] = value
+
+    def sync(self, sc: _Scope) -> None:
+        if sc.sel is not None:
+            counts = torch.bincount(self.block_of[sc.sel], minlength=self.nb)
+            if bool(((counts != 0) & (counts != self.T)).any()):
+                raise KernelRaceError(f"{self.k.name}: __syncthreads reached by part of a block")
+            blocks = counts == self.T
+        else:
+            blocks = torch.ones(self.nb, dtype=torch.bool)
+        for sh in self.shared.values():
+            sh.writer[blocks] = -1
+            sh.reader[blocks] = -1
+
+    # ---- array access -------------------------------------------------------------------------
+    def assign(self, s: K.Assign, sc: _Scope) -> None:
+        val = self.ev(s.expr, sc)
+        if s.name in self.shared:
+            self._shared_write(s.name, s.index, sc, val)
+            return
+        arr, key, _ = self._local_ref(s.name, s.index, sc)
+        target = arr[key]
+        if isinstance(val, torch.Tensor):
+            val = val.to(arr.dtype).expand_as(target)
+        arr[key] = val
 
     def _offsets(self, s, sc):
         off = self.ev(s.offset, sc)
@@ -170,16 +317,49 @@ class Interpreter:
         return off.view(-1, 1) + lanes * stride
 
     def load(self, s: K.Load, sc: _Scope) -> None:
-        flat = self.values[s.ptr]
-        offs = self._offsets(s, sc)
-        arr = self.arrays[s.dst]
-        arr[(sc.rows, *self._index(s.index, sc), slice(0, s.width))] = flat[offs]
+        vals = self.values[s.ptr][self._offsets(s, sc)]
+        if s.dst in self.shared:
+            assert s.width == 1, "shared-memory loads are of one element"
+            self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
+            return
+        arr, key, element = self._local_ref(s.dst, s.index, sc)
+        if element:
+            assert s.width == 1, "an element access has width 1"
+            arr[key] = vals.squeeze(1)
+        else:
+            arr[(*key, slice(0, s.width))] = vals
 
     def store(self, s: K.Store, sc: _Scope) -> None:
         flat = self.values[s.ptr]
         offs = self._offsets(s, sc)
-        arr = self.arrays[s.src]
-        flat[offs] = arr[(sc.rows, *self._index(s.index, sc), slice(0, s.width))]
+        if s.src in self.shared:
+            assert s.width == 1, "shared-memory stores are of one element"
+            flat[offs.squeeze(1)] = self._shared_read(s.src, s.index, sc).to(flat.dtype)
+            return
+        arr, key, element = self._local_ref(s.src, s.index, sc)
+        if element:
+            flat[offs.squeeze(1)] = arr[key].to(flat.dtype)
+        else:
+            flat[offs] = arr[(*key, slice(0, s.width))].to(flat.dtype)
+
+    def atomic_add(self, s: K.AtomicAdd, sc: _Scope) -> None:
+        flat = self.values[s.ptr]
+        n = sc.count(self.P)
+        off = self.ev(s.offset, sc)
+        off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
+        val = self.ev(s.value, sc)
+        val = (val if isinstance(val, torch.Tensor) else torch.full((n,), int(val))).to(flat.dtype)
+        order = torch.argsort(off, stable=True)           # rows ascending within each address
+        o, v = off[order], val[order]
+        csum = torch.cumsum(v, 0) - v                      # sum of earlier rows' values...
+        start = torch.ones_like(o, dtype=torch.bool)
+        start[1:] = o[1:] != o[:-1]
+        first = torch.cummax(torch.where(start, torch.arange(o.numel()), 0), 0).values
+        before = csum - csum[first]                        # ... at the same address
+        old = torch.empty_like(v)
+        old[order] = (flat[o] + before).to(v.dtype)
+        flat.index_add_(0, off, val)
+        sc.env[s.dst] = old.to(torch.int64)
 
     # ---- expressions ----------------------------------------------------------------------
     def ev(self, x, sc: _Scope):
@@ -191,36 +371,41 @@ class Interpreter:
         if isinstance(x, K.Const):
             return x.value
         if isinstance(x, K.Special):
-            return sc.env[x.name]
+            val = sc.env[x.name]
+            if "v" in sc.env and isinstance(val, torch.Tensor) and val.dim() == 1:
+                val = val.unsqueeze(1)
+            return val
         if isinstance(x, K.Bin):
-            a, b = self.ev(x.a, sc), self.ev(x.b, sc)
-            if x.op == "+":
-                return a + b
-            if x.op == "-":
-                return a - b
-            if x.op == "*":
-                return a * b
-            if x.op == "/":
-                return a // b     # index math: non-negative operands, so C's / is floor
-            if x.op == "%":
-                return a % b
-            if x.op == "<":
-                return a < b
-            if x.op == "&&":
-                return a & b
-            raise AssertionError(x.op)
+            return _BIN[x.op](self.ev(x.a, sc), self.ev(x.b, sc))
         if isinstance(x, K.ArrayRef):
-            arr = self.arrays[x.name]
-            idx = self._index(x.index, sc)
-            val = arr[(sc.rows, *idx)]
-            if not any(isinstance(i, slice) for i in idx) and "v" in sc.env:
+            if x.name in self.shared:
+                return self._shared_read(x.name, x.index, sc)
+            arr, key, _ = self._local_ref(x.name, x.index, sc)
+            val = arr[key]
+            if not any(isinstance(i, slice) for i in key[1:]) and "v" in sc.env:
                 val = val.unsqueeze(1)
             return val
         if isinstance(x, K.Convert):
             return self.convert(x, self.ev(x.arg, sc))
         if isinstance(x, K.Op):
             return self.op(x, [self.ev(a, sc) for a in x.args])
+        if isinstance(x, K.Shfl):
+            return self.shfl(x, sc)
         raise TypeError(f"cannot evaluate {x!r}")
+
+    def shfl(self, x: K.Shfl, sc: _Scope):
+        val = self.ev(x.value, sc)
+        n = sc.count(self.P)
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
+            return val                           # the same in every lane
+        rows = torch.arange(self.P) if sc.sel is None else sc.sel
+        counts = torch.bincount(rows // WARP, minlength=-(-self.P // WARP))
+        assert self.T % WARP == 0, "shuffles need whole warps"
+        if bool(((counts != 0) & (counts != WARP)).any()):
+            raise KernelRaceError(f"{self.k.name}: a warp shuffle reached by part of a warp")
+        full = torch.zeros((self.P, *val.shape[1:]), dtype=val.dtype)
+        full[rows] = val.expand(n, *val.shape[1:]) if val.shape[0] != n else val
+        return full[rows ^ x.lane_xor]
 
     @staticmethod
     def convert(x: K.Convert, v):
@@ -260,11 +445,29 @@ class Interpreter:
         return info.ref(*targs)
 
 
+def _and(a, b):
+    return (a and b) if isinstance(a, bool) and isinstance(b, bool) else a & b
+
+
+def _or(a, b):
+    return (a or b) if isinstance(a, bool) and isinstance(b, bool) else a | b
+
+
+_BIN = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b,      # index math: non-negative operands, so C's / is floor
+    "%": lambda a, b: a % b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": _and, "||": _or,
+    "^": lambda a, b: a ^ b, "&": lambda a, b: a & b,
+}
+
+
 def run(plan, inputs, outputs, bindings) -> None:
-    from ..ir.tensor import TensorView
-    tensors = [x for v, x in zip(plan.schedule.orig.inputs, inputs) if isinstance(v, TensorView)]
-    tensors.extend(outputs)
+    """Interpret `plan`'s kernel on the tensors of `inputs` (the fusion's, scalars skipped) and
+    `outputs`, plus the workspaces the plan asks for."""
+    tensors = plan.kernel_tensors(inputs, outputs)
     cfg = plan.kernel.launch_config(bindings, tensors)
     if 0 in cfg.grid:
         return
+    tensors = tensors + plan.workspaces(bindings, tensors, torch.device("cpu"))
     Interpreter(plan, tensors, bindings).run(cfg)

@@ -54,3 +54,53 @@ class GeneratedKernel:
     launch_config: Callable = field(repr=False, default=None)
     # Human-readable scheduler parameters, for the `scheduler_params` dump
     scheduler_params: dict = field(default_factory=dict)
+
+
+class KernelPlan:
+    """What `codegen.api.plan_kernel` returns for every scheduler: the generated kernel, the
+    kernel IR it was printed from, and how the runtime allocates its outputs.
+
+    `orders[k]` lays output k out (axes outermost first, as eager would); `kernel_tensors` lists
+    the kernel's tensors in Param-source order (the fusion's tensor inputs, then the outputs);
+    `workspaces` gives the extra zeroed buffers a kernel asks for (Param sources ("workspace",
+    i) index the tensor list after the outputs); `body` is the kernel function without the
+    prelude (tests compile many of them as one module)."""
+
+    def __init__(self, fusion, scheduler: str, params, kernel: GeneratedKernel, kernel_ir,
+                 body: str, orders: list, workspace_sizes=None):
+        self.fusion = fusion
+        self.scheduler = scheduler
+        self.params = params
+        self.kernel = kernel
+        self.kernel_ir = kernel_ir
+        self.index_type = kernel_ir.index_type
+        self.body = body
+        self._outputs = list(fusion.outputs)
+        self._orders = orders
+        self._workspace_sizes = workspace_sizes    # (bindings, tensors) -> [(numel, torch dtype)]
+
+    def allocate_outputs(self, bindings, inputs, device) -> list:
+        import torch
+        from ..schedule.layout import strides_for
+        outs = []
+        for o, order in zip(self._outputs, self._orders):
+            sizes = bindings.shape(o)
+            outs.append(torch.empty_strided(sizes, strides_for(sizes, order), dtype=o.dtype.torch,
+                                            device=device))
+        return outs
+
+    def kernel_tensors(self, inputs, outputs) -> list:
+        from ..ir.tensor import TensorView
+        tensors = [x for v, x in zip(self.fusion.inputs, inputs) if isinstance(v, TensorView)]
+        return tensors + list(outputs)
+
+    def workspaces(self, bindings, tensors, device) -> list:
+        if self._workspace_sizes is None:
+            return []
+        import torch
+        return [torch.zeros(n, dtype=dt, device=device)
+                for n, dt in self._workspace_sizes(bindings, tensors)]
+
+    def __repr__(self) -> str:
+        p = self.params.as_dict() if hasattr(self.params, "as_dict") else self.params
+        return f"KernelPlan[{self.scheduler}]({self.kernel.name}, {p})"

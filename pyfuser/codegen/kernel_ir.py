@@ -1,32 +1,53 @@
 """Kernel IR: the loop nest of one generated kernel, printed as CUDA C and run by the interpreter.
 
+Every scheduler (pointwise, transpose, reduction, persistent normalization) lowers to this IR;
+codegen/cuda.py prints it and codegen/interpreter.py runs it on the CPU, so the CUDA C is always
+printed from what the interpreter executes.
+
 Expressions are immutable trees (hashable, so lowering can share them):
   Var(name)                a kernel parameter, a `Let`, a loop index
   Const(value, ctype, dtype)
-  Special(name)            threadIdx.x, blockIdx.x/y, gridDim.x/y
-  Bin(op, a, b)            index arithmetic: + - * / % < && (C semantics on the index type)
-  ArrayRef(name, index)    an element of a local array (storage type)
+  Special(name)            threadIdx.x/y/z, blockIdx.x/y/z, blockDim.x/y/z, gridDim.x/y/z
+  Bin(op, a, b)            index arithmetic and conditions: + - * / % < <= == != && || ^ &
+                           (C semantics on the index type; `^`/`&` on lane numbers)
+  ArrayRef(name, index)    an element of an array (storage type); index () names a scalar Alloc
   Op(name, args, compute)  an op of the op table applied in register type of `compute`
   Convert(kind, arg, src, dst)
       "load"  storage -> register (half/bf16 -> float), "store" register -> storage,
       "cast"  eager's dtype conversion src -> dst (rounded when dst is half/bf16),
       "round" a float rounded to dst's precision (results of half/bf16 ops).
+  Shfl(value, lane_xor, dtype)  the value of `value` in the thread whose lane (threadIdx in the
+                           warp) is this lane ^ lane_xor (`__shfl_xor_sync` over the full warp)
 Statements:
   Let(name, ctype, expr)   `const ctype name = expr;`
-  Alloc(name, dtype, dims) a local array in storage type
-  Loop(var, start, stop, step, kind, body)   kind: "grid" (grid-stride), "unroll", "lanes"
+  Alloc(name, dtype, dims, space)   an array in storage type, "local" (registers, per thread) or
+                           "shared" (per block); dims () is one mutable scalar (`Assign` / `ArrayRef`
+                           with index ())
+  Loop(var, start, stop, step, kind, body)
+      kind: "grid" (grid-stride over blocks), "serial" (a runtime loop: start/stop/step may differ
+      per thread), "unroll" (constant trip count, unrolled), "lanes" (the vector lanes)
   If(cond, body)
   Load(dst, index, ptr, offset, width, stride, cache)   width elements at ptr[offset + lane*stride]
-      (stride None: one contiguous vector access of `width` elements)
+      (stride None: one contiguous vector access of `width` elements); dst may be shared
   Store(ptr, offset, src, index, width, stride, cache)
       cache (contiguous accesses only, speed only): "" plain, "cs" streaming (.cs), "ef" L2
       evict_first, "el" L2 evict_last
   Assign(name, index, expr)
+  Sync()                   `__syncthreads()`: every thread of the block reaches it (block-uniform
+                           control flow); orders shared-memory accesses before and after it
+  AtomicAdd(dst, ptr, offset, value)   `dst = atomicAdd(ptr + offset, value)` on an integer
+                           workspace word (a Let of the old value); atomics of one launch take
+                           effect one at a time
+  Fence()                  `__threadfence()`: this thread's global writes are visible to every
+                           thread that later sees its atomic
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
 its index only selects elements of arrays (the vector lanes); every Load/Store is under an If whose
-condition guarantees it is in bounds for every lane.
+condition guarantees it is in bounds for every lane; indices of local arrays are the same in every
+thread (constants, unroll and lane indices: they stay in registers); a Sync or Shfl is reached by
+every thread of the block (Sync) or warp (Shfl) together, which the interpreter checks, together
+with data races on shared memory between two Syncs.
 """
 from __future__ import annotations
 
@@ -92,6 +113,13 @@ class Convert:
     dst: DataType
 
 
+@dataclass(frozen=True)
+class Shfl:
+    value: Any
+    lane_xor: int
+    dtype: DataType
+
+
 def add(a, b):
     if isinstance(a, Const) and a.value == 0:
         return b
@@ -123,6 +151,7 @@ class Alloc:
     name: str
     dtype: DataType
     dims: tuple
+    space: str = "local"     # "local" (per thread) or "shared" (per block)
 
 
 @dataclass
@@ -176,6 +205,24 @@ class Assign:
 
 
 @dataclass
+class Sync:
+    pass
+
+
+@dataclass
+class AtomicAdd:
+    dst: str
+    ptr: str
+    offset: Any
+    value: Any
+
+
+@dataclass
+class Fence:
+    pass
+
+
+@dataclass
 class Comment:
     text: str
 
@@ -194,9 +241,18 @@ class Kernel:
     params: list            # codegen.kernel.Param, in order
     tensors: dict           # pointer param name -> TensorParam
     index_type: str
-    block: int
+    block: Any              # threads per block: (x, y, z) (an int n means (n, 1, 1))
     body: list = field(default_factory=list)
     min_blocks: int = 0     # __launch_bounds__ min blocks per SM (0: none)
+
+    def __post_init__(self):
+        if isinstance(self.block, int):
+            self.block = (self.block, 1, 1)
+        self.block = tuple(self.block) + (1,) * (3 - len(self.block))
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
 
     def walk(self):
         """Every statement, depth first."""
@@ -226,7 +282,8 @@ def format_kernel_ir(k: Kernel) -> str:
             elif isinstance(s, Let):
                 lines.append(f"{pad}{s.name} = {fmt(s.expr)}")
             elif isinstance(s, Alloc):
-                lines.append(f"{pad}ALLOC {s.name}{list(s.dims)} : {s.dtype.name}")
+                space = " shared" if s.space == "shared" else ""
+                lines.append(f"{pad}ALLOC{space} {s.name}{list(s.dims)} : {s.dtype.name}")
             elif isinstance(s, Load):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
                 lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st}")
@@ -235,6 +292,12 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}STORE{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
             elif isinstance(s, Assign):
                 lines.append(f"{pad}{s.name}{list(map(fmt, s.index))} = {fmt(s.expr)}")
+            elif isinstance(s, Sync):
+                lines.append(f"{pad}SYNC")
+            elif isinstance(s, AtomicAdd):
+                lines.append(f"{pad}{s.dst} = ATOMIC_ADD {s.ptr}[{fmt(s.offset)}] += {fmt(s.value)}")
+            elif isinstance(s, Fence):
+                lines.append(f"{pad}FENCE")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 
@@ -257,4 +320,6 @@ def fmt(e) -> str:
         return f"{e.name}({', '.join(fmt(a) for a in e.args)})"
     if isinstance(e, Convert):
         return f"{e.kind}<{e.src.name}->{e.dst.name}>({fmt(e.arg)})"
+    if isinstance(e, Shfl):
+        return f"shfl_xor({fmt(e.value)}, {e.lane_xor})"
     return str(e)

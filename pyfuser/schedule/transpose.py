@@ -147,7 +147,3 @@ def _vector_width(groups, sizes, strides, x) -> int:
         vec //= 2
     return 1
 
-
-def plan_kernel(fusion, inputs):
-    from ..codegen.transpose_plan import TransposePlan
-    return TransposePlan(fusion, schedule(fusion, list(inputs)))

@@ -3,8 +3,9 @@
     sf = segment(fusion)        # cached on the Fusion; it depends on the Fusion, not on sizes
 
 1. Metadata ops at the fusion's edges become host segments (host.py): no kernel, views only.
-2. The remaining (compute) exprs are offered to the kernel schedulers as one group, in the order
-   of SCHEDULERS (transpose before pointwise: a layout-changing copy is the transpose scheduler's).
+2. The remaining (compute) exprs are offered to the kernel schedulers as one group: the scheduler
+   registry (schedule/registry.py) names the first scheduler, in its priority order, whose
+   compile check takes it.
 3. If none takes the group, it is cut: every expr starts as its own group (kernel-able if some
    scheduler takes it alone, else eager), then groups joined by the heaviest edges (estimated
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
@@ -21,7 +22,6 @@ Fusion that is one kernel with no host exprs keeps the original Fusion as the ke
 """
 from __future__ import annotations
 
-import importlib
 import weakref
 
 from .. import dump as D
@@ -33,20 +33,6 @@ from .segmented_fusion import Segment, SegmentedFusion
 _ATTR = "_pyfuser_segmented"
 _segmented: "weakref.WeakSet" = weakref.WeakSet()   # fusions holding a cached segmentation
 SYMBOLIC_EXTENT_GUESS = 1024     # an unknown extent counts as this many elements for edge weights
-
-
-def _pointwise_can_schedule(fusion):
-    # Looked up in sys.modules on each call, so the runtime tests can stand a fake codegen in.
-    return importlib.import_module("pyfuser.codegen.api").can_schedule(fusion)
-
-
-def _transpose_can_schedule(fusion):
-    from ..schedule import transpose
-    return transpose.can_schedule(fusion)
-
-
-# Kernel schedulers in order of preference: (name, can_schedule(fusion) -> (ok, reason)).
-SCHEDULERS = [("transpose", _transpose_can_schedule), ("pointwise", _pointwise_can_schedule)]
 
 
 class _Holder:
@@ -144,19 +130,13 @@ class _Groups:
 
 def _offer(fusion, groups: _Groups, exprs, orders):
     """(scheduler, Extracted) of the first scheduler taking `exprs`, or (None, reasons)."""
+    from ..schedule import registry
     ins, outs = groups.boundary(exprs)
     ex = extract(fusion, exprs, ins, outs, orders)
-    reasons = []
-    for name, can in SCHEDULERS:
-        ok, why = can(ex.fusion)
-        verdict = "accepted" if ok else f"refused: {why}"
-        D.dump("segmenter_logging", f"{name} scheduler",
-               lambda: f"{verdict}\n  group: {', '.join(e.op_name for e in exprs)} "
-                       f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
-        if ok:
-            return name, ex
-        reasons.append(f"{name}: {why}")
-    return None, "; ".join(reasons)
+    what = (f"{', '.join(e.op_name for e in exprs)} "
+            f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
+    name, why = registry.accepting(ex.fusion, what)
+    return (name, ex) if name is not None else (None, why)
 
 
 def _bytes(tv) -> int:

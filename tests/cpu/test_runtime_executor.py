@@ -170,7 +170,11 @@ def test_dispatch_cpu_modes(fake_api, monkeypatch):
 
 
 def test_dispatch_refused_fusion_uses_evaluator(monkeypatch, tmp_path, capsys):
+    from pyfuser.schedule import registry
     api = make_fake_api(refuse="reductions are not pointwise")
+    refusing = registry.Scheduler("pointwise", lambda f: (False, "reductions are not pointwise"),
+                                  None)
+    monkeypatch.setattr(registry, "SCHEDULERS", [refusing])     # the segmenter asks the registry
     monkeypatch.setitem(sys.modules, "pyfuser.codegen.api", api)
     monkeypatch.setattr(X, "_api", lambda: api)
     monkeypatch.setenv("PYFUSER_DUMP", "fallback")

@@ -3,10 +3,22 @@ width), its CUDA source compiled by NVRTC for sm_90, and its CPU interpreter aga
 import pytest
 import torch
 
+from pyfuser.codegen import api
 from pyfuser.ir import DataType, Fusion
 from pyfuser.ir import builder as B
 from pyfuser.ir.shapes import bind
 from pyfuser.schedule import transpose as TR
+
+
+def plan_transpose(f, inputs):
+    f.kernel_scheduler = "transpose"          # what the segmenter names for such a fusion
+    plan = api.plan_kernel(f, inputs)
+    assert plan.scheduler == "transpose"
+    return plan
+
+
+def interpret(plan, inputs, outputs):
+    api.interpret(plan, inputs, outputs, bind(plan.fusion, inputs))
 
 
 def permuted_copy(n, order, dtype=DataType.Float):
@@ -40,11 +52,11 @@ def test_plan_interpret_and_compile(shape, perm, kind, dtype):
     f = permuted_copy(len(shape), order, DataType.from_torch(dtype) if hasattr(DataType, "from_torch")
                       else next(d for d in DataType if getattr(d, "torch", None) == dtype))
     assert TR.can_schedule(f) == (True, "")
-    plan = TR.plan_kernel(f, [x])
+    plan = plan_transpose(f, [x])
     assert plan.params.kind == kind
     (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
     out.view(torch.uint8).fill_(0x7F)
-    plan.interpret([x], [out], None)
+    interpret(plan, [x], [out])
     assert out.is_contiguous() and torch.equal(out, x.contiguous())
     cfg = plan.kernel.launch_config(None, [x, out])
     assert cfg.grid[0] >= 1 and cfg.block[0] * cfg.block[1] <= 1024
@@ -84,9 +96,9 @@ def test_refusals():
 def test_empty_tensor():
     x = torch.randn(0, 5).t()
     f = permuted_copy(2, [1, 0])
-    plan = TR.plan_kernel(f, [x])
+    plan = plan_transpose(f, [x])
     assert plan.kernel.launch_config(None, [x, torch.empty(5, 0)]).grid[0] == 0
-    plan.interpret([x], [torch.empty(5, 0)], None)
+    interpret(plan, [x], [torch.empty(5, 0)])
 
 
 @pytest.mark.parametrize("block,unroll", [(64, 3), (32, 1), (128, 8)])
@@ -96,11 +108,11 @@ def test_rows_knobs_interpret(monkeypatch, block, unroll):
     monkeypatch.setenv("PYFUSER_TR_UNROLL", str(unroll))
     x = permuted((3, 7, 5, 8), (0, 2, 1, 3))
     f = permuted_copy(4, [0, 2, 1, 3])
-    plan = TR.plan_kernel(f, [x])
+    plan = plan_transpose(f, [x])
     assert plan.params.kind == "rows" and (plan.params.block, plan.params.unroll) == (block, unroll)
     (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
     out.fill_(float("nan"))
-    plan.interpret([x], [out], None)
+    interpret(plan, [x], [out])
     assert torch.equal(out, x.contiguous())
     assert plan.kernel.launch_config(None, [x, out]).grid[0] == -(-x.numel() // plan.params.vec // (block * unroll))
 
@@ -117,12 +129,12 @@ def test_cache_policies_compile_and_interpret(shape, perm, kind, policy, monkeyp
         order = sorted(range(len(shape)), key=lambda a: -x.stride(a))
         dt = DataType.Float if dtype == torch.float32 else DataType.Half
         f = permuted_copy(len(shape), order, dt)
-        plan = TR.plan_kernel(f, [x])
+        plan = plan_transpose(f, [x])
         assert plan.params.kind == kind and plan.params.load_cache == policy
         src = plan.kernel.source
         assert "pf_ldc<PF_" in src and "pf_stc<PF_" in src
         (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
-        plan.interpret([x], [out], None)
+        interpret(plan, [x], [out])
         assert torch.equal(out, x.contiguous())
         nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
         pytest.importorskip("cuda.bindings.nvrtc")

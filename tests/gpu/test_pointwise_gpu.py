@@ -200,9 +200,10 @@ def test_misaligned_inputs(dtype):
 
 
 def test_dispatch_falls_back_for_refused_fusions(monkeypatch):
-    from pyfuser.codegen import api
+    from pyfuser.schedule import registry
     f = _relu_add()
-    monkeypatch.setattr(api, "can_schedule", lambda fusion: (False, "test refusal"))
+    monkeypatch.setattr(registry, "SCHEDULERS",
+                        [registry.Scheduler("pointwise", lambda fusion: (False, "test refusal"), None)])
     dispatch.clear_caches()
     x = [torch.randn(4, 4, device="cuda"), torch.randn(4, 4, device="cuda")]
     (out,) = execute_fusion(f, x)
