@@ -36,6 +36,9 @@ MAX_GRID_Y = 65535
 
 
 def signature(fusion, inputs) -> tuple:
+    """The kernel cache key: layout facts of the inputs (schedule/layout.py), 64-bit indexing,
+    view extents' facts, and for schedulers whose plan depends on sizes (the reduction family)
+    the scheduler chosen for these inputs and its size class."""
     facts = []
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):
@@ -44,7 +47,20 @@ def signature(fusion, inputs) -> tuple:
             facts.append(L.scalar_fact(x))
     out_numel = _ref_numel(fusion, inputs)
     views = L.view_extent_facts(fusion, inputs)
-    return (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ())
+    sig = (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ())
+    if getattr(fusion, "kernel_scheduler", None) not in (None, "pointwise", "transpose") or \
+            _has_reduction(fusion):
+        inputs = list(inputs)
+        s = registry.select(fusion, inputs, bind(fusion, inputs),
+                            getattr(fusion, "kernel_scheduler", None))
+        if s.size_class is not None:
+            sig += ((s.name, s.size_class(fusion, inputs)),)
+    return sig
+
+
+def _has_reduction(fusion) -> bool:
+    from ..ir import exprs as E
+    return any(isinstance(e, (E.ReductionOp, E.WelfordOp)) for e in fusion.exprs)
 
 
 def _ref_numel(fusion, inputs) -> int:
@@ -121,7 +137,23 @@ def _plan_transpose(fusion, inputs, params) -> KernelPlan:
                       [tuple(range(fusion.outputs[0].ndim))])
 
 
-LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose}
+# ---- reductions and normalizations ----------------------------------------------------------
+def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
+    from .reduction_lowering import plan_reduction_kernel
+    name = kernel_name(fusion)
+    kir, launch = plan_reduction_kernel(sched, name)
+    header = f"// pyfuser {sched.scheduler} kernel: {sched.params.as_dict()}\n"
+    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch,
+                             sched.params.as_dict())
+    plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
+                      sched.out_orders)
+    plan.schedule = sched
+    return plan
+
+
+LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,
+             "reduction": _plan_reduction, "inner_persistent": _plan_reduction,
+             "outer_persistent": _plan_reduction}
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:

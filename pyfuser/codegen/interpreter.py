@@ -174,8 +174,8 @@ class Interpreter:
         if s.space == "shared":
             if s.name not in self.shared:      # static: one array per block for the whole kernel
                 self.shared[s.name] = _Shared(self.nb, s.dims, dtype)
-        else:
-            self.arrays[s.name] = torch.zeros((self.P, *s.dims), dtype=dtype)
+        else:          # uninitialised registers: garbage a kernel must never read
+            self.arrays[s.name] = _garbage((self.P, *s.dims), dtype)
 
     def loop(self, s: K.Loop, sc: _Scope) -> None:
         if s.kind in ("grid", "serial"):
@@ -443,6 +443,17 @@ class Interpreter:
                 dt = torch.bool if (x.name == "where" and i == 0) else reg
                 targs.append(torch.tensor(a, dtype=dt))
         return info.ref(*targs)
+
+
+def _garbage(shape, dtype) -> torch.Tensor:
+    """What an uninitialised local array holds here: NaN, or 0x5a bytes (a kernel reading an
+    element it never wrote gives a wrong result, not a lucky zero)."""
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype)
+    t = torch.empty(shape, dtype=dtype)
+    if t.numel():
+        t.view(-1).view(torch.uint8).fill_(0x5A) if dtype != torch.bool else t.fill_(True)
+    return t
 
 
 def _and(a, b):

@@ -17,160 +17,31 @@ from __future__ import annotations
 
 from ..ir import exprs as E
 from ..ir.base import Scalar
-from ..ir.dtypes import DataType, Operand, Promotion, result_type
-from ..ir.tensor import TensorView
 from . import kernel_ir as K
-from .kernel import Param
+from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
 THREAD, STEP, LANE = 0, 1, 2      # where a node's value is computed (see Lowering.node_levels)
-
-SCALAR_PARAM_CTYPE = {DataType.Bool: "bool", DataType.Int: "int64_t", DataType.Int32: "int",
-                      DataType.Float: "float", DataType.Double: "double"}
-
-
-def op_compute_dtype(e) -> DataType:
-    """The dtype an elementwise expr computes in, by the builder's promotion rule."""
-    info = e.info
-    skip = set(getattr(info, "scalar_args", ())) | ({0} if info.name == "where" else set())
-    promoted = [v for i, v in enumerate(e.inputs) if i not in skip]
-    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE) \
-        else info.promotion
-
-    def operand(v):
-        if isinstance(v, TensorView):
-            return Operand(v.dtype, Operand.TENSOR if v.ndim else Operand.ZERO_DIM)
-        return Operand(v.dtype, Operand.SCALAR)
-    return result_type(*(operand(v) for v in promoted), promotion=kind)
 
 
 def kernel_name(fusion) -> str:
     names = []
     for e in fusion.used_exprs():
-        if isinstance(e, (E.ElementwiseOp, E.CastOp, E.FullOp)) and e.op_name not in names:
+        if isinstance(e, (E.ElementwiseOp, E.CastOp, E.FullOp, E.ReductionOp, E.WelfordOp)) \
+                and e.op_name not in names:
             names.append(e.op_name)
     if not names:
         names = ["copy"]
     return "pf_" + "_".join(names[:4]) + ("_etc" if len(names) > 4 else "") + "_kernel"
 
 
-class Lowering:
+class Lowering(Emitter):
     def __init__(self, sched):
-        self.s = sched
-        self.p = sched.params
-        self.it = self.p.index_type
-        self.ptr_params, self.size_params, self.stride_params, self.scalar_params = [], [], [], []
-        self.tensors: dict = {}
-        self.prologue: list = []
-        self._scalars: dict = {}
-        self._param_names: set = set()
+        super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
         self.need_r = any(not a.affine for a in sched.accesses)
-        self.store_only = self._store_only_nodes()
-
-    def _store_only_nodes(self) -> set:
-        """ids of graph nodes whose value is only stored, directly or through set/alias nodes,
-        to outputs of its own dtype. A half/bf16 op result among them is not rounded in its Let:
-        the store's conversion to the storage type is that same rounding (round to nearest
-        even), done once instead of twice."""
-        users: dict = {}
-        for n in self.s.graph.nodes:
-            for a in n.args:
-                if not isinstance(a, Scalar):
-                    users.setdefault(id(a), []).append(n)
-        stored = {id(a.node) for a in self.s.accesses if a.is_store}
-        out: set = set()
-        for n in reversed(self.s.graph.nodes):           # users come after their producers
-            us = users.get(id(n), [])
-            if (us or id(n) in stored) and all(
-                    u.kind in ("set", "alias") and id(u) in out and u.tv.dtype is n.tv.dtype
-                    for u in us):
-                out.add(id(n))
-        return out
-
-    # ---- params ---------------------------------------------------------------------------
-    def _param(self, bucket, name, ctype, source):
-        if name not in self._param_names:
-            self._param_names.add(name)
-            bucket.append(Param(name, ctype, source))
-        return K.Var(name)
-
-    def ptr(self, a) -> str:
-        name = f"T{a.tv.number}"
-        if name not in self.tensors:
-            self.tensors[name] = K.TensorParam(name, a.tv.dtype, a.seg, a.is_store)
-            self._param(self.ptr_params, name, "void*", ("ptr", a.seg))
-        return name
 
     def extent(self, k: int):
         return self._param(self.size_params, f"n{k}", self.it, ("size", self.ref_seg, k))
-
-    def stride(self, a, j):
-        """Stride of access `a` along its axis j: a kernel parameter; for a load through a view
-        (j = ("rm", view, i)) the product of the view output's extents after axis i."""
-        if isinstance(j, tuple):
-            _, view, i = j
-            st = self.const(1)
-            for d in view.outputs[0].logical[i + 1:]:
-                st = K.mul(st, self.extent_expr(d))
-            return st
-        return self._param(self.stride_params, f"T{a.tv.number}_s{j}", self.it, ("stride", a.seg, j))
-
-    def const(self, v: int):
-        return K.Const(int(v), "nidx_t")
-
-    def scalar(self, s: Scalar):
-        """Kernel expression (register type of s.dtype) of a fusion Scalar."""
-        if s.is_const:
-            return K.Const(s.value, K.REGISTER_CTYPE[s.dtype], s.dtype)
-        hit = self._scalars.get(id(s))
-        if hit is not None:
-            return hit
-        d = s.definition
-        if d is None:
-            ctype = SCALAR_PARAM_CTYPE.get(s.dtype, "int64_t" if s.dtype.is_integral else "float")
-            pdt = {"int64_t": DataType.Int, "float": DataType.Float}.get(ctype, s.dtype)
-            v = self._param(self.scalar_params, s.name, ctype, ("scalar", self.s.orig_of[id(s)]))
-            expr = v if pdt is s.dtype else K.Convert("cast", v, pdt, s.dtype)
-        elif isinstance(d, E.ScalarCast):
-            expr = K.Convert("cast", self.scalar(d.inputs[0]), d.inputs[0].dtype, s.dtype)
-        else:
-            compute = op_compute_dtype(d)
-            args = [self._convert_arg(self.scalar(v), v.dtype, compute, d, i)
-                    for i, v in enumerate(d.inputs)]
-            expr = self._op(d, args, compute, s.dtype)
-        if not isinstance(expr, (K.Var, K.Const)):
-            name = f"s{s.number}"
-            self.prologue.append(K.Let(name, K.REGISTER_CTYPE[s.dtype], expr, f"{s.name}"))
-            expr = K.Var(name)
-        self._scalars[id(s)] = expr
-        return expr
-
-    def extent_expr(self, d):
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
-        if s.is_const:
-            return self.const(s.value)
-        return self._param(self.size_params, f"x{s.number}", self.it, ("scalar", self.s.orig_of[id(s)]))
-
-    # ---- ops ------------------------------------------------------------------------------
-    @staticmethod
-    def _convert_arg(expr, src: DataType, compute: DataType, e, i):
-        if e.info.name == "where" and i == 0:
-            return expr
-        dst = compute.compute
-        return expr if src.compute is dst else K.Convert("cast", expr, src, dst)
-
-    @staticmethod
-    def _op(e, args, compute: DataType, out: DataType, rounded: bool = True):
-        if e.info.name == "div_trunc" and compute.is_reduced_float:
-            # eager (CUDA) computes trunc(a / b) on scalar_t = half/bfloat16: the quotient is
-            # rounded to the reduced type before the trunc (2.999 -> bf16 3.0 -> 3, not 2)
-            q = K.Convert("round", K.Op("div", tuple(args), compute), DataType.Float, compute)
-            return K.Convert("round", K.Op("trunc", (q,), compute), DataType.Float, out) \
-                if out.is_reduced_float else K.Op("trunc", (q,), compute)
-        expr = K.Op(e.info.name, tuple(args), compute)
-        if out.is_reduced_float and rounded:
-            expr = K.Convert("round", expr, DataType.Float, out)
-        return expr
 
     # ---- indices --------------------------------------------------------------------------
     def key_index(self, c):
@@ -285,23 +156,8 @@ class Lowering:
                 idx = () if a.row_invariant else (u,)
                 idx = idx + ((self.const(0),) if a.mode == "bcast" else (lane,))
                 expr = K.Convert("load", K.ArrayRef(arr, idx), dt, dt)
-            elif node.kind == "full":
-                fill = node.args[0]
-                expr = K.Convert("cast", self.scalar(fill), fill.dtype, dt) if fill.dtype is not dt \
-                    else self.scalar(fill)
-            elif node.kind == "cast":
-                src = node.args[0]
-                expr = K.Convert("cast", vals[id(src)], src.tv.dtype, dt)
             else:
-                e = node.expr
-                compute = op_compute_dtype(e)
-                args = []
-                for i, a in enumerate(node.args):
-                    if isinstance(a, Scalar):
-                        args.append(self._convert_arg(self.scalar(a), a.dtype, compute, e, i))
-                    else:
-                        args.append(self._convert_arg(vals[id(a)], a.tv.dtype, compute, e, i))
-                expr = self._op(e, args, compute, dt, id(node) not in self.store_only)
+                expr = self.node_expr(node, lambda a: vals[id(a)])
             out.append(K.Let(name, K.REGISTER_CTYPE[dt], expr))
             vals[id(node)] = K.Var(name)
         return vals
@@ -440,5 +296,4 @@ class Lowering:
             body.append(K.Loop("by", K.Special("blockIdx.y"), K.Var("nby"), K.Special("gridDim.y"),
                                "grid", [bx_loop], "row blocks"))
         body = self.prologue + body
-        params = self.ptr_params + self.size_params + self.stride_params + self.scalar_params
-        return K.Kernel(name, params, self.tensors, self.it, T, body, p.min_blocks)
+        return K.Kernel(name, self.params(), self.tensors, self.it, T, body, p.min_blocks)

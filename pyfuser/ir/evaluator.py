@@ -98,11 +98,16 @@ def _reduction(e, env):
 
 def _welford(e, env):
     x = env[e.inputs[0]]
-    var, avg = torch.var_mean(x, dim=list(e.axes), correction=0)
     count = 1
     for a in e.axes:
         count *= x.shape[a]
     avg_tv, m2_tv, n_tv = e.outputs
+    if count == 0:      # no element: mean NaN (as eager's mean), sum of squared deviations 0
+        shape = [s for i, s in enumerate(x.shape) if i not in e.axes]
+        avg = torch.full(shape, float("nan"), dtype=avg_tv.dtype.torch, device=x.device)
+        return avg, torch.zeros_like(avg, dtype=m2_tv.dtype.torch), \
+            torch.zeros_like(avg, dtype=n_tv.dtype.torch)
+    var, avg = torch.var_mean(x, dim=list(e.axes), correction=0)
     n = torch.full_like(avg, count, dtype=n_tv.dtype.torch)
     return avg.to(avg_tv.dtype.torch), (var * count).to(m2_tv.dtype.torch), n
 

@@ -124,6 +124,8 @@ def eager_output_orders(fusion, inputs, bindings) -> list[tuple]:
         if not isinstance(out, TensorView):
             continue
         env[out] = _meta_expr(e, env, bindings)
+        for other in e.outputs[1:]:          # Welford's m2 and n: laid out as its mean
+            env[other] = env[out]
     orders = []
     for o in fusion.outputs:
         m = env[o]
@@ -174,6 +176,8 @@ def _meta_expr(e, env, bindings):
         return x.permute(e.dims)
     if isinstance(e, E.FullOp):
         return torch.empty(bindings.shape(out), device="meta")
+    if isinstance(e, (E.ReductionOp, E.WelfordOp)):   # every reduction lays out as sum does
+        return x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))
     raise NotImplementedError(type(e).__name__)
 
 

@@ -36,6 +36,8 @@ class Scheduler:
     compile_check: Callable
     plan: Callable
     run_check: Callable = _always
+    # (fusion, inputs) -> what of the plan follows from sizes (part of the kernel signature)
+    size_class: Callable = None
 
 
 def _transpose():
@@ -49,7 +51,8 @@ def _pointwise():
 
 
 def _build() -> list:
-    return [_transpose(), _pointwise()]
+    from . import reduction
+    return [_transpose(), *reduction.schedulers(), _pointwise()]
 
 
 SCHEDULERS: list = _build()

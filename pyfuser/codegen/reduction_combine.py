@@ -1,0 +1,106 @@
+"""Combining partial results of reductions, as kernel IR: identities, the combine of two partials
+(sum, prod, max, min and Welford's (mean, m2, n) triple), and the cross-thread steps built from
+them (warp shuffles, a block's shared-memory exchange).
+
+A partial is a list of kernel IR expressions: one value for sum / prod / max / min (in the
+accumulator dtype), three for Welford (mean and m2 in the compute dtype, n as int64). Every
+combine is written with op-table ops (add, mul, maximum, minimum, sub, div, where), so the printer
+and the interpreter evaluate exactly the same arithmetic, and the order of combination is fixed
+(lanes in order, shuffles by falling xor distance, warps in order): the same inputs give the same
+bits on every run.
+
+Welford's combine (Chan et al.) of (ma, m2a, na) and (mb, m2b, nb): n = na + nb, c = nb / n (0 when
+n is 0), d = mb - ma, mean = ma + d * c, m2 = m2a + m2b + d * d * na * c.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import exprs as E
+from ..ir.dtypes import DataType
+from . import kernel_ir as K
+
+I64 = DataType.Int
+COMBINE_OP = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+
+
+def acc_dtypes(e) -> list:
+    """Accumulator dtypes of a reduce expr's partial."""
+    if isinstance(e, E.WelfordOp):
+        c = e.inputs[0].dtype.compute
+        return [c, c, I64]
+    return [e.outputs[0].dtype.compute]
+
+
+def identity(e) -> list:
+    """The partial of no element."""
+    dts = acc_dtypes(e)
+    if isinstance(e, E.WelfordOp):
+        return [K.Const(0.0, K.REGISTER_CTYPE[dts[0]], dts[0]),
+                K.Const(0.0, K.REGISTER_CTYPE[dts[1]], dts[1]), K.Const(0, "int64_t", I64)]
+    dt = dts[0]
+    name = e.info.name
+    if name in ("sum", "prod"):
+        v = 0 if name == "sum" else 1
+        return [K.Const(bool(v) if dt.is_bool else (float(v) if dt.is_floating else v),
+                        K.REGISTER_CTYPE[dt], dt)]
+    low = name == "max"
+    if dt.is_bool:
+        v = not low
+    elif dt.is_floating:
+        v = -math.inf if low else math.inf
+    else:
+        info = torch.iinfo(dt.torch)
+        v = info.min if low else info.max
+    return [K.Const(v, K.REGISTER_CTYPE[dt], dt)]
+
+
+class Combiner:
+    """Emits the Lets of combines into a statement list; names stay unique per kernel."""
+
+    def __init__(self):
+        self.count = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}{self.count}"
+
+    def combine(self, e, a: list, b: list, out: list) -> list:
+        """Partial of `a` then `b` (order matters only for rounding; it is fixed)."""
+        if not isinstance(e, E.WelfordOp):
+            dt = acc_dtypes(e)[0]
+            return [K.Op(COMBINE_OP[e.info.name], (a[0], b[0]), dt)]
+        c_dt = acc_dtypes(e)[0]
+        ma, m2a, na = a
+        mb, m2b, nb = b
+        n = self._let(out, "wn", I64, K.Op("add", (na, nb), I64))
+        nf = K.Convert("cast", n, I64, c_dt)
+        nbf = K.Convert("cast", nb, I64, c_dt)
+        naf = K.Convert("cast", na, I64, c_dt)
+        zero = K.Const(0.0, K.REGISTER_CTYPE[c_dt], c_dt)
+        pos = K.Op("gt", (n, K.Const(0, "int64_t", I64)), I64)
+        c = self._let(out, "wc", c_dt, K.Op("where", (pos, K.Op("div", (nbf, nf), c_dt), zero), c_dt))
+        d = self._let(out, "wd", c_dt, K.Op("sub", (mb, ma), c_dt))
+        mean = K.Op("add", (ma, K.Op("mul", (d, c), c_dt)), c_dt)
+        dd = K.Op("mul", (K.Op("mul", (K.Op("mul", (d, d), c_dt), naf), c_dt), c), c_dt)
+        m2 = K.Op("add", (K.Op("add", (m2a, m2b), c_dt), dd), c_dt)
+        return [mean, m2, n]
+
+    def _let(self, out, stem, dt, expr):
+        name = self.fresh(stem)
+        out.append(K.Let(name, K.REGISTER_CTYPE[dt], expr))
+        return K.Var(name)
+
+    def assign_all(self, e, names: list, index: tuple, exprs: list, out: list) -> None:
+        """Accumulators `names[i][index] = exprs[i]` of reduce expr e: computed first (Lets),
+        then written, so a combine reading the old values sees them all unchanged."""
+        tmp = []
+        for n, x, dt in zip(names, exprs, acc_dtypes(e)):
+            t = self.fresh(f"{n}_n")
+            out.append(K.Let(t, K.REGISTER_CTYPE[dt], x))
+            tmp.append(K.Var(t))
+        for n, t in zip(names, tmp):
+            out.append(K.Assign(n, index, t))
+

@@ -1,0 +1,284 @@
+"""The reduction-family schedulers: pure reductions, and inner / outer persistent normalizations.
+
+All three take fusions that redu_graph.analyze accepts (one reduction domain, reductions and
+pointwise ops around them) and produce one `ReductionSchedule`, lowered by
+codegen/reduction_lowering.py into one kernel:
+
+- "reduction": a pure reduction (sum, amax, var_mean, ...; full-size outputs that do not depend
+  on a reduction are written in the same pass). Any layout.
+- "inner_persistent": a normalization (softmax, layer_norm, rms_norm, log_softmax, ...) whose
+  reduced axes are innermost in memory (run-time check). A row is read once and held in
+  registers when it fits (`persistent`), else re-read from L2 / memory pass by pass.
+- "outer_persistent": a normalization with any other layout (reduced axes outside, e.g. over
+  the batch of a channels-last tensor). Columns are held on chip when they fit, else re-read.
+
+The plan (`schedule(fusion, inputs)`):
+1. the reference domain is the reductions' input shape; size-1 axes whose size is a signature
+   fact are dropped; the axes are ordered as the largest full-size input lays them out, and
+   neighbouring axes of the same class (kept K / reduced R) that every access holds contiguously
+   are collapsed into groups;
+2. "inner" when the innermost group is reduced: a team of `bdimx` threads (a warp or a block
+   slice) reduces one row of the kept index, `bdimy` rows per block, the row's inner group in
+   vectors of `vec` elements; "outer" otherwise: `bdimx` threads span `bdimx * vec` columns of
+   the innermost kept group and `bdimy` threads split the reduced index;
+3. vector width as in the pointwise scheduler (16 bytes where the inner extent, strides and
+   alignment allow);
+4. heuristics (reduction_heuristics.py) pick the thread shape, the unroll and whether the row
+   (inner) or column block (outer) is held in registers for the whole kernel (`steps` vectors per
+   thread), from the sizes; those choices are part of the kernel's signature (`size_class`).
+
+Invariant: the correctness of a plan depends only on the layout signature and the size class;
+the kernel loops over any number of rows and any row length of that class.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .. import dump as D
+from ..errors import SchedulerError
+from ..ir.base import Scalar
+from ..ir.shapes import bind
+from ..ir.tensor import TensorView
+from . import layout as L
+from . import reduction_graph as RG
+from .pointwise import Access, _access, _known_extent_ids, _vector_width
+from .reduction_heuristics import choose
+
+
+@dataclass
+class ReductionParams:
+    kind: str = "inner"          # "inner": reduced axes innermost; "outer": kept axes innermost
+    persistent: bool = False     # the row (inner) / column block (outer) stays in registers
+    vec: int = 1                 # elements per vector access along the innermost group
+    bdimx: int = 32              # inner: threads per row; outer: threads across columns
+    bdimy: int = 1               # inner: rows per block; outer: threads splitting the reduction
+    unroll: int = 1              # vectors (inner) / rows (outer) per thread per loop step
+    steps: int = 0               # persistent: vectors (inner) / rows (outer) held per thread
+    max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
+    index_type: str = "int"
+    groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
+    reduced: list = field(default_factory=list)    # per group: True when it is reduced
+    dropped: list = field(default_factory=list)    # size-1 reference axes
+    passes: int = 0              # reduction passes (+ a final pass when `final_pass` > passes-1)
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def size_class(self) -> tuple:
+        """What of the plan follows from sizes rather than from the layout signature."""
+        return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
+                self.steps, tuple(map(tuple, self.groups)), tuple(self.dropped))
+
+
+@dataclass
+class ReductionSchedule:
+    fusion: object               # the user's fusion (not copied: nothing here changes it)
+    orig: object                 # the same (the lowering's interface with the pointwise one)
+    orig_of: dict                # id(Scalar) -> Scalar
+    graph: RG.ReductionGraph
+    params: ReductionParams
+    accesses: list
+    out_orders: list
+    shape: list                  # reference sizes at planning
+    scheduler: str = "reduction"
+
+
+# ---- compile checks ---------------------------------------------------------------------------
+def _graph(fusion):
+    """The fusion's ReductionGraph (cached on it; dropped when the fusion changes), or the
+    reason it has none."""
+    cached = fusion.__dict__.get("_pyfuser_reduction_graph")
+    if cached is None:
+        try:
+            cached = RG.analyze(fusion)
+        except RG.NotAReduction as e:
+            cached = str(e)
+        fusion.__dict__["_pyfuser_reduction_graph"] = cached
+    return cached
+
+
+def _common_refusals(fusion):
+    if not fusion.outputs:
+        return "the fusion has no outputs"
+    if getattr(fusion, "aliases", None):
+        return "in-place output aliases"
+    for v in list(fusion.inputs) + list(fusion.outputs):
+        if v.dtype.is_complex:
+            return f"complex dtype {v.dtype.name} of {v.name}"
+    g = _graph(fusion)
+    if isinstance(g, str):
+        return g
+    for e in fusion.used_exprs():
+        for v in e.inputs + e.outputs:
+            dt = getattr(v, "dtype", None)
+            if dt is not None and dt.is_complex:
+                return f"complex dtype {dt.name} of {v.name}"
+    for o, node in zip(fusion.outputs, g.outputs):
+        if node.kind == "load":
+            return f"output {o.name} is an input (no compute)"
+    return None
+
+
+def reduction_check(fusion) -> tuple[bool, str]:
+    why = _common_refusals(fusion)
+    if why:
+        return False, why
+    if not _graph(fusion).is_pure_reduction:
+        return False, "a reduction result flows back into full-size values (a normalization)"
+    return True, ""
+
+
+def normalization_check(fusion) -> tuple[bool, str]:
+    why = _common_refusals(fusion)
+    if why:
+        return False, why
+    if _graph(fusion).is_pure_reduction:
+        return False, "a pure reduction (the reduction scheduler's)"
+    return True, ""
+
+
+def _inner_layout(fusion, inputs, bindings) -> tuple[bool, str]:
+    g = _graph(fusion)
+    order, _ = _order_and_drops(fusion, g, inputs, bindings)
+    if not order:
+        return True, ""
+    return (True, "") if order[-1] in g.R else \
+        (False, "the innermost axis in memory is kept, not reduced")
+
+
+# ---- layout -----------------------------------------------------------------------------------
+def _reference_shape(g, bindings) -> list:
+    return bindings.shape(RG.reductions(g.fusion)[0].inputs[0])
+
+
+def _main_load(g, inputs):
+    """(node, tensor) of the full-size load with the most elements (the layout reference)."""
+    actual = [x for v, x in zip(g.fusion.inputs, inputs) if isinstance(v, TensorView)]
+    tins = g.fusion.tensor_inputs()
+    best = None
+    for node in g.loads:
+        if g.level[id(node)] != "full":
+            continue
+        x = actual[tins.index(node.tv)]
+        if best is None or x.numel() > best[1].numel():
+            best = (node, x)
+    return best
+
+
+def _order_and_drops(fusion, g, inputs, bindings):
+    shape = _reference_shape(g, bindings)
+    known = _known_extent_ids(fusion)
+    ref_in = RG.reductions(fusion)[0].inputs[0]
+
+    def proven(k):
+        d = ref_in.logical[k]
+        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        return s.is_const or id(s) in known
+
+    dropped = [k for k in range(g.n) if shape[k] == 1 and proven(k)]
+    main = _main_load(g, inputs)
+    covered = []
+    if main is not None:
+        node, x = main
+        sizes, strides = tuple(x.shape), tuple(x.stride())
+        for j in L.stride_order(sizes, strides):
+            c = node.key[j]
+            if c != 0 and c[1] not in dropped and c[1] not in covered:
+                covered.append(c[1])
+    rest = [k for k in range(g.n) if k not in dropped and k not in covered]
+    return rest + covered, dropped
+
+
+def _collapse(order, shape, accesses, R) -> list[list[int]]:
+    groups: list[list[int]] = []
+    for k in order:
+        if groups:
+            prev = groups[-1][-1]
+            if (prev in R) == (k in R) and all(
+                    a.eff.get(prev, (0,))[0] == a.eff.get(k, (0,))[0] * shape[k] for a in accesses):
+                groups[-1].append(k)
+                continue
+        groups.append([k])
+    return groups
+
+
+def _accesses(g, inputs, bindings, orders) -> list:
+    fusion = g.fusion
+    tins = fusion.tensor_inputs()
+    actual = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
+    out = []
+    for node in g.loads:
+        i = tins.index(node.tv)
+        x = actual[i]
+        a = _access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
+        a.ptr_align = L.p2(x.data_ptr()) if x.numel() else 16
+        out.append(a)
+    nin = len(tins)
+    for oi, (o, node) in enumerate(zip(fusion.outputs, g.outputs)):
+        sizes = tuple(bindings.shape(o))
+        out.append(_access(node, nin + oi, o, True, o.dtype.itemsize, sizes,
+                           L.strides_for(sizes, orders[oi])))
+    return out
+
+
+def _classify(p: ReductionParams, accesses) -> None:
+    inner = p.groups[-1][-1] if p.groups else None
+    for a in accesses:
+        s = a.eff.get(inner, (0,))[0] if inner is not None else 0
+        a.mode = "bcast" if s == 0 else ("vector" if s == 1 else "strided")
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
+    g = _graph(fusion)
+    if isinstance(g, str):
+        raise SchedulerError(f"{scheduler} scheduler: {g}")
+    inputs = list(inputs)
+    bindings = bind(fusion, inputs)
+    orders = L.eager_output_orders(fusion, inputs, bindings)
+    shape = _reference_shape(g, bindings)
+    order, dropped = _order_and_drops(fusion, g, inputs, bindings)
+    accesses = _accesses(g, inputs, bindings, orders)
+    R = set(g.R)
+    p = ReductionParams(dropped=dropped, passes=g.n_passes)
+    p.groups = _collapse(order, shape, accesses, R)
+    p.reduced = [g0[0] in R for g0 in p.groups]
+    p.kind = "inner" if (not p.groups or p.reduced[-1]) else "outer"
+    ext = [L.numel(shape[k] for k in g0) for g0 in p.groups]
+    known = _known_extent_ids(fusion)
+    ref_in = RG.reductions(fusion)[0].inputs[0]
+    inner_proven = all(ref_in.logical[k].extent.is_const or id(ref_in.logical[k].extent) in known
+                       for k in (p.groups[-1] if p.groups else []))
+    p.vec = _vector_width(p.groups, ext, accesses, inner_proven) if p.groups else 1
+    p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
+    _classify(p, accesses)
+    choose(p, ext, g, accesses, scheduler != "reduction")
+    sched = ReductionSchedule(fusion, fusion, {id(v): v for v in fusion.vals if isinstance(v, Scalar)},
+                              g, p, accesses, orders, shape, scheduler)
+    D.dump("scheduler_params", scheduler, lambda: _describe(sched))
+    return sched
+
+
+def _describe(s: ReductionSchedule) -> str:
+    p = s.params
+    lines = [f"kind={p.kind} persistent={p.persistent} vec={p.vec} block=({p.bdimx}, {p.bdimy}) "
+             f"unroll={p.unroll} steps={p.steps} index={p.index_type} passes={p.passes}",
+             f"groups={p.groups} reduced={p.reduced} dropped={p.dropped} ({p.reason})"]
+    for a in s.accesses:
+        lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode} "
+                     f"level={s.graph.level[id(a.node)]}")
+    return "\n".join(lines)
+
+
+def _entry(name, compile_check, run_check=None):
+    from .registry import Scheduler, _always
+    return Scheduler(name, compile_check, lambda f, i: schedule(f, i, name),
+                     run_check or _always,
+                     lambda f, i: schedule(f, i, name).params.size_class())
+
+
+def schedulers() -> list:
+    return [_entry("reduction", reduction_check),
+            _entry("inner_persistent", normalization_check, _inner_layout),
+            _entry("outer_persistent", normalization_check)]

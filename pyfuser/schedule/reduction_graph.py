@@ -1,0 +1,185 @@
+"""The structure of a reduction or normalization Fusion, seen from its reduction domain.
+
+Every reduction of such a fusion reduces the same axes R of rank-n tensors of one shape: the
+*reference domain* (axes 0..n-1, kept axes K and reduced axes R). Other tensors line up with it:
+a rank-n tensor's axis i is reference axis i (broadcast axes included), a rank n-|R| tensor's
+axes are K in order (a reduction's result, squeezed); lower-rank inputs reach it through
+broadcasts. There is no permute or view between compute ops (the segmenter leaves those at the
+edges, as host views); such fusions are refused with a reason.
+
+Like pointwise_graph, every value gets an index key over the reference axes, ("r", k) or 0, and
+a Node per (TensorView, key). Reductions add "reduce" Nodes: a ReductionOp / WelfordOp output
+read at a key over K; its input is read at that key with ("r", k) put back at R. From the keys:
+- a Node's *level* is "full" when its key holds a reduced axis (it varies along R), else "row"
+  (one value per kept index: reduction results, per-row inputs, what is computed from them);
+- its *pass* (`avail`) is the first pass over the reduced axes in which its value exists: loads
+  0; an op the latest of its arguments; a reduction one more than its input, which it
+  accumulates in pass `avail(input)`. `n_passes` reduction passes run, each followed by the
+  combine of its reductions across threads; full outputs are written in their own pass, which
+  may be one more (`final_pass`, e.g. softmax's division by the sum).
+
+A fusion is a *pure reduction* when one pass does everything (no full value depends on a
+reduction result), else a *normalization* (softmax, layer_norm: reduced values flow back into
+full-size values, so the row is read again or kept on chip).
+
+Invariant: everything here is a function of the Fusion alone (no sizes), so the schedulers'
+compile checks that call it are size-free.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..ir import exprs as E
+from ..ir.base import Scalar
+from ..ir.tensor import TensorView
+from .pointwise_graph import Node, producer_key
+
+REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
+ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.BroadcastOp, E.ExpandOp, E.SqueezeOp,
+           E.ScalarCast) + REDUCE_EXPRS
+
+
+class NotAReduction(Exception):
+    """The fusion is not a reduction fusion this analysis handles (the message says why)."""
+
+
+def reductions(fusion) -> list:
+    return [e for e in fusion.used_exprs() if isinstance(e, REDUCE_EXPRS)]
+
+
+def _zero_bcast(tv: TensorView, key) -> tuple:
+    return tuple(0 if d.is_broadcast and d.expanded_extent is None else c
+                 for d, c in zip(tv.logical, key))
+
+
+@dataclass
+class ReductionGraph:
+    fusion: object
+    n: int                       # rank of the reference domain
+    R: tuple                     # reduced reference axes
+    K: tuple                     # kept reference axes
+    nodes: list = field(default_factory=list)     # topological
+    loads: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)   # Node of each fusion output
+    reduces: list = field(default_factory=list)   # reduce exprs, in node order
+    level: dict = field(default_factory=dict)     # id(node) -> "full" / "row"
+    avail: dict = field(default_factory=dict)     # id(node) -> pass its value exists from
+    reduce_pass: dict = field(default_factory=dict)  # id(reduce expr) -> pass accumulating it
+    n_passes: int = 0
+    final_pass: int = 0          # pass writing the full outputs that need every reduction
+
+    @property
+    def is_pure_reduction(self) -> bool:
+        return self.n_passes == 1 and all(self.avail[id(o)] == 0 for o in self.outputs
+                                          if self.level[id(o)] == "full")
+
+    def output_key(self, tv: TensorView) -> tuple:
+        """The key a fusion output is written at (its axes line up with the reference)."""
+        if tv.ndim == self.n:
+            return _zero_bcast(tv, [("r", k) for k in range(self.n)])
+        if tv.ndim == len(self.K):
+            return _zero_bcast(tv, [("r", k) for k in self.K])
+        raise NotAReduction(f"output {tv.name} has rank {tv.ndim}: neither the reduction domain's "
+                            f"{self.n} nor the kept axes' {len(self.K)}")
+
+
+def analyze(fusion) -> ReductionGraph:
+    """The ReductionGraph of `fusion`; NotAReduction (with the reason) when it is none."""
+    reds = reductions(fusion)
+    if not reds:
+        raise NotAReduction("no reduction")
+    for e in fusion.used_exprs():
+        if not isinstance(e, ALLOWED):
+            raise NotAReduction(f"{e.op_name} ({type(e).__name__}) between compute ops")
+    first = reds[0].inputs[0]
+    n, R = first.ndim, tuple(reds[0].axes)
+    for e in reds[1:]:
+        if e.inputs[0].ndim != n or tuple(e.axes) != R:
+            raise NotAReduction(f"reductions over different axes ({list(R)} of rank {n} and "
+                                f"{list(e.axes)} of rank {e.inputs[0].ndim})")
+    g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
+    _Builder(g).build()
+    _levels_and_passes(g)
+    return g
+
+
+class _Builder:
+    def __init__(self, g: ReductionGraph):
+        self.g = g
+        self.memo: dict = {}
+
+    def build(self) -> None:
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 20000))
+        try:
+            for o in self.g.fusion.outputs:
+                self.g.outputs.append(self.visit(o, self.g.output_key(o)))
+        finally:
+            sys.setrecursionlimit(old)
+
+    def visit(self, tv: TensorView, key: tuple) -> Node:
+        g = self.g
+        mk = (id(tv), key)
+        hit = self.memo.get(mk)
+        if hit is not None:
+            return hit
+        e = tv.definition
+        if e is None:
+            node = Node("load", tv, key)
+            g.loads.append(node)
+        elif isinstance(e, E.FullOp):
+            node = Node("full", tv, key, e, [e.inputs[0]])
+        elif isinstance(e, REDUCE_EXPRS):
+            if len(key) != len(g.K):
+                raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")
+            full_key = [None] * g.n
+            for k, c in zip(g.K, key):
+                full_key[k] = c
+            for k in g.R:
+                full_key[k] = ("r", k)
+            inp = e.inputs[0]
+            arg = self.visit(inp, _zero_bcast(inp, full_key))
+            node = Node("reduce", tv, key, e, [arg])
+            if e not in g.reduces:
+                g.reduces.append(e)
+        else:
+            args = []
+            for v in e.inputs:
+                if isinstance(v, TensorView):
+                    args.append(self.visit(v, self._producer_key(e, key, v)))
+                else:
+                    args.append(v)
+            kind = ("op" if isinstance(e, E.ElementwiseOp) else "cast" if isinstance(e, E.CastOp)
+                    else "set" if isinstance(e, E.SetOp) else "alias")
+            node = Node(kind, tv, key, e, args)
+        self.memo[mk] = node
+        g.nodes.append(node)
+        return node
+
+    def _producer_key(self, e, key, inp) -> tuple:
+        pk = producer_key(e, key, inp)
+        if len(pk) != inp.ndim:
+            raise NotAReduction(f"cannot line up {inp.name} with the reduction domain")
+        return pk
+
+
+def _levels_and_passes(g: ReductionGraph) -> None:
+    R = set(g.R)
+    for node in g.nodes:
+        full = any(isinstance(c, tuple) and c[0] == "r" and c[1] in R for c in node.key)
+        g.level[id(node)] = "full" if full else "row"
+        if node.kind in ("load", "full"):
+            g.avail[id(node)] = 0
+        elif node.kind == "reduce":
+            p = g.avail[id(node.args[0])]
+            prev = g.reduce_pass.get(id(node.expr))
+            assert prev is None or prev == p
+            g.reduce_pass[id(node.expr)] = p
+            g.avail[id(node)] = p + 1
+        else:
+            g.avail[id(node)] = max((g.avail[id(a)] for a in node.args if not isinstance(a, Scalar)),
+                                    default=0)
+    g.n_passes = max(g.reduce_pass.values()) + 1 if g.reduce_pass else 0
+    g.final_pass = max([g.n_passes - 1] + [g.avail[id(o)] for o in g.outputs
+                                           if g.level[id(o)] == "full"])

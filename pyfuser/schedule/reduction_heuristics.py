@@ -1,0 +1,121 @@
+"""Heuristics of the reduction-family schedulers: thread shape, unroll, persistence, grid.
+
+Inputs are plain numbers (the collapsed group extents seen when planning, the vector width the
+layout allows, the bytes each vector step holds, the device's SM count); the output fills a
+`ReductionParams`. The lowering is correct for any choice; the choices are part of the kernel's
+size class (signature), so a kernel built for one shape serves every shape that picks the same.
+
+Inner (reduced axes innermost): a row of `nv` vectors is split over a team of `bdimx` threads
+(a power of two, 1..1024), each holding `steps` vectors when persistent (about 8, so that every
+thread has 8 loads in flight and the team is small: fewer shuffle steps), and `bdimy` rows share
+a block of at least 128 threads. A row stays in registers when its data needs at most 64
+registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
+`unroll` vectors a step, and re-read for each later pass (from L2 when the rows in flight fit).
+Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
+reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
+the column block fits the same register budget.
+Grid: at most `waves` x SMs x resident blocks (the kernel grid-strides), so per-thread data that
+does not depend on the row (a layer-norm weight) is loaded once per thread.
+
+Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY, $PYFUSER_RED_UNROLL,
+$PYFUSER_RED_STEPS (persistent steps; 0 turns persistence off), $PYFUSER_RED_WAVES.
+"""
+from __future__ import annotations
+
+import os
+
+from .pointwise_heuristics import sm_count
+
+REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thread blocks: 32)
+STEPS_TARGET = 8         # vectors per thread in a persistent row
+MIN_BLOCK = 128          # threads per block at least (rows share blocks)
+
+
+def _pow2ceil(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _env(name):
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _regs_per_step(p, accesses, g) -> float:
+    """Registers one vector step of the persistent data takes (full-size loads, 4-byte regs)."""
+    return sum(p.vec * a.itemsize for a in accesses
+               if not a.is_store and g.level[id(a.node)] == "full") / 4
+
+
+def _budget(threads: int) -> int:
+    return REG_BUDGET if threads < 1024 else REG_BUDGET // 2
+
+
+def choose(p, ext: list, g, accesses, normalization: bool) -> None:
+    groups_r = [e for e, r in zip(ext, p.reduced) if r]
+    groups_k = [e for e, r in zip(ext, p.reduced) if not r]
+    per_step = _regs_per_step(p, accesses, g)
+    knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
+                                                           "waves")}
+    if p.kind == "inner":
+        _inner(p, groups_r, groups_k, per_step, normalization, knobs)
+    else:
+        _outer(p, groups_r, groups_k, per_step, normalization, knobs)
+    for d in (p.bdimx, p.bdimy):
+        if d & (d - 1):
+            raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")
+    w = knobs["waves"]
+    waves = 1 if w is None else w
+    p.max_blocks = waves * sm_count() * max(1, 2048 // (p.bdimx * p.bdimy)) if waves > 0 else 0
+
+
+def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:
+    """Hold `n` vectors (inner) / rows (outer) over `team` threads in registers if they fit
+    (`steps` = ceil(n / team): every n of this size class is covered)."""
+    steps = -(-n // team)
+    forced = knobs["steps"]
+    if forced == 0:
+        return
+    if forced is not None or steps * per_step <= _budget(threads):
+        p.persistent, p.steps, p.unroll = True, steps, 1
+
+
+def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
+    rlen = groups_r[-1] if groups_r else 1
+    nro = _prod(groups_r[:-1])
+    rows = _prod(groups_k)
+    nv = max(1, -(-rlen // p.vec))
+    p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
+    p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // STEPS_TARGET)))
+    if normalization and nro == 1:
+        _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
+    if not p.persistent and not knobs["bdimx"]:
+        p.bdimx = max(1, min(1024 if normalization else 512, _pow2ceil(-(-nv // p.unroll))))
+    p.bdimy = knobs["bdimy"] or max(1, min(MIN_BLOCK // p.bdimx, _pow2ceil(rows)))
+    while p.bdimx > 1 and p.bdimx * p.bdimy < 32:     # shuffles name the full warp
+        p.bdimy *= 2
+    p.reason = (f"inner: {rows} rows of {rlen} x {nro}, {nv} vectors a row, "
+                + (f"persistent ({p.steps} vectors a thread)" if p.persistent else "streamed"))
+
+
+def _outer(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
+    cols = groups_k[-1] if groups_k else 1
+    nko = _prod(groups_k[:-1])
+    nr = _prod(groups_r)
+    nvc = max(1, -(-cols // p.vec))
+    p.bdimx = knobs["bdimx"] or min(32, _pow2ceil(nvc))
+    p.bdimy = knobs["bdimy"] or max(1, min(256 // p.bdimx, _pow2ceil(nr)))
+    p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
+    if normalization:
+        _persistent(p, nr, p.bdimy, per_step, p.bdimx * p.bdimy, knobs)
+    p.reason = (f"outer: {nko} x {cols} columns over {nr} reduced, "
+                + (f"persistent ({p.steps} rows a thread)" if p.persistent else "streamed"))

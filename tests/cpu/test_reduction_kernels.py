@@ -1,0 +1,135 @@
+"""Reduction and normalization kernels through the CPU interpreter of their kernel IR, against
+eager (the reference evaluator): every builder of reduction_cases over inner, outer and mixed
+reduced axes, rows of 1, odd lengths, size-1 and size-0 axes, contiguous / transposed / sliced /
+misaligned inputs, streamed and persistent schedules; every kernel compiles with NVRTC for sm_90.
+The interpreter also fails a kernel whose barriers or shuffles are not block- / warp-uniform or
+whose shared memory is raced on."""
+import pytest
+import torch
+
+import reduction_cases as RC
+from codegen_cases import compile_many, poison
+from pyfuser.codegen import api
+from pyfuser.ir.evaluator import evaluate
+from pyfuser.ir.shapes import bind
+
+SHAPES = [((37, 300), [1]), ((300, 37), [0]), ((6, 5, 7), [0, 2]), ((4, 3, 5, 6), [1, 2]),
+          ((1, 129), [1]), ((129, 1), [0]), ((5, 1, 3), [1]), ((3, 5), [0, 1]), ((64, 1031), [1]),
+          ((7, 2, 33), [2])]
+PLANS: list = []
+
+
+def run(builder, shape, axes, dt, layout, monkeypatch=None):
+    f = RC.fusion(builder, len(shape), dt, axes)
+    gen = torch.Generator().manual_seed(hash((builder.__name__, shape, layout)) % 2 ** 31)
+    xs = RC.inputs_for(f, shape, dt, axes, layout, gen)
+    plan = api.plan_kernel(f, xs)
+    b = bind(f, xs)
+    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
+    for o in outs:
+        poison(o)
+    api.interpret(plan, xs, outs, b)
+    want = evaluate(f, xs)
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    for i, (g, w) in enumerate(zip(outs, want)):
+        RC.check_close(g, w, builder.__name__, n, f"{builder.__name__} {shape} {axes} {dt} {layout} "
+                       f"output {i} [{plan.scheduler} {plan.params.kind} persistent="
+                       f"{plan.params.persistent}]")
+    PLANS.append(plan)
+    return plan
+
+
+@pytest.mark.parametrize("shape,axes", SHAPES, ids=[f"{s}-{a}" for s, a in SHAPES])
+@pytest.mark.parametrize("builder", RC.FLOAT_BUILDERS, ids=lambda b: b.__name__)
+def test_float32_every_builder(builder, shape, axes):
+    run(builder, shape, axes, torch.float32, "contiguous")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "offset"])
+@pytest.mark.parametrize("shape,axes", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[9]],
+                         ids=lambda x: str(x))
+@pytest.mark.parametrize("builder", [RC.reduce_op("sum"), RC.softmax, RC.layer_norm, RC.welford,
+                                     RC.rms_norm], ids=lambda b: b.__name__)
+def test_layouts(builder, shape, axes, layout):
+    run(builder, shape, axes, torch.float32, layout)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape,axes", [SHAPES[0], SHAPES[1], SHAPES[8]], ids=lambda x: str(x))
+@pytest.mark.parametrize("builder", [RC.reduce_op("sum"), RC.reduce_op("max"), RC.mean,
+                                     RC.softmax, RC.layer_norm, RC.rms_norm, RC.var_mean],
+                         ids=lambda b: b.__name__)
+def test_other_float_dtypes(builder, shape, axes, dt):
+    run(builder, shape, axes, dt, "contiguous")
+
+
+@pytest.mark.parametrize("dt", [torch.int32, torch.int64, torch.int8, torch.bool])
+@pytest.mark.parametrize("shape,axes", [SHAPES[0], SHAPES[1], SHAPES[2]], ids=lambda x: str(x))
+@pytest.mark.parametrize("builder", RC.INT_BUILDERS, ids=lambda b: b.__name__)
+def test_integer_dtypes(builder, shape, axes, dt):
+    if dt == torch.bool and builder.__name__ == "prod":
+        pytest.skip("prod of bool is an int64 product of 0/1 (covered by int8)")
+    run(builder, shape, axes, dt, "contiguous")
+
+
+@pytest.mark.parametrize("shape,axes", [((0, 5), [1]), ((5, 0), [1]), ((0, 5), [0]), ((5, 0), [0])],
+                         ids=lambda x: str(x))
+@pytest.mark.parametrize("builder", [RC.reduce_op("sum"), RC.welford, RC.mean],
+                         ids=lambda b: b.__name__)
+def test_size_zero(builder, shape, axes):
+    run(builder, shape, axes, torch.float32, "contiguous")
+
+
+def test_softmax_over_an_empty_axis_is_empty():
+    f = RC.fusion(RC.softmax, 2, torch.float32, [1])
+    x = torch.randn(5, 0)
+    plan = api.plan_kernel(f, [x])
+    b = bind(f, [x])
+    (out,) = plan.allocate_outputs(b, [x], torch.device("cpu"))
+    api.interpret(plan, [x], [out], b)
+    assert out.shape == torch.softmax(x, 1).shape
+
+
+def test_max_of_an_empty_axis_raises_as_eager():
+    from pyfuser.errors import ExecuteError
+    with pytest.raises(ExecuteError, match="size 0"):
+        run(RC.reduce_op("max"), (5, 0), [1], torch.float32, "contiguous")
+
+
+@pytest.mark.parametrize("knobs", [{"PYFUSER_RED_STEPS": "0"}, {"PYFUSER_RED_STEPS": "0", "PYFUSER_RED_UNROLL": "3"},
+                                   {"PYFUSER_RED_BDIMX": "64"}, {"PYFUSER_RED_BDIMX": "4", "PYFUSER_RED_BDIMY": "8"},
+                                   {"PYFUSER_RED_WAVES": "0"}], ids=lambda k: str(k))
+@pytest.mark.parametrize("shape,axes", [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[8]], ids=lambda x: str(x))
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.reduce_op("sum"), RC.welford],
+                         ids=lambda b: b.__name__)
+def test_schedule_knobs(builder, shape, axes, knobs, monkeypatch):
+    """Streamed instead of persistent, other unrolls, teams wider than a warp, narrow teams with
+    several rows a block, one block per row block: the same results."""
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+    plan = run(builder, shape, axes, torch.float32, "contiguous")
+    if knobs.get("PYFUSER_RED_STEPS") == "0":
+        assert not plan.params.persistent
+
+
+def test_schedules_are_what_the_layout_says():
+    p = run(RC.softmax, (37, 300), [1], torch.float32, "contiguous")
+    assert (p.scheduler, p.params.kind, p.params.persistent, p.params.vec) == \
+        ("inner_persistent", "inner", True, 4)
+    p = run(RC.softmax, (300, 37), [0], torch.float32, "contiguous")
+    assert (p.scheduler, p.params.kind) == ("outer_persistent", "outer")
+    p = run(RC.softmax, (37, 300), [1], torch.float32, "transposed")
+    assert (p.scheduler, p.params.kind) == ("outer_persistent", "outer")
+    p = run(RC.reduce_op("sum"), (6, 5, 7), [0, 2], torch.float32, "contiguous")
+    assert p.scheduler == "reduction" and p.params.kind == "inner" and p.params.groups == [[0], [1], [2]]
+    assert "__shfl_xor_sync" in p.kernel.source
+
+
+def test_kernels_compile_for_sm90():
+    """Every distinct kernel the tests above generated, compiled as one NVRTC module."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    if not PLANS:
+        run(RC.softmax, (37, 300), [1], torch.float32, "contiguous")
+    compile_many(PLANS)
