@@ -384,28 +384,39 @@ def num_elements(x: TensorView, axes: Sequence[int]) -> Val:
 
 
 def mean(x: TensorView, axes, keepdim: bool = False, dtype: DataType | None = None):
+    """sum / count. Half and bfloat16 are summed and divided in float and rounded once, as
+    eager's mean does (its accumulation type)."""
     x = _check_tv(x, "mean")
     if dtype is None and not (x.dtype.is_floating or x.dtype.is_complex):
         raise FusionDefinitionError(f"mean: needs a floating input or dtype=, got {x.dtype.name}")
     axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "mean") for a in axes})
-    s = reduction("sum", x, axes, keepdim, dtype)
-    return elementwise("div", s, num_elements(x, axes))
+    if dtype is not None:
+        x = cast(x, dtype)
+    out_dtype = x.dtype
+    if out_dtype.is_reduced_float:
+        x = cast(x, out_dtype.compute)
+    s = reduction("sum", x, axes, keepdim)
+    return cast(elementwise("div", s, num_elements(x, axes)), out_dtype)
 
 
 def var_mean(x: TensorView, axes, correction: float = 1, keepdim: bool = False):
-    """(var, mean) in two passes over x: mean first, then the mean of squared deviations."""
+    """(var, mean) from one Welford pass over x (half / bfloat16 in float, rounded once);
+    var = m2 / max(n - correction, 0) as eager divides."""
     x = _check_tv(x, "var_mean")
     if not x.dtype.is_floating:
         raise FusionDefinitionError(f"var_mean: needs a floating input, got {x.dtype.name}")
     axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "var") for a in axes})
-    m = mean(x, axes, keepdim=True)
-    d = elementwise("sub", x, m)
-    ss = reduction("sum", elementwise("mul", d, d), axes, keepdim)
+    out_dtype = x.dtype
+    xc = cast(x, out_dtype.compute) if out_dtype.is_reduced_float else x
+    avg, m2, _ = welford(xc, axes)
     n = num_elements(x, axes)
     denom = elementwise("sub", n, constant(correction)) if correction else n
     denom = elementwise("maximum", denom, constant(0)) if correction else denom
-    var = elementwise("div", ss, denom)
-    return var, (m if keepdim else squeeze(m, axes))
+    var, avg = cast(elementwise("div", m2, denom), out_dtype), cast(avg, out_dtype)
+    if keepdim:
+        flags = [i in axes for i in range(x.ndim)]
+        var, avg = broadcast(var, flags), broadcast(avg, flags)
+    return var, avg
 
 
 def full(shape: Sequence, fill: Operandish, dtype: DataType) -> TensorView:

@@ -9,8 +9,9 @@
 3. If none takes the group, it is cut: every expr starts as its own group (kernel-able if some
    scheduler takes it alone, else eager), then groups joined by the heaviest edges (estimated
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
-   group graph stays acyclic; so what remains cut are the lightest edges. Eager groups merge only
-   with eager groups.
+   group graph stays acyclic; so what remains cut are the lightest edges. A group no scheduler
+   takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
+   takes the union; eager groups merge with eager groups.
 4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
    joined into one host segment.
 
@@ -172,12 +173,15 @@ def _partition(fusion, compute, all_exprs, orders) -> list:
             if a not in groups.members or b not in groups.members:
                 continue
             kernel_a, kernel_b = verdict[a][0] is not None, verdict[b][0] is not None
-            if kernel_a != kernel_b or groups.reaches(a, b, True) or groups.reaches(b, a, True):
+            if groups.reaches(a, b, True) or groups.reaches(b, a, True):
                 continue
             union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
-            result = _offer(fusion, groups, union, orders) if kernel_a else (None, verdict[a][1])
-            if kernel_a and result[0] is None:
-                continue
+            if kernel_a or kernel_b:      # a kernel takes what it can: the union must schedule
+                result = _offer(fusion, groups, union, orders)
+                if result[0] is None:
+                    continue
+            else:                         # eager joins eager
+                result = (None, verdict[a][1])
             groups.merge(a, b)
             verdict[a] = result
             verdict.pop(b)

@@ -150,7 +150,7 @@ def matmul_between(x, w):
     return m.sigmoid() + 1
 
 
-@case(2, (4, 5))
+@case(1, (4, 5))
 def reduction_between(x):
     a = x.exp()
     s = a.sum(1, keepdim=True)
@@ -165,7 +165,7 @@ def group_moves_past_unfusible(x):
     return b, c
 
 
-@case(2, (4, 6))
+@case(1, (4, 6))
 def softmax_between(x):
     return torch.softmax(x * 2, 1) + 1
 

@@ -144,7 +144,8 @@ def views_only_eager(x):
 
 
 def reduction_then_pointwise():
-    """sum over axis 1, then an op with the input: needs a reduction segment and a kernel."""
+    """sum over axis 1, then an op with the input (a normalization: one kernel), and the sum
+    viewed at the output (a host view)."""
     f = IRFusion()
     with f:
         x = B.define_tensor([-1, -1], DataType.Float)
@@ -152,6 +153,32 @@ def reduction_then_pointwise():
         y = B.elementwise("mul", B.elementwise("sub", x, s), B.constant(2.0))
         f.add_output(B.elementwise("relu", y))
         f.add_output(B.reshape(s, [-1]))
+    return f
+
+
+def two_reduction_domains():
+    """sum over axis 1, then a sum over axis 0 of x - s: the two reductions reduce different
+    axes, so no one kernel takes both; the segmenter cuts between them."""
+    f = IRFusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        s = B.reduction("sum", x, [1], keepdim=True)
+        d = B.elementwise("sub", x, s)
+        f.add_output(B.reduction("sum", B.elementwise("mul", d, d), [0]))
+    return f
+
+
+def two_domains_eager(x):
+    d = x - x.sum(1, keepdim=True)
+    return [(d * d).sum(0)]
+
+
+def complex_reduction():
+    """A reduction no kernel scheduler takes (complex dtype): an eager segment."""
+    f = IRFusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.ComplexFloat)
+        f.add_output(B.reduction("sum", x, [1]))
     return f
 
 

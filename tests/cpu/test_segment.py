@@ -109,7 +109,7 @@ def test_views_only_no_kernel_and_aliases(mode, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_reduction_cut_into_valid_order(mode, monkeypatch):
+def test_normalization_is_one_kernel(mode, monkeypatch):
     monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
     f = C.reduction_then_pointwise()
     x = torch.randn(6, 10)
@@ -117,16 +117,35 @@ def test_reduction_cut_into_valid_order(mode, monkeypatch):
     for o, r in zip(outs, C.reduction_eager(x)):
         torch.testing.assert_close(o, r)
     sf = segment(f)
-    kinds = [s.kind for s in sf.segments]
-    assert kinds == ["eager", "kernel", "host"], str(sf)
+    assert [(s.kind, s.scheduler) for s in sf.segments] == \
+        [("kernel", "inner_persistent"), ("host", None)], str(sf)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reduction_cut_into_valid_order(mode, monkeypatch):
+    """Two reductions over different axes: two kernels, cut where the reduction domain changes,
+    in a valid run order."""
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = C.two_reduction_domains()
+    x = torch.randn(6, 10)
+    outs = dispatch.execute_fusion(f, [x])
+    for o, r in zip(outs, C.two_domains_eager(x)):
+        torch.testing.assert_close(o, r)
+    sf = segment(f)
+    assert [s.kind for s in sf.segments] == ["kernel", "kernel"], str(sf)
     produced = {id(v) for v in f.inputs}
     for s in sf.segments:                                 # valid run order
         assert all(id(v) in produced for v in s.inputs), str(sf)
         produced.update(id(v) for v in s.outputs)
-    assert "sum" in sf.segments[0].reason or "reduction" in sf.segments[0].reason.lower() \
-        or sf.segments[0].reason
-    kernel_ops = [e.op_name for e in sf.segments[1].exprs]
-    assert "sum" not in kernel_ops and "relu" in kernel_ops
+    assert dispatch.last_report(f).eager_segments == 0
+
+
+def test_unschedulable_reduction_is_an_eager_segment():
+    f = C.complex_reduction()
+    sf = segment(f)
+    assert [s.kind for s in sf.segments] == ["eager"] and "complex" in sf.segments[0].reason
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    torch.testing.assert_close(dispatch.execute_fusion(f, [x])[0], x.sum(1))
 
 
 def test_segmentation_is_cached_and_dumps(monkeypatch, capsys):
@@ -149,7 +168,9 @@ def test_refusing_scheduler_logs_reason_once(monkeypatch, capsys):
     f = C.reduction_then_pointwise()
     segment(f)
     err = capsys.readouterr().err
-    assert "pointwise scheduler =====\nrefused" in err and "sum" in err
+    assert "reduction scheduler =====\nrefused" in err and "normalization" in err
+    assert "inner_persistent scheduler =====\naccepted" in err
+    assert "pointwise scheduler" not in err             # the first acceptance ends the search
 
 
 def test_bad_input_is_execute_error():

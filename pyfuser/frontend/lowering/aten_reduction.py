@@ -1,8 +1,13 @@
-"""Lowerings of reductions and normalizations (sum, mean, var, std, amax/amin, softmax,
-log_softmax, batch_norm, layer_norm).
+"""Lowerings of reductions and normalizations: sum, mean, var, std, var_mean, std_mean, amax,
+amin, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
+log_softmax, layer_norm / native_layer_norm, rms_norm, batch_norm / native_batch_norm.
 
-Normalizations are written with the builder's reductions and elementwise ops in the same order of
-operations as PyTorch's reference formulas; nothing is reassociated.
+Normalizations are written with the builder's reductions and elementwise ops in the order of
+operations of PyTorch's own kernels, so the results are eager's within rounding:
+- half / bfloat16 inputs are computed in float (eager's accumulation type) and rounded once at
+  the end (softmax, log_softmax, layer_norm, rms_norm's normalization, batch_norm, mean, var);
+- statistics come from one Welford pass (builder.var_mean / builder.welford), not two;
+- nothing is reassociated.
 """
 from __future__ import annotations
 
@@ -19,11 +24,20 @@ ew = B.elementwise
 def _dims(dims, x: TensorView) -> list[int]:
     if dims is None or dims == []:
         return list(range(x.ndim))
-    if isinstance(dims, int):
+    if isinstance(dims, int) and not isinstance(dims, bool):
         return [dims]
-    if not all(isinstance(d, int) for d in dims):
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
         raise UnsupportedOpError(f"reduction dims must be constants, got {dims!r}")
     return list(dims)
+
+
+def _opt_dtype(code):
+    return None if code is None else _dtype(code)
+
+
+def _float_compute(x: TensorView) -> TensorView:
+    """x in eager's accumulation type: float for half / bfloat16, else x."""
+    return B.cast(x, DataType.Float) if x.dtype.is_reduced_float else x
 
 
 @lowers("aten::sum", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
@@ -32,10 +46,6 @@ def _sum(x, *args):
         return B.reduction("sum", x, None, False, _opt_dtype(args[0]))
     dims, keepdim, dtype = (list(args) + [None, False, None])[:3] if args else (None, False, None)
     return B.reduction("sum", x, _dims(dims, x), bool(keepdim), _opt_dtype(dtype))
-
-
-def _opt_dtype(code):
-    return None if code is None else _dtype(code)
 
 
 @lowers("aten::mean", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
@@ -56,6 +66,32 @@ def _amin(x, dims=None, keepdim=False):
     return B.reduction("min", x, _dims(dims, x), bool(keepdim))
 
 
+def _max_min_class(node) -> str:
+    from ..torchscript.types import TensorType
+    if len(node.inputs) == 2 and isinstance(node.inputs[1].type, TensorType):
+        return POINTWISE                                     # max.other: elementwise maximum
+    return REDUCTION
+
+
+def _max_min(op, binary):
+    def lower(x, other=None, keepdim=False):
+        if isinstance(other, TensorView):
+            return ew(binary, x, other)
+        if other is None:                                    # max(x): every element
+            return B.reduction(op, x, None, False)
+        if not isinstance(other, int) or isinstance(other, bool):
+            raise UnsupportedOpError(f"{op}.dim: dim must be a constant, got {other!r}")
+        # max.dim / min.dim: (values, indices); indices are not computed (a use falls back)
+        return B.reduction(op, x, [other], bool(keepdim)), None
+    return lower
+
+
+_lowers_max = lowers("aten::max", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(2,),
+                     classify=_max_min_class)(_max_min("max", "maximum"))
+_lowers_min = lowers("aten::min", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(2,),
+                     classify=_max_min_class)(_max_min("min", "minimum"))
+
+
 def _correction(args) -> tuple:
     """var/std arguments after x: (dims, unbiased, keepdim) or (dims, *, correction, keepdim)."""
     dims, second, keepdim = (list(args) + [None, None, False])[:3]
@@ -66,12 +102,16 @@ def _correction(args) -> tuple:
     return dims, correction, bool(keepdim)
 
 
-@lowers("aten::var", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
-def _var(x, *args):
+def _var_mean_args(x, args):
     if len(args) == 1 and isinstance(args[0], bool):    # var(x, unbiased)
         args = (None, args[0], False)
     dims, correction, keepdim = _correction(args)
-    return B.var_mean(x, _dims(dims, x), correction, keepdim)[0]
+    return B.var_mean(x, _dims(dims, x), correction, keepdim)
+
+
+@lowers("aten::var", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
+def _var(x, *args):
+    return _var_mean_args(x, args)[0]
 
 
 @lowers("aten::std", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
@@ -79,30 +119,89 @@ def _std(x, *args):
     return ew("sqrt", _var(x, *args))
 
 
+@lowers("aten::var_mean", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
+def _var_mean(x, *args):
+    return _var_mean_args(x, args)
+
+
+@lowers("aten::std_mean", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
+def _std_mean(x, *args):
+    var, mean = _var_mean_args(x, args)
+    return ew("sqrt", var), mean
+
+
+@lowers("aten::logsumexp", op_class=REDUCTION, n_args=(2, 3), const_args=(1, 2))
+def _logsumexp(x, dims, keepdim=False):
+    """As eager: m = amax(x, keepdim) with infinities replaced by 0 (so a row of -inf gives
+    -inf, not NaN), then log(sum(exp(x - m))) + m."""
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"logsumexp of a {x.dtype.name} tensor (left to eager)")
+    dims = _dims(dims, x)
+    m = B.reduction("max", x, dims, keepdim=True)
+    m = ew("where", ew("eq", ew("abs", m), float("inf")), 0.0, m)
+    s = B.reduction("sum", ew("exp", ew("sub", x, m)), dims, bool(keepdim))
+    return ew("add", ew("log", s), m if keepdim else B.squeeze(m, dims))
+
+
+def _sum_to(x, size):
+    """Sum x down to `size` (a constant list): its leading extra axes, and the axes where size
+    is 1 (kept as size 1)."""
+    if size is None:
+        return x
+    if not isinstance(size, (list, tuple)) or not all(isinstance(s, int) for s in size):
+        raise UnsupportedOpError(f"sum_to_size: size must be a constant list, got {size!r}")
+    lead = x.ndim - len(size)
+    if lead < 0:
+        raise UnsupportedOpError(f"sum_to_size: size {list(size)} has more axes than the tensor")
+    keep = [lead + i for i, s in enumerate(size) if s == 1 and not x.logical[lead + i].is_broadcast]
+    if keep:
+        x = B.reduction("sum", x, keep, keepdim=True)
+    if lead:
+        x = B.reduction("sum", x, list(range(lead)), keepdim=False)
+    return x
+
+
+@lowers("aten::sum_to_size", op_class=REDUCTION, n_args=(2,), const_args=(1,))
+def _sum_to_size(x, size):
+    return _sum_to(x, size)
+
+
+@lowers("aten::_grad_sum_to_size", op_class=REDUCTION, n_args=(2,), const_args=(1,))
+def _grad_sum_to_size(x, size):
+    return _sum_to(x, size)
+
+
+def _softmax_dtypes(x, dtype):
+    """(input in the compute dtype, output dtype). aten::_softmax's third argument is
+    half_to_float (bool); softmax's an optional dtype the input is cast to first."""
+    if dtype is True:
+        out = DataType.Float
+    elif dtype is None or dtype is False:
+        out = x.dtype
+    else:
+        out = _dtype(dtype)
+        x = B.cast(x, out)
+    if not out.is_floating:
+        raise UnsupportedOpError(f"softmax of a {out.name} tensor (eager raises)")
+    return _float_compute(x), out
+
+
 @lowers("aten::softmax", "aten::_softmax", op_class=NORMALIZATION, n_args=(2, 3), const_args=(1, 2))
 def _softmax(x, dim, dtype=None):
-    x = _softmax_input(x, dtype)
-    m = B.reduction("max", x, [dim], keepdim=True)
-    e = ew("exp", ew("sub", x, m))
-    return ew("div", e, B.reduction("sum", e, [dim], keepdim=True))
+    xc, out = _softmax_dtypes(x, dtype)
+    m = B.reduction("max", xc, [dim], keepdim=True)
+    e = ew("exp", ew("sub", xc, m))
+    return B.cast(ew("div", e, B.reduction("sum", e, [dim], keepdim=True)), out)
 
 
 @lowers("aten::log_softmax", "aten::_log_softmax", op_class=NORMALIZATION, n_args=(2, 3),
         const_args=(1, 2))
 def _log_softmax(x, dim, dtype=None):
-    x = _softmax_input(x, dtype)
-    m = B.reduction("max", x, [dim], keepdim=True)
-    shifted = ew("sub", x, m)
-    return ew("sub", shifted, ew("log", B.reduction("sum", ew("exp", shifted), [dim], keepdim=True)))
-
-
-def _softmax_input(x, dtype):
-    # aten::_softmax's third argument is half_to_float (bool); softmax's is an optional dtype.
-    if dtype is True:
-        return B.cast(x, DataType.Float)
-    if dtype is None or dtype is False:
-        return x
-    return B.cast(x, _dtype(dtype))
+    xc, out = _softmax_dtypes(x, dtype)
+    m = B.reduction("max", xc, [dim], keepdim=True)
+    shifted = ew("sub", xc, m)
+    lse = ew("log", B.reduction("sum", ew("exp", shifted), [dim], keepdim=True))
+    return B.cast(ew("sub", shifted, lse), out)
 
 
 def _channel_param(p, x: TensorView):
@@ -134,32 +233,44 @@ def _batch_norm(x, w, b, rmean, rvar, training, momentum, eps, cudnn_enabled):
 def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     if eps is None:              # _native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
         training, momentum, eps = False, training, momentum
-    out_dtype = x.dtype
     if training:
-        if rmean is not None or rvar is not None:
-            raise UnsupportedOpError("batch_norm in training mode updates running stats in place; "
-                                     "left to eager")
-        dims = [i for i in range(x.ndim) if i != 1]
-        var, mean = B.var_mean(x, dims, correction=0, keepdim=True)
-        invstd = ew("rsqrt", ew("add", var, float(eps)))
-        y = ew("mul", ew("sub", x, mean), invstd)
-        save_mean, save_invstd = B.squeeze(mean, dims), B.squeeze(invstd, dims)
-    else:
-        if rmean is None or rvar is None:
-            raise UnsupportedOpError("batch_norm in inference mode needs running_mean and running_var")
-        out_dtype = _inference_dtypes(x, (w, b, rmean, rvar))
-        # Half/BFloat16 inputs compute in float (with float parameters) and round at the end.
-        x, w, b, rmean, rvar = (B.cast(v, out_dtype.compute) if isinstance(v, TensorView) else v
-                                for v in (x, w, b, rmean, rvar))
-        centered = ew("sub", x, _channel_param(rmean, x))
-        invstd = ew("rsqrt", ew("add", rvar, float(eps)))
-        y = ew("mul", centered, _channel_param(invstd, x))
-        save_mean = save_invstd = None
+        return _batch_norm_training(x, w, b, rmean, rvar, eps)
+    if rmean is None or rvar is None:
+        raise UnsupportedOpError("batch_norm in inference mode needs running_mean and running_var")
+    out_dtype = _inference_dtypes(x, (w, b, rmean, rvar))
+    # Half/BFloat16 inputs compute in float (with float parameters) and round at the end.
+    x, w, b, rmean, rvar = (B.cast(v, out_dtype.compute) if isinstance(v, TensorView) else v
+                            for v in (x, w, b, rmean, rvar))
+    centered = ew("sub", x, _channel_param(rmean, x))
+    invstd = ew("rsqrt", ew("add", rvar, float(eps)))
+    y = ew("mul", centered, _channel_param(invstd, x))
+    y = _affine(y, w, b, x)
+    return B.cast(y, out_dtype), None, None
+
+
+def _affine(y, w, b, x):
     if w is not None:
         y = ew("mul", y, _channel_param(w, x))
     if b is not None:
         y = ew("add", y, _channel_param(b, x))
-    return B.cast(y, out_dtype), save_mean, save_invstd
+    return y
+
+
+def _batch_norm_training(x, w, b, rmean, rvar, eps):
+    """Statistics of this batch (Welford over every axis but the channels, in float for
+    half / bfloat16): y = (x - mean) * invstd * w + b; (y, mean, invstd)."""
+    if rmean is not None or rvar is not None:
+        raise UnsupportedOpError("batch_norm in training mode updates running stats in place; "
+                                 "left to eager")
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"batch_norm of a {x.dtype.name} input (eager raises)")
+    dims = [i for i in range(x.ndim) if i != 1]
+    xc = _float_compute(x)
+    var, mean = B.var_mean(xc, dims, correction=0, keepdim=True)
+    invstd = ew("rsqrt", ew("add", var, float(eps)))
+    y = ew("mul", ew("sub", xc, mean), invstd)
+    y = _affine(y, w, b, xc)
+    return B.cast(y, x.dtype), B.squeeze(mean, dims), B.squeeze(invstd, dims)
 
 
 def _inference_dtypes(x: TensorView, params) -> DataType:
@@ -185,13 +296,38 @@ def _layer_norm(x, shape, w, b, eps, cudnn_enable):
 
 @lowers("aten::native_layer_norm", op_class=NORMALIZATION, n_args=(5,), const_args=(1, 4))
 def _native_layer_norm(x, shape, w, b, eps):
+    """(y, mean, rstd) with Welford statistics over the last len(shape) axes, computed in float
+    for half / bfloat16 and y rounded once. Eager returns the statistics of a half input in half
+    on the CPU and in float on CUDA; a group that uses them for such inputs is left to eager."""
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"layer_norm of a {x.dtype.name} input (eager raises)")
     k = len(shape)
     dims = list(range(x.ndim - k, x.ndim))
-    var, mean = B.var_mean(x, dims, correction=0, keepdim=True)
+    xc = _float_compute(x)
+    var, mean = B.var_mean(xc, dims, correction=0, keepdim=True)
     rstd = ew("rsqrt", ew("add", var, float(eps)))
-    y = ew("mul", ew("sub", x, mean), rstd)
+    y = ew("mul", ew("sub", xc, mean), rstd)
     if w is not None:
         y = ew("mul", y, w)
     if b is not None:
         y = ew("add", y, b)
+    if x.dtype.is_reduced_float:
+        return B.cast(y, x.dtype), None, None
     return y, mean, rstd
+
+
+@lowers("aten::rms_norm", op_class=NORMALIZATION, n_args=(4,), const_args=(1, 3))
+def _rms_norm(x, shape, w, eps):
+    """As eager's rms_norm: x in float, x * rsqrt(mean(x * x) + eps) rounded to x's dtype, then
+    times the weight (eps None: float epsilon)."""
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"rms_norm of a {x.dtype.name} input (eager raises)")
+    dims = list(range(x.ndim - len(shape), x.ndim))
+    xc = _float_compute(x)
+    if eps is None:
+        import torch
+        eps = torch.finfo(xc.dtype.torch).eps
+    ms = B.mean(ew("mul", xc, xc), dims, keepdim=True)
+    y = B.cast(ew("mul", xc, ew("rsqrt", ew("add", ms, float(eps)))), x.dtype)
+    return ew("mul", y, w) if w is not None else y
+

@@ -6,8 +6,9 @@ group needs are cloned into its subgraph (tensor constants become inputs); int/f
 become group inputs like tensors.
 
 `fusible(node, info)` is the one place that decides which ops may be grouped:
-FUSIBLE_CLASSES (op classes of the lowering table; reductions/normalizations join when their
-scheduler exists: add them there), plus: lowerable (node_support), tensor outputs only, not
+FUSIBLE_CLASSES (op classes of the lowering table: pointwise, metadata, reductions and
+normalizations, which the reduction-family schedulers run), plus: no write to an input (a
+training batch_norm's running statistics: group bodies keep data order, not write order), lowerable (node_support), tensor outputs only, not
 an alias op (only their `prim::*_copy` forms), and no output that may alias a written tensor.
 Invariant of `absorb(group, node)`: `node` lies before `group` in the same block and no
 node between them uses its outputs; after it, the graph computes the same values.
@@ -15,14 +16,14 @@ node between them uses its outputs; after it, the graph computes the same values
 from __future__ import annotations
 
 from ...lowering import LOWERINGS, node_support
-from ...lowering.registry import METADATA, POINTWISE
+from ...lowering.registry import METADATA, NORMALIZATION, POINTWISE, REDUCTION
 from ..graph import Graph
 from ..types import TensorType
 from .alias_copy import TO_COPY
 from .aliasing import node_effects
 
 GROUP_KIND = "prim::PyfuserGroup"
-FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA})
+FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION})
 
 
 def is_group(node) -> bool:
@@ -45,6 +46,8 @@ def fusible_reason(node, info):
     if not node.outputs or not all(isinstance(o.type, TensorType) for o in node.outputs):
         return "an output is not a tensor"
     e = node_effects(node)
+    if e.writes or e.opaque:
+        return "it writes a tensor in place (e.g. running statistics)"
     if e.aliases and any(info.is_mutated(o) for o in node.outputs):
         return "its output may alias a tensor that is written in place"
     return None
