@@ -194,13 +194,15 @@ def elementwise(name: str, *operands: Operandish) -> Val:
     if name == "where":
         if vals[0].dtype is not DataType.Bool:
             raise FusionDefinitionError(f"where: condition must be Bool, got {vals[0].dtype.name}")
-    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE) \
-        else info.promotion
-    compute = result_type(*(_operand(v) for v in promoted), promotion=kind)
+    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE,
+                                                   Promotion.COMPLEX_TO_FLOAT) else info.promotion
+    compute = result_type(*(_operand(v) for v in promoted), promotion=kind,
+                          scalars=Fusion.current().scalar_typing)
     if not info.accepts_dtype(compute):
         raise FusionDefinitionError(
             f"{name}: does not take {compute.name} operands (accepts {sorted(info.accepts)})")
-    out_dtype = DataType.Bool if info.promotion is Promotion.ALWAYS_BOOL else compute
+    out_dtype = DataType.Bool if info.promotion is Promotion.ALWAYS_BOOL else (
+        real_dtype(compute) if info.promotion is Promotion.COMPLEX_TO_FLOAT else compute)
     vals = [cast(v, compute) if isinstance(v, TensorView) and i not in skip else v
             for i, v in enumerate(vals)]
     vals = _align_ranks(vals, name)
@@ -212,6 +214,12 @@ def elementwise(name: str, *operands: Operandish) -> Val:
     cls = {1: E.UnaryOp, 2: E.BinaryOp}.get(info.arity, E.TernaryOp)
     cls(info, out, vals)
     return out
+
+
+def real_dtype(dtype: DataType) -> DataType:
+    """The real dtype of a complex dtype (ComplexFloat -> Float); others unchanged."""
+    return {DataType.ComplexFloat: DataType.Float, DataType.ComplexDouble: DataType.Double}.get(
+        dtype, dtype)
 
 
 def set_(x: TensorView) -> TensorView:

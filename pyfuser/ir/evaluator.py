@@ -37,11 +37,37 @@ class _Env:
         self.tensors[id(v)] = value
 
 
+def compute_dtype(e):
+    """The dtype an elementwise expr computes in: its output's, or for comparisons and
+    complex-to-real ops its promoted tensor operands' (None when it has none)."""
+    from .dtypes import Promotion
+    if e.info.promotion not in (Promotion.ALWAYS_BOOL, Promotion.COMPLEX_TO_FLOAT):
+        return e.output.dtype
+    skip = set(e.info.scalar_args) | ({0} if e.op_name == "where" else set())
+    return next((v.dtype for i, v in enumerate(e.inputs)
+                 if i not in skip and isinstance(v, TensorView)), None)
+
+
+def _scalar_arg(e, i, v, env, compute):
+    """A scalar operand as eager would see it: a Python number (a wrapped number, which takes
+    its category only), or, when the scalar already has the computation dtype (nvFuser's typing
+    of a FusionDefinition can make it so: `where(c, 0.1, 0.2)` in float64), a 0-dim tensor of
+    that dtype, so the op computes in it. Half/bfloat16 stay numbers: eager computes them in
+    float with the scalar at full precision."""
+    value = env[v]
+    if compute is None or v.dtype is not compute or compute.is_reduced_float or \
+            i in e.info.scalar_args:
+        return value
+    return torch.tensor(value, dtype=compute.torch, device=env.device)
+
+
 def _elementwise(e, env: _Env):
     out = e.output
     if isinstance(out, Scalar):
         return None  # computed by bind() on the host
-    args = [env[v] for v in e.inputs]
+    compute = compute_dtype(e)
+    args = [_scalar_arg(e, i, v, env, compute) if isinstance(v, Scalar) else env[v]
+            for i, v in enumerate(e.inputs)]
     try:
         result = e.info.ref(*args)
     except TypeError:

@@ -97,8 +97,9 @@ def _propagate(b: Bindings, e) -> None:
         out = e.output
         if isinstance(out, Scalar):
             from .ops import OPS  # scalar arithmetic on the host, with PyTorch's semantics
-            args = [torch.tensor(b.value(x)) if isinstance(x, Scalar) else x for x in e.inputs]
-            b[out] = OPS[e.op_name].ref(*args).item()
+            args = [torch.tensor(b.value(x), dtype=x.dtype.torch) if isinstance(x, Scalar) else x
+                    for x in e.inputs]
+            b[out] = _py(OPS[e.op_name].ref(*args).to(out.dtype.torch).item(), out.dtype)
             return
     if isinstance(e, E.ScalarCast):
         b[e.output] = _py(b.value(e.inputs[0]), e.output.dtype)

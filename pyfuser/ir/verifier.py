@@ -103,6 +103,10 @@ def _check_elementwise(e) -> None:
     if info.promotion is Promotion.ALWAYS_BOOL:
         _check(out.dtype is DataType.Bool, f"{e.op_name}: output {out} is not Bool")
         compute = promoted[0].dtype if promoted else None
+    elif info.promotion is Promotion.COMPLEX_TO_FLOAT:
+        compute = promoted[0].dtype if promoted else None
+        _check(compute is None or not compute.is_complex or not out.dtype.is_complex,
+               f"{e.op_name}: output {out} of a complex operand must be real")
     else:
         compute = out.dtype
     for t in promoted:
