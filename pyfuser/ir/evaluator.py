@@ -145,6 +145,30 @@ def _iota(e, env):
     return idx * step + start if step != 1 or start != 0 else idx
 
 
+def _gather(e, env):
+    return torch.gather(env[e.inputs[0]], e.dim, env[e.inputs[1]])
+
+
+def _index_select(e, env):
+    return torch.index_select(env[e.inputs[0]], e.dim, env[e.inputs[1]])
+
+
+def _slice(e, env):
+    return env[e.inputs[0]][tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
+
+
+def _cat(e, env):
+    return torch.cat([env[v] for v in e.inputs], e.dim)
+
+
+def _random(e, env):
+    """torch's default generator of the fusion's device draws the values."""
+    a, b = (env[v] for v in e.inputs)
+    shape = [int(env.b.value(s)) for s in e.shape]
+    out = torch.empty(shape, dtype=e.output.dtype.torch, device=env.device)
+    return out.uniform_(a, b) if e.kind == "uniform" else out.normal_(a, b)
+
+
 def _scalar(e, env):
     return None  # scalar results are in the Bindings
 
@@ -162,6 +186,11 @@ HANDLERS = {
     E.WelfordOp: _welford,
     E.FullOp: _full,
     E.IotaOp: _iota,
+    E.GatherOp: _gather,
+    E.IndexSelectOp: _index_select,
+    E.SliceOp: _slice,
+    E.CatOp: _cat,
+    E.RandomOp: _random,
     E.ScalarCast: _scalar,
 }
 
