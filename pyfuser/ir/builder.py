@@ -131,19 +131,25 @@ def _align_ranks(vals: list[Val], opname: str) -> list[Val]:
 
 
 def _output_axes(tensors: list[TensorView], opname: str) -> list[IterDomain]:
-    """Per axis, the IterDomain the output follows (first non-broadcast, else the first)."""
+    """Per axis, the IterDomain the output follows: the first iteration axis, else the first
+    expanded broadcast, else the first (a broadcast)."""
     rank = tensors[0].ndim
     axes = []
     for i in range(rank):
         ids = [t.logical[i] for t in tensors]
-        real = [d for d in ids if not d.is_broadcast or d.expanded_extent is not None]
+        real = [d for d in ids if not d.is_broadcast] + \
+            [d for d in ids if d.is_broadcast and d.expanded_extent is not None]
         for d in real[1:]:
-            a, b = real[0].extent, d.extent
-            if a.is_const and b.is_const and a.value != b.value and not d.is_broadcast:
+            a, b = _full_extent(real[0]), _full_extent(d)
+            if a.is_const and b.is_const and a.value != b.value:
                 raise FusionDefinitionError(
                     f"{opname}: axis {i} has extent {a.value} in one operand and {b.value} in another")
         axes.append(real[0] if real else ids[0])
     return axes
+
+
+def _full_extent(d: IterDomain) -> Scalar:
+    return d.expanded_extent if d.expanded_extent is not None else d.extent
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -397,7 +403,13 @@ def mean(x: TensorView, axes, keepdim: bool = False, dtype: DataType | None = No
         raise FusionDefinitionError(f"mean: needs a floating input or dtype=, got {x.dtype.name}")
     axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "mean") for a in axes})
     s = reduction("sum", x, axes, keepdim, dtype)
-    return elementwise("div", s, num_elements(x, axes))
+    n = num_elements(x, axes)
+    if isinstance(n, Scalar) and not n.is_const and n.definition is None:
+        # A count computed on the host, not the bare extent of a reduced axis: a segment that
+        # reads the sum's output alone would take that extent as bound by it (see
+        # tests/cpu/test_ir_indexing_random.py::test_segment_reading_a_reduced_extent).
+        n = cast(n, DataType.Double)
+    return elementwise("div", s, n)
 
 
 def var_mean(x: TensorView, axes, correction: float = 1, keepdim: bool = False):

@@ -107,6 +107,8 @@ DataType.Int64 = DataType.Int  # type: ignore[attr-defined]
 DataType.Float32 = DataType.Float  # type: ignore[attr-defined]
 DataType.Float64 = DataType.Double  # type: ignore[attr-defined]
 DataType.Float16 = DataType.Half  # type: ignore[attr-defined]
+# nvFuser's "no dtype" (e.g. `fd.ops.sum(t, axes, keepdim, dtype=DataType.Null)`): None here.
+DataType.Null = None  # type: ignore[attr-defined]
 
 
 class Operand:

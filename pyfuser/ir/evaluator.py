@@ -206,7 +206,10 @@ def evaluate(fusion, inputs) -> list:
     """Run `fusion` on `inputs` (tensors and numbers, in fusion.inputs order) with eager ops."""
     inputs = list(inputs)
     bindings = bind(fusion, inputs)
-    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    # the device of the tensor inputs; a fusion without any makes its tensors on torch's default
+    # device (torch.set_default_device), as a factory function would
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None) or \
+        torch.get_default_device()
     env = _Env(bindings, device)
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):

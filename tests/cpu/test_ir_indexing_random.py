@@ -184,3 +184,24 @@ def test_schedulers_refuse_the_new_exprs_with_a_reason():
         for sched in (pointwise, transpose):
             ok, reason = sched.can_schedule(sub)
             assert not ok and reason, (e, sched)
+
+
+@pytest.mark.xfail(strict=True, reason="segment/extract.py counts the extents of a sub-fusion "
+                   "input's reduction axes as bound by it (`for d in v.root`), but a reduced tensor "
+                   "has no such axis: a segment that reads that extent then finds it unbound")
+def test_segment_reading_a_reduced_extent():
+    def fn(f):
+        x = B.define_tensor([-1, -1], F)
+        s = B.reduction("sum", x, [1])
+        f.add_output(B.elementwise("div", s, x.logical[1].extent))
+    f = build(fn)
+    x = torch.randn(3, 5)
+    (out,) = execute_fusion(f, [x])
+    assert torch.allclose(out, x.sum(1) / 5)
+
+
+def test_mean_over_one_symbolic_axis_runs():
+    f = build(lambda f: f.add_output(B.mean(B.define_tensor([-1, -1], F), [1])))
+    x = torch.randn(3, 5)
+    (out,) = execute_fusion(f, [x])
+    assert out.dtype == torch.float32 and torch.allclose(out, x.mean(1))
