@@ -1,18 +1,27 @@
 """pyfuser: a fusion compiler for PyTorch (TorchScript IR / FusionDefinition in, CUDA kernels out).
 
-`from pyfuser import Fusion, FusionDefinition, DataType` gives nvFuser's Python frontend. The
-names load lazily, so `import pyfuser` stays cheap (no torch import until they are used).
+`from pyfuser import Fusion, FusionDefinition, FusionCache, DataType, ...` gives nvFuser's Python
+frontend; programs for it run with the module name changed (`nvfuser`, `nvfuser._C` and
+`torch._C._nvfuser` -> `pyfuser` or `pyfuser._C`, `nvfuser.pytorch_utils` ->
+`pyfuser.pytorch_utils`; docs/nvfuser_frontend.md). The names load lazily, so `import pyfuser`
+stays cheap (no torch import until they are used).
 """
 __version__ = "0.1.0"
 
 _LAZY = {
     "Fusion": ("pyfuser.frontend.definition", "Fusion"),
     "FusionDefinition": ("pyfuser.frontend.definition", "FusionDefinition"),
+    "FusionCache": ("pyfuser.frontend.fusion_cache", "FusionCache"),
+    "Tensor": ("pyfuser.frontend.definition_values", "Tensor"),
+    "Scalar": ("pyfuser.frontend.definition_values", "Scalar"),
     "DataType": ("pyfuser.ir.dtypes", "DataType"),
+    "compute_contiguity": ("pyfuser.frontend.definition_tensors", "compute_contiguity"),
+    "version": ("pyfuser.nvfuser_version", "version"),
     "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
 }
-__all__ = ["Fusion", "FusionDefinition", "DataType", "jit", "fuse_graph", "__version__"]
+__all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
+           "compute_contiguity", "version", "jit", "fuse_graph", "__version__"]
 
 
 def __getattr__(name: str):

@@ -3,6 +3,8 @@
 Invariant: a user mistake (bad IR text, FusionDefinition misuse, a wrong tensor at execute) is
 reported with one of these types and a message that names *where* (line/column, op, input index)
 and *what* was wrong. Internal failures that should never happen use plain assertions.
+FusionDefinitionError and ExecuteError are RuntimeErrors too, as nvFuser's errors are, so programs
+written for nvFuser's Python frontend that catch RuntimeError keep working.
 """
 
 
@@ -25,11 +27,11 @@ class IRParseError(PyfuserError):
         super().__init__(text)
 
 
-class FusionDefinitionError(PyfuserError):
+class FusionDefinitionError(PyfuserError, RuntimeError):
     """Misuse of the Fusion IR builder / FusionDefinition API, raised at definition time."""
 
 
-class ExecuteError(PyfuserError):
+class ExecuteError(PyfuserError, RuntimeError):
     """Inputs given to execute() do not match what the fusion was defined for."""
 
 

@@ -14,3 +14,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fusion_cache():
+    """Each test starts with an empty FusionCache (as a new process would): a definition repeated
+    within a test is a cache hit, one repeated across tests is not shared."""
+    from pyfuser.frontend.fusion_cache import FusionCache
+    FusionCache.reset()
+    yield

@@ -1,18 +1,37 @@
 """nvFuser's Python frontend: `Fusion`, `FusionDefinition`, `fd.define_*`, `fd.ops.*`, `execute`.
 
-    fs = Fusion()
+Every form programs of nvFuser's frontend use:
+
+    fs = Fusion()                                   # pytorch's torch._C._nvfuser / nvfuser._C
     with FusionDefinition(fs) as fd:
         t0 = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
         fd.add_output(fd.ops.relu(t0))
     out = fs.execute([torch.randn(4, 5)])
+    Fusion(fs.id()).execute(...)                    # the same fusion, from the FusionCache
+
+    with FusionDefinition() as fd:                  # NVIDIA/Fuser's nvfuser
+        t0 = fd.from_pytorch(x)
+        fd.add_output(t0 * 2.0)
+    out = fd.execute([x]); print(fd)                # print(fd): Python source that rebuilds it
+
+    class MyFusion(FusionDefinition):               # the subclass form
+        def definition(self): ...
+        def schedule(self): ...                     # accepted, checked, not applied
+    out = MyFusion().execute([x])
 
 Invariants:
-- Every definition call goes through the checked builder (pyfuser.ir.builder) and is recorded as
-  one line of Python, so `fs.fusion_definition()` regenerates source that rebuilds the same IR.
-- User mistakes raise FusionDefinitionError (definition) or ExecuteError (execute) naming the call
-  and what was wrong; no raw KeyError/IndexError/TypeError escapes a definition call.
+- Every definition call goes through the checked builder (pyfuser.ir.builder) and is recorded
+  as one canonical line of Python (`T2 = fd.ops.add(T0, S1)`), so `repr(fd)` is source that
+  rebuilds the same IR, and the lines are the FusionCache key: an identical definition is a cache
+  hit (same fusion id, same IR, same compiled kernels).
+- The values handed out are `Tensor` / `Scalar` handles (definition_values.py) over IR values.
+- Inside a FusionDefinition, scalars follow nvFuser's typing rule (ir/dtypes.py, "nvfuser"): a
+  Python float constant is a Double scalar, `where` of two Double constants gives float64.
+- User mistakes raise FusionDefinitionError naming the definition, the statement and the call
+  (definition time), NoDefinitionError (execute of a definition never made), ExecuteError (wrong
+  inputs); all are RuntimeErrors too, as nvFuser's are. No raw KeyError/IndexError/TypeError
+  escapes a definition call.
 - `Fusion.execute` goes through `pyfuser.runtime.dispatch.execute_fusion`, never the evaluator.
-- On leaving the `with` block the fusion must have an output; it is then verified and frozen.
 """
 from __future__ import annotations
 
@@ -21,23 +40,43 @@ import numbers
 
 from ..errors import ExecuteError, FusionDefinitionError
 from ..ir import builder as B
-from ..ir.base import Scalar, Val
+from ..ir.base import Scalar as IRScalar, Val
 from ..ir.dtypes import DataType
 from ..ir.fusion import Fusion as IRFusion
 from ..ir.tensor import TensorView
-from .definition_ops import Ops, UnknownNameError
+from .definition_ops import Ops, UnknownNameError, api_call
+from .definition_schedule import UserSchedule
+from .definition_tensors import canonical_tensor, from_pytorch_kwargs
+from .definition_values import Scalar, Tensor, Value
+from .fusion_cache import FusionCache
 
 _UNSET = object()
 _DISPATCH = [None]     # the pyfuser.runtime.dispatch module, once imported
 _BUILDER_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError)
 
 
-class Fusion:
-    """A fusion defined once through FusionDefinition, then executed many times."""
+class NoDefinitionError(FusionDefinitionError, NotImplementedError):
+    """execute() of a FusionDefinition that was never defined and has no definition() method."""
 
-    def __init__(self):
+
+class Fusion:
+    """A fusion defined once through FusionDefinition, then executed many times.
+
+    `Fusion()` is empty until a `with FusionDefinition(fs)` block defines it; `Fusion(id)` is the
+    fusion of a FusionCache id (`fs.id()`)."""
+
+    def __init__(self, fusion_id=None):
         self._ir: IRFusion | None = None
-        self._source_lines: list[str] = []
+        self._entry = None
+        self._post = None          # (hidden output indices, {output index: stride order}) or None
+        if fusion_id is not None:
+            self._bind(FusionCache.get().entry(fusion_id))
+
+    def _bind(self, entry) -> None:
+        self._entry, self._ir = entry, entry.ir
+        self._progs = None
+        self._post = (entry.hidden_outputs, entry.output_orders) \
+            if entry.hidden_outputs or entry.output_orders else None
 
     @property
     def ir_fusion(self) -> IRFusion:
@@ -45,11 +84,20 @@ class Fusion:
             raise FusionDefinitionError("this Fusion has not been defined yet (use FusionDefinition)")
         return self._ir
 
+    def id(self) -> int:
+        """The FusionCache id of this fusion."""
+        if self._entry is None:
+            raise FusionDefinitionError("this Fusion has not been defined yet, so it has no id")
+        return self._entry.id
+
+    def is_defined(self) -> bool:
+        return self._ir is not None
+
     _progs = None   # dispatch's _Programs of _ir (its cached-call `run`), once the first call made it
 
     def execute(self, inputs) -> list:
         progs = self._progs
-        if progs is not None and (type(inputs) is list or type(inputs) is tuple):
+        if progs is not None and self._post is None and (type(inputs) is list or type(inputs) is tuple):
             return progs.run(inputs)       # the same as execute_fusion(self._ir, inputs)
         if self._ir is None:
             raise ExecuteError("execute: the Fusion is not defined yet; build it inside "
@@ -63,7 +111,7 @@ class Fusion:
         outs = dispatch.execute_fusion(self._ir, inputs)   # it never changes the caller's list
         if self._progs is None:
             self._progs = dispatch.programs(self._ir)
-        return outs
+        return outs if self._post is None else _post_process(outs, *self._post)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -77,10 +125,9 @@ class Fusion:
         return last_report(self._ir) if self._ir is not None else None
 
     def fusion_definition(self) -> str:
-        """Python source of `nvfuser_fusion_id0(fd)` that rebuilds this fusion."""
+        """Python source of `nvfuser_fusion_idN(fd)` that rebuilds this fusion (as repr(fd))."""
         self.ir_fusion  # noqa: B018 (raises if undefined)
-        body = "\n".join("    " + line for line in self._source_lines)
-        return f"def nvfuser_fusion_id0(fd: FusionDefinition) -> None:\n{body}\n"
+        return definition_source(self._entry.id, self._entry.lines)
 
     def __str__(self) -> str:
         return str(self._ir) if self._ir is not None else "<undefined pyfuser Fusion>"
@@ -89,56 +136,205 @@ class Fusion:
         print(self)
 
 
-class FusionDefinition:
-    """Context manager that defines the Fusion `fs`; `fd.ops` holds every op."""
+def _post_process(outs, hidden, orders) -> list:
+    """Outputs as the definition asked: alias_input outputs (already written into their input)
+    left out, add_output(stride_order=) outputs in that layout."""
+    result = []
+    for i, t in enumerate(outs):
+        if i in hidden:
+            continue
+        order = orders.get(i)
+        result.append(t if order is None else with_stride_order(t, order))
+    return result
 
-    def __init__(self, fusion: Fusion | None = None):
-        if fusion is not None and not isinstance(fusion, Fusion):
+
+def with_stride_order(t, order):
+    """`t`, or a copy of it, whose axis i is the order[i]-th outermost (0 = outermost)."""
+    import torch
+    outer_first = sorted(range(t.dim()), key=lambda i: order[i])
+    strides, acc = [0] * t.dim(), 1
+    for axis in reversed(outer_first):
+        strides[axis] = acc
+        acc *= max(t.shape[axis], 1)
+    if list(t.stride()) == strides:
+        return t
+    out = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def definition_source(fusion_id, lines) -> str:
+    """The printed form of a definition: an import line, then `def nvfuser_fusion_idN(fd)`."""
+    body = "\n".join("    " + line for line in lines) if lines else "    pass"
+    return ("from pyfuser import FusionDefinition, DataType\n"
+            f"def nvfuser_fusion_id{fusion_id}(fd : FusionDefinition) -> None :\n{body}\n")
+
+
+class FusionDefinition:
+    """Defines a fusion: as a context manager (`with FusionDefinition(fs) as fd:`, or
+    `FusionDefinition()` then `fd.execute`), or as a subclass with `definition()`. `fd.ops` holds
+    every op; `fd.sched` the scheduling calls of `schedule()`.
+
+    `FusionDefinition(fusion)` takes a Fusion, a FusionCache id, or nothing (a new Fusion);
+    `max_length` (nvFuser's limit on the number of statements) is accepted and not needed."""
+
+    def __init__(self, fusion=None, max_length: int = 1024):
+        if fusion is None:
+            fs = Fusion()
+        elif isinstance(fusion, Fusion):
+            fs = fusion
+        elif isinstance(fusion, int) and not isinstance(fusion, bool):
+            fs = Fusion(fusion)
+        else:
             raise FusionDefinitionError(
-                f"FusionDefinition takes a pyfuser Fusion, got {type(fusion).__name__}")
-        self.__dict__["_fs"] = fusion if fusion is not None else Fusion()
-        self.__dict__["ops"] = Ops(self)
-        self._ir: IRFusion | None = None
-        self._active = False
-        self._names: dict[int, str] = {}
-        self._lines: list[str] = []
-        self._counter = 0
+                f"FusionDefinition takes a pyfuser Fusion or a fusion id, got {type(fusion).__name__}")
+        d = self.__dict__
+        d["_fs"] = fs
+        d["ops"] = Ops(self)
+        d["sched"] = UserSchedule(self)
+        d["_ir"] = None
+        d["_phase"] = None           # "define" inside the definition, "schedule" in schedule()
+        d["_names"] = {}
+        d["_lines"] = []
+        d["_counter"] = 0
+        d["_hidden"] = set()
+        d["_orders"] = {}
+        d["max_length"] = max_length
 
     # --- context ------------------------------------------------------------------------------
     def __enter__(self) -> "FusionDefinition":
         if self._fs._ir is not None:
-            raise FusionDefinitionError("this Fusion is already defined; create a new Fusion()")
+            raise FusionDefinitionError(
+                f"{self._title()}: this Fusion is already defined; create a new Fusion()")
         self._ir = IRFusion()
+        self._ir.scalar_typing = "nvfuser"
         self._ir.__enter__()
-        self._active = True
+        self._phase = "define"
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._ir.__exit__(exc_type, exc, tb)
-        self._active = False
-        if exc_type is not None:
-            return
+        self._phase = None
+        if exc_type is None:
+            self._finish()
+
+    def _finish(self) -> None:
         if not self._ir.outputs:
-            raise FusionDefinitionError("FusionDefinition: the fusion has no outputs; "
-                                        "call fd.add_output(tensor) before the `with` block ends")
+            raise FusionDefinitionError(f"{self._title()}: the fusion has no outputs; call "
+                                        "fd.add_output(tensor) before the definition ends")
         from ..ir.verifier import verify
         verify(self._ir)
-        from ..dump import dump
-        dump("fusion_ir", "FusionDefinition", lambda: str(self._ir))
-        self._fs._ir, self._fs._source_lines = self._ir, list(self._lines)
+        cache = FusionCache.get()
+        key = "\n".join(self._lines)
+        entry = cache.lookup(key)
+        if entry is None:
+            from ..dump import dump
+            dump("fusion_ir", "FusionDefinition", lambda: str(self._ir))
+            entry = cache.add(key, self._ir, self._lines, self._hidden, self._orders)
+        self._fs._bind(entry)
+        if type(self).schedule is not FusionDefinition.schedule:
+            self._phase = "schedule"
+            try:
+                self.schedule()
+            finally:
+                self._phase = None
+
+    # --- the subclass form --------------------------------------------------------------------
+    def definition(self) -> None:
+        """Override in a subclass to define the fusion with `self.define_tensor`, `self.ops`..."""
+        raise NoDefinitionError(
+            f"{self._title()}: this FusionDefinition was never defined: build it inside "
+            "`with FusionDefinition() as fd:` or subclass FusionDefinition and define definition()")
+
+    def schedule(self) -> None:
+        """Override in a subclass to make scheduling calls (`self.sched.split(...)`); they are
+        checked and recorded, and pyfuser's own schedulers decide the kernel."""
+
+    def execute(self, inputs, override_user_schedule: bool = False, **options) -> list:
+        """Run the fusion (defining it first with `definition()` in the subclass form)."""
+        if options:
+            raise FusionDefinitionError(
+                f"{self._title()}: execute got unknown option(s) {sorted(options)}")
+        if not self._fs.is_defined():
+            if type(self).definition is FusionDefinition.definition:
+                self.definition()          # raises NoDefinitionError
+            with self:
+                self.definition()
+        return self._fs.execute(inputs)
+
+    def id(self) -> int:
+        """The FusionCache id of the defined fusion."""
+        return self._fs.id()
+
+    @property
+    def fusion(self) -> Fusion:
+        return self._fs
+
+    # --- printing -----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        entry = self._fs._entry
+        if entry is not None:
+            return definition_source(entry.id, entry.lines)
+        return definition_source(FusionCache.get().num_fusions(), self._lines)
+
+    __str__ = __repr__
+
+    def print_ir(self) -> None:
+        print(self._fs._ir if self._fs._ir is not None else self._ir or "<empty FusionDefinition>")
+
+    def _title(self) -> str:
+        name = type(self).__name__
+        return "FusionDefinition" if name == "FusionDefinition" else f"FusionDefinition {name}"
+
+    def _display_name(self, val) -> str:
+        return self._names.get(id(val), str(val))
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
         ops = self.__dict__.get("ops")
-        if ops is not None and not name.startswith("_"):
+        if ops is not None and callable(getattr(type(ops), name, None)):
             return getattr(ops, name)  # `fd.permute(...)` behaves as `fd.ops.permute(...)`
-        raise UnknownNameError(f"FusionDefinition has no attribute {name!r}")
+        raise UnknownNameError(f"{self._title()} has no attribute {name!r}")
+
+    # --- handles ------------------------------------------------------------------------------
+    def _unwrap(self, x):
+        """User arguments -> IR values (handles of this definition only)."""
+        if isinstance(x, Value):
+            if x._fd is not self:
+                raise FusionDefinitionError(
+                    f"operand {x!r} belongs to another FusionDefinition")
+            return x._val
+        if isinstance(x, (list, tuple)):
+            items = [self._unwrap(v) for v in x]
+            return items if isinstance(x, list) or type(x) is not tuple else tuple(items)
+        return x
+
+    def _wrap(self, x):
+        if isinstance(x, TensorView):
+            return Tensor(x, self)
+        if isinstance(x, IRScalar):
+            return Scalar(x, self)
+        if isinstance(x, list):
+            return [self._wrap(v) for v in x]
+        if isinstance(x, tuple):
+            return tuple(self._wrap(v) for v in x)
+        return x
+
+    def _where(self, call: str) -> str:
+        return f"{self._title()} statement {len(self._lines) + 1}, fd.{call}"
 
     # --- running and recording a call ---------------------------------------------------------
     def _run(self, call: str, build, args=(), kwargs=None):
         """Run `build()` (builder calls) as definition call `fd.<call>(*args, **kwargs)`."""
-        if not self._active:
+        if self._phase != "define":
+            if self._phase == "schedule":
+                raise FusionDefinitionError(
+                    f"{call.split('.')[-1]}: schedule() may only make scheduling calls "
+                    "(fd.sched.*); define ops in definition()")
             raise FusionDefinitionError(
-                f"{call}: definition calls must be made inside `with FusionDefinition(fs) as fd:`")
+                f"{call.split('.')[-1]}: definition calls must be made inside "
+                "`with FusionDefinition(fs) as fd:` (or in definition())")
         for a in list(args) + list((kwargs or {}).values()):
             self._check_owned(call, a)
         try:
@@ -159,7 +355,8 @@ class FusionDefinition:
                 f"{call.split('.')[-1]}: operand {a!r} belongs to another fusion")
 
     def _record(self, call: str, result, args, kwargs) -> None:
-        outs = result if isinstance(result, tuple) else (result,)
+        many = isinstance(result, (tuple, list))
+        outs = list(result) if many else [result]
         names = []
         for v in outs:
             if isinstance(v, Val):
@@ -168,7 +365,9 @@ class FusionDefinition:
                 self._counter += 1
         text = ", ".join([self._render(a) for a in args] +
                          [f"{k}={self._render(v)}" for k, v in kwargs.items()])
-        lhs = f"{', '.join(names)} = " if names else ""
+        lhs = ""
+        if names:
+            lhs = ", ".join(names) + ("," if many and len(names) == 1 else "") + " = "
         self._lines.append(f"{lhs}fd.{call}({text})")
         for v, n in zip([v for v in outs if isinstance(v, Val)], names):
             self._names[id(v)] = n
@@ -184,26 +383,31 @@ class FusionDefinition:
             return "[" + ", ".join(self._render(x) for x in a) + "]"
         if isinstance(a, float) and not math.isfinite(a):
             return f"float('{a}')"
+        if isinstance(a, complex) and not (math.isfinite(a.real) and math.isfinite(a.imag)):
+            return f"complex(float('{a.real}'), float('{a.imag}'))"
         return repr(a)
 
     # --- leaves ---------------------------------------------------------------------------------
-    def define_tensor(self, symbolic_sizes=None, contiguous=None, dtype=DataType.Float, shape=None,
-                      stride_order=None, contiguity=None) -> TensorView:
-        """A tensor input: `symbolic_sizes` (-1 any size, 1 broadcast) or concrete `shape`."""
-        contiguous = contiguity if contiguous is None else contiguous
-        kwargs = {k: v for k, v in dict(symbolic_sizes=symbolic_sizes, shape=shape,
-                                         contiguous=contiguous, dtype=dtype,
-                                         stride_order=stride_order).items() if v is not None}
-        sizes = _tensor_sizes(symbolic_sizes, shape)
-        if contiguous is not None:
-            if not isinstance(contiguous, (list, tuple)) or \
-                    any(c is not None and not isinstance(c, bool) for c in contiguous):
-                raise FusionDefinitionError(
-                    f"define_tensor: contiguous must be a list of True/False/None, got {contiguous!r}")
-        return self._run("define_tensor", lambda: B.define_tensor(sizes, dtype, contiguous,
-                                                                  stride_order), (), kwargs)
+    @api_call
+    def define_tensor(self, *args, **kwargs) -> TensorView:
+        """A tensor input, in any of nvFuser's forms (definition_tensors.py)."""
+        return self._define_tensor(canonical_tensor(args, kwargs))
 
-    def define_constant(self, value, dtype: DataType | None = None) -> Scalar:
+    @api_call
+    def from_pytorch(self, tensor, static_sizes: bool = False) -> TensorView:
+        """A tensor input shaped like `tensor` (dtype, rank, broadcast axes, layout); pyfuser
+        runs on the CPU too, so CPU tensors are accepted (nvFuser only takes CUDA tensors)."""
+        return self._define_tensor(from_pytorch_kwargs(tensor, static_sizes))
+
+    def _define_tensor(self, kw: dict) -> TensorView:
+        sizes = kw["symbolic_sizes"]
+
+        def build():
+            return B.define_tensor(sizes, kw["dtype"], kw["contiguous"], kw.get("stride_order"))
+        return self._run("define_tensor", build, (), kw)
+
+    @api_call
+    def define_constant(self, value, dtype: DataType | None = None) -> IRScalar:
         value = _python_number(value, "define_constant")
         if dtype is not None and not isinstance(dtype, DataType):
             raise FusionDefinitionError(f"define_constant: dtype must be a DataType, got {dtype!r}")
@@ -212,8 +416,10 @@ class FusionDefinition:
                          lambda: B.constant(_convert(value, dtype) if dtype else value, dtype),
                          (value,), kwargs)
 
-    def define_scalar(self, value_or_dtype=_UNSET, dtype=_UNSET) -> Scalar:
-        """A constant (given a value) or a scalar input of the fusion (given a dtype or nothing)."""
+    @api_call
+    def define_scalar(self, value_or_dtype=_UNSET, dtype=_UNSET) -> IRScalar:
+        """A constant (given a value) or a scalar input of the fusion (given a dtype or nothing:
+        a Double input)."""
         if isinstance(value_or_dtype, DataType):
             if dtype is not _UNSET:
                 raise FusionDefinitionError("define_scalar: dtype given twice")
@@ -235,32 +441,50 @@ class FusionDefinition:
                          lambda: B.constant(_convert(value, dt) if dt else value, dt),
                          (value,), kwargs)
 
-    def add_output(self, value) -> None:
+    @api_call
+    def add_output(self, value, stride_order=None, alias_input=None) -> None:
+        """An output of the fusion. `alias_input=t` writes it into input t instead of returning
+        it; `stride_order` (also the second positional argument) gives its layout: axis i is
+        the stride_order[i]-th outermost."""
+        if isinstance(stride_order, TensorView) and alias_input is None:
+            stride_order, alias_input = None, stride_order
         if not isinstance(value, TensorView):
             raise FusionDefinitionError(
                 f"add_output: expects a tensor of this fusion, got {type(value).__name__} {value!r}")
-        self._run("add_output", lambda: self._ir.add_output(value), (value,))
+        kwargs = {}
+        if alias_input is not None:
+            _check_alias(value, alias_input, self._ir)
+            kwargs["alias_input"] = alias_input
+        if stride_order is not None:
+            order = list(stride_order) if isinstance(stride_order, (list, tuple)) else stride_order
+            if not isinstance(order, list) or sorted(order) != list(range(value.ndim)) or \
+                    any(isinstance(i, bool) for i in order):
+                raise FusionDefinitionError(
+                    f"add_output: stride_order {stride_order!r} is not a permutation of the "
+                    f"{value.ndim} axes of {self._display_name(value)}")
+            if alias_input is not None:
+                raise FusionDefinitionError("add_output: give stride_order or alias_input, not both")
+            kwargs["stride_order"] = order
 
-    def print_ir(self) -> None:
-        print(self._ir if self._ir is not None else "<empty FusionDefinition>")
+        def build():
+            index = len(self._ir.outputs)
+            self._ir.add_output(value)
+            if alias_input is not None:
+                self._ir.aliases[value] = alias_input
+                self._hidden.add(index)
+            if stride_order is not None:
+                self._orders[index] = kwargs["stride_order"]
+        self._run("add_output", build, (value,), kwargs)
 
 
-def _tensor_sizes(symbolic_sizes, shape) -> list[int]:
-    if (symbolic_sizes is None) == (shape is None):
-        raise FusionDefinitionError("define_tensor: give exactly one of symbolic_sizes= or shape=")
-    sizes = symbolic_sizes if symbolic_sizes is not None else shape
-    if not isinstance(sizes, (list, tuple)):
-        raise FusionDefinitionError(f"define_tensor: sizes must be a list, got {sizes!r}")
-    for i, s in enumerate(sizes):
-        if not isinstance(s, int) or isinstance(s, bool):
-            raise FusionDefinitionError(f"define_tensor: size {i} is {s!r}, not an int")
-        if symbolic_sizes is not None and s not in (-1, 1):
-            raise FusionDefinitionError(
-                f"define_tensor: symbolic_sizes entries must be -1 or 1, entry {i} is {s} "
-                "(use shape= for concrete sizes)")
-        if shape is not None and s < -1:
-            raise FusionDefinitionError(f"define_tensor: shape entry {i} is {s}")
-    return list(sizes)
+def _check_alias(value, target, ir) -> None:
+    if not isinstance(target, TensorView) or target not in ir.inputs:
+        raise FusionDefinitionError(
+            f"add_output: alias_input must be a tensor input of this fusion, got {target!r}")
+    if target.dtype is not value.dtype or target.ndim != value.ndim:
+        raise FusionDefinitionError(
+            f"add_output: alias_input {target.name} ({target.dtype.name}, rank {target.ndim}) must "
+            f"have the dtype and rank of the output ({value.dtype.name}, rank {value.ndim})")
 
 
 def _python_number(value, call: str):
@@ -280,3 +504,7 @@ def _convert(value, dtype: DataType):
     if isinstance(value, complex):
         raise FusionDefinitionError(f"define_constant: complex value {value} for dtype {dtype.name}")
     return float(value) if dtype.is_floating else int(value)
+
+
+__all__ = ["Fusion", "FusionDefinition", "FusionCache", "NoDefinitionError", "Tensor", "Scalar",
+           "with_stride_order", "definition_source"]

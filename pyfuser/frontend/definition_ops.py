@@ -2,17 +2,24 @@
 
 Every elementwise op of the op table (pyfuser.ir.ops.OPS) becomes a method `fd.ops.<name>(*operands)`
 generated from the table, plus nvFuser's aliases (ALIASES). Ops with their own signatures (views,
-reductions, casts, `full`...) are written out below. Each method builds IR through the checked
-builder via `fd._run`, which also records the call for `Fusion.fusion_definition()`.
+reductions, casts, `full`, `iota`, indexing, random numbers...) are written out below, with
+nvFuser's signatures (positional or keyword). Each method builds IR through the checked builder
+via `fd._run`, which also records the call for `repr(fd)`.
+
+Every public method is wrapped by `api_call`: handles (definition_values.py) in, IR values to the
+method, handles out; a FusionDefinitionError raised inside gets the definition, statement and
+call named in front of its message.
 
 Invariant: no method branches on an op name; an op added to the table appears here by itself.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..errors import FusionDefinitionError
 from ..ir import builder as B
+from ..ir.base import Scalar
 from ..ir.dtypes import DataType
 from ..ir.ops import OPS
 from ..ir.tensor import TensorView
@@ -28,6 +35,35 @@ REDUCTIONS = ("sum", "prod", "max", "min")
 
 class UnknownNameError(FusionDefinitionError, AttributeError):
     """An unknown op or attribute; an AttributeError too, so hasattr() keeps working."""
+
+
+def api_call(fn):
+    """A public definition call: handles in and out, errors named by definition and statement."""
+    @functools.wraps(fn)
+    def call(self, *args, **kwargs):
+        is_op = isinstance(self, Ops)
+        fd = self._fd if is_op else self
+        try:
+            result = fn(self, *fd._unwrap(args), **{k: fd._unwrap(v) for k, v in kwargs.items()})
+        except FusionDefinitionError as e:
+            if getattr(e, "pyfuser_named", False):
+                raise
+            err = type(e)(f"{fd._where(('ops.' if is_op else '') + fn.__name__)}: {e}")
+            err.pyfuser_named = True
+            raise err from None
+        return fd._wrap(result)
+    call.pyfuser_api = True
+    return call
+
+
+def _size_list(v, op: str, what: str) -> list:
+    """A list of sizes: ints or Int scalars (tensor_sizes / t.shape entries)."""
+    if not isinstance(v, (list, tuple)) or any(
+            not (isinstance(i, int) and not isinstance(i, bool)) and
+            not (isinstance(i, Scalar) and i.dtype.is_integral) for i in v):
+        raise FusionDefinitionError(f"{op}: {what} must be a list of sizes (ints or Int scalars), "
+                                    f"got {v!r}")
+    return list(v)
 
 
 def _tensor(x, op: str) -> TensorView:
@@ -76,7 +112,9 @@ class Ops:
         self._fd = fd
 
     def __getattr__(self, name: str):
-        raise UnknownNameError(f"fd.ops has no op named {name!r}")
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise UnknownNameError(f"{self._fd._title()}: fd.ops has no op named {name!r}")
 
     # --- data movement ---------------------------------------------------------------------------
     def view(self, x, original_shape=None, new_shape=None):
@@ -117,10 +155,16 @@ class Ops:
     def set(self, x):
         return self._fd._run("ops.set", lambda: B.set_(_tensor(x, "set")), (x,))
 
-    def broadcast_in_dim(self, x, output_shape=None, broadcast_dims=None):
+    def broadcast_in_dim(self, x, output_shape=None, broadcast_dims=None, shape=None):
+        """Input axis i becomes output axis broadcast_dims[i]; the others are new broadcast axes
+        of the sizes in output_shape (also `shape=`; ints or Int scalars such as tensor_sizes)."""
+        if shape is not None:
+            if output_shape is not None:
+                raise FusionDefinitionError("broadcast_in_dim: give output_shape= or shape=, not both")
+            output_shape = shape
         if output_shape is None or broadcast_dims is None:
             raise FusionDefinitionError("broadcast_in_dim needs output_shape= and broadcast_dims=")
-        shape = _int_list(output_shape, "broadcast_in_dim", "output_shape")
+        shape = _size_list(output_shape, "broadcast_in_dim", "output_shape")
         dims = _int_list(broadcast_dims, "broadcast_in_dim", "broadcast_dims")
         return self._fd._run(
             "ops.broadcast_in_dim",
@@ -133,7 +177,7 @@ class Ops:
                              (x, flags))
 
     def expand(self, x, shape):
-        shape = list(shape)
+        shape = _size_list(shape, "expand", "shape")
         return self._fd._run("ops.expand", lambda: B.expand(_tensor(x, "expand"), shape), (x, shape))
 
     def squeeze(self, x, *args, original_shape=None, dims=None):
@@ -162,12 +206,79 @@ class Ops:
             raise FusionDefinitionError(f"cast needs dtype= (a DataType), got {dtype!r}")
         return self._fd._run("ops.cast", lambda: B.cast(x, dtype), (x,), dict(dtype=dtype))
 
-    def full(self, shape, fill_value, dtype: DataType):
+    def full(self, shape=None, fill_value=None, dtype: DataType = None, size=None, arg=None):
+        """A tensor of `shape` (also `size=`) filled with `fill_value` (also `arg=`)."""
+        shape = _either("full", "shape", shape, "size", size)
+        fill_value = _either("full", "fill_value", fill_value, "arg", arg)
         if not isinstance(dtype, DataType):
             raise FusionDefinitionError(f"full: dtype must be a DataType, got {dtype!r}")
-        shape = list(shape)
+        shape = _size_list(shape, "full", "shape")
         return self._fd._run("ops.full", lambda: B.full(shape, fill_value, dtype),
-                             (shape, fill_value), dict(dtype=dtype))
+                             (), dict(shape=shape, fill_value=fill_value, dtype=dtype))
+
+    def iota(self, length, start=None, step=None, dtype: DataType = DataType.Int):
+        """[start, start + step, ...] (`length` elements; start 0 and step 1 when None)."""
+        if not isinstance(dtype, DataType):
+            raise FusionDefinitionError(f"iota: dtype must be a DataType, got {dtype!r}")
+        return self._fd._run(
+            "ops.iota", lambda: B.iota(length, 0 if start is None else start,
+                                       1 if step is None else step, dtype),
+            (length, start, step, dtype))
+
+    def tensor_sizes(self, x):
+        """The sizes of x as Int scalars (bound when the fusion runs)."""
+        _tensor(x, "tensor_sizes")
+        return self._fd._run(
+            "ops.tensor_sizes",
+            lambda: [d.expanded_extent if d.expanded_extent is not None else d.extent
+                     for d in x.logical], (x,))
+
+    def normal(self, mean, std, size=None, dtype: DataType = DataType.Float, shape=None):
+        """Values from N(mean, std^2) (torch's generator of the fusion's device)."""
+        return self._random("normal", mean, std, _either("normal", "size", size, "shape", shape),
+                            dtype)
+
+    def uniform(self, low, high, size=None, dtype: DataType = DataType.Float, shape=None):
+        """Values from U[low, high) (torch's generator of the fusion's device)."""
+        return self._random("uniform", low, high,
+                            _either("uniform", "size", size, "shape", shape), dtype)
+
+    def _random(self, kind, a, b, shape, dtype):
+        shape = _size_list(shape, kind, "size")
+        return self._fd._run(f"ops.{kind}", lambda: B.random(kind, a, b, shape, dtype),
+                             (a, b), dict(shape=shape, dtype=dtype))
+
+    # --- indexing ---------------------------------------------------------------------------------
+    def gather(self, x, index, dim: int):
+        """torch.gather(x, dim, index)."""
+        return self._fd._run("ops.gather", lambda: B.gather(_tensor(x, "gather"),
+                                                            _tensor(index, "gather"), dim),
+                             (x, index, dim))
+
+    def index_select(self, x, index, dim: int):
+        """torch.index_select(x, dim, index) (index of rank 1 or 0)."""
+        return self._fd._run(
+            "ops.index_select", lambda: B.index_select(_tensor(x, "index_select"),
+                                                       _tensor(index, "index_select"), dim),
+            (x, index, dim))
+
+    def slice(self, x, start_indices=None, end_indices=None, strides=None):
+        """x[start_indices[0]:end_indices[0], ...] (strides must be 1)."""
+        if start_indices is None or end_indices is None:
+            raise FusionDefinitionError("slice needs start_indices= and end_indices=")
+        kwargs = dict(start_indices=start_indices, end_indices=end_indices)
+        if strides is not None:
+            kwargs["strides"] = strides
+        return self._fd._run(
+            "ops.slice", lambda: B.slice_(_tensor(x, "slice"), start_indices, end_indices, strides),
+            (x,), kwargs)
+
+    def cat(self, tensors, dim: int = 0):
+        """torch.cat(tensors, dim)."""
+        if not isinstance(tensors, (list, tuple)):
+            raise FusionDefinitionError(f"cat: expects a list of tensors, got {tensors!r}")
+        tensors = list(tensors)
+        return self._fd._run("ops.cat", lambda: B.cat(tensors, dim), (tensors, dim))
 
     # --- composites ------------------------------------------------------------------------------
     def add_alpha(self, a, b, alpha):
@@ -197,6 +308,15 @@ class Ops:
             "ops.var",
             lambda: B.var_mean(_tensor(x, "var"), _axes(axes, "var"), correction, keepdim)[0],
             (x,), dict(axes=axes, correction=correction, keepdim=keepdim))
+
+
+def _either(op: str, name: str, value, other_name: str, other):
+    """nvFuser spelled some arguments two ways over time (size=/shape=, arg=/fill_value=)."""
+    if value is not None and other is not None:
+        raise FusionDefinitionError(f"{op}: give {name}= or {other_name}=, not both")
+    if value is None and other is None:
+        raise FusionDefinitionError(f"{op} needs {name}=")
+    return value if value is not None else other
 
 
 def _axes(axes, op: str):
@@ -242,3 +362,6 @@ for _name in OPS:
 for _alias, _target in ALIASES.items():
     if _alias not in Ops.__dict__:
         setattr(Ops, _alias, _make_elementwise(_alias, _target))
+for _name, _fn in list(Ops.__dict__.items()):
+    if not _name.startswith("_") and callable(_fn) and not getattr(_fn, "pyfuser_api", False):
+        setattr(Ops, _name, api_call(_fn))

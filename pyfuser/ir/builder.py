@@ -131,19 +131,25 @@ def _align_ranks(vals: list[Val], opname: str) -> list[Val]:
 
 
 def _output_axes(tensors: list[TensorView], opname: str) -> list[IterDomain]:
-    """Per axis, the IterDomain the output follows (first non-broadcast, else the first)."""
+    """Per axis, the IterDomain the output follows: the first iteration axis, else the first
+    expanded broadcast, else the first (a broadcast)."""
     rank = tensors[0].ndim
     axes = []
     for i in range(rank):
         ids = [t.logical[i] for t in tensors]
-        real = [d for d in ids if not d.is_broadcast or d.expanded_extent is not None]
+        real = [d for d in ids if not d.is_broadcast] + \
+            [d for d in ids if d.is_broadcast and d.expanded_extent is not None]
         for d in real[1:]:
-            a, b = real[0].extent, d.extent
-            if a.is_const and b.is_const and a.value != b.value and not d.is_broadcast:
+            a, b = _full_extent(real[0]), _full_extent(d)
+            if a.is_const and b.is_const and a.value != b.value:
                 raise FusionDefinitionError(
                     f"{opname}: axis {i} has extent {a.value} in one operand and {b.value} in another")
         axes.append(real[0] if real else ids[0])
     return axes
+
+
+def _full_extent(d: IterDomain) -> Scalar:
+    return d.expanded_extent if d.expanded_extent is not None else d.extent
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -194,13 +200,15 @@ def elementwise(name: str, *operands: Operandish) -> Val:
     if name == "where":
         if vals[0].dtype is not DataType.Bool:
             raise FusionDefinitionError(f"where: condition must be Bool, got {vals[0].dtype.name}")
-    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE) \
-        else info.promotion
-    compute = result_type(*(_operand(v) for v in promoted), promotion=kind)
+    kind = Promotion.DEFAULT if info.promotion in (Promotion.ALWAYS_BOOL, Promotion.NONE,
+                                                   Promotion.COMPLEX_TO_FLOAT) else info.promotion
+    compute = result_type(*(_operand(v) for v in promoted), promotion=kind,
+                          scalars=Fusion.current().scalar_typing)
     if not info.accepts_dtype(compute):
         raise FusionDefinitionError(
             f"{name}: does not take {compute.name} operands (accepts {sorted(info.accepts)})")
-    out_dtype = DataType.Bool if info.promotion is Promotion.ALWAYS_BOOL else compute
+    out_dtype = DataType.Bool if info.promotion is Promotion.ALWAYS_BOOL else (
+        real_dtype(compute) if info.promotion is Promotion.COMPLEX_TO_FLOAT else compute)
     vals = [cast(v, compute) if isinstance(v, TensorView) and i not in skip else v
             for i, v in enumerate(vals)]
     vals = _align_ranks(vals, name)
@@ -212,6 +220,12 @@ def elementwise(name: str, *operands: Operandish) -> Val:
     cls = {1: E.UnaryOp, 2: E.BinaryOp}.get(info.arity, E.TernaryOp)
     cls(info, out, vals)
     return out
+
+
+def real_dtype(dtype: DataType) -> DataType:
+    """The real dtype of a complex dtype (ComplexFloat -> Float); others unchanged."""
+    return {DataType.ComplexFloat: DataType.Float, DataType.ComplexDouble: DataType.Double}.get(
+        dtype, dtype)
 
 
 def set_(x: TensorView) -> TensorView:
@@ -456,4 +470,152 @@ def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
         raise FusionDefinitionError(f"iota: length must be an Int scalar, got {length.dtype.name}")
     out = TensorView([IterDomain(length)], dtype, fusion)
     E.IotaOp(out, length, cast(_as_val(start, "iota"), dtype), cast(_as_val(step, "iota"), dtype))
+    return out
+
+
+# ---- indexing, concatenation, random numbers --------------------------------------------------
+def _index_tensor(index, opname: str) -> TensorView:
+    index = _check_tv(index, opname)
+    if index.dtype not in (DataType.Int, DataType.Int32):
+        raise FusionDefinitionError(
+            f"{opname}: the index tensor {index.name} must be Int or Int32, got {index.dtype.name}")
+    return index
+
+
+def gather(x: TensorView, index: TensorView, dim: int) -> TensorView:
+    """torch.gather(x, dim, index): index has x's rank; the output has index's shape."""
+    x, index = _check_tv(x, "gather"), _index_tensor(index, "gather")
+    if index.ndim != x.ndim:
+        raise FusionDefinitionError(
+            f"gather: the index {index.name} has rank {index.ndim}, the input {x.name} rank {x.ndim}")
+    d = _norm_dim(dim, x.ndim, "gather")
+    out = _new_tv(index.logical, x.dtype)
+    E.GatherOp(out, x, index, d)
+    return out
+
+
+def index_select(x: TensorView, index: TensorView, dim: int) -> TensorView:
+    """torch.index_select(x, dim, index): a 1-D (or 0-dim) index picks slices along `dim`."""
+    x, index = _check_tv(x, "index_select"), _index_tensor(index, "index_select")
+    if index.ndim > 1:
+        raise FusionDefinitionError(
+            f"index_select: the index {index.name} must have rank 0 or 1, got {index.ndim}")
+    d = _norm_dim(dim, x.ndim, "index_select")
+    fusion = Fusion.current()
+    picked = _copy_id(index.logical[0]) if index.ndim else \
+        IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast)
+    root = [picked if i == d else _copy_id(a) for i, a in enumerate(x.logical)]
+    out = TensorView(root, x.dtype, fusion)
+    E.IndexSelectOp(out, x, index, d)
+    return out
+
+
+def _int_list(v, opname: str, what: str) -> list[int]:
+    if not isinstance(v, (list, tuple)) or \
+            any(not isinstance(i, int) or isinstance(i, bool) for i in v):
+        raise FusionDefinitionError(f"{opname}: {what} must be a list of ints, got {v!r}")
+    return list(v)
+
+
+def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
+           steps: Sequence[int] | None = None) -> TensorView:
+    """x[starts[0]:ends[0], ...] with unit steps; constant bounds, checked against known sizes
+    now and against run-time sizes at execute."""
+    x = _check_tv(x, "slice")
+    starts = _int_list(starts, "slice", "start_indices")
+    ends = _int_list(ends, "slice", "end_indices")
+    steps = [1] * len(starts) if steps is None else _int_list(steps, "slice", "strides")
+    if not len(starts) == len(ends) == len(steps):
+        raise FusionDefinitionError(
+            f"slice: start_indices, end_indices and strides have {len(starts)}, {len(ends)} and "
+            f"{len(steps)} entries; they must have one per axis")
+    if len(starts) != x.ndim:
+        raise FusionDefinitionError(
+            f"slice: {len(starts)} start/end indices for the rank-{x.ndim} tensor {x.name}")
+    fusion, root = Fusion.current(), []
+    hints = getattr(x, "sizes_hint", None) or [-1] * x.ndim
+    for i, (a, b, st, ax, hint) in enumerate(zip(starts, ends, steps, x.logical, hints)):
+        if a < 0:
+            raise FusionDefinitionError(f"slice: start index {a} of axis {i} is negative")
+        if b < a:
+            raise FusionDefinitionError(
+                f"slice: end index {b} of axis {i} is smaller than its start index {a}")
+        if st != 1:
+            raise FusionDefinitionError(f"slice: stride {st} of axis {i}: only stride 1 is supported")
+        ext = ax.expanded_extent if ax.expanded_extent is not None else ax.extent
+        known = ext.value if ext.is_const else (hint if hint > 1 else None)
+        if known is not None and b > known:
+            raise FusionDefinitionError(f"slice: end index {b} of axis {i} is past its size {known}")
+        n = b - a
+        root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1 else
+                    IterDomain(Scalar(DataType.Int, n, fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    E.SliceOp(out, x, starts, ends)
+    return out
+
+
+def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:
+    """torch.cat: tensors of one rank joined along `dim` (dtypes promoted as eager does)."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise FusionDefinitionError(f"cat: expects a non-empty list of tensors, got {tensors!r}")
+    xs = [_check_tv(t, "cat") for t in tensors]
+    rank = xs[0].ndim
+    for t in xs[1:]:
+        if t.ndim != rank:
+            raise FusionDefinitionError(
+                f"cat: {xs[0].name} has rank {rank} but {t.name} has rank {t.ndim}")
+    if rank == 0:
+        raise FusionDefinitionError("cat: 0-dim tensors cannot be concatenated")
+    d = _norm_dim(dim, rank, "cat")
+    dtype = result_type(*(_operand(t) for t in xs))
+    xs = [cast(t, dtype) for t in xs]
+    fusion = Fusion.current()
+    exts = [t.logical[d].extent if t.logical[d].expanded_extent is None else
+            t.logical[d].expanded_extent for t in xs]
+    total = Scalar(DataType.Int, sum(e.value for e in exts) if all(e.is_const for e in exts)
+                   else None, fusion)
+    root = []
+    for i in range(rank):
+        if i == d:
+            root.append(IterDomain(total))
+            continue
+        axes = [t.logical[i] for t in xs]
+        real = [a for a in axes if not a.is_broadcast or a.expanded_extent is not None]
+        root.append(_copy_id(real[0] if real else axes[0]))
+    out = TensorView(root, dtype, fusion)
+    E.CatOp(out, xs, d)
+    return out
+
+
+RANDOM_KINDS = ("uniform", "normal")
+
+
+def random(kind: str, a: Operandish, b: Operandish, shape: Sequence,
+           dtype: DataType = DataType.Float) -> TensorView:
+    """A tensor of `shape` drawn from U[a, b) ("uniform") or N(a, b^2) ("normal")."""
+    if kind not in RANDOM_KINDS:
+        raise FusionDefinitionError(f"unknown random distribution {kind!r}")
+    if not isinstance(dtype, DataType) or not dtype.is_floating:
+        raise FusionDefinitionError(f"{kind}: dtype must be a floating DataType, got {dtype!r}")
+    params = []
+    for what, p in (("first", a), ("second", b)):
+        v = _as_val(p, kind)
+        if not isinstance(v, Scalar) or v.dtype.is_complex:
+            raise FusionDefinitionError(f"{kind}: the {what} parameter must be a real scalar, got {v}")
+        params.append(v)
+    fusion = Fusion.current()
+    if not isinstance(shape, (list, tuple)):
+        raise FusionDefinitionError(f"{kind}: shape must be a list of sizes, got {shape!r}")
+    exts = []
+    for i, s in enumerate(shape):
+        if isinstance(s, Scalar) and s.dtype.is_integral:
+            exts.append(s)
+        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+            exts.append(Scalar(DataType.Int, s, fusion))
+        else:
+            raise FusionDefinitionError(f"{kind}: size {i} is {s!r}, not a size or an Int scalar")
+    root = [IterDomain(e, IterType.Broadcast) if e.is_const and e.value == 1 else IterDomain(e)
+            for e in exts]
+    out = TensorView(root, dtype, fusion)
+    E.RandomOp(kind, out, params, exts)
     return out

@@ -5,6 +5,11 @@ Invariants:
 - Promotion is *delegated to PyTorch* (`torch.result_type` on tiny CPU stand-ins), so pyfuser's
   result dtypes follow eager exactly, including the rules for 0-dim tensors and Python scalars
   ("wrapped numbers"), which only take part when no dimensioned tensor of the same category does.
+- Two rules for scalars (`result_type(..., scalars=)`): "eager" (TorchScript graphs) gives a
+  scalar only its category, as eager does with a Python number (a float scalar that wins counts
+  as the default dtype, float32); "nvfuser" (FusionDefinition) keeps the scalar's own dtype, as
+  nvFuser does (a Double constant that wins gives float64, an Int32 one int32). Both agree
+  whenever a tensor operand's category is at least the scalars' (docs/nvfuser_frontend.md).
 """
 from __future__ import annotations
 
@@ -102,6 +107,8 @@ DataType.Int64 = DataType.Int  # type: ignore[attr-defined]
 DataType.Float32 = DataType.Float  # type: ignore[attr-defined]
 DataType.Float64 = DataType.Double  # type: ignore[attr-defined]
 DataType.Float16 = DataType.Half  # type: ignore[attr-defined]
+# nvFuser's "no dtype" (e.g. `fd.ops.sum(t, axes, keepdim, dtype=DataType.Null)`): None here.
+DataType.Null = None  # type: ignore[attr-defined]
 
 
 class Operand:
@@ -145,15 +152,65 @@ class Promotion(enum.Enum):
         return getattr(K, self.name)
 
 
-def result_type(*operands: Operand, promotion: Promotion = Promotion.DEFAULT) -> DataType:
-    """The dtype eager PyTorch gives an elementwise op over `operands` under `promotion`.
+SCALAR_RULES = ("eager", "nvfuser")
 
-    Uses PyTorch's own n-ary rule (`torch._prims_common.elementwise_dtypes`) on tiny stand-ins,
-    so tensors, 0-dim tensors and Python scalars rank exactly as in eager.
+
+def result_type(*operands: Operand, promotion: Promotion = Promotion.DEFAULT,
+                scalars: str = "eager") -> DataType:
+    """The dtype an elementwise op over `operands` gives under `promotion`.
+
+    scalars="eager": eager PyTorch's n-ary rule (`torch._prims_common.elementwise_dtypes`) on
+    tiny stand-ins, so tensors, 0-dim tensors and Python scalars rank exactly as in eager.
+    scalars="nvfuser": operands of one dtype give that dtype; otherwise PyTorch's ranking of
+    dimensioned tensors, 0-dim tensors and scalars, with each scalar counting as its own dtype
+    (half/bfloat16 scalars as the default dtype). The promotion kind then applies as in eager.
     """
     from torch._prims_common import elementwise_dtypes
     assert operands, "result_type needs at least one operand"
     assert promotion is not Promotion.NONE
-    _, out = elementwise_dtypes(*(o.stand_in() for o in operands),
-                                type_promotion_kind=promotion.torch_kind)
+    if scalars == "nvfuser":
+        common = _nvfuser_common_dtype(operands)
+        stand_ins = (torch.empty((1,), dtype=common),)
+    else:
+        assert scalars == "eager", scalars
+        stand_ins = tuple(o.stand_in() for o in operands)
+    _, out = elementwise_dtypes(*stand_ins, type_promotion_kind=promotion.torch_kind)
     return DataType.from_torch(out)
+
+
+def _promote(a, b):
+    return b if a is None else (a if b is None else torch.promote_types(a, b))
+
+
+def _combine_categories(higher, lower):
+    """PyTorch's rule for letting a lower-priority group (0-dim, then scalars) raise the type."""
+    if higher is None:
+        return lower
+    if lower is None or higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return _to_complex(higher) if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher is torch.bool or lower.is_floating_point:
+        return _promote(higher, lower)
+    return higher
+
+
+def _to_complex(dt):
+    return {torch.float64: torch.complex128}.get(dt, torch.complex64)
+
+
+def _nvfuser_common_dtype(operands) -> "torch.dtype":
+    if len({o.dtype for o in operands}) == 1:
+        return operands[0].dtype.torch
+    dim = zero = wrapped = None
+    for o in operands:
+        if o.kind == Operand.TENSOR:
+            dim = _promote(dim, o.dtype.torch)
+        elif o.kind == Operand.ZERO_DIM:
+            zero = _promote(zero, o.dtype.torch)
+        else:
+            t = torch.get_default_dtype() if o.dtype.is_reduced_float else o.dtype.torch
+            wrapped = _promote(wrapped, t)
+    return _combine_categories(dim, _combine_categories(zero, wrapped))

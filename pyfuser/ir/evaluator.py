@@ -37,11 +37,37 @@ class _Env:
         self.tensors[id(v)] = value
 
 
+def compute_dtype(e):
+    """The dtype an elementwise expr computes in: its output's, or for comparisons and
+    complex-to-real ops its promoted tensor operands' (None when it has none)."""
+    from .dtypes import Promotion
+    if e.info.promotion not in (Promotion.ALWAYS_BOOL, Promotion.COMPLEX_TO_FLOAT):
+        return e.output.dtype
+    skip = set(e.info.scalar_args) | ({0} if e.op_name == "where" else set())
+    return next((v.dtype for i, v in enumerate(e.inputs)
+                 if i not in skip and isinstance(v, TensorView)), None)
+
+
+def _scalar_arg(e, i, v, env, compute):
+    """A scalar operand as eager would see it: a Python number (a wrapped number, which takes
+    its category only), or, when the scalar already has the computation dtype (nvFuser's typing
+    of a FusionDefinition can make it so: `where(c, 0.1, 0.2)` in float64), a 0-dim tensor of
+    that dtype, so the op computes in it. Half/bfloat16 stay numbers: eager computes them in
+    float with the scalar at full precision."""
+    value = env[v]
+    if compute is None or v.dtype is not compute or compute.is_reduced_float or \
+            i in e.info.scalar_args:
+        return value
+    return torch.tensor(value, dtype=compute.torch, device=env.device)
+
+
 def _elementwise(e, env: _Env):
     out = e.output
     if isinstance(out, Scalar):
         return None  # computed by bind() on the host
-    args = [env[v] for v in e.inputs]
+    compute = compute_dtype(e)
+    args = [_scalar_arg(e, i, v, env, compute) if isinstance(v, Scalar) else env[v]
+            for i, v in enumerate(e.inputs)]
     try:
         result = e.info.ref(*args)
     except TypeError:
@@ -124,6 +150,30 @@ def _iota(e, env):
     return idx * step + start if step != 1 or start != 0 else idx
 
 
+def _gather(e, env):
+    return torch.gather(env[e.inputs[0]], e.dim, env[e.inputs[1]])
+
+
+def _index_select(e, env):
+    return torch.index_select(env[e.inputs[0]], e.dim, env[e.inputs[1]])
+
+
+def _slice(e, env):
+    return env[e.inputs[0]][tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
+
+
+def _cat(e, env):
+    return torch.cat([env[v] for v in e.inputs], e.dim)
+
+
+def _random(e, env):
+    """torch's default generator of the fusion's device draws the values."""
+    a, b = (env[v] for v in e.inputs)
+    shape = [int(env.b.value(s)) for s in e.shape]
+    out = torch.empty(shape, dtype=e.output.dtype.torch, device=env.device)
+    return out.uniform_(a, b) if e.kind == "uniform" else out.normal_(a, b)
+
+
 def _scalar(e, env):
     return None  # scalar results are in the Bindings
 
@@ -141,6 +191,11 @@ HANDLERS = {
     E.WelfordOp: _welford,
     E.FullOp: _full,
     E.IotaOp: _iota,
+    E.GatherOp: _gather,
+    E.IndexSelectOp: _index_select,
+    E.SliceOp: _slice,
+    E.CatOp: _cat,
+    E.RandomOp: _random,
     E.ScalarCast: _scalar,
 }
 
@@ -156,7 +211,10 @@ def evaluate(fusion, inputs) -> list:
     """Run `fusion` on `inputs` (tensors and numbers, in fusion.inputs order) with eager ops."""
     inputs = list(inputs)
     bindings = bind(fusion, inputs)
-    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    # the device of the tensor inputs; a fusion without any makes its tensors on torch's default
+    # device (torch.set_default_device), as a factory function would
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None) or \
+        torch.get_default_device()
     env = _Env(bindings, device)
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):

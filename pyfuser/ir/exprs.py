@@ -5,6 +5,10 @@ operands and their output have the same rank (the builder inserts BroadcastOps f
 movement and metadata exprs (broadcast, expand, squeeze, view, permute, set, cast) carry the
 attributes the evaluator and the codegen need. Reductions name a ReductionInfo.
 
+Indexing and data-dependent exprs (gather, index_select, slice, cat) and random number exprs
+(RandomOp) are taken by no kernel scheduler yet: the segmenter runs them on the reference
+evaluator (an "eager" segment), as it does reductions.
+
 Invariant: the constructors only record; the builder (builder.py) checks arguments and creates
 output TensorViews, so every Expr in a Fusion is well-formed.
 """
@@ -146,3 +150,55 @@ class ScalarCast(Expr):
 
     def __init__(self, out, inp):
         super().__init__([inp], [out])
+
+
+class GatherOp(Expr):
+    """torch.gather: out[i][j] = inp[index[i][j]][j] for dim 0 (same rank; out has index's shape)."""
+    op_name = "gather"
+
+    def __init__(self, out, inp, index, dim: int):
+        self.dim = dim
+        super().__init__([inp, index], [out])
+
+
+class IndexSelectOp(Expr):
+    """torch.index_select: the slices of `inp` along `dim` at the positions in a 1-D (or 0-dim)
+    index tensor; out has inp's shape with axis `dim` of the index's length."""
+    op_name = "index_select"
+
+    def __init__(self, out, inp, index, dim: int):
+        self.dim = dim
+        super().__init__([inp, index], [out])
+
+
+class SliceOp(Expr):
+    """out = inp[start[0]:end[0], ...] (unit steps); the bounds are constants."""
+    op_name = "slice"
+
+    def __init__(self, out, inp, starts: list[int], ends: list[int]):
+        self.starts, self.ends = list(starts), list(ends)
+        super().__init__([inp], [out])
+
+
+class CatOp(Expr):
+    """torch.cat of the inputs along `dim`; out's axis `dim` has the summed extent."""
+    op_name = "cat"
+
+    def __init__(self, out, inputs: list, dim: int):
+        self.dim = dim
+        super().__init__(list(inputs), [out])
+
+
+class RandomOp(Expr):
+    """A tensor of `shape` (Scalars) drawn from a distribution: `kind` "uniform" (operands low,
+    high: U[low, high)) or "normal" (operands mean, std). Values come from torch's default
+    generator of the device the fusion runs on (so torch.manual_seed makes them reproducible)."""
+
+    def __init__(self, kind: str, out, params: list, shape: list):
+        self.kind = kind
+        self.shape = list(shape)
+        super().__init__(list(params), [out])
+
+    @property
+    def op_name(self) -> str:
+        return self.kind

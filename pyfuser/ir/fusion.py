@@ -8,6 +8,8 @@ Invariants:
 - `exprs` is in creation order, which is topological.
 - Inputs are TensorViews or symbolic Scalars that no Expr defines; outputs are TensorViews.
 - A TensorView that is an input or an output is in global memory (`_g`); others are local (`_l`).
+- `scalar_typing` is the scalar promotion rule the builder applies in this Fusion ("eager", the
+  default, or "nvfuser" for FusionDefinitions; see dtypes.result_type).
 - The runtime caches what it derives from a Fusion (segments, executors, fast-call programs) in
   attributes named `_pyfuser_*`; any change to the program (a new expr, input or output) drops
   them, so a Fusion edited after it ran never replays a stale plan.
@@ -23,6 +25,8 @@ RUNTIME_CACHE_PREFIX = "_pyfuser_"
 
 
 class Fusion:
+    scalar_typing = "eager"
+
     def __init__(self):
         self.inputs: list = []
         self.outputs: list = []

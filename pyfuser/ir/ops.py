@@ -17,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -103,6 +103,13 @@ for _name, _cuda in [
     ("sigmoid", "pf_sigmoid({0})"), ("reciprocal", "pf_reciprocal({0})"),
 ]:
     _op(_name, 1, P.INT_TO_FLOAT, getattr(torch, _name), _cuda, REAL)
+# rsqrt also takes complex operands (as eager and nvFuser do); no kernel scheduler takes complex
+# dtypes yet, so those run on the reference evaluator.
+OPS["rsqrt"] = replace(OPS["rsqrt"], accepts=ALL)
+# The real and imaginary parts of a complex tensor (a real tensor of the matching precision).
+# Their CUDA templates name prelude functions that complex support will have to add.
+_op("real", 1, P.COMPLEX_TO_FLOAT, torch.real, "pf_real({0})", frozenset({"complex"}))
+_op("imag", 1, P.COMPLEX_TO_FLOAT, torch.imag, "pf_imag({0})", frozenset({"complex"}))
 _op("gelu", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x), "pf_gelu({0})", FLOAT)
 _op("gelu_tanh", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
     "pf_gelu_tanh({0})", FLOAT)

@@ -165,6 +165,25 @@ def _iota(e) -> str:
     return _assign(e.output, f"iota({', '.join(str(a) for a in e.inputs)});")
 
 
+def _indexing(e) -> str:
+    return _assign(e.output, f"{e.op_name}( {e.inputs[0]}, dim = {e.dim}, index = {e.inputs[1]} )")
+
+
+def _slice(e) -> str:
+    ranges = ", ".join(f"{a}:{b}" for a, b in zip(e.starts, e.ends))
+    return _assign(e.output, f"slice( {e.inputs[0]}, [{ranges}] )")
+
+
+def _cat(e) -> str:
+    return _assign(e.output, f"cat( {', '.join(str(t) for t in e.inputs)}, dim = {e.dim} )")
+
+
+def _random(e) -> str:
+    a, b = e.inputs
+    return _assign(e.output, f"rng_{e.kind}({{{', '.join(str(s) for s in e.shape)}}}, {a}, {b}, "
+                             f"{e.output.dtype.cuda_type});")
+
+
 PRINTERS = {
     E.ElementwiseOp: _elementwise,
     E.CastOp: _cast,
@@ -179,6 +198,11 @@ PRINTERS = {
     E.WelfordOp: _welford,
     E.FullOp: _full,
     E.IotaOp: _iota,
+    E.GatherOp: _indexing,
+    E.IndexSelectOp: _indexing,
+    E.SliceOp: _slice,
+    E.CatOp: _cat,
+    E.RandomOp: _random,
 }
 
 

@@ -97,8 +97,9 @@ def _propagate(b: Bindings, e) -> None:
         out = e.output
         if isinstance(out, Scalar):
             from .ops import OPS  # scalar arithmetic on the host, with PyTorch's semantics
-            args = [torch.tensor(b.value(x)) if isinstance(x, Scalar) else x for x in e.inputs]
-            b[out] = OPS[e.op_name].ref(*args).item()
+            args = [torch.tensor(b.value(x), dtype=x.dtype.torch) if isinstance(x, Scalar) else x
+                    for x in e.inputs]
+            b[out] = _py(OPS[e.op_name].ref(*args).to(out.dtype.torch).item(), out.dtype)
             return
     if isinstance(e, E.ScalarCast):
         b[e.output] = _py(b.value(e.inputs[0]), e.output.dtype)
@@ -106,11 +107,43 @@ def _propagate(b: Bindings, e) -> None:
     if isinstance(e, E.ViewOp):
         _bind_view(b, e)
         return
+    check = _CHECKS.get(type(e))
+    if check is not None:
+        check(b, e)
     for out in e.outputs:
         if isinstance(out, TensorView):
             for d in out.root:
                 if not d.extent.is_const and d.extent not in b:
                     raise AssertionError(f"extent {d.extent} of {out.name} was never bound")
+
+
+def _check_slice(b: Bindings, e) -> None:
+    shape = b.shape(e.inputs[0])
+    for axis, (n, end) in enumerate(zip(shape, e.ends)):
+        if end > n:
+            raise ExecuteError(f"execute: slice of {e.inputs[0].name} ends at {end} on axis {axis}, "
+                               f"past its size {n}")
+
+
+def _bind_cat(b: Bindings, e) -> None:
+    shapes = [b.shape(t) for t in e.inputs]
+    for axis in range(len(shapes[0])):
+        if axis != e.dim and len({s[axis] for s in shapes}) > 1:
+            raise ExecuteError(f"execute: cat along axis {e.dim} of tensors with sizes "
+                               f"{[s[axis] for s in shapes]} on axis {axis}; they must be equal")
+    _set(b, e.output.logical[e.dim].extent, sum(s[e.dim] for s in shapes),
+         f"cat output {e.output.name} axis {e.dim}")
+
+
+def _check_gather(b: Bindings, e) -> None:
+    shape, index = b.shape(e.inputs[0]), b.shape(e.inputs[1])
+    for axis, (n, k) in enumerate(zip(shape, index)):
+        if axis != e.dim and k > n:
+            raise ExecuteError(f"execute: gather index {e.inputs[1].name} has size {k} on axis "
+                               f"{axis}, more than the input's {n}")
+
+
+_CHECKS = {E.SliceOp: _check_slice, E.CatOp: _bind_cat, E.GatherOp: _check_gather}
 
 
 def _check_elementwise(b: Bindings, e) -> None:

@@ -103,6 +103,10 @@ def _check_elementwise(e) -> None:
     if info.promotion is Promotion.ALWAYS_BOOL:
         _check(out.dtype is DataType.Bool, f"{e.op_name}: output {out} is not Bool")
         compute = promoted[0].dtype if promoted else None
+    elif info.promotion is Promotion.COMPLEX_TO_FLOAT:
+        compute = promoted[0].dtype if promoted else None
+        _check(compute is None or not compute.is_complex or not out.dtype.is_complex,
+               f"{e.op_name}: output {out} of a complex operand must be real")
     else:
         compute = out.dtype
     for t in promoted:
@@ -153,6 +157,35 @@ def _check_squeeze(e) -> None:
     _check(e.output.ndim == e.inputs[0].ndim - len(e.dims), f"squeeze: output rank of {e.output}")
 
 
+def _check_indexing(e) -> None:
+    inp, index, out = e.inputs[0], e.inputs[1], e.output
+    _check(index.dtype in (DataType.Int, DataType.Int32), f"{e.op_name}: index {index} is not Int")
+    _check(out.dtype is inp.dtype, f"{e.op_name}: output {out} changes dtype")
+    _check(0 <= e.dim < max(inp.ndim, 1), f"{e.op_name}: dim {e.dim} out of range")
+    want = index.ndim if isinstance(e, E.GatherOp) else inp.ndim
+    _check(out.ndim == want, f"{e.op_name}: output {out} has rank {out.ndim}, expected {want}")
+
+
+def _check_slice(e) -> None:
+    inp, out = e.inputs[0], e.output
+    _check(len(e.starts) == len(e.ends) == inp.ndim == out.ndim,
+           f"slice: bounds {e.starts}, {e.ends} do not match ranks of {inp} and {out}")
+    _check(all(0 <= a <= b for a, b in zip(e.starts, e.ends)), f"slice: bad bounds {e.starts} {e.ends}")
+
+
+def _check_cat(e) -> None:
+    out = e.output
+    for t in e.inputs:
+        _check(t.ndim == out.ndim and t.dtype is out.dtype,
+               f"cat: input {t} does not match the rank and dtype of {out}")
+
+
+def _check_random(e) -> None:
+    _check(e.output.dtype.is_floating, f"{e.op_name}: output {e.output} is not floating")
+    _check(len(e.shape) == e.output.ndim, f"{e.op_name}: shape {e.shape} vs {e.output}")
+    _check(all(isinstance(v, Scalar) for v in e.inputs), f"{e.op_name}: parameters must be scalars")
+
+
 EXPR_CHECKS = {
     E.ElementwiseOp: _check_elementwise,
     E.CastOp: _check_unary_shape,
@@ -162,6 +195,11 @@ EXPR_CHECKS = {
     E.WelfordOp: _check_reduction,
     E.PermuteOp: _check_permute,
     E.SqueezeOp: _check_squeeze,
+    E.GatherOp: _check_indexing,
+    E.IndexSelectOp: _check_indexing,
+    E.SliceOp: _check_slice,
+    E.CatOp: _check_cat,
+    E.RandomOp: _check_random,
 }
 
 

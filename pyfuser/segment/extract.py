@@ -66,7 +66,7 @@ def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
     for orig, v in zip(inputs, sub_inputs):
         if isinstance(v, TensorView) and orig not in fusion.inputs:
             _as_input(v, orders.get(id(orig)))
-    bound = {id(d.extent) for v in sub_inputs if isinstance(v, TensorView) for d in v.root}
+    bound = {id(d.extent) for v in sub_inputs if isinstance(v, TensorView) for d in v.logical}
     for e in sub.exprs:
         if isinstance(e, E.ViewOp):
             bound.update(id(d.extent) for d in e.output.root)

@@ -60,9 +60,12 @@ def define(fn) -> Fusion:
 
 
 def rebuild(fs: Fusion) -> Fusion:
-    namespace = {"FusionDefinition": FusionDefinition, "DataType": DataType}
+    """The fusion the printed definition builds: the same FusionCache entry (same id)."""
+    namespace = {}
     exec(fs.fusion_definition(), namespace)
-    return define(namespace["nvfuser_fusion_id0"])
+    fs2 = define(namespace[f"nvfuser_fusion_id{fs.id()}"])
+    assert fs2.id() == fs.id() and fs2.ir_fusion is fs.ir_fusion
+    return fs2
 
 
 def test_transpose_repro_matches_eager_and_regenerates():
@@ -102,7 +105,7 @@ def test_printing_and_generated_source():
     text = str(fs)
     assert text.startswith("%kernel {") and "= erff(" in text and "TransformPrinter :" in text
     src = fs.fusion_definition()
-    assert src.startswith("def nvfuser_fusion_id0(fd: FusionDefinition) -> None:\n")
+    assert src.split("\n")[1] == f"def nvfuser_fusion_id{fs.id()}(fd : FusionDefinition) -> None :"
     assert "fd.ops.erf(T" in src and src.count("fd.add_output(") == 2
 
 
