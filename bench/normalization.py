@@ -1,0 +1,229 @@
+"""Reductions and normalizations: pyfuser vs eager vs torch.compile (and Quack / Liger where they
+import), with a same-size copy as the bandwidth reference (one GPU, one run).
+
+    PYTHONPATH=. python3 bench/normalization.py [--dtypes float32,bfloat16] [--no-compile]
+        [--only layer_norm,softmax] [--flush write|read]
+
+Each workload is written as eager PyTorch (the function below); pyfuser runs the same function
+through `pyfuser.jit(torch.jit.script(fn))`. Per row and dtype: median µs per call (bench_us:
+do_bench with its L2 flush by default, the issues' method), and % = (the workload's minimum bytes
+moved / time) / (bytes / time of a same-size copy_ timed the same way). pyfuser's result is
+checked against eager before it is timed (a wrong result marks the cell "WRONG"); kernels per
+call of pyfuser come from the torch profiler. Writes $OUT/bench_normalization.md when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import bench_us, count_kernels, markdown, same_size_copy_us  # noqa: E402
+
+F = torch.nn.functional
+
+
+# ---- workloads: name -> (fn, make inputs(dtype), minimum bytes(inputs, outputs)) --------------
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def sum_last(x):
+    return x.sum(-1)
+
+
+def sum_first(x):
+    return x.sum(0)
+
+
+def var_mean_last(x):
+    return torch.var_mean(x, -1)
+
+
+def batch_norm_train(x, w, b):
+    return F.batch_norm(x, None, None, w, b, True, 0.1, 1e-5)
+
+
+def cross_entropy(x, t):
+    return F.cross_entropy(x, t)
+
+
+def _rows(m, n, params=0):
+    def make(dt):
+        x = torch.randn(m, n, device="cuda", dtype=dt)
+        return [x] + [torch.randn(n, device="cuda", dtype=dt) for _ in range(params)]
+    return make
+
+
+def _bn(dt):
+    return [torch.randn(32, 256, 56, 56, device="cuda", dtype=dt),
+            torch.randn(256, device="cuda", dtype=dt), torch.randn(256, device="cuda", dtype=dt)]
+
+
+def _ce(dt):
+    return [torch.randn(4096, 32000, device="cuda", dtype=dt),
+            torch.randint(0, 32000, (4096,), device="cuda")]
+
+
+def nbytes(ts) -> int:
+    out = 0
+    for t in ts if isinstance(ts, (list, tuple)) else [ts]:
+        if isinstance(t, torch.Tensor):
+            out += t.numel() * t.element_size()
+        elif isinstance(t, (list, tuple)):
+            out += nbytes(t)
+    return out
+
+
+WORKLOADS = []
+for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
+    WORKLOADS.append((f"layer_norm {_m}x{_n}", layer_norm, _rows(_m, _n, 2)))
+for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
+    WORKLOADS.append((f"rms_norm {_m}x{_n}", rms_norm, _rows(_m, _n, 1)))
+for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
+    WORKLOADS.append((f"softmax {_m}x{_n}", softmax, _rows(_m, _n)))
+WORKLOADS += [("cross_entropy 4096x32000", cross_entropy, _ce),
+              ("log_softmax 8192x3072", log_softmax, _rows(8192, 3072)),
+              ("sum(-1) 8192x3072", sum_last, _rows(8192, 3072)),
+              ("sum(0) 8192x3072", sum_first, _rows(8192, 3072)),
+              ("var_mean(-1) 8192x3072", var_mean_last, _rows(8192, 3072)),
+              ("batch_norm training 32x256x56x56", batch_norm_train, _bn)]
+
+
+def _outputs_match(got, want, dt) -> bool:
+    got = got if isinstance(got, (list, tuple)) else [got]
+    want = want if isinstance(want, (list, tuple)) else [want]
+    tol = {torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dt]
+    for g, w in zip(got, want):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return False
+        if not torch.allclose(g.float(), w.float(), rtol=tol, atol=tol * max(1.0, float(w.float().abs().max()))):
+            return False
+    return True
+
+
+def _extra_impls():
+    """Other implementations that import here: {name: {workload prefix: fn(*inputs)}}."""
+    out = {}
+    try:
+        import quack  # noqa: F401
+        from quack.rmsnorm import rmsnorm as q_rms
+        from quack.softmax import softmax as q_softmax
+        out["Quack"] = {"rms_norm": lambda x, w: q_rms(x, w, eps=1e-6),
+                        "softmax": lambda x: q_softmax(x)}
+    except Exception:  # noqa: BLE001 - not installed or another API: no column
+        pass
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+        out["Liger"] = {"rms_norm": lambda x, w: LigerRMSNormFunction.apply(x, w, 1e-6),
+                        "layer_norm": lambda x, w, b: LigerLayerNormFunction.apply(x, w, b, 1e-5)}
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def run(dtypes, use_compile: bool, only, flush: str):
+    import pyfuser
+    extras = _extra_impls()
+    rows, log = [], []
+    copies = {}
+    for name, fn, make in WORKLOADS:
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        for dt in dtypes:
+            cells = {"workload": name, "dtype": str(dt).replace("torch.", "")}
+            try:
+                torch.manual_seed(0)
+                xs = make(dt)
+                want = fn(*xs)
+                moved = nbytes(xs) + nbytes(want)
+                if moved not in copies:
+                    copies[moved] = same_size_copy_us(moved, flush)
+                cu = copies[moved]
+                pct = lambda us: 100.0 * cu / us  # noqa: E731  (min bytes / t over bytes / t_copy)
+                t_e = bench_us(lambda: fn(*xs), flush=flush)
+                cells["eager"] = f"{t_e:.1f} ({pct(t_e):.0f}%)"
+                if use_compile:
+                    t0 = time.perf_counter()
+                    cfn = torch.compile(fn)
+                    cfn(*xs)
+                    torch.cuda.synchronize()
+                    cells["compile_s"] = f"{time.perf_counter() - t0:.1f}"
+                    t_c = bench_us(lambda: cfn(*xs), flush=flush)
+                    cells["torch.compile"] = f"{t_c:.1f} ({pct(t_c):.0f}%)"
+                t0 = time.perf_counter()
+                pf = pyfuser.jit(torch.jit.script(fn))
+                got = pf(*xs)
+                torch.cuda.synchronize()
+                cells["pyfuser_first_s"] = f"{time.perf_counter() - t0:.2f}"
+                if not _outputs_match(got, want, dt):
+                    cells["pyfuser"] = "WRONG"
+                else:
+                    t_p = bench_us(lambda: pf(*xs), flush=flush)
+                    cells["pyfuser"] = f"{t_p:.1f} ({pct(t_p):.0f}%)"
+                    cells["kernels"] = count_kernels(lambda: pf(*xs))
+                    st = pf.last_run
+                    cells["fallbacks"] = len(st.fallbacks) + st.eager_groups + st.eager_segments
+                for ename, impls in extras.items():
+                    impl = next((f for k, f in impls.items() if name.startswith(k)), None)
+                    if impl is not None:
+                        try:
+                            impl(*xs)
+                            t_x = bench_us(lambda: impl(*xs), flush=flush)
+                            cells[ename] = f"{t_x:.1f} ({pct(t_x):.0f}%)"
+                        except Exception as e:  # noqa: BLE001
+                            cells[ename] = f"error: {type(e).__name__}"
+                cells["copy"] = f"{cu:.1f}"
+            except Exception:  # noqa: BLE001 - one bad row does not stop the table
+                log.append(f"{name} {dt}:\n{traceback.format_exc()}")
+                cells["pyfuser"] = cells.get("pyfuser", "ERROR")
+            rows.append(cells)
+            print(cells, flush=True)
+    headers = ["workload", "dtype", "eager"] + (["torch.compile"] if use_compile else []) + \
+        ["pyfuser"] + list(extras) + ["kernels", "fallbacks", "copy", "pyfuser_first_s"] + \
+        (["compile_s"] if use_compile else [])
+    table = markdown([[r.get(h, "-") for h in headers] for r in rows], headers)
+    return table, log
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--flush", default="write", choices=("write", "read"))
+    a = ap.parse_args()
+    dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
+    only = [o for o in a.only.split(",") if o]
+    table, log = run(dtypes, not a.no_compile, only, a.flush)
+    head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flush={a.flush}; "
+            "cells: median µs (% of a same-size copy's rate)")
+    print(head)
+    print(table)
+    for entry in log:
+        print(entry)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "bench_normalization.md"), "w") as fh:
+            fh.write(head + "\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
