@@ -141,12 +141,12 @@ def _plan_transpose(fusion, inputs, params) -> KernelPlan:
 def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
     from .reduction_lowering import plan_reduction_kernel
     name = kernel_name(fusion)
-    kir, launch = plan_reduction_kernel(sched, name)
+    kir, launch, workspaces = plan_reduction_kernel(sched, name)
     header = f"// pyfuser {sched.scheduler} kernel: {sched.params.as_dict()}\n"
     kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch,
                              sched.params.as_dict())
     plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
-                      sched.out_orders)
+                      sched.out_orders, workspaces)
     plan.schedule = sched
     return plan
 

@@ -60,6 +60,7 @@ class Printer:
         self.k = k
         self.lines: list[str] = []
         self.dims: dict = {}             # array name -> its Alloc's dims (element vs row access)
+        self.packed: dict = {}           # packed array name -> its dtype
 
     # ---- expressions ----------------------------------------------------------------------
     def e(self, x) -> str:
@@ -72,6 +73,11 @@ class Printer:
         if isinstance(x, K.Bin):
             return f"({self.e(x.a)} {x.op} {self.e(x.b)})"
         if isinstance(x, K.ArrayRef):
+            if x.name in self.packed:
+                *outer, lane = x.index
+                word = x.name + "".join(f"[{self.e(i)}]" for i in outer) + f"[({self.e(lane)}) >> 1]"
+                kind = "half" if self.packed[x.name] is DataType.Half else "bf16"
+                return f"pf_unpack_{kind}({word}, ({self.e(lane)}) & 1)"
             return x.name + "".join(f"[{self.e(i)}]" for i in x.index)
         if isinstance(x, K.Op):
             return OPS[x.name].cuda.format(*(self.e(a) for a in x.args))
@@ -108,10 +114,15 @@ class Printer:
                 note = f"  // {s.comment}" if s.comment else ""
                 self.lines.append(f"{pad}const {ct} {s.name} = {self.e(s.expr)};{note}")
             elif isinstance(s, K.Alloc):
-                dims = "".join(f"[{d}]" for d in s.dims)
                 space = "__shared__ " if s.space == "shared" else ""
                 self.dims[s.name] = tuple(s.dims)
-                self.lines.append(f"{pad}{space}{K.STORAGE_CTYPE[s.dtype]} {s.name}{dims};")
+                ctype = K.STORAGE_CTYPE[s.dtype]
+                dims = list(s.dims)
+                if s.packed:
+                    assert s.dtype.itemsize == 2 and dims and dims[-1] % 2 == 0, s
+                    self.packed[s.name] = s.dtype
+                    ctype, dims[-1] = "uint32_t", dims[-1] // 2
+                self.lines.append(f"{pad}{space}{ctype} {s.name}{''.join(f'[{d}]' for d in dims)};")
             elif isinstance(s, K.Loop):
                 self.loop(s, ind)
             elif isinstance(s, K.If):
@@ -123,6 +134,7 @@ class Printer:
             elif isinstance(s, K.Store):
                 self.store(s, pad)
             elif isinstance(s, K.Assign):
+                assert s.name not in self.packed, f"packed array {s.name} is written by loads only"
                 idx = "".join(f"[{self.e(i)}]" for i in s.index)
                 self.lines.append(f"{pad}{s.name}{idx} = {self.e(s.expr)};")
             elif isinstance(s, K.Sync):
@@ -161,6 +173,12 @@ class Printer:
 
     def load(self, s: K.Load, pad: str) -> None:
         dst, off = self._dst(s.dst, s.index), self.e(s.offset)
+        if s.dst in self.packed:
+            assert s.stride is None and s.width == self.dims[s.dst][-1], s
+            src = f"reinterpret_cast<const uint32_t*>({s.ptr} + {off})"
+            self.lines.append(pad + (cached_load(s.cache, s.width // 2, dst, src) if s.cache
+                                     else f"pf_ld<{s.width // 2}>({dst}, {src});"))
+            return
         if self._element(s.dst, s.index):
             assert s.width == 1, "an element access has width 1"
             self.lines.append(pad + (cached_load(s.cache, 1, f"&{dst}", f"{s.ptr} + {off}")

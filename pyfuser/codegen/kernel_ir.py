@@ -20,9 +20,9 @@ Expressions are immutable trees (hashable, so lowering can share them):
                            warp) is this lane ^ lane_xor (`__shfl_xor_sync` over the full warp)
 Statements:
   Let(name, ctype, expr)   `const ctype name = expr;`
-  Alloc(name, dtype, dims, space)   an array in storage type, "local" (registers, per thread) or
-                           "shared" (per block); dims () is one mutable scalar (`Assign` / `ArrayRef`
-                           with index ())
+  Alloc(name, dtype, dims, space, packed)   an array in storage type, "local" (registers, per
+                           thread) or "shared" (per block); dims () is one mutable scalar (`Assign` /
+                           `ArrayRef` with index ()); `packed`: 2-byte elements two to a register
   Loop(var, start, stop, step, kind, body)
       kind: "grid" (grid-stride over blocks), "serial" (a runtime loop: start/stop/step may differ
       per thread), "unroll" (constant trip count, unrolled), "lanes" (the vector lanes)
@@ -30,8 +30,9 @@ Statements:
   Load(dst, index, ptr, offset, width, stride, cache)   width elements at ptr[offset + lane*stride]
       (stride None: one contiguous vector access of `width` elements); dst may be shared
   Store(ptr, offset, src, index, width, stride, cache)
-      cache (contiguous accesses only, speed only): "" plain, "cs" streaming (.cs), "ef" L2
-      evict_first, "el" L2 evict_last
+      cache (contiguous accesses only): "" plain, "cs" streaming (.cs), "ef" L2 evict_first,
+      "el" L2 evict_last (speed only), "cg" cached in L2 only (loads of what other blocks wrote
+      in this launch: never a stale L1 line)
   Assign(name, index, expr)
   Sync()                   `__syncthreads()`: every thread of the block reaches it (block-uniform
                            control flow); orders shared-memory accesses before and after it
@@ -152,6 +153,9 @@ class Alloc:
     dtype: DataType
     dims: tuple
     space: str = "local"     # "local" (per thread) or "shared" (per block)
+    # half / bfloat16 elements kept two to a 32-bit register (printing only: the last dim is
+    # even, only full-width contiguous Loads write it); the values are the same
+    packed: bool = False
 
 
 @dataclass
@@ -172,7 +176,7 @@ class If:
 
 
 # cache policy of a contiguous access -> the prelude's PF_* constant ("": a plain access)
-CACHE_POLICIES = {"": None, "cs": "PF_CS", "ef": "PF_EF", "el": "PF_EL"}
+CACHE_POLICIES = {"": None, "cs": "PF_CS", "ef": "PF_EF", "el": "PF_EL", "cg": "PF_CG"}
 
 
 @dataclass

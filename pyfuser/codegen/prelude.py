@@ -17,8 +17,9 @@ Invariants:
 def _cache_policy_cpp() -> str:
     """C++ of `pf_ldc<P, N>` / `pf_stc<P, N>`: N-element loads and stores of 4, 8 or 16 bytes
     with a cache policy P (other sizes fall back to pf_ld / pf_st). PF_CS: `.cs` streaming
-    (evict-first in L1 and L2); PF_EF: L2 evict_first (loads skip L1); PF_EL: L2 evict_last."""
-    out = ["enum { PF_CS = 1, PF_EF = 2, PF_EL = 3 };",
+    (evict-first in L1 and L2); PF_EF: L2 evict_first (loads skip L1); PF_EL: L2 evict_last;
+    PF_CG: `.cg`, cached in L2 only (data other blocks of the launch wrote)."""
+    out = ["enum { PF_CS = 1, PF_EF = 2, PF_EL = 3, PF_CG = 4 };",
            "PF_D unsigned long long pf_l2_policy(int p) { unsigned long long q;",
            "  if (p == PF_EF) asm(\"createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\" : \"=l\"(q));",
            "  else asm(\"createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\" : \"=l\"(q));",
@@ -26,7 +27,8 @@ def _cache_policy_cpp() -> str:
            "template <int P, int BYTES> struct pf_mem;"]
     quals = {"PF_CS": ("ld.global.cs", "st.global.cs", False),
              "PF_EF": ("ld.global.L1::no_allocate.L2::cache_hint", "st.global.L2::cache_hint", True),
-             "PF_EL": ("ld.global.L2::cache_hint", "st.global.L2::cache_hint", True)}
+             "PF_EL": ("ld.global.L2::cache_hint", "st.global.L2::cache_hint", True),
+             "PF_CG": ("ld.global.cg", "st.global.cg", False)}
     for pol, (ld, st, hint) in quals.items():
         for nbytes, words in ((16, 4), (8, 2), (4, 1)):
             vec = {4: ".v4", 2: ".v2", 1: ""}[words]
@@ -47,12 +49,30 @@ def _cache_policy_cpp() -> str:
   pf_vec<T, N> v; unsigned int w[(sizeof(T) * N + 3) / 4]; };
 template <typename T, int N> constexpr bool pf_word_sized() {
   return sizeof(T) * N == 4 || sizeof(T) * N == 8 || sizeof(T) * N == 16; }
+// one element loaded with ld.global.cg (L2 only), whatever its size
+template <typename T> PF_D T pf_ldcg(const T* p) {
+  union { T t; unsigned long long u8; unsigned int u4; unsigned short u2; } v;
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v.u8) : "l"(p));
+  } else if constexpr (sizeof(T) == 4) {
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v.u4) : "l"(p));
+  } else if constexpr (sizeof(T) == 2) {
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v.u2) : "l"(p));
+  } else {
+    unsigned short b; asm volatile("ld.global.cg.u8 %0, [%1];" : "=h"(b) : "l"(p));
+    v.u2 = b;
+  }
+  return v.t;
+}
 template <int P, int N, typename T> PF_D void pf_ldc(T* dst, const T* __restrict__ src) {
   if constexpr (pf_word_sized<T, N>()) {
     pf_words<T, N> u;
     pf_mem<P, sizeof(T) * N>::ld(src, u.w);
 #pragma unroll
     for (int i = 0; i < N; ++i) dst[i] = u.v.v[i];
+  } else if constexpr (P == PF_CG) {     // never a plain (L1-cached) load
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = pf_ldcg(src + i);
   } else {
     pf_ld<N>(dst, src);
   }
@@ -95,6 +115,10 @@ template <> PF_D pf_half pf_to_storage<pf_half>(float f) {
 template <> PF_D pf_bf16 pf_to_storage<pf_bf16>(float f) {
   pf_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
 PF_D float pf_round_half(float f) { return pf_to_reg(pf_to_storage<pf_half>(f)); }
+// one of the two 2-byte elements of a 32-bit word (packed register arrays), as a float
+PF_D float pf_unpack_bf16(uint32_t w, int hi) { return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16)); }
+PF_D float pf_unpack_half(uint32_t w, int hi) {
+  pf_half h; h.x = (unsigned short)(hi ? (w >> 16) : (w & 0xffffu)); return pf_to_reg(h); }
 PF_D float pf_round_bf16(float f) { return pf_to_reg(pf_to_storage<pf_bf16>(f)); }
 
 // ---- vector memory access (16 bytes at most per access) ---------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..ir import exprs as E
 from . import kernel_ir as K
-from .reduction_combine import acc_dtypes
+from ..ir.dtypes import DataType
+from .reduction_combine import acc_dtypes, identity
 from .reduction_lowering import ReductionLowering, _and, _c, _guard
 
 TX, TY = K.Special("threadIdx.x"), K.Special("threadIdx.y")
@@ -47,6 +48,7 @@ class InnerKernel(ReductionLowering):
             for a in self.loads:
                 if id(a.node) in needed and id(a.node) not in self.hoisted:
                     rb += self.persistent_loads(a, self.kidx)
+            rb += self.kept_allocs()
         for q, plan in enumerate(plans):
             known = self.one_pass(q, plan, known, rb)
         if self.shared:
@@ -72,7 +74,7 @@ class InnerKernel(ReductionLowering):
         if self.rin is not None:
             idx[self.rin] = K.Var("j")
         cond = _and(None if not kidx else self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen")))
-        return [K.Alloc(self.buf(a), a.tv.dtype, (self.p.steps, self.V)),
+        return [self.buffer(a, self.p.steps),
                 K.Loop("s", _c(0), _c(self.p.steps), _c(1), "unroll",
                        [K.Let("j", "nidx_t", self.j_persistent(s)),
                         *_guard(cond, [self.load_stmt(a, (s,), self.offset(a, idx))])])]
@@ -93,6 +95,8 @@ class InnerKernel(ReductionLowering):
         lanes: list = []
         vals = self.emit_nodes(full, known, lambda n: self.load_value(
             n, lambda a: self.lane_index(a, step)), lanes)
+        if self.p.persistent:
+            self.keep_values(self.q, full, vals, step, lanes)
         for e in reds:
             vnode = inputs[id(e)]
             if isinstance(e, E.WelfordOp):
@@ -114,6 +118,7 @@ class InnerKernel(ReductionLowering):
     def one_pass(self, q, plan, known, out) -> dict:
         reds, outs, full, inputs = plan
         p = self.p
+        self.q = q
         if not reds and not outs:
             return self.row_values(q + 1, known, out)
         self.init_accs(reds, True, out)
@@ -140,7 +145,7 @@ class InnerKernel(ReductionLowering):
         else:
             out += self.streamed(q, plan, known, wvs, cond_of)
         self.combine_team(reds, out)
-        known = dict(known)
+        known = self.kept_known(q, known)
         for e in reds:
             res = self.result_exprs(e, [K.ArrayRef(n, ()) for n in self.partial_names(e)])
             for node in self.g.nodes:
@@ -165,7 +170,7 @@ class InnerKernel(ReductionLowering):
         if self.rin is not None:
             idx[self.rin] = K.Var("j")
         for a in loads:
-            it_body.append(K.Alloc(self.buf(a), a.tv.dtype, (p.unroll, self.V)))
+            it_body.append(self.buffer(a, p.unroll))
         j_let = K.Let("j", "nidx_t", self.j_streamed(u))
         it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", [j_let, *_guard(
             cond_of(K.Var("j")), [self.load_stmt(a, (u,), self.offset(a, idx)) for a in loads])]))
@@ -254,7 +259,7 @@ class OuterKernel(ReductionLowering):
                 K.Let("ncb", "nidx_t", K.Bin("/", K.add(K.Var("cols"), _c(p.bdimx * V - 1)),
                                              _c(p.bdimx * V)))]
         if not p.persistent:
-            chunk = p.bdimy * p.unroll
+            chunk = p.bdimy * p.unroll * p.splits
             body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(K.Var("nr"), _c(chunk - 1)),
                                                        _c(chunk))))
         cb = [K.Let("col", "nidx_t", K.mul(K.add(K.mul(K.Var("cb"), _c(p.bdimx)), TX), _c(V))),
@@ -277,6 +282,7 @@ class OuterKernel(ReductionLowering):
             for a in self.loads:
                 if id(a.node) in needed:
                     ko += self.persistent_loads(a)
+            ko += self.kept_allocs()
         for q, plan in enumerate(plans):
             known = self.one_pass(q, plan, known, ko)
         if self.shared:
@@ -291,7 +297,12 @@ class OuterKernel(ReductionLowering):
         return K.add(K.mul(s, _c(self.p.bdimy)), TY)
 
     def r_streamed(self, u):
-        return K.add(K.mul(K.add(K.mul(K.Var("it"), _c(self.p.unroll)), u), _c(self.p.bdimy)), TY)
+        """Row of step u of iteration `it`: splits > 1 interleave U * bdimy-row chunks over
+        blockIdx.z."""
+        step = K.Var("it")
+        if self.p.splits > 1:
+            step = K.add(K.mul(step, _c(self.p.splits)), K.Special("blockIdx.z"))
+        return K.add(K.mul(K.add(K.mul(step, _c(self.p.unroll)), u), _c(self.p.bdimy)), TY)
 
     def cond_of(self, r):
         return _and(self.col_ok, K.Bin("<", r, K.Var("nr")))
@@ -307,7 +318,7 @@ class OuterKernel(ReductionLowering):
 
     def persistent_loads(self, a) -> list:
         s = K.Var("s")
-        return [K.Alloc(self.buf(a), a.tv.dtype, (self.p.steps, self.V)),
+        return [self.buffer(a, self.p.steps),
                 K.Loop("s", _c(0), _c(self.p.steps), _c(1), "unroll", self.at_r(
                     self.r_persistent(s), lambda idx: [self.load_stmt(a, (s,), self.offset(a, idx))]))]
 
@@ -342,6 +353,8 @@ class OuterKernel(ReductionLowering):
         lanes: list = []
         vals = self.emit_nodes(full, known, lambda n: self.load_value(
             n, lambda a: self.lane_index(a, step)), lanes)
+        if self.p.persistent:
+            self.keep_values(self.q, full, vals, step, lanes)
         for e in reds:
             vnode = inputs[id(e)]
             if isinstance(e, E.WelfordOp):
@@ -359,6 +372,7 @@ class OuterKernel(ReductionLowering):
     def one_pass(self, q, plan, known, out) -> dict:
         reds, outs, full, inputs = plan
         p = self.p
+        self.q = q
         if not reds and not outs:
             return self.row_values(q + 1, known, out)
         self.init_accs(reds, True, out)
@@ -384,7 +398,7 @@ class OuterKernel(ReductionLowering):
                     it_body.append(K.Alloc(wvs[id(e)], acc_dtypes(e)[0], (p.unroll, self.V)))
             loads = [a for a in self.loads if any(n is a.node for n in full)]
             for a in loads:
-                it_body.append(K.Alloc(self.buf(a), a.tv.dtype, (p.unroll, self.V)))
+                it_body.append(self.buffer(a, p.unroll))
             it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", self.at_r(
                 self.r_streamed(u), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx))
                                                  for a in loads])))
@@ -398,10 +412,70 @@ class OuterKernel(ReductionLowering):
             out.append(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
                               "row steps of the reduced index"))
         results = self.combine_block(reds, out)
-        known = dict(known)
+        if p.splits > 1:
+            results, out = self.combine_grid(reds, results, out)
+        known = self.kept_known(q, known)
         for e in reds:
             known.update(self.result_exprs(e, [K.ArrayRef(n, (K.Var("v"),)) for n in results[id(e)]]))
         return self.row_values(q + 1, known, out)
+
+    def combine_grid(self, reds, results, out) -> tuple:
+        """The blocks of blockIdx.z (splits of the reduced index) meet in global memory: each
+        writes its partial (threadIdx.y 0, per column), fences, and counts itself in on the
+        column block's semaphore; the block that arrives last (the atomic's old value is
+        splits - 1) reads every partial in z order and goes on with the results. No float
+        atomics: the combination order is fixed. Returns (result arrays, where the rest of the
+        pass goes: inside that last block's branch)."""
+        p, V = self.p, self.V
+        zero = _c(0)
+        first = _and(K.Bin("==", TX, zero), K.Bin("==", TY, zero))
+        sem_at = K.add(K.mul(K.Var("ko"), K.Var("ncb")), K.Var("cb"))
+        part_at = lambda z: K.add(K.mul(K.add(K.mul(K.Var("ko"), _c(p.splits)), z),  # noqa: E731
+                                        K.Var("cols")), K.Var("col"))
+        writes, reads, names = [], [], {}
+        for e in reds:
+            names[id(e)] = []
+            for n, dt in zip(results[id(e)], acc_dtypes(e)):
+                ws = self.workspace(dt, "partials")
+                writes.append(K.Store(ws, part_at(K.Special("blockIdx.z")), n, (), V))
+                names[id(e)].append((ws, dt))
+        sem = self.workspace(DataType.Int32, "semaphores")
+        last = self.comb.fresh("last")
+        self.shared.append(K.Alloc(last, DataType.Bool, (), "shared"))
+        out += _guard(_and(K.Bin("==", TY, zero), self.col_ok), writes)
+        out += [K.Fence(), K.Sync(),
+                K.If(first, [K.AtomicAdd("arrived", sem, sem_at, _c(1)),
+                             K.Assign(last, (), K.Bin("==", K.Var("arrived"), _c(p.splits - 1)))]),
+                K.Sync()]
+        tail: list = [K.Fence()]
+        final = {}
+        body: list = []
+        for e in reds:
+            fin = []
+            for ws, dt in names[id(e)]:
+                name = ws + "_all"
+                body.append(K.Alloc(name, dt, (V,)))
+                fin.append(name)
+            final[id(e)] = fin
+        zloop: list = []
+        for e in reds:
+            tmp = []
+            for ws, dt in names[id(e)]:
+                t = ws + "_z"
+                zloop += [K.Alloc(t, dt, (V,)), K.Load(t, (), ws, part_at(K.Var("z")), V, None, "cg")]
+                tmp.append(t)
+            merge: list = []
+            new = self.comb.combine(e, [K.ArrayRef(n, (K.Var("v"),)) for n in final[id(e)]],
+                                    [K.ArrayRef(t, (K.Var("v"),)) for t in tmp], merge)
+            self.comb.assign_all(e, final[id(e)], (K.Var("v"),), new, merge)
+            zloop.append(self.lanes(merge))
+        for e in reds:
+            body.append(self.lanes([K.Assign(n, (K.Var("v"),), init)
+                                    for n, init in zip(final[id(e)], identity(e))]))
+        body.append(K.Loop("z", zero, _c(p.splits), _c(1), "serial", zloop, "partials in order"))
+        tail += _guard(_and(self.col_ok, K.Bin("==", TY, zero)), body)
+        out.append(K.If(K.ArrayRef(last, ()), tail))
+        return final, body                     # the pass goes on in the last block
 
     def combine_block(self, reds, out) -> dict:
         """Combine the bdimy partials of every column through shared memory (a tree);

@@ -73,6 +73,7 @@ class ReductionLowering(Emitter):
         self.comb = Combiner()
         self.shared: list = []
         self.names = self._names()
+        self.workspaces: list = []        # (name, dtype, kind) of the workspace buffers
         self.lvl = self.g.level
         self.avail = self.g.avail
         self.consumers = self._consumers()
@@ -96,20 +97,6 @@ class ReductionLowering(Emitter):
                 if not isinstance(a, Scalar):
                     users.setdefault(id(a), []).append(n)
         return users
-
-    def ancestors(self, targets, stop) -> list:
-        """Nodes needed to compute `targets`, not looking past nodes where `stop(node)`; in
-        topological order."""
-        need, stack = set(), list(targets)
-        while stack:
-            n = stack.pop()
-            if id(n) in need:
-                continue
-            need.add(id(n))
-            if stop(n):
-                continue
-            stack.extend(a for a in n.args if not isinstance(a, Scalar))
-        return [n for n in self.g.nodes if id(n) in need]
 
     # ---- extents, strides, offsets ----------------------------------------------------------
     def group_extent(self, gi):
@@ -195,23 +182,47 @@ class ReductionLowering(Emitter):
         return e
 
     # ---- passes -------------------------------------------------------------------------------
-    def pass_plan(self, p: int):
-        """(reduce exprs accumulated in pass p, full outputs stored in it, full nodes computed)."""
-        g = self.g
-        reds = [e for e in g.reduces if g.reduce_pass[id(e)] == p]
-        red_nodes = [n for n in g.nodes if n.kind == "reduce" and n.expr in reds]
-        outs = [(a, a.node) for a in self.stores
-                if self.lvl[id(a.node)] == "full" and self.avail[id(a.node)] == p]
-        targets = [n.args[0] for n in red_nodes] + [n for _, n in outs]
-        full = self.ancestors(targets, lambda n: self.lvl[id(n)] == "row")
-        full = [n for n in full if self.lvl[id(n)] == "full"]
+    def pass_plan(self, q: int):
+        """(reduce exprs accumulated in pass q, (store access, node) of the full outputs written
+        in it, full nodes computed, {id(reduce expr): its input node})."""
+        reds, out_nodes, full = RG.pass_nodes(self.g, q)
+        outs = [(a, a.node) for a in self.stores if any(a.node is n for n in out_nodes)]
         inputs = {}
-        for n in red_nodes:
-            inputs.setdefault(id(n.expr), n.args[0])
+        for n in self.g.nodes:
+            if n.kind == "reduce" and n.expr in reds:
+                inputs.setdefault(id(n.expr), n.args[0])
         return reds, outs, full, inputs
 
+    # ---- values kept in registers between passes (persistent kernels) ------------------------
+    def kept_allocs(self) -> list:
+        """Allocs of the kept values ([steps][V] in the compute type); sets self.kept."""
+        self.kept = {}
+        out = []
+        for n in getattr(self.s, "kept", []):
+            name = self.names[id(n)] + "_k"
+            first = min(q for q in range(self.n_total_passes())
+                        if any(m is n for m in self.pass_plan(q)[2]))
+            self.kept[id(n)] = (name, first)
+            out.append(K.Alloc(name, n.tv.dtype.compute, (self.p.steps, self.V)))
+        return out
+
+    def keep_values(self, q, full, vals, step, lanes: list) -> None:
+        """In pass q's lanes loop: store the kept values this pass computes first."""
+        for n in full:
+            hit = getattr(self, "kept", {}).get(id(n))
+            if hit is not None and hit[1] == q:
+                lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
+
+    def kept_known(self, q, known: dict) -> dict:
+        """`known` plus the kept values computed in pass q (read back in later passes)."""
+        known = dict(known)
+        for nid, (name, first) in getattr(self, "kept", {}).items():
+            if first == q:
+                known[nid] = K.ArrayRef(name, (K.Var("s"), K.Var("v")))
+        return known
+
     def n_total_passes(self) -> int:
-        return max(self.g.n_passes, self.g.final_pass + 1)
+        return RG.total_passes(self.g)
 
     def row_nodes(self, p: int) -> list:
         """Row-level nodes whose value exists from pass p on (computed once, before pass p)."""
@@ -233,6 +244,17 @@ class ReductionLowering(Emitter):
         new = self.comb.combine(e, [K.ArrayRef(name, lane_idx)], [x], out)
         out.append(K.Assign(name, lane_idx, new[0]))
 
+    def workspace(self, dtype, kind: str) -> str:
+        """A global buffer the runtime allocates for this launch (zeroed), after the outputs:
+        a pointer parameter named ws<i>; `kind` is "partials" or "semaphores"."""
+        i = len(self.workspaces)
+        name = f"ws{i}"
+        seg = len(self.s.fusion.tensor_inputs()) + len(self.s.fusion.outputs) + i
+        self.tensors[name] = K.TensorParam(name, dtype, seg, True)
+        self._param(self.ptr_params, name, "void*", ("ptr", seg))
+        self.workspaces.append((name, dtype, kind))
+        return name
+
     # ---- loads and stores -------------------------------------------------------------------
     def buf(self, a) -> str:
         return self.names[("buf", id(a.node))]
@@ -246,6 +268,12 @@ class ReductionLowering(Emitter):
             inner = len(self.p.groups) - 1
             return K.Load(self.buf(a), index, p, off, self.V, self.stride(a, a.eff[self.p.groups[inner][-1]][1]))
         return K.Load(self.buf(a), index, p, off, 1)
+
+    def buffer(self, a, steps: int) -> K.Alloc:
+        """The register buffer of load `a`: `steps` rows of V lanes; half / bfloat16 vectors
+        are kept two to a register (half the registers of one element each)."""
+        packed = a.tv.dtype.itemsize == 2 and a.mode == "vector" and self.V % 2 == 0
+        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
 
     def lane_index(self, a, step) -> tuple:
         """Index of lane v of access `a`'s buffer at `step` (None: a buffer without steps)."""
@@ -371,11 +399,27 @@ class ReductionLowering(Emitter):
 
 
 def plan_reduction_kernel(sched, name: str):
-    """(kernel IR, launch_config) of a reduction-family schedule."""
+    """(kernel IR, launch_config, workspace sizes) of a reduction-family schedule."""
     from .reduction_kernels import InnerKernel, OuterKernel
     low = (InnerKernel if sched.params.kind == "inner" else OuterKernel)(sched)
     kir = low.build(name)
-    return kir, launch_fn(sched)
+    return kir, launch_fn(sched), workspace_fn(sched, low.workspaces) if low.workspaces else None
+
+
+def workspace_fn(sched, workspaces):
+    """(bindings, tensors) -> [(elements, torch dtype)] of the grid reduction's buffers: per
+    partial value [other kept x splits x columns], and one semaphore per column block."""
+    p = sched.params
+    ref = RG.reductions(sched.fusion)[0].inputs[0]
+
+    def sizes(bindings, tensors):
+        shape = bindings.shape(ref)
+        kept = [L.numel(shape[k] for k in g) for g, r in zip(p.groups, p.reduced) if not r]
+        cols, nko = kept[-1], L.numel(kept[:-1])
+        ncb = -(-cols // (p.bdimx * p.vec))
+        return [(max(1, nko * p.splits * cols) if kind == "partials" else max(1, nko * ncb),
+                 dt.torch) for _, dt, kind in workspaces]
+    return sizes
 
 
 def launch_fn(sched):
@@ -412,6 +456,8 @@ def launch_fn(sched):
         if cols == 0 or nko == 0:
             return LaunchConfig((0, 1, 1), block)
         gx = min(-(-cols // (p.bdimx * p.vec)), MAX_GRID_X)
+        if p.splits > 1:      # the grid reduction needs every (column block, other kept) block
+            return LaunchConfig((gx, min(nko, MAX_GRID_Y), p.splits), block)
         gy = min(nko, MAX_GRID_Y, max(1, cap // gx))
         return LaunchConfig((gx, gy, 1), block)
     return launch_config

@@ -248,6 +248,8 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
     from . import native
     steps, effects, device = [], [], -1
     slot = n_inputs
+    if any(fast.workspaces for fast, _, _ in kernels):
+        return None                    # zeroed workspaces per launch: the Python replay does it
     for fast, slots, ex in kernels:
         outs = []
         for size, stride, dtype in fast.specs:

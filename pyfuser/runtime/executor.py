@@ -68,13 +68,15 @@ class _Fast:
     """One fast key's entry. Once `call` is built (cuda mode): `prep` (the Prepared launch, None
     for an empty grid), `specs` (size, stride, dtype) per output and `hit` (its last_run) are
     what dispatch hands to the native runner."""
-    __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs", "prep", "specs", "hit")
+    __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs", "prep", "specs", "hit",
+                 "workspaces")
 
     def __init__(self, entry, device, bindings=None, cfg=None):
         self.entry, self.device, self.bindings, self.cfg = entry, device, bindings, cfg
         self.call = None          # (inputs, ptrs) -> outputs, once built (cuda mode)
         self.runs = 0
         self.prep = self.specs = self.hit = None
+        self.workspaces = ()      # (elements, dtype) of zeroed buffers each launch needs
 
 
 def key_function(fusion_inputs):
@@ -253,6 +255,12 @@ class FusionExecutor:
             fast.bindings, fast.cfg = bindings, cfg      # the key fixes sizes and scalar values
         if _env_set("PYFUSER_DUMP", b"PYFUSER_DUMP"):
             D.dump("launch_params", entry.kernel.name, lambda: str(cfg))
+        if self.mode == "cuda" and _nonempty(cfg):       # a grid reduction's zeroed buffers
+            work = entry.plan.workspaces(bindings, tensors, device) \
+                if hasattr(entry.plan, "workspaces") else []
+            if work:
+                fast.workspaces = tuple((w.numel(), w.dtype) for w in work)
+                tensors = tensors + work
         if self.mode == "interpret":
             entry.packer.pack(tensors, bindings)  # checks every parameter fits its C type
             _api().interpret(entry.plan, inputs, outputs, bindings)
@@ -279,10 +287,11 @@ class FusionExecutor:
         prep = launcher.prepare(cfg, device.index, tensors, fast.bindings) \
             if _nonempty(cfg) else None
         specs = [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outputs]
+        work = [f"w{k}" for k in range(len(fast.workspaces))]
         hit = {"kernels": int(prep is not None), "compiled": 0, "cache_hit": True, "disk_hit": 0,
                "compile_time_s": 0.0, "fallback": None}
         env = {"E": torch.empty_strided, "Tensor": torch.Tensor, "dev": device, "prep": prep,
-               "fast": fast, "ex": self, "hit": hit}
+               "fast": fast, "ex": self, "hit": hit, "Zeros": torch.zeros}
         i0 = self._tensor_idx[0] if self._tensor_idx else None
         like_dtype = tensors[0].dtype if i0 is not None else None
         outs = [f"o{k}" for k in range(len(specs))]
@@ -300,10 +309,14 @@ class FusionExecutor:
         else:
             lines += [f"    {c}" for c in general]
         if prep is not None:
-            if len(outs) == 1:
+            for k, (n, dtype) in enumerate(fast.workspaces):    # zeroed per launch
+                env[f"WN{k}"], env[f"WD{k}"] = n, dtype
+                lines.append(f"    w{k} = Zeros(WN{k}, dtype=WD{k}, device=dev)")
+            if len(outs) == 1 and not work:
                 lines.append("    ptrs.append(o0.data_ptr())")
-            elif outs:
-                lines.append("    ptrs.extend((" + "".join(f"{o}.data_ptr(), " for o in outs) + "))")
+            elif outs or work:
+                lines.append("    ptrs.extend((" + "".join(f"{o}.data_ptr(), " for o in outs + work)
+                             + "))")
             lines.append("    prep.go(ptrs)")
         lines += ["    fast.runs += 1", "    ex.last_run = hit",
                   "    return [" + ", ".join(outs) + "]"]

@@ -54,6 +54,9 @@ class ReductionParams:
     bdimy: int = 1               # inner: rows per block; outer: threads splitting the reduction
     unroll: int = 1              # vectors (inner) / rows (outer) per thread per loop step
     steps: int = 0               # persistent: vectors (inner) / rows (outer) held per thread
+    kept: int = 0                # persistent: computed values held between passes
+    splits: int = 1              # outer pure reductions: blocks splitting the reduced index
+                                 # (blockIdx.z), combined through global memory
     max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
     index_type: str = "int"
     groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
@@ -68,7 +71,8 @@ class ReductionParams:
     def size_class(self) -> tuple:
         """What of the plan follows from sizes rather than from the layout signature."""
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
-                self.steps, tuple(map(tuple, self.groups)), tuple(self.dropped))
+                self.steps, self.kept, self.splits, tuple(map(tuple, self.groups)),
+                tuple(self.dropped))
 
 
 @dataclass
@@ -82,6 +86,7 @@ class ReductionSchedule:
     out_orders: list
     shape: list                  # reference sizes at planning
     scheduler: str = "reduction"
+    kept: list = field(default_factory=list)   # nodes held in registers between passes
 
 
 # ---- compile checks ---------------------------------------------------------------------------
@@ -253,9 +258,15 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
     p.vec = _vector_width(p.groups, ext, accesses, inner_proven) if p.groups else 1
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, accesses)
-    choose(p, ext, g, accesses, scheduler != "reduction")
+    kept = RG.recompute_costly(g) if scheduler != "reduction" else []
+    choose(p, ext, g, accesses, scheduler != "reduction", kept)
+    if kept and not p.persistent:          # persistent without keeping values, if that fits
+        kept = []
+        choose(p, ext, g, accesses, scheduler != "reduction", kept)
+    p.kept = len(kept) if p.persistent else 0
     sched = ReductionSchedule(fusion, fusion, {id(v): v for v in fusion.vals if isinstance(v, Scalar)},
-                              g, p, accesses, orders, shape, scheduler)
+                              g, p, accesses, orders, shape, scheduler,
+                              kept if p.persistent else [])
     D.dump("scheduler_params", scheduler, lambda: _describe(sched))
     return sched
 
@@ -263,7 +274,8 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
 def _describe(s: ReductionSchedule) -> str:
     p = s.params
     lines = [f"kind={p.kind} persistent={p.persistent} vec={p.vec} block=({p.bdimx}, {p.bdimy}) "
-             f"unroll={p.unroll} steps={p.steps} index={p.index_type} passes={p.passes}",
+             f"unroll={p.unroll} steps={p.steps} splits={p.splits} kept={[n.tv.name for n in s.kept]} "
+             f"index={p.index_type} passes={p.passes}",
              f"groups={p.groups} reduced={p.reduced} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
         lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode} "

@@ -164,6 +164,74 @@ class _Builder:
         return pk
 
 
+# Ops cheap enough to compute again in a later pass rather than keep in registers.
+CHEAP_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "maximum", "minimum", "relu", "eq",
+                       "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or",
+                       "logical_not", "logical_xor", "clamp", "clamp_min", "clamp_max", "sign"})
+
+
+def total_passes(g: ReductionGraph) -> int:
+    return max(g.n_passes, g.final_pass + 1)
+
+
+def ancestors(g: ReductionGraph, targets, stop) -> list:
+    """Nodes needed to compute `targets`, not looking past nodes where `stop(node)`, in
+    topological order."""
+    need, stack = set(), list(targets)
+    while stack:
+        n = stack.pop()
+        if id(n) in need:
+            continue
+        need.add(id(n))
+        if stop(n):
+            continue
+        stack.extend(a for a in n.args if not isinstance(a, Scalar))
+    return [n for n in g.nodes if id(n) in need]
+
+
+def pass_nodes(g: ReductionGraph, q: int) -> tuple:
+    """(reduce exprs accumulated in pass q, full outputs written in it, the full-size nodes it
+    computes, in order). A full output is written in the first pass its value exists in."""
+    reds = [e for e in g.reduces if g.reduce_pass[id(e)] == q]
+    red_inputs = [n.args[0] for n in g.nodes if n.kind == "reduce" and n.expr in reds]
+    outs = [o for o in g.outputs if g.level[id(o)] == "full" and g.avail[id(o)] == q]
+    full = ancestors(g, red_inputs + outs, lambda n: g.level[id(n)] == "row")
+    return reds, outs, [n for n in full if g.level[id(n)] == "full"]
+
+
+def recompute_costly(g: ReductionGraph) -> list:
+    """Full-size nodes worth keeping in registers between the passes of a persistent kernel:
+    a value that a later pass needs again and whose computation since the loads and the row
+    values has an op outside CHEAP_OPS (softmax's exp(x - max): needed by the sum and by the
+    output). Of a chain of such values only the last one a later pass reads is kept."""
+    needed: dict = {}                            # id(node) -> passes computing it
+    for q in range(total_passes(g)):
+        for n in pass_nodes(g, q)[2]:
+            needed.setdefault(id(n), []).append(q)
+    costly: dict = {}
+    for n in g.nodes:                            # topological: arguments first
+        if g.level[id(n)] != "full" or n.kind in ("load", "full"):
+            costly[id(n)] = False
+            continue
+        own = n.kind == "op" and n.expr.info.name not in CHEAP_OPS
+        costly[id(n)] = own or any(costly.get(id(a), False) for a in n.args
+                                   if not isinstance(a, Scalar))
+    first = {k: min(v) for k, v in needed.items()}
+    reread = [n for n in g.nodes if costly[id(n)] and n.kind not in ("set", "alias")
+              and len(needed.get(id(n), [])) > 1]
+    keep = {id(n) for n in reread}
+    out = []
+    for n in reread:                             # n is read in a later pass by a kept node only?
+        later_users = [u for u in g.nodes if any(a is n for a in u.args)
+                       and u.kind != "reduce" and any(q > first[id(n)] for q in needed.get(id(u), []))]
+        later_reduce = any(u.kind == "reduce" and g.reduce_pass[id(u.expr)] > first[id(n)]
+                           for u in g.nodes if any(a is n for a in u.args))
+        later_output = any(o is n and g.avail[id(o)] > first[id(n)] for o in g.outputs)
+        if later_reduce or later_output or any(id(u) not in keep for u in later_users):
+            out.append(n)
+    return out
+
+
 def _levels_and_passes(g: ReductionGraph) -> None:
     R = set(g.R)
     for node in g.nodes:

@@ -17,8 +17,12 @@ the column block fits the same register budget.
 Grid: at most `waves` x SMs x resident blocks (the kernel grid-strides), so per-thread data that
 does not depend on the row (a layer-norm weight) is loaded once per thread.
 
-Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY, $PYFUSER_RED_UNROLL,
-$PYFUSER_RED_STEPS (persistent steps; 0 turns persistence off), $PYFUSER_RED_WAVES.
+Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
+reduction through a workspace), until the grid covers every SM twice.
+
+Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY (powers of two),
+$PYFUSER_RED_UNROLL, $PYFUSER_RED_STEPS (0 turns persistence off, any other value forces it),
+$PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import os
 from .pointwise_heuristics import sm_count
 
 REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thread blocks: 32)
-STEPS_TARGET = 8         # vectors per thread in a persistent row
+STEPS_TARGET = 8         # vectors per thread in a persistent row ...
+STEP_REGS = 40           # ... unless they would take more registers than this
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 
 
@@ -50,22 +55,26 @@ def _prod(xs) -> int:
     return out
 
 
-def _regs_per_step(p, accesses, g) -> float:
-    """Registers one vector step of the persistent data takes (full-size loads, 4-byte regs)."""
-    return sum(p.vec * a.itemsize for a in accesses
-               if not a.is_store and g.level[id(a.node)] == "full") / 4
+def _regs_per_step(p, accesses, g, kept) -> float:
+    """Registers one vector step of the persistent data takes: full-size loads (half and bfloat16
+    two to a register) and the values kept between passes (`kept`, in their compute type)."""
+    loads = sum(p.vec * a.itemsize for a in accesses
+                if not a.is_store and g.level[id(a.node)] == "full")
+    return (loads + sum(p.vec * n.tv.dtype.compute.itemsize for n in kept)) / 4
 
 
 def _budget(threads: int) -> int:
     return REG_BUDGET if threads < 1024 else REG_BUDGET // 2
 
 
-def choose(p, ext: list, g, accesses, normalization: bool) -> None:
+def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
+    """Fill the thread shape, unroll and persistence of `p`; `kept`: the nodes a persistent
+    kernel keeps in registers between passes (reduction_graph.recompute_costly)."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
-    per_step = _regs_per_step(p, accesses, g)
+    per_step = _regs_per_step(p, accesses, g, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
-                                                           "waves")}
+                                                           "waves", "splits")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
@@ -95,7 +104,8 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     rows = _prod(groups_k)
     nv = max(1, -(-rlen // p.vec))
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
-    p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // STEPS_TARGET)))
+    target = max(2, min(STEPS_TARGET, int(STEP_REGS // max(per_step, 1))))
+    p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
     if normalization and nro == 1:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
     if not p.persistent and not knobs["bdimx"]:
@@ -117,5 +127,12 @@ def _outer(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
     if normalization:
         _persistent(p, nr, p.bdimy, per_step, p.bdimx * p.bdimy, knobs)
+    else:
+        # few column blocks: split the reduced index over blockIdx.z (a grid reduction), each
+        # split at least 4 steps long, until the grid fills every SM twice
+        blocks = -(-cols // (p.bdimx * p.vec)) * max(1, nko)
+        longest = max(1, nr // (p.bdimy * p.unroll * 4))
+        p.splits = knobs["splits"] or max(1, min(-(-2 * sm_count() // max(blocks, 1)), longest, 65535))
     p.reason = (f"outer: {nko} x {cols} columns over {nr} reduced, "
-                + (f"persistent ({p.steps} rows a thread)" if p.persistent else "streamed"))
+                + (f"persistent ({p.steps} rows a thread)" if p.persistent else "streamed")
+                + (f", split {p.splits} ways" if p.splits > 1 else ""))

@@ -130,7 +130,22 @@ def _pow(base, exp):
         if isinstance(exp, int) and exp < 0:
             raise UnsupportedOpError("aten::pow: integers to negative integer powers are not "
                                      "allowed (eager raises)")
-    return ew("pow", base, exp)
+    special = _pow_special(base, exp)
+    return special if special is not None else ew("pow", base, exp)
+
+
+def _pow_special(base, exp):
+    """What eager computes for a floating tensor to a constant power it special-cases (its CPU
+    and CUDA kernels alike): x * x, x * x * x, sqrt, rsqrt, reciprocal; None otherwise."""
+    if not (isinstance(base, TensorView) and base.dtype.is_floating) or \
+            isinstance(exp, bool) or not isinstance(exp, (int, float)):
+        return None
+    if exp == 2:
+        return ew("mul", base, base)
+    if exp == 3:
+        return ew("mul", ew("mul", base, base), base)
+    named = {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}.get(exp)
+    return ew(named, base) if named else None
 
 
 @lowers("aten::relu6", n_args=(1,))
