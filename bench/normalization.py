@@ -28,8 +28,17 @@ F = torch.nn.functional
 
 
 # ---- workloads: name -> (fn, make inputs(dtype), minimum bytes(inputs, outputs)) --------------
-def layer_norm(x, w, b):
-    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+class LayerNorm(torch.nn.Module):
+    """F.layer_norm over a constant normalized shape, as nn.LayerNorm passes it (its
+    `normalized_shape` is a TorchScript constant); weight and bias as inputs."""
+    __constants__ = ["n"]
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x, w, b):
+        return F.layer_norm(x, [self.n], w, b, 1e-5)
 
 
 def rms_norm(x, w):
@@ -93,7 +102,7 @@ def nbytes(ts) -> int:
 
 WORKLOADS = []
 for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
-    WORKLOADS.append((f"layer_norm {_m}x{_n}", layer_norm, _rows(_m, _n, 2)))
+    WORKLOADS.append((f"layer_norm {_m}x{_n}", LayerNorm(_n), _rows(_m, _n, 2)))
 for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
     WORKLOADS.append((f"rms_norm {_m}x{_n}", rms_norm, _rows(_m, _n, 1)))
 for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):

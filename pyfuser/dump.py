@@ -25,6 +25,7 @@ DUMP_NAMES = {
     "cuda_kernel": "generated CUDA C source",
     "cuda_to_file": "write generated CUDA C into $PYFUSER_DUMP_DIR",
     "launch_params": "grid, block and shared memory of each launch",
+    "ptxas_verbose": "registers, spills and shared memory of each compiled kernel (ptxas -v)",
     "fallback": "ops and guards that fell back to eager, with the reason",
 }
 

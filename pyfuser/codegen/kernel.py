@@ -62,8 +62,8 @@ class KernelPlan:
 
     `orders[k]` lays output k out (axes outermost first, as eager would); `kernel_tensors` lists
     the kernel's tensors in Param-source order (the fusion's tensor inputs, then the outputs);
-    `workspaces` gives the extra zeroed buffers a kernel asks for (Param sources ("workspace",
-    i) index the tensor list after the outputs); `body` is the kernel function without the
+    `workspaces` gives the extra buffers a kernel asks for (pointer Params after the outputs'
+    ones: a grid reduction's partials and semaphores); `body` is the kernel function without the
     prelude (tests compile many of them as one module)."""
 
     def __init__(self, fusion, scheduler: str, params, kernel: GeneratedKernel, kernel_ir,
@@ -94,12 +94,17 @@ class KernelPlan:
         tensors = [x for v, x in zip(self.fusion.inputs, inputs) if isinstance(v, TensorView)]
         return tensors + list(outputs)
 
+    def workspace_specs(self, bindings, tensors) -> list:
+        """[(elements, torch dtype, kind)]: "partials" (any contents) or "semaphores" (zero
+        before a launch; the kernel leaves them zero)."""
+        return [] if self._workspace_sizes is None else self._workspace_sizes(bindings, tensors)
+
     def workspaces(self, bindings, tensors, device) -> list:
-        if self._workspace_sizes is None:
-            return []
+        """Fresh buffers for one launch (semaphores zeroed)."""
         import torch
-        return [torch.zeros(n, dtype=dt, device=device)
-                for n, dt in self._workspace_sizes(bindings, tensors)]
+        return [torch.zeros(n, dtype=dt, device=device) if kind == "semaphores" else
+                torch.empty(n, dtype=dt, device=device)
+                for n, dt, kind in self.workspace_specs(bindings, tensors)]
 
     def __repr__(self) -> str:
         p = self.params.as_dict() if hasattr(self.params, "as_dict") else self.params

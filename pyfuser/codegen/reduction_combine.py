@@ -3,7 +3,8 @@
 them (warp shuffles, a block's shared-memory exchange).
 
 A partial is a list of kernel IR expressions: one value for sum / prod / max / min (in the
-accumulator dtype), three for Welford (mean and m2 in the compute dtype, n as int64). Every
+accumulator dtype), three for Welford (mean and m2 in the compute dtype, n in the kernel's index
+type: int32 unless a tensor spans 2^31 elements, so a count never overflows). Every
 combine is written with op-table ops (add, mul, maximum, minimum, sub, div, where), so the printer
 and the interpreter evaluate exactly the same arithmetic, and the order of combination is fixed
 (lanes in order, shuffles by falling xor distance, warps in order): the same inputs give the same
@@ -26,20 +27,21 @@ I64 = DataType.Int
 COMBINE_OP = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 
-def acc_dtypes(e) -> list:
-    """Accumulator dtypes of a reduce expr's partial."""
+def acc_dtypes(e, count: DataType = I64) -> list:
+    """Accumulator dtypes of a reduce expr's partial (`count`: Welford's n)."""
     if isinstance(e, E.WelfordOp):
         c = e.inputs[0].dtype.compute
-        return [c, c, I64]
+        return [c, c, count]
     return [e.outputs[0].dtype.compute]
 
 
-def identity(e) -> list:
+def identity(e, count: DataType = I64) -> list:
     """The partial of no element."""
-    dts = acc_dtypes(e)
+    dts = acc_dtypes(e, count)
     if isinstance(e, E.WelfordOp):
         return [K.Const(0.0, K.REGISTER_CTYPE[dts[0]], dts[0]),
-                K.Const(0.0, K.REGISTER_CTYPE[dts[1]], dts[1]), K.Const(0, "int64_t", I64)]
+                K.Const(0.0, K.REGISTER_CTYPE[dts[1]], dts[1]),
+                K.Const(0, K.REGISTER_CTYPE[count], count)]
     dt = dts[0]
     name = e.info.name
     if name in ("sum", "prod"):
@@ -58,10 +60,18 @@ def identity(e) -> list:
 
 
 class Combiner:
-    """Emits the Lets of combines into a statement list; names stay unique per kernel."""
+    """Emits the Lets of combines into a statement list; names stay unique per kernel.
+    `count` is the dtype of Welford counts (the kernel's index type)."""
 
-    def __init__(self):
+    def __init__(self, count: DataType = I64):
         self.count = 0
+        self.n_dtype = count
+
+    def dtypes(self, e) -> list:
+        return acc_dtypes(e, self.n_dtype)
+
+    def identity(self, e) -> list:
+        return identity(e, self.n_dtype)
 
     def fresh(self, stem: str) -> str:
         self.count += 1
@@ -73,14 +83,15 @@ class Combiner:
             dt = acc_dtypes(e)[0]
             return [K.Op(COMBINE_OP[e.info.name], (a[0], b[0]), dt)]
         c_dt = acc_dtypes(e)[0]
+        N = self.n_dtype
         ma, m2a, na = a
         mb, m2b, nb = b
-        n = self._let(out, "wn", I64, K.Op("add", (na, nb), I64))
-        nf = K.Convert("cast", n, I64, c_dt)
-        nbf = K.Convert("cast", nb, I64, c_dt)
-        naf = K.Convert("cast", na, I64, c_dt)
+        n = self._let(out, "wn", N, K.Op("add", (na, nb), N))
+        nf = K.Convert("cast", n, N, c_dt)
+        nbf = K.Convert("cast", nb, N, c_dt)
+        naf = K.Convert("cast", na, N, c_dt)
         zero = K.Const(0.0, K.REGISTER_CTYPE[c_dt], c_dt)
-        pos = K.Op("gt", (n, K.Const(0, "int64_t", I64)), I64)
+        pos = K.Op("gt", (n, K.Const(0, K.REGISTER_CTYPE[N], N)), N)
         c = self._let(out, "wc", c_dt, K.Op("where", (pos, K.Op("div", (nbf, nf), c_dt), zero), c_dt))
         d = self._let(out, "wd", c_dt, K.Op("sub", (mb, ma), c_dt))
         mean = K.Op("add", (ma, K.Op("mul", (d, c), c_dt)), c_dt)
@@ -97,7 +108,7 @@ class Combiner:
         """Accumulators `names[i][index] = exprs[i]` of reduce expr e: computed first (Lets),
         then written, so a combine reading the old values sees them all unchanged."""
         tmp = []
-        for n, x, dt in zip(names, exprs, acc_dtypes(e)):
+        for n, x, dt in zip(names, exprs, self.dtypes(e)):
             t = self.fresh(f"{n}_n")
             out.append(K.Let(t, K.REGISTER_CTYPE[dt], x))
             tmp.append(K.Var(t))

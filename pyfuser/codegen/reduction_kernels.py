@@ -1,38 +1,45 @@
-"""The two kernel shapes of the reduction family (see reduction_lowering.py for the layout of
-both): `InnerKernel` (reduced axes innermost: a thread team per row) and `OuterKernel` (kept axes
-innermost: threads across columns, the reduced index split over threadIdx.y)."""
+"""The two kernel shapes of the reduction family (the shared pass driver is reduction_lowering).
+
+Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block:
+    for rb (grid-stride over row blocks):  row = rb * bdimy + ty; row_ok = row < rows
+      row-level loads and values; passes: position j = (s * bdimx + tx) * V (persistent) or
+      ((it * U + u) * bdimx + tx) * V (streamed, inside a loop over the outer reduced groups);
+      after each pass the lanes, then the team (xor shuffles, shared memory past a warp) combine;
+      reduced outputs are written by threadIdx.x 0 of the row's team
+      __syncthreads (shared memory is reused by the next row block)
+Outer (kept axes innermost): bdimx threads span bdimx * V columns (col; columns grid-stride on
+x, other kept groups on y), bdimy threads split the reduced index r = s * bdimy + ty (persistent)
+or ((it * splits + z) * U + u) * bdimy + ty (streamed; z = blockIdx.z of `splits` blocks);
+partials meet in shared memory (a tree), then, split over blocks, in a workspace (the last block
+to arrive combines them in order); reduced outputs are written by threadIdx.y 0.
+"""
 from __future__ import annotations
 
 from ..ir import exprs as E
-from . import kernel_ir as K
 from ..ir.dtypes import DataType
-from .reduction_combine import acc_dtypes, identity
-from .reduction_lowering import ReductionLowering, _and, _c, _guard
+from . import kernel_ir as K
+from .reduction_lowering import ReductionLowering, _and, _c, _guard, _lane_dependent
 
 TX, TY = K.Special("threadIdx.x"), K.Special("threadIdx.y")
 WARP = 32
 
 
 class InnerKernel(ReductionLowering):
+    LANE_WELFORD = False
+
     def kernel_body(self) -> list:
         p, V = self.p, self.V
         self.rin = self.rg[-1] if self.rg else None
-        rout = self.rg[:-1]
+        self.rout = self.rg[:-1]
+        self.ridx = {gi: K.Var(f"g{gi}") for gi in self.rout}
         body = [K.Let("rows", "nidx_t", self._prod(self.kg)),
-                K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1)),
-                K.Let("nro", "nidx_t", self._prod(rout))]
+                K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1))]
+        if self.rout:
+            body.append(K.Let("nro", "nidx_t", self._prod(self.rout)))
         if not p.persistent:
             chunk = p.bdimx * p.unroll * V
             body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(K.Var("rlen"), _c(chunk - 1)),
                                                        _c(chunk))))
-        plans = [self.pass_plan(q) for q in range(self.n_total_passes())]
-        needed = {id(n) for _, _, full, _ in plans for n in full if n.kind == "load"}
-        self.hoisted = set()
-        if p.persistent:
-            for a in self.loads:
-                if id(a.node) in needed and self.row_invariant(a):
-                    self.hoisted.add(id(a.node))
-                    body += self.persistent_loads(a, {})
         rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY)),
                     K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows")))]
         self.row_ok = K.Var("row_ok")
@@ -42,15 +49,10 @@ class InnerKernel(ReductionLowering):
             if self.lvl[id(a.node)] == "row":
                 rb += [K.Alloc(self.buf(a), a.tv.dtype, (1,)),
                        *_guard(self.row_ok, [self.load_stmt(a, (), self.offset(a, self.kidx))])]
-                known[id(a.node)] = self.load_value(a.node, lambda a: (_c(0),))
+                known[id(a.node)] = self.load_value(a, (_c(0),))
         known = self.row_values(0, known, rb)
-        if p.persistent:
-            for a in self.loads:
-                if id(a.node) in needed and id(a.node) not in self.hoisted:
-                    rb += self.persistent_loads(a, self.kidx)
-            rb += self.kept_allocs()
-        for q, plan in enumerate(plans):
-            known = self.one_pass(q, plan, known, rb)
+        for q in range(len(self.plans)):
+            known = self.one_pass(q, known, rb)
         if self.shared:
             rb.append(K.Sync())                   # the next row block rewrites shared memory
         nrb = K.Bin("/", K.add(K.Var("rows"), _c(p.bdimy - 1)), _c(p.bdimy))
@@ -59,25 +61,28 @@ class InnerKernel(ReductionLowering):
                         rb, "row blocks")]
         return body
 
-    # ---- pieces ---------------------------------------------------------------------------------
-    def j_persistent(self, s):
-        return K.mul(K.add(K.mul(s, _c(self.p.bdimx)), TX), _c(self.V))
-
-    def j_streamed(self, u):
+    # ---- hooks of the pass driver ---------------------------------------------------------------
+    def step_expr(self, step, streamed: bool):
         p = self.p
-        return K.mul(K.add(K.mul(K.add(K.mul(K.Var("it"), _c(p.unroll)), u), _c(p.bdimx)), TX),
-                     _c(self.V))
+        if streamed:
+            step = K.add(K.mul(K.Var("it"), _c(p.unroll)), step)
+        return K.mul(K.add(K.mul(step, _c(p.bdimx)), TX), _c(self.V))
 
-    def persistent_loads(self, a, kidx) -> list:
-        s = K.Var("s")
-        idx = dict(kidx)
+    def position(self, j):
+        idx = dict(self.kidx)
+        idx.update(self.ridx)
         if self.rin is not None:
             idx[self.rin] = K.Var("j")
-        cond = _and(None if not kidx else self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen")))
-        return [self.buffer(a, self.p.steps),
-                K.Loop("s", _c(0), _c(self.p.steps), _c(1), "unroll",
-                       [K.Let("j", "nidx_t", self.j_persistent(s)),
-                        *_guard(cond, [self.load_stmt(a, (s,), self.offset(a, idx))])])]
+        return ([K.Let("j", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
+                [], idx)
+
+    def wrap_streamed(self, loop) -> list:
+        if not self.rout:
+            return [loop]
+        body: list = []
+        self.decompose(K.Var("ro"), self.rout, body)
+        return [K.Loop("ro", _c(0), K.Var("nro"), _c(1), "serial", body + [loop],
+                       "outer reduced groups")]
 
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
@@ -88,137 +93,45 @@ class InnerKernel(ReductionLowering):
                 out += _guard(_and(self.row_ok, K.Bin("==", TX, _c(0))), st)
         return known
 
-    def step_body(self, step, j, plan, known, wvs: dict) -> list:
-        """What one vector step of a pass does: values lane by lane, accumulate, stores."""
-        reds, outs, full, inputs = plan
-        body: list = []
-        lanes: list = []
-        vals = self.emit_nodes(full, known, lambda n: self.load_value(
-            n, lambda a: self.lane_index(a, step)), lanes)
-        if self.p.persistent:
-            self.keep_values(self.q, full, vals, step, lanes)
-        for e in reds:
-            vnode = inputs[id(e)]
-            if isinstance(e, E.WelfordOp):
-                self.welford_value(e, vals[id(vnode)], vnode, wvs[id(e)], step, lanes)
-            else:
-                self.accumulate(e, vals[id(vnode)], vnode, (K.Var("v"),), lanes)
-        after: list = []
-        idx = dict(self.kidx)
-        idx.update(self.ridx)
-        if self.rin is not None:
-            idx[self.rin] = K.Var("j")
-        for a, node in outs:
-            body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
-            inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
-            lanes += inside
-            after += st
-        return body + [self.lanes(lanes)] + after
+    def bind_results(self, e, partial, out) -> dict:
+        """The row's results as Lets (one value per row, the same in the whole team)."""
+        res = self.result_exprs(e, partial)
+        known = {}
+        for node in self.g.nodes:
+            if id(node) in res:
+                name = self.names[id(node)]
+                out.append(K.Let(name, K.REGISTER_CTYPE[node.tv.dtype], res[id(node)]))
+                known[id(node)] = K.Var(name)
+        return known
 
-    def one_pass(self, q, plan, known, out) -> dict:
-        reds, outs, full, inputs = plan
-        p = self.p
-        self.q = q
-        if not reds and not outs:
-            return self.row_values(q + 1, known, out)
-        self.init_accs(reds, True, out)
-        steps = p.steps if p.persistent else p.unroll
-        wvs = {}
-        for e in reds:
-            if isinstance(e, E.WelfordOp):
-                wvs[id(e)] = self.comb.fresh("wv")
-        cond_of = lambda j: _and(self.row_ok, K.Bin("<", j, K.Var("rlen")))  # noqa: E731
-        self.ridx = {}
-        if p.persistent:
-            for e in reds:
-                if id(e) in wvs:
-                    out.append(K.Alloc(wvs[id(e)], acc_dtypes(e)[0], (steps, self.V)))
-            s = K.Var("s")
-            out.append(K.Loop("s", _c(0), _c(steps), _c(1), "unroll",
-                              [K.Let("j", "nidx_t", self.j_persistent(s)),
-                               *_guard(cond_of(K.Var("j")),
-                                       self.step_body(s, K.Var("j"), plan, known, wvs))]))
-            for e in reds:
-                if id(e) in wvs:
-                    self.welford_chunk(e, wvs[id(e)], steps, "s", lambda st: (
-                        [K.Let("j", "nidx_t", self.j_persistent(st))], cond_of(K.Var("j"))), out)
-        else:
-            out += self.streamed(q, plan, known, wvs, cond_of)
-        self.combine_team(reds, out)
-        known = self.kept_known(q, known)
-        for e in reds:
-            res = self.result_exprs(e, [K.ArrayRef(n, ()) for n in self.partial_names(e)])
-            for node in self.g.nodes:
-                if id(node) in res:
-                    name = self.names[id(node)]
-                    out.append(K.Let(name, K.REGISTER_CTYPE[node.tv.dtype], res[id(node)]))
-                    known[id(node)] = K.Var(name)
-        return self.row_values(q + 1, known, out)
-
-    def streamed(self, q, plan, known, wvs, cond_of) -> list:
-        reds, outs, full, inputs = plan
-        p = self.p
-        u = K.Var("u")
-        it_body: list = []
-        rout = self.rg[:-1]
-        for e in reds:
-            if id(e) in wvs:
-                it_body.append(K.Alloc(wvs[id(e)], acc_dtypes(e)[0], (p.unroll, self.V)))
-        loads = [a for a in self.loads if any(n is a.node for n in full)]
-        idx = dict(self.kidx)
-        idx.update(self.ridx_vars(rout))
-        if self.rin is not None:
-            idx[self.rin] = K.Var("j")
-        for a in loads:
-            it_body.append(self.buffer(a, p.unroll))
-        j_let = K.Let("j", "nidx_t", self.j_streamed(u))
-        it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", [j_let, *_guard(
-            cond_of(K.Var("j")), [self.load_stmt(a, (u,), self.offset(a, idx)) for a in loads])]))
-        self.ridx = self.ridx_vars(rout)
-        it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", [j_let, *_guard(
-            cond_of(K.Var("j")), self.step_body(u, K.Var("j"), plan, known, wvs))]))
-        for e in reds:
-            if id(e) in wvs:
-                self.welford_chunk(e, wvs[id(e)], p.unroll, "u", lambda st: (
-                    [K.Let("j", "nidx_t", self.j_streamed(st))], cond_of(K.Var("j"))), it_body)
-        loop = K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body, "vector steps of a row")
-        if not rout:
-            return [loop]
-        ro_body: list = []
-        self.decompose(K.Var("ro"), rout, ro_body)
-        return [K.Loop("ro", _c(0), K.Var("nro"), _c(1), "serial", ro_body + [loop],
-                       "outer reduced groups")]
-
-    def ridx_vars(self, rout) -> dict:
-        return {gi: K.Var(f"g{gi}") for gi in rout}
-
-    # ---- combining across lanes and threads -------------------------------------------------------
     def partial_names(self, e) -> list:
         if isinstance(e, E.WelfordOp):
             return self.acc_names(e)
-        i = self.g.reduces.index(e)
-        return [f"r{i}"]
+        return [f"r{self.g.reduces.index(e)}"]
 
-    def combine_team(self, reds, out) -> None:
+    def combine(self, reds, out) -> tuple:
+        """Lanes in order, then the team: xor shuffles within the warp (from bdimx / 2 down to
+        1), then, past a warp, the warps' partials in shared memory read in order. Every thread
+        of the team ends with the row's result."""
         p = self.p
-        for e in reds:                                   # lanes, in order
+        for e in reds:
             if isinstance(e, E.WelfordOp):
                 continue
             (acc,) = self.acc_names(e)
             (r,) = self.partial_names(e)
-            out += [K.Alloc(r, acc_dtypes(e)[0], ()), K.Assign(r, (), K.ArrayRef(acc, (_c(0),)))]
+            out += [K.Alloc(r, self.comb.dtypes(e)[0], ()), K.Assign(r, (), K.ArrayRef(acc, (_c(0),)))]
             for v in range(1, self.V):
                 new = self.comb.combine(e, [K.ArrayRef(r, ())], [K.ArrayRef(acc, (_c(v),))], out)
                 out.append(K.Assign(r, (), new[0]))
-        if p.bdimx == 1:
-            return
-        width = min(p.bdimx, WARP)
-        m = width // 2
+        partials = {id(e): [K.ArrayRef(n, ()) for n in self.partial_names(e)] for e in reds}
+        if p.bdimx == 1 or not reds:
+            return partials, out
+        m = min(p.bdimx, WARP) // 2
         while m >= 1:
             for e in reds:
                 names = self.partial_names(e)
                 shf = []
-                for n, dt in zip(names, acc_dtypes(e)):
+                for n, dt in zip(names, self.comb.dtypes(e)):
                     t = self.comb.fresh("shf")
                     out.append(K.Let(t, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(n, ()), m, dt)))
                     shf.append(K.Var(t))
@@ -226,29 +139,32 @@ class InnerKernel(ReductionLowering):
                 self.comb.assign_all(e, names, (), new, out)
             m //= 2
         if p.bdimx <= WARP:
-            return
+            return partials, out
         nw = p.bdimx // WARP
         lane0 = K.Bin("==", K.Bin("%", TX, _c(WARP)), _c(0))
         warp = K.Bin("/", TX, _c(WARP))
         writes, reads = [], []
         for e in reds:
             names = self.partial_names(e)
-            reds_sm = []
-            for n, dt in zip(names, acc_dtypes(e)):
+            sms = []
+            for n, dt in zip(names, self.comb.dtypes(e)):
                 sm = self.comb.fresh("red")
                 self.shared.append(K.Alloc(sm, dt, (p.bdimy, nw), "shared"))
                 writes.append(K.Assign(sm, (TY, warp), K.ArrayRef(n, ())))
-                reds_sm.append(sm)
-            for n, sm in zip(names, reds_sm):
+                sms.append(sm)
+            for n, sm in zip(names, sms):
                 reads.append(K.Assign(n, (), K.ArrayRef(sm, (TY, _c(0)))))
             for w in range(1, nw):
                 new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
-                                        [K.ArrayRef(sm, (TY, _c(w))) for sm in reds_sm], reads)
+                                        [K.ArrayRef(sm, (TY, _c(w))) for sm in sms], reads)
                 self.comb.assign_all(e, names, (), new, reads)
         out += [K.If(lane0, writes), K.Sync()] + reads
+        return partials, out
 
 
 class OuterKernel(ReductionLowering):
+    LANE_WELFORD = True
+
     def kernel_body(self) -> list:
         p, V = self.p, self.V
         self.kin = self.kg[-1]
@@ -268,23 +184,16 @@ class OuterKernel(ReductionLowering):
         ko: list = []
         self.kidx = self.decompose(K.Var("ko"), kout, ko)
         self.kidx[self.kin] = K.Var("col")
-        plans = [self.pass_plan(q) for q in range(self.n_total_passes())]
-        needed = {id(n) for _, _, full, _ in plans for n in full if n.kind == "load"}
         known: dict = {}
         for a in self.loads:
             if self.lvl[id(a.node)] == "row":
                 dims = (1,) if a.mode == "bcast" else (V,)
                 ko += [K.Alloc(self.buf(a), a.tv.dtype, dims),
                        *_guard(self.col_ok, [self.load_stmt(a, (), self.offset(a, self.kidx))])]
-                known[id(a.node)] = self.load_value(a.node, lambda a: self.lane_index(a, None))
+                known[id(a.node)] = _lane_dependent(self.load_value(a, self.lane_index(a, None)))
         known = self.row_values(0, known, ko)
-        if p.persistent:
-            for a in self.loads:
-                if id(a.node) in needed:
-                    ko += self.persistent_loads(a)
-            ko += self.kept_allocs()
-        for q, plan in enumerate(plans):
-            known = self.one_pass(q, plan, known, ko)
+        for q in range(len(self.plans)):
+            known = self.one_pass(q, known, ko)
         if self.shared:
             ko.append(K.Sync())
         cb.append(K.Loop("ko", K.Special("blockIdx.y"), K.Var("nko"), K.Special("gridDim.y"), "grid",
@@ -293,202 +202,81 @@ class OuterKernel(ReductionLowering):
                            "grid", cb, "column blocks"))
         return body
 
-    def r_persistent(self, s):
-        return K.add(K.mul(s, _c(self.p.bdimy)), TY)
+    # ---- hooks of the pass driver ---------------------------------------------------------------
+    def step_expr(self, step, streamed: bool):
+        p = self.p
+        if streamed:
+            it = K.Var("it")
+            if p.splits > 1:
+                it = K.add(K.mul(it, _c(p.splits)), K.Special("blockIdx.z"))
+            step = K.add(K.mul(it, _c(p.unroll)), step)
+        return K.add(K.mul(step, _c(p.bdimy)), TY)
 
-    def r_streamed(self, u):
-        """Row of step u of iteration `it`: splits > 1 interleave U * bdimy-row chunks over
-        blockIdx.z."""
-        step = K.Var("it")
-        if self.p.splits > 1:
-            step = K.add(K.mul(step, _c(self.p.splits)), K.Special("blockIdx.z"))
-        return K.add(K.mul(K.add(K.mul(step, _c(self.p.unroll)), u), _c(self.p.bdimy)), TY)
-
-    def cond_of(self, r):
-        return _and(self.col_ok, K.Bin("<", r, K.Var("nr")))
-
-    def at_r(self, r_expr, body_fn) -> list:
-        """Let r, decompose it over the reduced groups, then `body_fn(index)` under the guard."""
-        lets = [K.Let("r", "nidx_t", r_expr)]
+    def position(self, r):
         inner: list = []
         ridx = self.decompose(K.Var("r"), self.rg, inner)
         idx = dict(self.kidx)
         idx.update(ridx)
-        return lets + _guard(self.cond_of(K.Var("r")), inner + body_fn(idx))
+        return ([K.Let("r", "nidx_t", r)], _and(self.col_ok, K.Bin("<", K.Var("r"), K.Var("nr"))),
+                inner, idx)
 
-    def persistent_loads(self, a) -> list:
-        s = K.Var("s")
-        return [self.buffer(a, self.p.steps),
-                K.Loop("s", _c(0), _c(self.p.steps), _c(1), "unroll", self.at_r(
-                    self.r_persistent(s), lambda idx: [self.load_stmt(a, (s,), self.offset(a, idx))]))]
+    def wrap_streamed(self, loop) -> list:
+        return [loop]
 
     def row_values(self, q, known, out) -> dict:
         """Per-column values (lanes) existing from pass q on, kept in [V] arrays, and the
         reduced outputs among them (written by threadIdx.y 0)."""
-        nodes = [n for n in self.row_nodes(q) if n.kind not in ("set", "alias")]
+        nodes = self.row_nodes(q)
         known = dict(known)
-        if nodes:
+        computed = [n for n in nodes if n.kind not in ("set", "alias")]
+        if computed:
             lanes: list = []
-            vals = self.emit_nodes(self.row_nodes(q), known, None, lanes)
-            for n in nodes:
+            vals = self.lane_values(nodes, known, None, None, lanes)
+            for n in computed:
                 arr = self.names[id(n)] + "_c"
                 out.append(K.Alloc(arr, n.tv.dtype.compute if n.tv.dtype.is_reduced_float
                                    else n.tv.dtype, (self.V,)))
                 lanes.append(K.Assign(arr, (K.Var("v"),), vals[id(n)]))
             out.append(self.lanes(lanes))
-            for n in nodes:
-                known[id(n)] = K.ArrayRef(self.names[id(n)] + "_c", (K.Var("v"),))
-            for n in self.row_nodes(q):
-                if n.kind in ("set", "alias"):
-                    known[id(n)] = known[id(n.args[0])]
+            for n in computed:
+                known[id(n)] = _lane_dependent(K.ArrayRef(self.names[id(n)] + "_c", (K.Var("v"),)))
+        for n in nodes:
+            if n.kind in ("set", "alias"):
+                known[id(n)] = known[id(n.args[0])]
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
-                inside, after = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), True)
+                value = known[id(a.node)]
+                value = value(None, None) if callable(value) else value
+                inside, after = self.store_stmts(a, value, self.offset(a, self.kidx), True)
                 st = [K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)), self.lanes(inside)] + after
                 out += _guard(_and(self.col_ok, K.Bin("==", TY, _c(0))), st)
         return known
 
-    def step_body(self, step, idx, plan, known, wvs) -> list:
-        reds, outs, full, inputs = plan
-        lanes: list = []
-        vals = self.emit_nodes(full, known, lambda n: self.load_value(
-            n, lambda a: self.lane_index(a, step)), lanes)
-        if self.p.persistent:
-            self.keep_values(self.q, full, vals, step, lanes)
-        for e in reds:
-            vnode = inputs[id(e)]
-            if isinstance(e, E.WelfordOp):
-                self.welford_value(e, vals[id(vnode)], vnode, wvs[id(e)], step, lanes)
-            else:
-                self.accumulate(e, vals[id(vnode)], vnode, (K.Var("v"),), lanes)
-        body, after = [], []
-        for a, node in outs:
-            body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
-            inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
-            lanes += inside
-            after += st
-        return body + [self.lanes(lanes)] + after
+    def bind_results(self, e, partial, out) -> dict:
+        return {k: _lane_dependent(v) for k, v in self.result_exprs(e, partial).items()}
 
-    def one_pass(self, q, plan, known, out) -> dict:
-        reds, outs, full, inputs = plan
-        p = self.p
-        self.q = q
-        if not reds and not outs:
-            return self.row_values(q + 1, known, out)
-        self.init_accs(reds, True, out)
-        steps = p.steps if p.persistent else p.unroll
-        wvs = {id(e): self.comb.fresh("wv") for e in reds if isinstance(e, E.WelfordOp)}
-        if p.persistent:
-            for e in reds:
-                if id(e) in wvs:
-                    out.append(K.Alloc(wvs[id(e)], acc_dtypes(e)[0], (steps, self.V)))
-            s = K.Var("s")
-            out.append(K.Loop("s", _c(0), _c(steps), _c(1), "unroll", self.at_r(
-                self.r_persistent(s), lambda idx: self.step_body(s, idx, plan, known, wvs))))
-            for e in reds:
-                if id(e) in wvs:
-                    self.welford_chunk(e, wvs[id(e)], steps, "s", lambda st: (
-                        [K.Let("r", "nidx_t", self.r_persistent(st))],
-                        self.cond_of(K.Var("r"))), out)
-        else:
-            u = K.Var("u")
-            it_body: list = []
-            for e in reds:
-                if id(e) in wvs:
-                    it_body.append(K.Alloc(wvs[id(e)], acc_dtypes(e)[0], (p.unroll, self.V)))
-            loads = [a for a in self.loads if any(n is a.node for n in full)]
-            for a in loads:
-                it_body.append(self.buffer(a, p.unroll))
-            it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", self.at_r(
-                self.r_streamed(u), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx))
-                                                 for a in loads])))
-            it_body.append(K.Loop("u", _c(0), _c(p.unroll), _c(1), "unroll", self.at_r(
-                self.r_streamed(u), lambda idx: self.step_body(u, idx, plan, known, wvs))))
-            for e in reds:
-                if id(e) in wvs:
-                    self.welford_chunk(e, wvs[id(e)], p.unroll, "u", lambda st: (
-                        [K.Let("r", "nidx_t", self.r_streamed(st))],
-                        self.cond_of(K.Var("r"))), it_body)
-            out.append(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
-                              "row steps of the reduced index"))
-        results = self.combine_block(reds, out)
-        if p.splits > 1:
-            results, out = self.combine_grid(reds, results, out)
-        known = self.kept_known(q, known)
-        for e in reds:
-            known.update(self.result_exprs(e, [K.ArrayRef(n, (K.Var("v"),)) for n in results[id(e)]]))
-        return self.row_values(q + 1, known, out)
-
-    def combine_grid(self, reds, results, out) -> tuple:
-        """The blocks of blockIdx.z (splits of the reduced index) meet in global memory: each
-        writes its partial (threadIdx.y 0, per column), fences, and counts itself in on the
-        column block's semaphore; the block that arrives last (the atomic's old value is
-        splits - 1) reads every partial in z order and goes on with the results. No float
-        atomics: the combination order is fixed. Returns (result arrays, where the rest of the
-        pass goes: inside that last block's branch)."""
+    def combine(self, reds, out) -> tuple:
+        """The bdimy partials of every column meet in shared memory (a tree), then, with splits,
+        the blocks' partials in a workspace (combine_grid); {id(e): partial exprs of lane v}."""
         p, V = self.p, self.V
-        zero = _c(0)
-        first = _and(K.Bin("==", TX, zero), K.Bin("==", TY, zero))
-        sem_at = K.add(K.mul(K.Var("ko"), K.Var("ncb")), K.Var("cb"))
-        part_at = lambda z: K.add(K.mul(K.add(K.mul(K.Var("ko"), _c(p.splits)), z),  # noqa: E731
-                                        K.Var("cols")), K.Var("col"))
-        writes, reads, names = [], [], {}
-        for e in reds:
-            names[id(e)] = []
-            for n, dt in zip(results[id(e)], acc_dtypes(e)):
-                ws = self.workspace(dt, "partials")
-                writes.append(K.Store(ws, part_at(K.Special("blockIdx.z")), n, (), V))
-                names[id(e)].append((ws, dt))
-        sem = self.workspace(DataType.Int32, "semaphores")
-        last = self.comb.fresh("last")
-        self.shared.append(K.Alloc(last, DataType.Bool, (), "shared"))
-        out += _guard(_and(K.Bin("==", TY, zero), self.col_ok), writes)
-        out += [K.Fence(), K.Sync(),
-                K.If(first, [K.AtomicAdd("arrived", sem, sem_at, _c(1)),
-                             K.Assign(last, (), K.Bin("==", K.Var("arrived"), _c(p.splits - 1)))]),
-                K.Sync()]
-        tail: list = [K.Fence()]
-        final = {}
-        body: list = []
-        for e in reds:
-            fin = []
-            for ws, dt in names[id(e)]:
-                name = ws + "_all"
-                body.append(K.Alloc(name, dt, (V,)))
-                fin.append(name)
-            final[id(e)] = fin
-        zloop: list = []
-        for e in reds:
-            tmp = []
-            for ws, dt in names[id(e)]:
-                t = ws + "_z"
-                zloop += [K.Alloc(t, dt, (V,)), K.Load(t, (), ws, part_at(K.Var("z")), V, None, "cg")]
-                tmp.append(t)
-            merge: list = []
-            new = self.comb.combine(e, [K.ArrayRef(n, (K.Var("v"),)) for n in final[id(e)]],
-                                    [K.ArrayRef(t, (K.Var("v"),)) for t in tmp], merge)
-            self.comb.assign_all(e, final[id(e)], (K.Var("v"),), new, merge)
-            zloop.append(self.lanes(merge))
-        for e in reds:
-            body.append(self.lanes([K.Assign(n, (K.Var("v"),), init)
-                                    for n, init in zip(final[id(e)], identity(e))]))
-        body.append(K.Loop("z", zero, _c(p.splits), _c(1), "serial", zloop, "partials in order"))
-        tail += _guard(_and(self.col_ok, K.Bin("==", TY, zero)), body)
-        out.append(K.If(K.ArrayRef(last, ()), tail))
-        return final, body                     # the pass goes on in the last block
+        if not reds:
+            return {}, out
+        if p.bdimy == 1:
+            names = {id(e): self.acc_names(e) for e in reds}
+        else:
+            names = self.combine_block(reds, out)
+        if p.splits > 1:
+            names, out = self.combine_grid(reds, names, out)
+        return {id(e): [K.ArrayRef(n, (K.Var("v"),)) for n in names[id(e)]] for e in reds}, out
 
     def combine_block(self, reds, out) -> dict:
-        """Combine the bdimy partials of every column through shared memory (a tree);
-        {id(e): names of [V] arrays holding the block's result, the same in every thread}."""
         p, V = self.p, self.V
-        if p.bdimy == 1:
-            return {id(e): self.acc_names(e) for e in reds}
         assert p.bdimy & (p.bdimy - 1) == 0, "the block tree needs a power-of-two bdimy"
         col = K.add(K.mul(TX, _c(V)), K.Var("v"))
         sms, writes = {}, []
         for e in reds:
             sms[id(e)] = []
-            for n, dt in zip(self.acc_names(e), acc_dtypes(e)):
+            for n, dt in zip(self.acc_names(e), self.comb.dtypes(e)):
                 sm = self.comb.fresh("red")
                 self.shared.append(K.Alloc(sm, dt, (p.bdimy, p.bdimx * V), "shared"))
                 writes.append(K.Assign(sm, (TY, col), K.ArrayRef(n, (K.Var("v"),))))
@@ -505,11 +293,10 @@ class OuterKernel(ReductionLowering):
                 self.comb.assign_all(e, names, (TY, col), new, step)
             out += [K.If(K.Bin("<", TY, _c(s)), [self.lanes(step)]), K.Sync()]
             s //= 2
-        results = {}
-        reads = []
+        results, reads = {}, []
         for e in reds:
             res = []
-            for sm, dt in zip(sms[id(e)], acc_dtypes(e)):
+            for sm, dt in zip(sms[id(e)], self.comb.dtypes(e)):
                 name = sm + "_res"
                 out.append(K.Alloc(name, dt, (V,)))
                 reads.append(K.Assign(name, (K.Var("v"),), K.ArrayRef(sm, (_c(0), col))))
@@ -517,3 +304,61 @@ class OuterKernel(ReductionLowering):
             results[id(e)] = res
         out.append(self.lanes(reads))
         return results
+
+    def combine_grid(self, reds, results, out) -> tuple:
+        """The blocks of blockIdx.z (splits of the reduced index) meet in global memory: each
+        writes its partial (threadIdx.y 0, per column), fences, and counts itself in on the
+        column block's semaphore; the block that arrives last (the atomic's old value is
+        splits - 1) reads every partial in z order, goes on with the results and sets the
+        semaphore back to 0 (so a semaphore buffer can serve the next launch on the same
+        stream). No float atomics: the combination order is fixed. Returns (result arrays,
+        where the rest of the pass goes: inside that last block's branch)."""
+        p, V = self.p, self.V
+        zero = _c(0)
+        first = _and(K.Bin("==", TX, zero), K.Bin("==", TY, zero))
+        sem_at = K.add(K.mul(K.Var("ko"), K.Var("ncb")), K.Var("cb"))
+        part_at = lambda z: K.add(K.mul(K.add(K.mul(K.Var("ko"), _c(p.splits)), z),  # noqa: E731
+                                        K.Var("cols")), K.Var("col"))
+        writes, names = [], {}
+        for e in reds:
+            names[id(e)] = []
+            for n, dt in zip(results[id(e)], self.comb.dtypes(e)):
+                ws = self.workspace(dt, "partials")
+                writes.append(K.Store(ws, part_at(K.Special("blockIdx.z")), n, (), V))
+                names[id(e)].append((ws, dt))
+        sem = self.workspace(DataType.Int32, "semaphores")
+        last = self.comb.fresh("last")
+        self.shared.append(K.Alloc(last, DataType.Bool, (), "shared"))
+        out += _guard(_and(K.Bin("==", TY, zero), self.col_ok), writes)
+        out += [K.Fence(), K.Sync(),
+                K.If(first, [K.AtomicAdd("arrived", sem, sem_at, _c(1)),
+                             K.Assign(last, (), K.Bin("==", K.Var("arrived"), _c(p.splits - 1)))]),
+                K.Sync()]
+        final, body = {}, []
+        for e in reds:
+            fin = []
+            for ws, dt in names[id(e)]:
+                body.append(K.Alloc(ws + "_all", dt, (V,)))
+                fin.append(ws + "_all")
+            final[id(e)] = fin
+            body.append(self.lanes([K.Assign(n, (K.Var("v"),), init)
+                                    for n, init in zip(fin, self.comb.identity(e))]))
+        zloop: list = []
+        for e in reds:
+            tmp = []
+            for ws, dt in names[id(e)]:
+                zloop += [K.Alloc(ws + "_z", dt, (V,)),
+                          K.Load(ws + "_z", (), ws, part_at(K.Var("z")), V, None, "cg")]
+                tmp.append(ws + "_z")
+            merge: list = []
+            new = self.comb.combine(e, [K.ArrayRef(n, (K.Var("v"),)) for n in final[id(e)]],
+                                    [K.ArrayRef(t, (K.Var("v"),)) for t in tmp], merge)
+            self.comb.assign_all(e, final[id(e)], (K.Var("v"),), new, merge)
+            zloop.append(self.lanes(merge))
+        body.append(K.Loop("z", zero, _c(p.splits), _c(1), "serial", zloop, "partials in order"))
+        reset = [K.Alloc("sem_zero", DataType.Int32, (1,)), K.Assign("sem_zero", (zero,), zero),
+                 K.Store(sem, sem_at, "sem_zero", (), 1)]
+        out.append(K.If(K.ArrayRef(last, ()),
+                        [K.Fence(), *_guard(_and(self.col_ok, K.Bin("==", TY, zero)), body),
+                         K.If(first, reset)]))    # the semaphore is left zero for the next launch
+        return final, body                     # the pass goes on in the last block

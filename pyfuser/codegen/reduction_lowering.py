@@ -1,42 +1,40 @@
-"""Lowering of the reduction-family schedules (reduction, inner / outer persistent) to kernel IR.
+"""Lowering of the reduction-family schedules (reduction, inner / outer persistent) to kernel IR:
+what both kernel shapes share (reduction_kernels.py has the two shapes).
 
 Names: `e<i>` collapsed group extents, `g<i>` a thread's index in group i, `row` / `col` the kept
 index a thread works on, `j` (inner) or `r` (outer) its position along the reduced index, `acc*`
-accumulators, `T<n>_r` loaded elements, `t<n>` values of Fusion ops, `red*` shared memory.
+accumulators, `T<n>_r` loaded elements, `t<n>` values of Fusion ops, `t<n>_k` values kept between
+passes, `red*` shared memory, `ws*` workspaces of a grid reduction.
 
-Inner kind (reduced axes innermost), one team of bdimx threads per row, bdimy rows a block:
-    for rb (grid-stride over row blocks):       row = rb * bdimy + ty; row_ok = row < rows
-      row-level loads; [persistent: the row's vectors j = (s * bdimx + tx) * V, s < steps]
-      pass p = 0 ..: accumulators; over the thread's vectors (from registers, or loaded again:
-          j = ((it * U + u) * bdimx + tx) * V) compute the pass's values lane by lane,
-          accumulate, store full outputs of the pass; then combine the lanes, the team (xor
-          shuffles, and through shared memory past a warp), compute what depends on the
-          results, store reduced outputs (one thread per row)
-      __syncthreads (shared memory is reused by the next row block)
-Outer kind (kept axes innermost): bdimx threads span bdimx * V columns, bdimy threads split the
-reduced index r = (it * U + u) * bdimy + ty (persistent: r = s * bdimy + ty); the partials of the
-bdimy threads meet in shared memory (a tree); columns are grid-strided (x), other kept groups too (y).
+A kernel runs the schedule's passes over the reduced index (reduction_graph: a pass accumulates
+the reductions whose inputs exist by then, and writes the full-size outputs that exist by then);
+between passes the threads combine their partials (one_pass):
+- a *persistent* kernel holds its share of the row (inner) or column block (outer) in registers:
+  `steps` vectors a thread. A load used by several passes (or by a Welford statistic) is read once,
+  at the start of the first pass needing it; a load used by one pass only is read step by step
+  in that pass; values costly to compute again (schedule.kept: softmax's exp) are kept;
+- a *streamed* kernel reads again in every pass, `unroll` vectors a step, all loads of a step
+  issued before the first use.
+Welford statistics are accumulated in chunks: the values of a step loop get their exact mean and
+m2 in registers (computed again from the loaded registers, no copy), and the chunk is merged into
+the running (mean, m2, n) with Chan's formula: a division per chunk, not per element.
 
-Every `__syncthreads` and shuffle is outside the per-thread predicates (row_ok, col_ok, j <
-rlen): control flow around them is block-uniform, so threads past the end take part with empty
-partials. Welford statistics are accumulated in chunks: the values a thread loads in one step
-(or its whole persistent share) get their exact mean and m2 in registers, and the chunk is merged
-into the running (mean, m2, n) with Chan's formula: one division per chunk, not per element.
+Every `__syncthreads` and shuffle is outside the per-thread predicates (row_ok, col_ok, j < rlen):
+control flow around them is block-uniform, so threads past the end take part with empty
+partials.
 """
 from __future__ import annotations
 
 from ..errors import ExecuteError
 from ..ir import exprs as E
-from ..ir.base import Scalar
 from ..ir.dtypes import DataType
 from ..schedule import layout as L
 from ..schedule import reduction_graph as RG
 from . import kernel_ir as K
 from .emitter import Emitter
 from .kernel import LaunchConfig
-from .reduction_combine import Combiner, acc_dtypes, identity
+from .reduction_combine import Combiner
 
-I64 = DataType.Int
 MAX_GRID_X = 2 ** 31 - 1
 MAX_GRID_Y = 65535
 
@@ -58,27 +56,56 @@ def _guard(cond, body):
     return [K.If(cond, body)] if cond is not None else body
 
 
+def _lane_dependent(expr):
+    """A known value that reads lane v (and step s) of an array: resolved for the lane and step
+    of each use (the lanes loop's v, or a Welford chunk's unrolled q)."""
+    return lambda step, lane, expr=expr: _subst(expr, {"v": lane, "s": step})
+
+
+def _subst(x, env):
+    if isinstance(x, K.Var) and env.get(x.name) is not None:
+        return env[x.name]
+    if isinstance(x, K.ArrayRef):
+        return K.ArrayRef(x.name, tuple(_subst(i, env) for i in x.index))
+    if isinstance(x, K.Convert):
+        return K.Convert(x.kind, _subst(x.arg, env), x.src, x.dst)
+    if isinstance(x, K.Op):
+        return K.Op(x.name, tuple(_subst(a, env) for a in x.args), x.compute)
+    if isinstance(x, K.Bin):
+        return K.Bin(x.op, _subst(x.a, env), _subst(x.b, env))
+    return x
+
+
 class ReductionLowering(Emitter):
+    """The shared machinery; a kernel shape (reduction_kernels.py) provides:
+    `kernel_body()`, `position(step_expr) -> (lets, cond, guarded lets, index)`,
+    `step_expr(var, streamed)`, `wrap_streamed(loop) -> statements`, `combine(reds, out) ->
+    {id(e): partial exprs}`, `row_values(q, known, out) -> known`, `LANE_WELFORD` (Welford
+    statistics per lane (outer) or one per thread (inner))."""
+
+    LANE_WELFORD = False
+
     def __init__(self, sched):
         super().__init__(sched)
         p = self.p
         self.g = sched.graph
         self.V = p.vec
-        self.inner = p.kind == "inner"
         self.kg = [i for i, r in enumerate(p.reduced) if not r]
         self.rg = [i for i, r in enumerate(p.reduced) if r]
         self.ref = RG.reductions(sched.fusion)[0].inputs[0]
         self.loads = [a for a in sched.accesses if not a.is_store]
         self.stores = [a for a in sched.accesses if a.is_store]
-        self.comb = Combiner()
+        self.comb = Combiner(DataType.Int32 if self.it == "int" else DataType.Int)
         self.shared: list = []
-        self.names = self._names()
         self.workspaces: list = []        # (name, dtype, kind) of the workspace buffers
         self.lvl = self.g.level
         self.avail = self.g.avail
-        self.consumers = self._consumers()
+        self.names = self._names()
+        self.plans = [self.pass_plan(q) for q in range(RG.total_passes(self.g))]
+        self.kept = self._kept()
+        self.pass_long = RG.held_loads(self.g)
 
-    # ---- naming / graph helpers -------------------------------------------------------------
+    # ---- names and plans ----------------------------------------------------------------------
     def _names(self) -> dict:
         seen, out = {}, {}
         for node in self.g.nodes:
@@ -86,17 +113,32 @@ class ReductionLowering(Emitter):
             seen[node.tv.number] = n + 1
             out[id(node)] = f"t{node.tv.number}" + (f"_{n}" if n else "")
         for a in self.loads:
-            out[("buf", id(a.node))] = f"T{a.tv.number}_r" + \
-                (out[id(a.node)][len(f"t{a.tv.number}"):])
+            out[("buf", id(a.node))] = f"T{a.tv.number}_r" + out[id(a.node)][len(f"t{a.tv.number}"):]
         return out
 
-    def _consumers(self) -> dict:
-        users: dict = {}
+    def pass_plan(self, q: int):
+        """(reduce exprs accumulated in pass q, (store access, node) of the full outputs written
+        in it, full nodes computed, {id(reduce expr): its input node})."""
+        reds, out_nodes, full = RG.pass_nodes(self.g, q)
+        outs = [(a, a.node) for a in self.stores if any(a.node is n for n in out_nodes)]
+        inputs = {}
         for n in self.g.nodes:
-            for a in n.args:
-                if not isinstance(a, Scalar):
-                    users.setdefault(id(a), []).append(n)
-        return users
+            if n.kind == "reduce" and n.expr in reds:
+                inputs.setdefault(id(n.expr), n.args[0])
+        return reds, outs, full, inputs
+
+    def _kept(self) -> dict:
+        """{id(node): (name, first pass)} of the values a persistent kernel keeps."""
+        out = {}
+        for n in getattr(self.s, "kept", []):
+            first = min(q for q, plan in enumerate(self.plans) if any(m is n for m in plan[2]))
+            out[id(n)] = (self.names[id(n)] + "_k", first)
+        return out
+
+    def row_nodes(self, q: int) -> list:
+        """Row-level nodes whose value exists from pass q on (computed once, before pass q)."""
+        return [n for n in self.g.nodes if self.lvl[id(n)] == "row" and self.avail[id(n)] == q
+                and n.kind != "load"]
 
     # ---- extents, strides, offsets ----------------------------------------------------------
     def group_extent(self, gi):
@@ -135,15 +177,13 @@ class ReductionLowering(Emitter):
             res[gi] = K.Var(f"g{gi}")
         return res
 
-    def row_invariant(self, a) -> bool:
-        return all(self.gstride(a, gi) is None for gi in self.kg)
+    def _prod(self, gis):
+        e = _c(1)
+        for gi in gis:
+            e = K.mul(e, K.Var(f"e{gi}"))
+        return e
 
-    # ---- values -----------------------------------------------------------------------------
-    def load_value(self, node, arr_index):
-        dt = node.tv.dtype
-        a = next(x for x in self.loads if x.node is node)
-        return K.Convert("load", K.ArrayRef(self.names[("buf", id(node))], arr_index(a)), dt, dt)
-
+    # ---- values -------------------------------------------------------------------------------
     def emit_nodes(self, nodes, known: dict, load_expr, out: list) -> dict:
         """Lets of `nodes` (in order) given `known` values; loads through `load_expr(node)`."""
         vals = dict(known)
@@ -164,6 +204,21 @@ class ReductionLowering(Emitter):
             vals[id(node)] = K.Var(name)
         return vals
 
+    def lane_values(self, nodes, known, step, lane, out) -> dict:
+        """Lets of `nodes` for lane `lane` of vector step `step` (loads from their buffers);
+        known values that depend on the lane or step are resolved for them first."""
+        known = {k: (v(step, lane) if callable(v) else v) for k, v in known.items()}
+
+        def load(node):
+            a = next(x for x in self.loads if x.node is node)
+            st = step if (not self.p.persistent or id(node) in self.pass_long) else _c(0)
+            return self.load_value(a, self.lane_index(a, st, lane))
+        return self.emit_nodes(nodes, known, load, out)
+
+    def load_value(self, a, index):
+        dt = a.tv.dtype
+        return K.Convert("load", K.ArrayRef(self.buf(a), index), dt, dt)
+
     # ---- the kernel ---------------------------------------------------------------------------
     def build(self, name: str) -> K.Kernel:
         for a in sorted(self.s.accesses, key=lambda a: a.seg):
@@ -175,78 +230,9 @@ class ReductionLowering(Emitter):
         return K.Kernel(name, self.params(), self.tensors, self.it, (self.p.bdimx, self.p.bdimy, 1),
                         body)
 
-    def _prod(self, gis):
-        e = _c(1)
-        for gi in gis:
-            e = K.mul(e, K.Var(f"e{gi}"))
-        return e
-
-    # ---- passes -------------------------------------------------------------------------------
-    def pass_plan(self, q: int):
-        """(reduce exprs accumulated in pass q, (store access, node) of the full outputs written
-        in it, full nodes computed, {id(reduce expr): its input node})."""
-        reds, out_nodes, full = RG.pass_nodes(self.g, q)
-        outs = [(a, a.node) for a in self.stores if any(a.node is n for n in out_nodes)]
-        inputs = {}
-        for n in self.g.nodes:
-            if n.kind == "reduce" and n.expr in reds:
-                inputs.setdefault(id(n.expr), n.args[0])
-        return reds, outs, full, inputs
-
-    # ---- values kept in registers between passes (persistent kernels) ------------------------
-    def kept_allocs(self) -> list:
-        """Allocs of the kept values ([steps][V] in the compute type); sets self.kept."""
-        self.kept = {}
-        out = []
-        for n in getattr(self.s, "kept", []):
-            name = self.names[id(n)] + "_k"
-            first = min(q for q in range(self.n_total_passes())
-                        if any(m is n for m in self.pass_plan(q)[2]))
-            self.kept[id(n)] = (name, first)
-            out.append(K.Alloc(name, n.tv.dtype.compute, (self.p.steps, self.V)))
-        return out
-
-    def keep_values(self, q, full, vals, step, lanes: list) -> None:
-        """In pass q's lanes loop: store the kept values this pass computes first."""
-        for n in full:
-            hit = getattr(self, "kept", {}).get(id(n))
-            if hit is not None and hit[1] == q:
-                lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
-
-    def kept_known(self, q, known: dict) -> dict:
-        """`known` plus the kept values computed in pass q (read back in later passes)."""
-        known = dict(known)
-        for nid, (name, first) in getattr(self, "kept", {}).items():
-            if first == q:
-                known[nid] = K.ArrayRef(name, (K.Var("s"), K.Var("v")))
-        return known
-
-    def n_total_passes(self) -> int:
-        return RG.total_passes(self.g)
-
-    def row_nodes(self, p: int) -> list:
-        """Row-level nodes whose value exists from pass p on (computed once, before pass p)."""
-        return [n for n in self.g.nodes if self.lvl[id(n)] == "row" and self.avail[id(n)] == p
-                and n.kind != "load"]
-
-    # ---- accumulating a value into a reduce's accumulator --------------------------------------
-    def acc_names(self, e) -> list:
-        i = self.g.reduces.index(e)
-        return [f"acc{i}_{k}" for k in range(len(acc_dtypes(e)))]
-
-    def accumulate(self, e, val, vnode, lane_idx, out: list) -> None:
-        """acc[lane] = combine(acc[lane], val) for sum / prod / max / min (Welford goes through
-        chunks)."""
-        (name,) = self.acc_names(e)
-        dt = acc_dtypes(e)[0]
-        src = vnode.tv.dtype
-        x = val if src.compute is dt else K.Convert("cast", val, src, dt)
-        new = self.comb.combine(e, [K.ArrayRef(name, lane_idx)], [x], out)
-        out.append(K.Assign(name, lane_idx, new[0]))
-
     def workspace(self, dtype, kind: str) -> str:
-        """A global buffer the runtime allocates for this launch (zeroed), after the outputs:
-        a pointer parameter named ws<i>; `kind` is "partials" or "semaphores"."""
+        """A global buffer the runtime provides for a launch, after the outputs: a pointer
+        parameter named ws<i>; `kind` is "partials" or "semaphores" (see workspace_fn)."""
         i = len(self.workspaces)
         name = f"ws{i}"
         seg = len(self.s.fusion.tensor_inputs()) + len(self.s.fusion.outputs) + i
@@ -255,7 +241,7 @@ class ReductionLowering(Emitter):
         self.workspaces.append((name, dtype, kind))
         return name
 
-    # ---- loads and stores -------------------------------------------------------------------
+    # ---- loads and stores -----------------------------------------------------------------------
     def buf(self, a) -> str:
         return self.names[("buf", id(a.node))]
 
@@ -265,8 +251,8 @@ class ReductionLowering(Emitter):
         if a.mode == "vector":
             return K.Load(self.buf(a), index, p, off, self.V)
         if a.mode == "strided" and self.V > 1:
-            inner = len(self.p.groups) - 1
-            return K.Load(self.buf(a), index, p, off, self.V, self.stride(a, a.eff[self.p.groups[inner][-1]][1]))
+            inner = self.p.groups[-1][-1]
+            return K.Load(self.buf(a), index, p, off, self.V, self.stride(a, a.eff[inner][1]))
         return K.Load(self.buf(a), index, p, off, 1)
 
     def buffer(self, a, steps: int) -> K.Alloc:
@@ -275,9 +261,10 @@ class ReductionLowering(Emitter):
         packed = a.tv.dtype.itemsize == 2 and a.mode == "vector" and self.V % 2 == 0
         return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
 
-    def lane_index(self, a, step) -> tuple:
-        """Index of lane v of access `a`'s buffer at `step` (None: a buffer without steps)."""
-        lane = _c(0) if a.mode == "bcast" or self.V == 1 else K.Var("v")
+    def lane_index(self, a, step, lane=None) -> tuple:
+        """Index of lane `lane` (default v) of load `a`'s buffer at `step` (None: a buffer
+        without steps)."""
+        lane = _c(0) if a.mode == "bcast" or self.V == 1 else (lane or K.Var("v"))
         return (lane,) if step is None else (step, lane)
 
     def store_stmts(self, a, value, off, lanes: bool) -> tuple[list, list]:
@@ -293,8 +280,8 @@ class ReductionLowering(Emitter):
         if a.mode == "vector":
             st = K.Store(p, off, w, (), self.V)
         elif a.mode == "strided" and self.V > 1:
-            inner = len(self.p.groups) - 1
-            st = K.Store(p, off, w, (), self.V, self.stride(a, a.eff[self.p.groups[inner][-1]][1]))
+            inner = self.p.groups[-1][-1]
+            st = K.Store(p, off, w, (), self.V, self.stride(a, a.eff[inner][1]))
         else:
             st = K.Store(p, off, w, (), 1)
         return inside, [st]
@@ -302,13 +289,23 @@ class ReductionLowering(Emitter):
     def lanes(self, body) -> K.Loop:
         return K.Loop("v", _c(0), _c(self.V), _c(1), "lanes", body)
 
+    def unroll(self, var, n, body) -> K.Loop:
+        return K.Loop(var, _c(0), _c(n), _c(1), "unroll", body)
+
     # ---- accumulators ---------------------------------------------------------------------------
-    def init_accs(self, reds, per_lane: bool, out: list) -> None:
-        """Allocate and set to the identity every accumulator of `reds` ([V] lanes or scalars);
-        Welford statistics of an inner kernel are scalars (chunks mix lanes)."""
+    def acc_names(self, e) -> list:
+        i = self.g.reduces.index(e)
+        return [f"acc{i}_{k}" for k in range(len(self.comb.dtypes(e)))]
+
+    def lane_accs(self, e) -> bool:
+        """Accumulators per lane ([V]) or one per thread (Welford of an inner kernel)."""
+        return self.LANE_WELFORD or not isinstance(e, E.WelfordOp)
+
+    def init_accs(self, reds, out: list) -> None:
+        """Allocate every accumulator of `reds` and set it to the identity."""
         for e in reds:
-            lanes = per_lane and (not self.inner or not isinstance(e, E.WelfordOp))
-            for name, dt, init in zip(self.acc_names(e), acc_dtypes(e), identity(e)):
+            lanes = self.lane_accs(e)
+            for name, dt, init in zip(self.acc_names(e), self.comb.dtypes(e), self.comb.identity(e)):
                 if lanes:
                     out.append(K.Alloc(name, dt, (self.V,)))
                     out.append(self.lanes([K.Assign(name, (K.Var("v"),), init)]))
@@ -316,86 +313,185 @@ class ReductionLowering(Emitter):
                     out.append(K.Alloc(name, dt, ()))
                     out.append(K.Assign(name, (), init))
 
-    def welford_value(self, e, val, vnode, wv: str, step, out: list) -> None:
-        """Keep a Welford input value of lane v at `step` for the chunk statistics."""
-        dt = acc_dtypes(e)[0]
+    def accumulate(self, e, val, vnode, out: list) -> None:
+        """acc[v] = combine(acc[v], val) for sum / prod / max / min (Welford goes by chunks)."""
+        (name,) = self.acc_names(e)
+        dt = self.comb.dtypes(e)[0]
         src = vnode.tv.dtype
         x = val if src.compute is dt else K.Convert("cast", val, src, dt)
-        out.append(K.Assign(wv, (step, K.Var("v")), x))
-
-    def welford_chunk(self, e, wv: str, nsteps: int, step_var: str, valid, out: list) -> None:
-        """Merge the chunk `wv[nsteps][V]` (steps where `valid(step)` = (lets, cond) holds) into
-        e's accumulators: exact chunk mean and m2 in registers, then Chan's merge. Inner kernels:
-        one chunk of every lane into scalar statistics; outer: a chunk per lane."""
-        dt = acc_dtypes(e)[0]
-        ct = K.REGISTER_CTYPE[dt]
-        zero = K.Const(0.0, ct, dt)
-        per_lane = not self.inner
-        V = self.V
-        tag = self.comb.fresh("c")
-        cn, cs, cm, c2 = f"{tag}_n", f"{tag}_sum", f"{tag}_mean", f"{tag}_m2"
-        lane = (K.Var("v"),) if per_lane else ()
-        ref = lambda name: K.ArrayRef(name, lane)  # noqa: E731
-        out += [K.Alloc(cn, I64, ()), K.Assign(cn, (), K.Const(0, "int64_t", I64))]
-        dims = (V,) if per_lane else ()
-        out += [K.Alloc(cs, dt, dims), K.Alloc(c2, dt, dims), K.Alloc(cm, dt, dims)]
-        if per_lane:
-            out.append(self.lanes([K.Assign(cs, lane, zero), K.Assign(c2, lane, zero)]))
-        else:
-            out += [K.Assign(cs, (), zero), K.Assign(c2, (), zero)]
-        step = K.Var(step_var)
-        count = K.Const(1 if per_lane else V, "int64_t", I64)
-        add_n = K.Assign(cn, (), K.Op("add", (K.ArrayRef(cn, ()), count), I64))
-        if per_lane:
-            sum_body = [add_n, self.lanes([K.Assign(cs, lane, K.Op("add", (ref(cs), K.ArrayRef(
-                wv, (step, K.Var("v")))), dt))])]
-        else:
-            sum_body = [add_n, K.Loop("q", _c(0), _c(V), _c(1), "unroll", [K.Assign(
-                cs, (), K.Op("add", (K.ArrayRef(cs, ()), K.ArrayRef(wv, (step, K.Var("q")))), dt))])]
-        lets, cond = valid(step)
-        out.append(K.Loop(step_var, _c(0), _c(nsteps), _c(1), "unroll", lets + _guard(cond, sum_body)))
-        nf = K.Convert("cast", K.ArrayRef(cn, ()), I64, dt)
-        have = K.Bin("<", K.Const(0, "int64_t", I64), K.ArrayRef(cn, ()))
-        inside: list = []
-        mean_set = K.Assign(cm, lane, K.Op("div", (ref(cs), nf), dt))
-        inside.append(self.lanes([mean_set]) if per_lane else mean_set)
-        if per_lane:
-            d = K.Op("sub", (K.ArrayRef(wv, (step, K.Var("v"))), ref(cm)), dt)
-            sq_body = [self.lanes([K.Let("dd", ct, d), K.Assign(c2, lane, K.Op(
-                "add", (ref(c2), K.Op("mul", (K.Var("dd"), K.Var("dd")), dt)), dt))])]
-        else:
-            d = K.Op("sub", (K.ArrayRef(wv, (step, K.Var("q"))), K.ArrayRef(cm, ())), dt)
-            sq_body = [K.Loop("q", _c(0), _c(V), _c(1), "unroll", [K.Let("dd", ct, d), K.Assign(
-                c2, (), K.Op("add", (K.ArrayRef(c2, ()), K.Op("mul", (K.Var("dd"), K.Var("dd")), dt)),
-                             dt))])]
-        lets, cond = valid(step)
-        inside.append(K.Loop(step_var, _c(0), _c(nsteps), _c(1), "unroll", lets + _guard(cond, sq_body)))
-        names = self.acc_names(e)
-        merge: list = []
-        new = self.comb.combine(e, [K.ArrayRef(n, lane) for n in names],
-                                [ref(cm), ref(c2), K.ArrayRef(cn, ())], merge)
-        self.comb.assign_all(e, names, lane, new, merge)
-        if per_lane:
-            inside.append(self.lanes(merge))
-        else:
-            inside.extend(merge)
-        out.append(K.If(have, inside))
+        lane = (K.Var("v"),)
+        out.append(K.Assign(name, lane, self.comb.combine(e, [K.ArrayRef(name, lane)], [x], out)[0]))
 
     def result_exprs(self, e, partial: list) -> dict:
         """{id(reduce node): value in the node's dtype} from the final partial of e."""
+        dts = self.comb.dtypes(e)
         out = {}
         for node in self.g.nodes:
             if node.kind != "reduce" or node.expr is not e:
                 continue
             k = e.outputs.index(node.tv)
-            src = acc_dtypes(e)[k]
-            x = partial[k]
+            src, x = dts[k], partial[k]
             if isinstance(e, E.WelfordOp) and k == 0:     # the mean of nothing is NaN, as eager
-                x = K.Op("where", (K.Op("gt", (partial[2], K.Const(0, "int64_t", I64)), I64), x,
-                                   K.Const(float("nan"), K.REGISTER_CTYPE[src], src)), src)
+                n_dt = dts[2]
+                x = K.Op("where", (K.Op("gt", (partial[2], K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt)),
+                                        n_dt), x, K.Const(float("nan"), K.REGISTER_CTYPE[src], src)), src)
             dt = node.tv.dtype
             out[id(node)] = x if src is dt else K.Convert("cast", x, src, dt)
         return out
+
+    # ---- one pass -------------------------------------------------------------------------------
+    def one_pass(self, q, known, out) -> dict:
+        """Pass q: accumulate its reductions, write its full outputs, combine the partials;
+        returns the known values after it (row values of pass q + 1 included)."""
+        reds, outs, full, inputs = self.plans[q]
+        if not reds and not outs:
+            return self.row_values(q + 1, known, out)
+        self.init_accs(reds, out)
+        welford = [e for e in reds if isinstance(e, E.WelfordOp)]
+        if self.p.persistent:
+            out += self.pass_long_loads(q)
+            s = K.Var("s")
+            out.append(self.unroll("s", self.p.steps, self.at_step(
+                self.step_expr(s, False), lambda idx: self.step_body(q, s, idx, known, True))))
+            for e in welford:
+                self.welford_chunk(e, q, known, "s", self.p.steps, False, out)
+        else:
+            u = K.Var("u")
+            loads = [a for a in self.loads if any(n is a.node for n in full)]
+            it_body = [self.buffer(a, self.p.unroll) for a in loads]
+            it_body.append(self.unroll("u", self.p.unroll, self.at_step(
+                self.step_expr(u, True), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx))
+                                                      for a in loads])))
+            it_body.append(self.unroll("u", self.p.unroll, self.at_step(
+                self.step_expr(u, True), lambda idx: self.step_body(q, u, idx, known, False))))
+            for e in welford:
+                self.welford_chunk(e, q, known, "u", self.p.unroll, True, it_body)
+            out += self.wrap_streamed(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
+                                             "vector steps of the reduced index"))
+        partials, out = self.combine(reds, out)
+        known = dict(known)
+        for nid, (name, first) in self.kept.items():      # kept values: read in later passes
+            if first == q:
+                known[nid] = _lane_dependent(K.ArrayRef(name, (K.Var("s"), K.Var("v"))))
+        for e in reds:
+            known.update(self.bind_results(e, partials[id(e)], out))
+        return self.row_values(q + 1, known, out)
+
+    def bind_results(self, e, partial, out) -> dict:
+        return self.result_exprs(e, partial)
+
+    def at_step(self, pos, body_fn) -> list:
+        """Statements of one step at position `pos` (the kind's position lets, guarded body)."""
+        lets, cond, inner, idx = self.position(pos)
+        return lets + _guard(cond, inner + body_fn(idx))
+
+    def pass_long_loads(self, q) -> list:
+        """Persistent: the buffers [steps][V] of the loads held from pass q on, loaded."""
+        out = []
+        s = K.Var("s")
+        for a in self.loads:
+            if self.pass_long.get(id(a.node)) == q:
+                out += [self.buffer(a, self.p.steps), self.unroll("s", self.p.steps, self.at_step(
+                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))]))]
+        for nid, (name, first) in self.kept.items():
+            if first == q:
+                node = next(n for n in self.g.nodes if id(n) == nid)
+                out.append(K.Alloc(name, node.tv.dtype.compute, (self.p.steps, self.V)))
+        return out
+
+    def step_body(self, q, step, idx, known, persistent) -> list:
+        """One vector step of pass q: the pass's values lane by lane, accumulated (not Welford),
+        kept, stored. Persistent kernels read loads of this pass only here, step by step."""
+        reds, outs, full, inputs = self.plans[q]
+        body: list = []
+        if persistent:
+            for a in self.loads:
+                if id(a.node) not in self.pass_long and any(n is a.node for n in full):
+                    body += [self.buffer(a, 1), self.load_stmt(a, (_c(0),), self.offset(a, idx))]
+        lanes: list = []
+        vals = self.lane_values(full, known, step, None, lanes)
+        for n in full:
+            hit = self.kept.get(id(n))
+            if persistent and hit is not None and hit[1] == q:
+                lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
+        for e in reds:
+            if not isinstance(e, E.WelfordOp):
+                self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes)
+        after: list = []
+        for a, node in outs:
+            body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
+            inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
+            lanes += inside
+            after += st
+        return body + [self.lanes(lanes)] + after
+
+    def welford_chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        """Merge the values of e's input over the step loop just run (its loads still in their
+        buffers) into e's accumulators: exact chunk mean and m2 in registers (the values computed
+        again), then Chan's merge. Inner kernels: one chunk of every lane into one statistic;
+        outer: a chunk per lane."""
+        reds, outs, full, inputs = self.plans[q]
+        vnode = inputs[id(e)]
+        nodes = RG.ancestors(self.g, [vnode], lambda n: self.lvl[id(n)] == "row")
+        nodes = [n for n in nodes if self.lvl[id(n)] == "full"]
+        dt, n_dt = self.comb.dtypes(e)[0], self.comb.dtypes(e)[2]
+        ct = K.REGISTER_CTYPE[dt]
+        zero = K.Const(0.0, ct, dt)
+        per_lane = self.LANE_WELFORD
+        lane_var = K.Var("v") if per_lane else K.Var("q")
+        tag = self.comb.fresh("c")
+        cn, cs, cm, c2 = f"{tag}_n", f"{tag}_sum", f"{tag}_mean", f"{tag}_m2"
+        here = (K.Var("v"),) if per_lane else ()
+        ref = lambda name: K.ArrayRef(name, here)  # noqa: E731
+        dims = (self.V,) if per_lane else ()
+        out += [K.Alloc(cn, n_dt, ()), K.Assign(cn, (), K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt)),
+                K.Alloc(cs, dt, dims), K.Alloc(c2, dt, dims), K.Alloc(cm, dt, dims)]
+        inits = [K.Assign(cs, here, zero), K.Assign(c2, here, zero)]
+        out += [self.lanes(inits)] if per_lane else inits
+        step = K.Var(step_var)
+
+        def value(body):
+            vals = self.lane_values(nodes, known, step, lane_var, body)
+            src = vnode.tv.dtype
+            x = vals[id(vnode)]
+            return x if src.compute is dt else K.Convert("cast", x, src, dt)
+
+        def over_lanes(fn):        # fn(body) -> statements for one lane
+            if per_lane:
+                body: list = []
+                return [self.lanes(fn(body))]
+            body = []
+            return [self.unroll("q", self.V, fn(body))]
+
+        count = K.Const(1 if per_lane else self.V, K.REGISTER_CTYPE[n_dt], n_dt)
+        add_n = K.Assign(cn, (), K.Op("add", (K.ArrayRef(cn, ()), count), n_dt))
+
+        def add_sum(body):
+            x = value(body)
+            return body + [K.Assign(cs, here, K.Op("add", (ref(cs), x), dt))]
+
+        def add_sq(body):
+            x = value(body)
+            d = K.Op("sub", (x, ref(cm)), dt)
+            return body + [K.Let("dd", ct, d), K.Assign(c2, here, K.Op(
+                "add", (ref(c2), K.Op("mul", (K.Var("dd"), K.Var("dd")), dt)), dt))]
+
+        pos = self.step_expr(step, streamed)
+        out.append(self.unroll(step_var, nsteps, self.at_step(
+            pos, lambda idx: [add_n] + over_lanes(add_sum))))
+        nf = K.Convert("cast", K.ArrayRef(cn, ()), n_dt, dt)
+        inside: list = []
+        mean_set = K.Assign(cm, here, K.Op("div", (ref(cs), nf), dt))
+        inside.append(self.lanes([mean_set]) if per_lane else mean_set)
+        inside.append(self.unroll(step_var, nsteps, self.at_step(pos, lambda idx: over_lanes(add_sq))))
+        names = self.acc_names(e)
+        merge: list = []
+        new = self.comb.combine(e, [K.ArrayRef(n, here) for n in names],
+                                [ref(cm), ref(c2), K.ArrayRef(cn, ())], merge)
+        self.comb.assign_all(e, names, here, new, merge)
+        inside += [self.lanes(merge)] if per_lane else merge
+        out.append(K.If(K.Bin("<", K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt), K.ArrayRef(cn, ())),
+                        inside))
 
 
 def plan_reduction_kernel(sched, name: str):
@@ -407,8 +503,9 @@ def plan_reduction_kernel(sched, name: str):
 
 
 def workspace_fn(sched, workspaces):
-    """(bindings, tensors) -> [(elements, torch dtype)] of the grid reduction's buffers: per
-    partial value [other kept x splits x columns], and one semaphore per column block."""
+    """(bindings, tensors) -> [(elements, torch dtype, kind)] of the grid reduction's buffers:
+    "partials" (per partial value [other kept x splits x columns], any contents) and
+    "semaphores" (one per column block; zero before a launch, left zero by it)."""
     p = sched.params
     ref = RG.reductions(sched.fusion)[0].inputs[0]
 
@@ -418,7 +515,7 @@ def workspace_fn(sched, workspaces):
         cols, nko = kept[-1], L.numel(kept[:-1])
         ncb = -(-cols // (p.bdimx * p.vec))
         return [(max(1, nko * p.splits * cols) if kind == "partials" else max(1, nko * ncb),
-                 dt.torch) for _, dt, kind in workspaces]
+                 dt.torch, kind) for _, dt, kind in workspaces]
     return sizes
 
 

@@ -69,14 +69,15 @@ class _Fast:
     for an empty grid), `specs` (size, stride, dtype) per output and `hit` (its last_run) are
     what dispatch hands to the native runner."""
     __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs", "prep", "specs", "hit",
-                 "workspaces")
+                 "workspaces", "semaphores")
 
     def __init__(self, entry, device, bindings=None, cfg=None):
         self.entry, self.device, self.bindings, self.cfg = entry, device, bindings, cfg
         self.call = None          # (inputs, ptrs) -> outputs, once built (cuda mode)
         self.runs = 0
         self.prep = self.specs = self.hit = None
-        self.workspaces = ()      # (elements, dtype) of zeroed buffers each launch needs
+        self.workspaces = ()      # (elements, dtype, kind) of the buffers each launch needs
+        self.semaphores = {}      # raw stream -> this key's semaphore buffer on that stream
 
 
 def key_function(fusion_inputs):
@@ -255,12 +256,11 @@ class FusionExecutor:
             fast.bindings, fast.cfg = bindings, cfg      # the key fixes sizes and scalar values
         if _env_set("PYFUSER_DUMP", b"PYFUSER_DUMP"):
             D.dump("launch_params", entry.kernel.name, lambda: str(cfg))
-        if self.mode == "cuda" and _nonempty(cfg):       # a grid reduction's zeroed buffers
-            work = entry.plan.workspaces(bindings, tensors, device) \
-                if hasattr(entry.plan, "workspaces") else []
-            if work:
-                fast.workspaces = tuple((w.numel(), w.dtype) for w in work)
-                tensors = tensors + work
+        if self.mode == "cuda" and _nonempty(cfg) and hasattr(entry.plan, "workspace_specs"):
+            specs = entry.plan.workspace_specs(bindings, tensors)   # a grid reduction's buffers
+            if specs:
+                fast.workspaces = tuple(specs)
+                tensors = tensors + [_workspace(fast, n, dt, kind) for n, dt, kind in specs]
         if self.mode == "interpret":
             entry.packer.pack(tensors, bindings)  # checks every parameter fits its C type
             _api().interpret(entry.plan, inputs, outputs, bindings)
@@ -291,7 +291,7 @@ class FusionExecutor:
         hit = {"kernels": int(prep is not None), "compiled": 0, "cache_hit": True, "disk_hit": 0,
                "compile_time_s": 0.0, "fallback": None}
         env = {"E": torch.empty_strided, "Tensor": torch.Tensor, "dev": device, "prep": prep,
-               "fast": fast, "ex": self, "hit": hit, "Zeros": torch.zeros}
+               "fast": fast, "ex": self, "hit": hit, "W": _workspace}
         i0 = self._tensor_idx[0] if self._tensor_idx else None
         like_dtype = tensors[0].dtype if i0 is not None else None
         outs = [f"o{k}" for k in range(len(specs))]
@@ -309,9 +309,9 @@ class FusionExecutor:
         else:
             lines += [f"    {c}" for c in general]
         if prep is not None:
-            for k, (n, dtype) in enumerate(fast.workspaces):    # zeroed per launch
-                env[f"WN{k}"], env[f"WD{k}"] = n, dtype
-                lines.append(f"    w{k} = Zeros(WN{k}, dtype=WD{k}, device=dev)")
+            for k, (n, dtype, kind) in enumerate(fast.workspaces):
+                env[f"WN{k}"], env[f"WD{k}"], env[f"WK{k}"] = n, dtype, kind
+                lines.append(f"    w{k} = W(fast, WN{k}, WD{k}, WK{k})")
             if len(outs) == 1 and not work:
                 lines.append("    ptrs.append(o0.data_ptr())")
             elif outs or work:
@@ -395,6 +395,19 @@ class FusionExecutor:
                     major, minor = torch.cuda.get_device_capability(d)
                     return f"sm_{major}{minor}"
         return nvrtc.default_arch()
+
+
+def _workspace(fast, n, dtype, kind):
+    """A launch's workspace: partials fresh from the allocator (stream-ordered reuse is safe);
+    semaphores one zeroed buffer per key and stream, which every launch leaves zero (launches on
+    one stream run in order; other streams get their own)."""
+    if kind != "semaphores":
+        return torch.empty(n, dtype=dtype, device=fast.device)
+    stream = torch._C._cuda_getCurrentRawStream(fast.device.index)
+    buf = fast.semaphores.get(stream)
+    if buf is None:
+        buf = fast.semaphores[stream] = torch.zeros(n, dtype=dtype, device=fast.device)
+    return buf
 
 
 def _nonempty(cfg) -> bool:

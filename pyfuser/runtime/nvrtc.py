@@ -157,6 +157,8 @@ def compile_cuda(source: str, name: str, arch: str | None = None, options=(),
                  use_disk_cache: bool = True) -> CompiledBinary:
     """Compile `source` and return the CUBIN of kernel `name` (from the disk cache when there)."""
     arch = arch or default_arch()
+    if D.is_enabled("ptxas_verbose"):
+        options = tuple(options) + ("--ptxas-options=-v",)
     opts = build_options(arch, options)
     key = disk_cache.make_key(source, arch, opts, nvrtc_version(), name)
     if use_disk_cache:
@@ -183,6 +185,8 @@ def _compile(source: str, name: str, arch: str, opts: tuple[str, ...], key: str)
         bopts = [o.encode() for o in opts]
         (cerr,) = nv.nvrtcCompileProgram(prog, len(bopts), bopts)
         log = _log(nv, prog)
+        if "--ptxas-options=-v" in opts:
+            D.dump("ptxas_verbose", name, log)
         if not _ok(cerr):
             where = f"\nsource written to {path}" if path else ""
             raise CompileError(f"NVRTC failed to compile kernel {name!r} for {arch} "

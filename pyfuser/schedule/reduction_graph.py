@@ -232,6 +232,24 @@ def recompute_costly(g: ReductionGraph) -> list:
     return out
 
 
+def held_loads(g: ReductionGraph) -> dict:
+    """{id(load node): first pass} of the full-size loads a persistent kernel holds in registers
+    for a whole pass or more: read in several passes, or by a Welford statistic (whose chunk
+    reads them again). The other loads are read step by step in their one pass."""
+    passes: dict = {}
+    welford: set = set()
+    for q in range(total_passes(g)):
+        reds, _, full = pass_nodes(g, q)
+        for n in full:
+            if n.kind == "load":
+                passes.setdefault(id(n), []).append(q)
+        for e in reds:
+            if isinstance(e, E.WelfordOp):
+                inputs = [n.args[0] for n in g.nodes if n.kind == "reduce" and n.expr is e]
+                welford |= {id(n) for n in ancestors(g, inputs, lambda m: False) if n.kind == "load"}
+    return {k: v[0] for k, v in passes.items() if len(v) > 1 or k in welford}
+
+
 def _levels_and_passes(g: ReductionGraph) -> None:
     R = set(g.R)
     for node in g.nodes:

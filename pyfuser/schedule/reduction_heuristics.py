@@ -56,10 +56,12 @@ def _prod(xs) -> int:
 
 
 def _regs_per_step(p, accesses, g, kept) -> float:
-    """Registers one vector step of the persistent data takes: full-size loads (half and bfloat16
-    two to a register) and the values kept between passes (`kept`, in their compute type)."""
-    loads = sum(p.vec * a.itemsize for a in accesses
-                if not a.is_store and g.level[id(a.node)] == "full")
+    """Registers one vector step of the persistent data takes: the loads held for a pass or
+    more (reduction_graph.held_loads; half and bfloat16 two to a register) and the values kept
+    between passes (`kept`, in their compute type)."""
+    from .reduction_graph import held_loads
+    held = held_loads(g)
+    loads = sum(p.vec * a.itemsize for a in accesses if not a.is_store and id(a.node) in held)
     return (loads + sum(p.vec * n.tv.dtype.compute.itemsize for n in kept)) / 4
 
 
@@ -109,7 +111,7 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     if normalization and nro == 1:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
     if not p.persistent and not knobs["bdimx"]:
-        p.bdimx = max(1, min(1024 if normalization else 512, _pow2ceil(-(-nv // p.unroll))))
+        p.bdimx = max(1, min(512, _pow2ceil(-(-nv // p.unroll))))
     p.bdimy = knobs["bdimy"] or max(1, min(MIN_BLOCK // p.bdimx, _pow2ceil(rows)))
     while p.bdimx > 1 and p.bdimx * p.bdimy < 32:     # shuffles name the full warp
         p.bdimy *= 2

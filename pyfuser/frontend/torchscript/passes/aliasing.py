@@ -88,9 +88,16 @@ def node_effects(node) -> Effects:
     spec = RUNNING_STATS.get(node.kind)
     if spec is not None and not e.opaque:
         flag, written = spec
-        if flag >= len(node.inputs) or not _const_false(node.inputs[flag]):
+        written = frozenset(i for i in written            # a None running stat is not written
+                            if i >= len(node.inputs) or not _const_none(node.inputs[i]))
+        if written and (flag >= len(node.inputs) or not _const_false(node.inputs[flag])):
             e = Effects(e.writes | written, e.aliases, e.opaque, e.escapes)
     return e
+
+
+def _const_none(v) -> bool:
+    n = v.node
+    return n.kind == "prim::Constant" and not n.has_attr("value")
 
 
 def _const_false(v) -> bool:
