@@ -86,7 +86,7 @@ class InnerKernel(ReductionLowering):
 
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
-        known = self.emit_nodes(self.row_nodes(q), known, None, out)
+        known = self.emit_nodes(self.row_nodes(q), known, None, out, (self.kidx, None))
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 st, _ = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), False)
@@ -231,7 +231,7 @@ class OuterKernel(ReductionLowering):
         computed = [n for n in nodes if n.kind not in ("set", "alias")]
         if computed:
             lanes: list = []
-            vals = self.lane_values(nodes, known, None, None, lanes)
+            vals = self.lane_values(nodes, known, None, None, lanes, self.kidx)
             for n in computed:
                 arr = self.names[id(n)] + "_c"
                 out.append(K.Alloc(arr, n.tv.dtype.compute if n.tv.dtype.is_reduced_float

@@ -184,8 +184,9 @@ class ReductionLowering(Emitter):
         return e
 
     # ---- values -------------------------------------------------------------------------------
-    def emit_nodes(self, nodes, known: dict, load_expr, out: list) -> dict:
-        """Lets of `nodes` (in order) given `known` values; loads through `load_expr(node)`."""
+    def emit_nodes(self, nodes, known: dict, load_expr, out: list, where=None) -> dict:
+        """Lets of `nodes` (in order) given `known` values; loads through `load_expr(node)`;
+        `where` = (group index exprs, lane) of the position, for iota values."""
         vals = dict(known)
         for node in nodes:
             if id(node) in vals:
@@ -195,6 +196,8 @@ class ReductionLowering(Emitter):
                 continue
             if node.kind == "load":
                 expr = load_expr(node)
+            elif node.kind == "iota":
+                expr = self.iota_expr(node, where)
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
             else:
@@ -204,16 +207,44 @@ class ReductionLowering(Emitter):
             vals[id(node)] = K.Var(name)
         return vals
 
-    def lane_values(self, nodes, known, step, lane, out) -> dict:
-        """Lets of `nodes` for lane `lane` of vector step `step` (loads from their buffers);
-        known values that depend on the lane or step are resolved for them first."""
+    def lane_values(self, nodes, known, step, lane, out, idx=None) -> dict:
+        """Lets of `nodes` for lane `lane` of vector step `step` at group indices `idx` (loads
+        from their buffers); known values that depend on the lane or step are resolved first."""
         known = {k: (v(step, lane) if callable(v) else v) for k, v in known.items()}
 
         def load(node):
             a = next(x for x in self.loads if x.node is node)
             st = step if (not self.p.persistent or id(node) in self.pass_long) else _c(0)
             return self.load_value(a, self.lane_index(a, st, lane))
-        return self.emit_nodes(nodes, known, load, out)
+        return self.emit_nodes(nodes, known, load, out, (idx or {}, lane or K.Var("v")))
+
+    def axis_index(self, k: int, where):
+        """The index along reference axis k at this position: from its group's index (plus the
+        lane, in the innermost group, whose V lanes are consecutive elements) by the extents of
+        the group's inner axes."""
+        idx, lane = where
+        gi = next((i for i, g in enumerate(self.p.groups) if k in g), None)
+        if gi is None:                                    # a dropped size-1 axis
+            return _c(0)
+        gidx = idx[gi]
+        if gi == len(self.p.groups) - 1 and self.V > 1:
+            gidx = K.add(gidx, lane)
+        group = self.p.groups[gi]
+        pos = group.index(k)
+        below = _c(1)
+        for a in group[pos + 1:]:
+            below = K.mul(below, self.extent_expr(self.ref.logical[a]))
+        x = gidx if pos == len(group) - 1 else K.Bin("/", gidx, below)
+        return x if pos == 0 else K.Bin("%", x, self.extent_expr(self.ref.logical[k]))
+
+    def iota_expr(self, node, where):
+        """start + (index along the iota's reference axis) * step, in the iota's dtype."""
+        c = node.key[0]
+        dt = node.tv.dtype
+        i = _c(0) if c == 0 else self.axis_index(c[1], where)
+        i = K.Convert("cast", i, DataType.Int if self.it == "int64_t" else DataType.Int32, dt)
+        start, step = (self.scalar(x) for x in node.args)
+        return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
 
     def load_value(self, a, index):
         dt = a.tv.dtype
@@ -409,7 +440,7 @@ class ReductionLowering(Emitter):
                 if id(a.node) not in self.pass_long and any(n is a.node for n in full):
                     body += [self.buffer(a, 1), self.load_stmt(a, (_c(0),), self.offset(a, idx))]
         lanes: list = []
-        vals = self.lane_values(full, known, step, None, lanes)
+        vals = self.lane_values(full, known, step, None, lanes, idx)
         for n in full:
             hit = self.kept.get(id(n))
             if persistent and hit is not None and hit[1] == q:
@@ -450,40 +481,39 @@ class ReductionLowering(Emitter):
         out += [self.lanes(inits)] if per_lane else inits
         step = K.Var(step_var)
 
-        def value(body):
-            vals = self.lane_values(nodes, known, step, lane_var, body)
+        def value(body, idx):
+            vals = self.lane_values(nodes, known, step, lane_var, body, idx)
             src = vnode.tv.dtype
             x = vals[id(vnode)]
             return x if src.compute is dt else K.Convert("cast", x, src, dt)
 
-        def over_lanes(fn):        # fn(body) -> statements for one lane
+        def over_lanes(fn, idx):   # fn(body, idx) -> statements for one lane
+            body: list = []
             if per_lane:
-                body: list = []
-                return [self.lanes(fn(body))]
-            body = []
-            return [self.unroll("q", self.V, fn(body))]
+                return [self.lanes(fn(body, idx))]
+            return [self.unroll("q", self.V, fn(body, idx))]
 
         count = K.Const(1 if per_lane else self.V, K.REGISTER_CTYPE[n_dt], n_dt)
         add_n = K.Assign(cn, (), K.Op("add", (K.ArrayRef(cn, ()), count), n_dt))
 
-        def add_sum(body):
-            x = value(body)
+        def add_sum(body, idx):
+            x = value(body, idx)
             return body + [K.Assign(cs, here, K.Op("add", (ref(cs), x), dt))]
 
-        def add_sq(body):
-            x = value(body)
+        def add_sq(body, idx):
+            x = value(body, idx)
             d = K.Op("sub", (x, ref(cm)), dt)
             return body + [K.Let("dd", ct, d), K.Assign(c2, here, K.Op(
                 "add", (ref(c2), K.Op("mul", (K.Var("dd"), K.Var("dd")), dt)), dt))]
 
         pos = self.step_expr(step, streamed)
         out.append(self.unroll(step_var, nsteps, self.at_step(
-            pos, lambda idx: [add_n] + over_lanes(add_sum))))
+            pos, lambda idx: [add_n] + over_lanes(add_sum, idx))))
         nf = K.Convert("cast", K.ArrayRef(cn, ()), n_dt, dt)
         inside: list = []
         mean_set = K.Assign(cm, here, K.Op("div", (ref(cs), nf), dt))
         inside.append(self.lanes([mean_set]) if per_lane else mean_set)
-        inside.append(self.unroll(step_var, nsteps, self.at_step(pos, lambda idx: over_lanes(add_sq))))
+        inside.append(self.unroll(step_var, nsteps, self.at_step(pos, lambda idx: over_lanes(add_sq, idx))))
         names = self.acc_names(e)
         merge: list = []
         new = self.comb.combine(e, [K.ArrayRef(n, here) for n in names],

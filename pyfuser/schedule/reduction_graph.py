@@ -36,8 +36,8 @@ from ..ir.tensor import TensorView
 from .pointwise_graph import Node, producer_key
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
-ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.BroadcastOp, E.ExpandOp, E.SqueezeOp,
-           E.ScalarCast) + REDUCE_EXPRS
+ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.BroadcastOp, E.ExpandOp,
+           E.SqueezeOp, E.ScalarCast) + REDUCE_EXPRS
 
 
 class NotAReduction(Exception):
@@ -130,6 +130,8 @@ class _Builder:
             g.loads.append(node)
         elif isinstance(e, E.FullOp):
             node = Node("full", tv, key, e, [e.inputs[0]])
+        elif isinstance(e, E.IotaOp):         # start + (index along its axis) * step
+            node = Node("iota", tv, key, e, list(e.inputs[1:]))
         elif isinstance(e, REDUCE_EXPRS):
             if len(key) != len(g.K):
                 raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")
@@ -210,7 +212,7 @@ def recompute_costly(g: ReductionGraph) -> list:
             needed.setdefault(id(n), []).append(q)
     costly: dict = {}
     for n in g.nodes:                            # topological: arguments first
-        if g.level[id(n)] != "full" or n.kind in ("load", "full"):
+        if g.level[id(n)] != "full" or n.kind in ("load", "full", "iota"):
             costly[id(n)] = False
             continue
         own = n.kind == "op" and n.expr.info.name not in CHEAP_OPS
@@ -255,7 +257,7 @@ def _levels_and_passes(g: ReductionGraph) -> None:
     for node in g.nodes:
         full = any(isinstance(c, tuple) and c[0] == "r" and c[1] in R for c in node.key)
         g.level[id(node)] = "full" if full else "row"
-        if node.kind in ("load", "full"):
+        if node.kind in ("load", "full", "iota"):
             g.avail[id(node)] = 0
         elif node.kind == "reduce":
             p = g.avail[id(node.args[0])]

@@ -10,7 +10,9 @@ Inner (reduced axes innermost): a row of `nv` vectors is split over a team of `b
 thread has 8 loads in flight and the team is small: fewer shuffle steps), and `bdimy` rows share
 a block of at least 128 threads. A row stays in registers when its data needs at most 64
 registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
-`unroll` vectors a step, and re-read for each later pass (from L2 when the rows in flight fit).
+`unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
+memory, no barrier), a wider team only when there are too few rows to fill the GPU, and re-read
+for each later pass (from L2 when the rows in flight fit).
 Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
@@ -33,6 +35,7 @@ from .pointwise_heuristics import sm_count
 REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thread blocks: 32)
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
+STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 
 
@@ -111,7 +114,12 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     if normalization and nro == 1:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
     if not p.persistent and not knobs["bdimx"]:
-        p.bdimx = max(1, min(512, _pow2ceil(-(-nv // p.unroll))))
+        # streamed: about STREAM_VECTORS vectors a thread (unroll-wide steps, several loads in
+        # flight each); a wider team only when the rows are too few to fill the GPU
+        team = _pow2ceil(-(-nv // STREAM_VECTORS))
+        while team < 512 and -(-rows * team // MIN_BLOCK) < 2 * sm_count() and team < nv:
+            team *= 2
+        p.bdimx = max(1, min(512, team))
     p.bdimy = knobs["bdimy"] or max(1, min(MIN_BLOCK // p.bdimx, _pow2ceil(rows)))
     while p.bdimx > 1 and p.bdimx * p.bdimy < 32:     # shuffles name the full warp
         p.bdimy *= 2

@@ -331,3 +331,46 @@ def _rms_norm(x, shape, w, eps):
     y = B.cast(ew("mul", xc, ew("rsqrt", ew("add", ms, float(eps)))), x.dtype)
     return ew("mul", y, w) if w is not None else y
 
+
+
+@lowers("aten::cross_entropy_loss", op_class=NORMALIZATION, n_args=(6,), const_args=(3, 4, 5))
+def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
+    """As eager (log_softmax, then nll_loss) for [N, C] logits and class-index or probability
+    targets: lp = (x - max) - log(sum(exp(x - max))) in float, rounded to x's dtype; the loss of
+    a row is -lp[target] (picked by comparing the class index with an iota, so the logits are
+    read once), 0 for ignore_index, NaN for a class index out of range (eager raises there);
+    reduction none / sum / mean (over the rows not ignored). Class weights and label smoothing
+    are left to eager."""
+    if weight is not None:
+        raise UnsupportedOpError("cross_entropy with class weights (left to eager)")
+    if label_smoothing:
+        raise UnsupportedOpError("cross_entropy with label smoothing (left to eager)")
+    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
+        raise UnsupportedOpError("cross_entropy of other than [N, C] floating logits (left to eager)")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"cross_entropy: reduction {reduction!r}")
+    xc = _float_compute(x)
+    m = B.reduction("max", xc, [1], keepdim=True)
+    shifted = ew("sub", xc, m)
+    lp = ew("sub", shifted, ew("log", B.reduction("sum", ew("exp", shifted), [1], keepdim=True)))
+    lp = B.cast(B.cast(lp, x.dtype), xc.dtype)             # log_softmax's output, rounded
+    if target.dtype.is_floating:                           # class probabilities
+        if target.ndim != 2:
+            raise UnsupportedOpError("cross_entropy: probability targets must be [N, C]")
+        loss = ew("neg", B.reduction("sum", ew("mul", lp, _float_compute(target)), [1]))
+        total = B.num_elements(x, [0])
+    else:
+        if target.ndim != 1 or target.dtype is not DataType.Int:
+            raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
+        classes = B.broadcast(B.iota(x.logical[1].extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(target, [False, True]))
+        picked = B.reduction("sum", ew("where", onehot, lp, 0.0), [1])
+        hits = B.reduction("sum", B.cast(onehot, DataType.Int32), [1])
+        valid = ew("ne", target, int(ignore_index))
+        nan = ew("where", ew("gt", hits, 0), ew("neg", picked), float("nan"))
+        loss = ew("where", valid, nan, 0.0)
+        total = B.reduction("sum", B.cast(valid, xc.dtype), [0])
+    if reduction == 0:
+        return B.cast(loss, x.dtype)
+    s = B.reduction("sum", loss, [0])
+    return B.cast(s if reduction == 2 else ew("div", s, total), x.dtype)

@@ -1,0 +1,158 @@
+"""TorchScript reductions and normalizations through pyfuser.jit against eager, both CPU
+executors: each runs fused (one group, kernels for every reduction domain, no fallback) and gives
+eager's dtype, shape and values within the tolerances of docs/reductions.md."""
+import pytest
+import torch
+
+import pyfuser
+
+F = torch.nn.functional
+MODES = ["evaluator", "interpret"]
+
+
+class LayerNorm(torch.nn.Module):
+    __constants__ = ["n"]
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x, w, b):
+        return F.layer_norm(x, [self.n], w, b, 1e-5)
+
+
+class RMSNorm(torch.nn.Module):
+    __constants__ = ["n"]
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x, w):
+        return F.rms_norm(x, [self.n], w)
+
+
+def softmax_f32(x):
+    return torch.softmax(x, -1, dtype=torch.float32)
+
+
+def log_softmax0(x):
+    return torch.log_softmax(x, 0)
+
+
+def var_std(x):
+    return torch.var(x, 1, keepdim=True), torch.std(x, [0], correction=0)
+
+
+def var_mean(x):
+    return torch.var_mean(x, -1)
+
+
+def std_mean(x):
+    return torch.std_mean(x, [0, 1], keepdim=True)
+
+
+def amax_amin(x):
+    return torch.amax(x, 1) - torch.amin(x, 1)
+
+
+def max_values(x):
+    return torch.max(x, 1)[0] + torch.min(x, 0, keepdim=True)[0].sum()
+
+
+def logsumexp(x):
+    return torch.logsumexp(x, 1)
+
+
+def sum_to(x):
+    return x.sum_to_size([1, x.size(1)]) * 2
+
+
+def mean_half(x):
+    return x.mean(-1)
+
+
+def batch_norm_train(x, w, b):
+    return F.batch_norm(x, None, None, w, b, True, 0.1, 1e-5)
+
+
+def ce_mean(x, t):
+    return F.cross_entropy(x, t)
+
+
+def ce_none(x, t):
+    return F.cross_entropy(x, t, reduction="none", ignore_index=2)
+
+
+def ce_sum(x, t):
+    return F.cross_entropy(x, t, reduction="sum")
+
+
+def ce_probs(x, p):
+    return F.cross_entropy(x, p)
+
+
+def residual_layer_norm(x, r, w, b):
+    return F.layer_norm(x + r, [x.size(-1)], w, b)
+
+
+def _rows(dt=torch.float32, m=13, n=77, params=0):
+    return lambda: [torch.randn(m, n).to(dt)] + [torch.randn(n).to(dt) for _ in range(params)]
+
+
+CASES = [
+    ("layer_norm", LayerNorm(77), _rows(params=2), 1e-5),
+    ("layer_norm_bf16", LayerNorm(77), _rows(torch.bfloat16, params=2), 1.6e-2),
+    ("rms_norm", RMSNorm(77), _rows(params=1), 1e-5),
+    ("rms_norm_half", RMSNorm(77), _rows(torch.float16, params=1), 2e-3),
+    ("softmax_f32_of_bf16", softmax_f32, _rows(torch.bfloat16), 1e-5),
+    ("log_softmax_dim0", log_softmax0, _rows(), 1e-5),
+    ("var_std", var_std, _rows(), 1e-5),
+    ("var_mean", var_mean, _rows(), 1e-5),
+    ("std_mean_keepdim", std_mean, _rows(), 1e-5),
+    ("amax_amin", amax_amin, _rows(), 0),
+    ("max_min_values", max_values, _rows(), 1e-5),
+    ("logsumexp", logsumexp, lambda: [torch.cat([torch.full((1, 77), float("-inf")),
+                                                 torch.randn(12, 77)])], 1e-5),
+    ("sum_to_size", sum_to, _rows(), 1e-5),
+    ("mean_half", mean_half, _rows(torch.float16), 2e-3),
+    ("batch_norm_train", batch_norm_train,
+     lambda: [torch.randn(4, 6, 5, 7), torch.randn(6), torch.randn(6)], 1e-5),
+    ("cross_entropy", ce_mean, lambda: [torch.randn(13, 77), torch.randint(0, 77, (13,))], 1e-5),
+    ("cross_entropy_none_ignore", ce_none,
+     lambda: [torch.randn(13, 77), torch.tensor([2, 5] * 6 + [76])], 1e-5),
+    ("cross_entropy_sum_bf16", ce_sum,
+     lambda: [torch.randn(13, 77).bfloat16(), torch.randint(0, 77, (13,))], 1.6e-2),
+    ("cross_entropy_probs", ce_probs,
+     lambda: [torch.randn(13, 77), torch.softmax(torch.randn(13, 77), 1)], 1e-5),
+    ("residual_layer_norm_symbolic_shape", residual_layer_norm, _rows(params=3), 1e-5),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name,fn,make,tol", CASES, ids=[c[0] for c in CASES])
+def test_fused_and_equal_to_eager(name, fn, make, tol, mode):
+    torch.manual_seed(0)
+    args = make()
+    f = pyfuser.jit(torch.jit.script(fn), cpu_executor=mode)
+    got, want = f(*args), fn(*args)
+    got = list(got) if isinstance(got, tuple) else [got]
+    want = list(want) if isinstance(want, tuple) else [want]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol, equal_nan=True)
+    st = f.last_run
+    tensor_fallbacks = [fb for fb in st.fallbacks if "an output is not a tensor" not in fb["reason"]]
+    if name == "residual_layer_norm_symbolic_shape":
+        pytest.xfail("layer_norm over a shape read at run time: its size list is built outside "
+                     "the group (issue 13 lets such lists enter groups)")
+    assert not tensor_fallbacks and st.eager_groups == 0 and st.eager_segments == 0, st
+    assert st.groups == 1 and st.kernels >= 1
+
+
+def test_cross_entropy_out_of_range_class_is_nan():
+    """Eager raises for a class index out of range; the fused kernel gives NaN, never a number."""
+    f = pyfuser.jit(torch.jit.script(ce_none), cpu_executor="interpret")
+    x, t = torch.randn(3, 5), torch.tensor([1, 7, 2])
+    out = f(x, t)
+    assert torch.isnan(out[1]) and out[2] == 0 and not torch.isnan(out[0])
