@@ -5,14 +5,17 @@
     f.last_run.groups, f.last_run.kernels, f.last_run.fallbacks
     print(pyfuser.fuse_graph(graph))        # the fused graph (the argument is not changed)
 
-PyTorch objects are turned into a graph from their inlined graph after PyTorch's own constant
-propagation and dead code elimination (on a copy); a module's graph keeps `%self`, and the
-compiled callable passes the module to the runner for `prim::GetAttr`.
+PyTorch objects (scripted or traced functions and modules, a torch._C.Graph: a traced module's
+`.graph` too, whose submodule calls are inlined) are turned into a graph through torch's node
+API (from_torch.py: constants exact) from their inlined graph after PyTorch's own constant
+propagation (on a copy); a module's graph keeps `%self`, and the compiled callable passes the
+module to the runner for `prim::GetAttr`.
 """
 from __future__ import annotations
 
 import os
 
+from .from_torch import graph_from_torch, torch_graph_of
 from .graph import Graph
 from .jit import CompiledGraph
 from .parser import parse_ir
@@ -20,21 +23,14 @@ from .passes import run_pipeline
 
 
 def _torch_graph(obj):
+    """(Graph, module or None) for a PyTorch object, read through torch's node API."""
     import torch
-    module = None
-    if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
-        obj = torch.jit.script(obj)
-    elif callable(obj) and not isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
-        obj = torch.jit.script(obj)
-    if isinstance(obj, torch.jit.ScriptModule):
-        module = obj
-    g = obj.inlined_graph.copy()
+    g, module, _ = torch_graph_of(obj)
     # Fold the constant branches of inlined helpers (`if inplace:` ...). No torch DCE here: it
     # deletes an unused training batch_norm, whose running-stat update the caller must see;
     # pyfuser's cleanup pass removes dead code knowing those writes.
     torch._C._jit_pass_constant_propagation(g)
-    name = getattr(obj, "__name__", None) or getattr(obj, "original_name", "graph")
-    return parse_ir(str(g), filename=f"<{name}>"), module
+    return graph_from_torch(g), module
 
 
 def to_graph(obj):
@@ -47,9 +43,6 @@ def to_graph(obj):
             with open(text, encoding="utf-8") as f:
                 return parse_ir(f.read(), filename=text), None
         return parse_ir(text), None
-    import torch
-    if isinstance(obj, torch._C.Graph):
-        return parse_ir(str(obj)), None
     return _torch_graph(obj)
 
 
