@@ -106,6 +106,8 @@ def _propagate(b: Bindings, e) -> None:
     if isinstance(e, E.ViewOp):
         _bind_view(b, e)
         return
+    if isinstance(e, E.ExpandOp):
+        _check_expand(b, e)
     for out in e.outputs:
         if isinstance(out, TensorView):
             for d in out.root:
@@ -147,6 +149,24 @@ def _bind_view(b: Bindings, e) -> None:
                            f"elements) as {e.new_shape} is invalid")
     for axis, (d, n) in enumerate(zip(out.logical, shape)):
         _set(b, d.extent, n, f"view output {out.name} axis {axis}")
+
+
+def _check_expand(b: Bindings, e) -> None:
+    """An axis the fusion holds as a full (iteration) axis is only expanded to its own size: at
+    run time it may have size 1 where eager would broadcast it, which the fusion cannot do."""
+    inp = e.inputs[0]
+    for axis, (d, size) in enumerate(zip(inp.logical, e.sizes)):
+        if d.is_broadcast:
+            continue
+        want = b.value(size) if isinstance(size, Scalar) else size
+        if want == -1:
+            continue
+        have = b.extent(d)
+        if have != want:
+            raise ExecuteError(
+                f"execute: expand of {inp.name} axis {axis} to size {want}: the axis has size "
+                f"{have} at run time and the fusion holds it as a full axis (it was not known to "
+                f"be 1 when the fusion was defined), so it cannot broadcast it")
 
 
 def _py(value, dtype: DataType):

@@ -44,9 +44,9 @@ def _flatten(x, start=0, end=-1):
 
 
 def _extent_or_minus_one(d) -> int:
-    if d.is_broadcast and d.expanded_extent is None:
-        return 1
-    return d.extent.value if d.extent.is_const else -1
+    """A logical axis' size when known (an expanded axis counts its expanded size), else -1."""
+    ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return ext.value if ext.is_const else -1
 
 
 def _prod(xs):
