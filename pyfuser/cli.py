@@ -39,9 +39,14 @@ def load_graph(path: str):
 
 
 def describe_output(v: Any) -> dict:
+    """{shape, dtype} of a tensor; {items: [...]} of a tuple/list holding tensors; else the
+    value's type and repr."""
     import torch
     if isinstance(v, torch.Tensor):
         return {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+    if isinstance(v, (list, tuple)) and any(isinstance(e, (torch.Tensor, list, tuple)) for e in v):
+        return {"shape": None, "dtype": type(v).__name__,
+                "items": [describe_output(e) for e in v]}
     return {"shape": None, "dtype": type(v).__name__, "value": repr(v)}
 
 
@@ -70,11 +75,16 @@ def run_file(path: str, device: Optional[str] = None, seed: int = 0, graph=None,
 def _format_outputs(report: dict) -> str:
     lines = []
     for i, o in enumerate(report["outputs"]):
-        if o["shape"] is None:
-            lines.append(f"  output {i}: {o['dtype']} = {o.get('value')}")
-        else:
-            lines.append(f"  output {i}: shape {o['shape']} dtype {o['dtype']}")
+        lines.append(f"  output {i}: {_format_output(o)}")
     return "\n".join(lines)
+
+
+def _format_output(o: dict) -> str:
+    if o["shape"] is not None:
+        return f"shape {o['shape']} dtype {o['dtype']}"
+    if "items" in o:
+        return f"{o['dtype']}(" + ", ".join(_format_output(e) for e in o["items"]) + ")"
+    return f"{o['dtype']} = {o.get('value')}"
 
 
 def cmd_show(args) -> int:

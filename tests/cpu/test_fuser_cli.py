@@ -58,3 +58,38 @@ def test_run_graph_that_writes_its_input(capsys, tmp_path):
                     "  return (%z)\n")
     rc, rep = _run_json(capsys, str(path), "--device", "cpu")
     assert rc == 0 and rep["matches_eager"] is True and rep["max_abs_err"] == 0
+
+
+TUPLE_OUTPUTS = """graph(%x : Float(4, 5, strides=[5, 1], requires_grad=0, device=cpu),
+      %y : Float(4, 5, strides=[5, 1], requires_grad=0, device=cpu)):
+  %1 : int = prim::Constant[value=1]()
+  %a : Float(4, 5, strides=[5, 1], requires_grad=0, device=cpu) = aten::add(%x, %y, %1)
+  %b : Float(4, 5, strides=[5, 1], requires_grad=0, device=cpu) = aten::mul(%a, %y)
+  %t : (Tensor, Tensor) = prim::TupleConstruct(%a, %b)
+  %l : Tensor[] = prim::ListConstruct(%b, %a)
+  return (%t, %l, %1)
+"""
+
+
+def test_run_graph_with_tuple_and_list_outputs(capsys, tmp_path):
+    path = tmp_path / "tuples.ir"
+    path.write_text(TUPLE_OUTPUTS)
+    rc, rep = _run_json(capsys, str(path), "--device", "cpu")
+    assert rc == 0 and rep["matches_eager"] is True and rep["groups"] == 1
+    assert rep["outputs"][0] == {"shape": None, "dtype": "tuple",
+                                 "items": [{"shape": [4, 5], "dtype": "float32"}] * 2}
+    assert main(["run", str(path), "--device", "cpu"]) == 0
+    assert "output 0: tuple(shape [4, 5] dtype float32" in capsys.readouterr().out
+
+
+def test_compare_looks_inside_tuples_lists_and_dicts():
+    import torch
+    from pyfuser.frontend.torchscript.fuse_run import compare
+    a, b = torch.ones(3), torch.zeros(3)
+    assert compare([(a, [b, 1])], [(a.clone(), [b.clone(), 1])]) == (True, 0.0)
+    ok, err = compare([(a, b)], [(a, a)])
+    assert not ok and err == 1.0
+    assert compare([(a, b)], [(a,)]) == (False, float("inf"))
+    assert compare([{"k": a}], [{"k": b}])[0] is False
+    assert compare([[1, 2]], [[1, 2]]) == (True, 0.0)
+    assert compare([1], [1.0])[0] is False          # an int output must stay an int

@@ -48,11 +48,14 @@ def clone_inputs(xs):
 
 
 def compare(ref: list, out: list) -> tuple:
-    """(matches, max_abs_err) over all outputs; dtypes and shapes must be equal."""
-    ok, err = len(ref) == len(out), 0.0
-    for a, b in zip(ref, out):
+    """(matches, max_abs_err) over all outputs, tuples / lists / dicts of tensors included
+    (compared element by element); dtypes and shapes must be equal."""
+    ok, err = True, 0.0
+    for a, b in _leaves(ref, out):
+        if a is _MISMATCH:
+            return False, float("inf")
         if not isinstance(a, torch.Tensor):
-            ok = ok and a == b
+            ok = ok and not isinstance(b, torch.Tensor) and type(a) is type(b) and a == b
             continue
         if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
             return False, float("inf")
@@ -65,6 +68,28 @@ def compare(ref: list, out: list) -> tuple:
         else:
             ok = ok and torch.equal(a, b)
     return bool(ok), err
+
+
+_MISMATCH = object()
+
+
+def _leaves(a, b):
+    """Pairs of corresponding leaves of two nested outputs; (_MISMATCH, None) where their
+    structure differs."""
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or type(a) is not type(b) or len(a) != len(b):
+            yield _MISMATCH, None
+            return
+        for x, y in zip(a, b):
+            yield from _leaves(x, y)
+    elif isinstance(a, dict):
+        if not isinstance(b, dict) or a.keys() != b.keys():
+            yield _MISMATCH, None
+            return
+        for k in a:
+            yield from _leaves(a[k], b[k])
+    else:
+        yield a, b
 
 
 def _time_ms(fn, device, reps=20) -> float:
