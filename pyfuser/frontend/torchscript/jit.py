@@ -13,6 +13,9 @@
   * is specialised on the values of inputs the lowering needs as constants (view sizes made
     of `aten::size` results, dims: `lowering.specialised_inputs`); new values of those are
     lowered again (at most MAX_VARIANTS per group, then eagerly);
+  * runs eagerly, under autograd, when grad mode is on and an input requires grad (pyfuser's
+    kernels have no backward): outputs require grad exactly when eager's do, never a
+    silently detached result. The rest of the graph runs in the caller's grad mode;
   * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
     logged once); an ExecuteError (these inputs' sizes do not fit the fusion, e.g. an axis
     of size 1 the fusion did not take as broadcast) runs that call eagerly. Never a silent
@@ -97,6 +100,9 @@ class RunStats:
 
 
 _MAX_PASSED = 256
+GRAD_REASON = ("an input requires grad and grad mode is on: pyfuser's kernels have no "
+               "backward, so this group runs eagerly with autograd (call under torch.no_grad() "
+               "or torch.inference_mode() to fuse)")
 MAX_VARIANTS = 8           # value specialisations (sizes from the host) kept per group
 
 
@@ -176,6 +182,9 @@ class GroupRunner:
     def run(self, args, ctx, stats, cpu_mode):
         if self.dead is not None:
             return self._fallback(self.dead, args, ctx, stats)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args):
+            return self._fallback(GRAD_REASON, args, ctx, stats)
         key = _guard_key(args)
         hit = self._passed.get(key)
         if hit is None:                  # not seen yet: the full guard signature
@@ -247,7 +256,8 @@ class CompiledGraph:
         stats = RunStats(groups=len(self.runners), fallbacks=self.report.fallbacks(),
                          executor=self.cpu_mode)
         self.last_run = stats
-        return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats))
+        return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats),
+                         no_grad=False)
 
     def __call__(self, *args):
         inputs = ([self.module] if self.module is not None else []) + list(args)
