@@ -94,7 +94,11 @@ def cmd_show(args) -> int:
 
 def cmd_run(args) -> int:
     from pyfuser.frontend.torchscript.fuse_run import text_summary
-    report = run_file(args.file, args.device, args.seed, shrink=args.shrink, fuse=True,
+    from pyfuser.frontend.torchscript.run_limits import check_run
+    device = args.device or default_device()
+    g = load_graph(args.file)
+    check_run(g, device, args.shrink, args.full_size)
+    report = run_file(args.file, device, args.seed, graph=g, shrink=args.shrink, fuse=True,
                       bench=args.bench)
     if args.json:
         print(json.dumps(report))
@@ -107,6 +111,8 @@ def cmd_run(args) -> int:
 
 def cmd_demo(args) -> int:
     from pyfuser.frontend.torchscript.fuse_run import demo_env
+    from pyfuser.frontend.torchscript.run_limits import check_device
+    check_device(args.device or default_device())
     env = demo_env() if (args.device or default_device()) == "cpu" else {}
     if env:
         print("no GPU: kernels are generated and shown (cuda_kernel dump), then run through the "
@@ -180,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time pyfuser against eager and torch.compile (GPU only)")
     r.add_argument("--shrink", type=int, default=None, metavar="N",
                    help="cap every input size at N (`demo` caps large graphs on the CPU)")
+    r.add_argument("--full-size", action="store_true",
+                   help="run inputs over 2^24 elements on the CPU as declared (slow; refused "
+                        "without this or --shrink)")
     r.set_defaults(fn=cmd_run)
     d = sub.add_parser("demo", help="show and run every *.ir file of a directory")
     d.add_argument("dir")

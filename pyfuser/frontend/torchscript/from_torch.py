@@ -126,32 +126,54 @@ def _source(tn):
     return f"{m.group(1)}:{m.group(2)}" if m else None
 
 
-def _script(obj):
+_ACCEPTED = ("a scripted or traced function or module (torch.jit.script / torch.jit.trace), "
+             "an nn.Module or def function to script, a torch._C.Graph, a pyfuser Graph, IR "
+             "text or the path of a .ir file")
+
+
+def _describe(obj) -> str:
+    text = repr(obj)
+    return f"{type(obj).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+
+
+def _script(obj, api: str):
     """A scripted object for `obj`, or a PyfuserError saying why it cannot be one."""
     from ...errors import PyfuserError
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    if getattr(obj, "__name__", "") == "<lambda>":
+        raise PyfuserError(f"{api}: cannot script a lambda ({name}); TorchScript compiles a def "
+                           "from its source: pass torch.jit.trace(fn, example_inputs) or a def "
+                           "function")
     try:
         return torch.jit.script(obj)
     except Exception as e:     # noqa: BLE001 - torch raises many kinds; one line names it
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        name = getattr(obj, "__qualname__", None) or type(obj).__name__
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise PyfuserError(
-            f"cannot script {name}: {type(e).__name__}: {first} (pass a torch.jit.trace(...) "
-            f"or torch.jit.script(...) object, IR text or a .ir path)") from None
+            f"{api}: cannot script {name}: {type(e).__name__}: {first} (pass "
+            "torch.jit.trace(fn, example_inputs) instead)") from None
 
 
-def torch_graph_of(obj):
-    """(inlined torch._C.Graph copy, module or None, name) for a PyTorch object."""
+def torch_graph_of(obj, api: str = "pyfuser.jit"):
+    """(inlined torch._C.Graph copy, module or None, name) for a PyTorch object; a
+    PyfuserError naming what was given when it is none of what `_ACCEPTED` lists."""
+    from ...errors import PyfuserError
     module = None
     if isinstance(obj, torch._C.Graph):
         g = obj.copy()
         torch._C._jit_pass_inline(g)
         return g, None, "graph"
     if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
-        obj = _script(obj)
-    elif callable(obj) and not isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
-        obj = _script(obj)
+        obj = _script(obj, api)
+    elif isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule)):
+        pass
+    elif callable(obj) and not isinstance(obj, type):
+        obj = _script(obj, api)
+    else:
+        raise PyfuserError(f"{api}: expected {_ACCEPTED}; got {_describe(obj)}")
     if isinstance(obj, torch.jit.ScriptModule):
         module = obj
+        if not hasattr(obj, "forward"):
+            raise PyfuserError(f"{api}: module {obj.original_name} has no forward method")
     name = getattr(obj, "__name__", None) or getattr(obj, "original_name", "graph")
     return obj.inlined_graph.copy(), module, name
 

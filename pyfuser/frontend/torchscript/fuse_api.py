@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from ...errors import PyfuserError
 from .from_torch import graph_from_torch, torch_graph_of
 from .graph import Graph
 from .jit import CompiledGraph
@@ -22,10 +23,10 @@ from .parser import parse_ir
 from .passes import run_pipeline
 
 
-def _torch_graph(obj):
+def _torch_graph(obj, api: str):
     """(Graph, module or None) for a PyTorch object, read through torch's node API."""
     import torch
-    g, module, _ = torch_graph_of(obj)
+    g, module, _ = torch_graph_of(obj, api)
     # Fold the constant branches of inlined helpers (`if inplace:` ...). No torch DCE here: it
     # deletes an unused training batch_norm, whose running-stat update the caller must see;
     # pyfuser's cleanup pass removes dead code knowing those writes.
@@ -33,28 +34,35 @@ def _torch_graph(obj):
     return graph_from_torch(g), module
 
 
-def to_graph(obj):
-    """(Graph, module or None) from IR text, a file path, a Graph or a PyTorch object."""
+def to_graph(obj, api: str = "pyfuser.jit"):
+    """(Graph, module or None) from IR text, a file path, a Graph or a PyTorch object; a
+    PyfuserError naming the argument for anything else."""
     if isinstance(obj, Graph):
         return obj, None
     if isinstance(obj, (str, os.PathLike)):
-        text = str(obj)
-        if "graph(" not in text and os.path.exists(text):
-            with open(text, encoding="utf-8") as f:
-                return parse_ir(f.read(), filename=text), None
+        text = os.fspath(obj)
+        if "graph(" not in text:
+            if os.path.exists(text):
+                try:
+                    with open(text, encoding="utf-8") as f:
+                        return parse_ir(f.read(), filename=text), None
+                except (OSError, UnicodeDecodeError) as e:
+                    raise PyfuserError(f"{api}: cannot read {text}: {e}") from None
+            if isinstance(obj, os.PathLike) or text.endswith(".ir") or os.sep in text:
+                raise PyfuserError(f"{api}: no such file: {text}")
         return parse_ir(text), None
-    return _torch_graph(obj)
+    return _torch_graph(obj, api)
 
 
 def jit(obj, *, arg_limit: int = 128, cpu_executor=None) -> CompiledGraph:
     """Compile `obj` into a callable whose results equal eager's (see jit.CompiledGraph)."""
-    graph, module = to_graph(obj)
+    graph, module = to_graph(obj, "pyfuser.jit")
     return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor)
 
 
 def fuse_graph(graph, arg_limit: int = 128) -> Graph:
     """Run the fuser's passes on a copy of `graph` (or of what `to_graph` makes); return it."""
-    g, _ = to_graph(graph)
+    g, _ = to_graph(graph, "pyfuser.fuse_graph")
     g = g.copy()
     run_pipeline(g, arg_limit)
     return g

@@ -20,14 +20,15 @@ import torch
 
 from .inputs import make_inputs
 from .jit import CompiledGraph, eager_handler
+from .run_limits import CPU_LARGE_NUMEL, DEFAULT_SHRINK
 from .runner import run_graph
 
 # Above this many elements in one input, `pyfuser demo` on the CPU caps every size
-# (make_inputs' size_override); `pyfuser run` caps only with --shrink. Seed 003's graph (6.4M
-# elements an input) runs at full size in ~4 s; seed 000's (130M, 3.6 GB of inputs and output)
-# takes ~30 s and ~9 GB on a 2-core machine, so the demo caps it.
-CPU_AUTO_SHRINK_NUMEL = 1 << 24
-CPU_AUTO_SHRINK_TO = 128
+# (make_inputs' size_override); `pyfuser run` refuses without --shrink or --full-size
+# (run_limits.py). Seed 003's graph (6.4M elements an input) runs at full size in ~4 s; seed
+# 000's (130M, 3.6 GB of inputs and output) takes ~30 s and ~9 GB on a 2-core machine.
+CPU_AUTO_SHRINK_NUMEL = CPU_LARGE_NUMEL
+CPU_AUTO_SHRINK_TO = DEFAULT_SHRINK
 
 
 def needs_shrink(graph) -> bool:
