@@ -329,13 +329,29 @@ def _known_extent(d: IterDomain):
     return ext.value if ext.is_const else None
 
 
-def reshape(x: TensorView, new_shape: Sequence[int]) -> TensorView:
-    """Row-major reshape. Known input extents are checked now; symbolic ones at execute."""
+def reshape(x: TensorView, new_shape: Sequence) -> TensorView:
+    """Row-major reshape. Known input extents are checked now; symbolic ones at execute. An
+    entry may be a symbolic Scalar: an extent of this fusion (a flatten keeps the symbolic
+    axes outside its range); the output axis then has that extent."""
     x = _check_tv(x, "reshape")
-    shape = [int(s) for s in new_shape]
-    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+    shape = [s if isinstance(s, Scalar) and not s.is_const else
+             int(s.value if isinstance(s, Scalar) else s) for s in new_shape]
+    ints = [s for s in shape if isinstance(s, int)]
+    if ints.count(-1) > 1 or any(s < -1 for s in ints):
         raise FusionDefinitionError(f"view: invalid new shape {shape}")
     known = [_known_extent(d) for d in x.logical]
+    if len(ints) < len(shape):
+        if len(shape) == x.ndim and all(
+                s is d.extent if isinstance(s, Scalar) else s == k
+                for s, d, k in zip(shape, x.logical, known)):
+            return x
+        fusion = Fusion.current()
+        root = [IterDomain(s) if isinstance(s, Scalar) else
+                IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if s == 1 else
+                IterDomain(Scalar(DataType.Int, None if s == -1 else s, fusion)) for s in shape]
+        out = TensorView(root, x.dtype, fusion)
+        E.ViewOp(out, x, shape)
+        return out
     if None not in known:
         resolved = resolve_view_shape(known, shape)
         if resolved is None:

@@ -143,7 +143,8 @@ def resolve_view_shape(in_shape: list[int], new_shape: list[int]) -> list[int] |
 def _bind_view(b: Bindings, e) -> None:
     inp, out = e.inputs[0], e.output
     in_shape = b.shape(inp)
-    shape = resolve_view_shape(in_shape, e.new_shape)
+    shape = resolve_view_shape(in_shape, [int(b.value(s)) if isinstance(s, Scalar) else s
+                                          for s in e.new_shape])
     if shape is None:
         raise ExecuteError(f"execute: view of a tensor of shape {in_shape} ({math.prod(in_shape)} "
                            f"elements) as {e.new_shape} is invalid")

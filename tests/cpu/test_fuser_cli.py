@@ -44,7 +44,34 @@ def test_demo_on_a_small_dir(tmp_path, capsys, monkeypatch):
     shutil.copy("examples/seed000_mul_inplace.ir", tmp_path / "a.ir")
     assert main(["demo", str(tmp_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "sizes capped" in out and "matches eager: True" in out and "1/1 examples ran" in out
+    assert "sizes capped at 128" in out and "matches eager" in out
+    assert "1 group(s), 1 kernel(s) per call (interpret" in out
+    assert "1/1 examples ran and matched eager" in out
+    assert main(["demo", str(tmp_path), "--device", "cpu", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "prim::PyfuserGroup_0" in out and "matches eager: True" in out
+
+
+def test_demo_report_is_short_and_cuda_source_is_behind_options(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", "evaluator")   # demo changes these: restore
+    monkeypatch.setenv("PYFUSER_DUMP", "")
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    ex = tmp_path / "examples"
+    ex.mkdir()
+    for name in ("seed000_mul.ir", "seed003_bn_add_relu.ir"):
+        shutil.copy(f"examples/{name}", ex / name)
+    assert main(["demo", str(ex), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert len(lines) <= 6 and "2/2 examples ran and matched eager" in captured.out
+    assert "__global__" not in captured.out + captured.err
+    assert main(["demo", str(ex), "--device", "cpu", "--show-cuda"]) == 0
+    assert "__global__" in capsys.readouterr().err
+    cuda_dir = tmp_path / "cuda"
+    assert main(["demo", str(ex), "--device", "cpu", "--cuda-dir", str(cuda_dir)]) == 0
+    written = sorted(p.name for p in cuda_dir.glob("*.cu"))
+    assert written and all("__global__" in (cuda_dir / n).read_text() for n in written)
+    assert str(cuda_dir) in capsys.readouterr().out
 
 
 def test_run_graph_that_writes_its_input(capsys, tmp_path):

@@ -144,3 +144,16 @@ def test_expanded_output_is_a_stride0_view_like_eager(mode):
     assert out.stride() == ref.stride() == (1, 0)
     assert torch.equal(out, ref)
     assert f.last_run.eager_groups == 0
+
+
+def flatten_inner(x):               # ViT's patch embedding: conv output [B, C, h, w] -> [B, C, hw]
+    return (x.flatten(2) * 2).transpose(1, 2) + 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_flatten_keeps_symbolic_outer_sizes(mode):
+    f = pyfuser.jit(torch.jit.script(flatten_inner), cpu_executor=mode)
+    for shape in [(2, 3, 4, 5), (3, 4, 5, 6)]:
+        x = torch.randn(shape)
+        assert torch.equal(f(x), flatten_inner(x))
+        assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0, f.last_run.fallbacks

@@ -37,10 +37,9 @@ def _flatten(x, start=0, end=-1):
     shape = [_extent_or_minus_one(d) for d in x.logical]
     known = shape[s:e + 1]
     merged = -1 if -1 in known else _prod(known)
-    new = shape[:s] + [merged] + shape[e + 1:]
-    if new.count(-1) > 1:
-        raise UnsupportedOpError("aten::flatten: needs known sizes outside the flattened range")
-    return B.reshape(x, new)
+    # axes outside the range keep their size: their own (symbolic) extent where not known
+    outer = [d.extent if v == -1 else v for d, v in zip(x.logical, shape)]
+    return B.reshape(x, outer[:s] + [merged] + outer[e + 1:])
 
 
 def _extent_or_minus_one(d) -> int:

@@ -161,9 +161,29 @@ def text_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def demo_env() -> dict:
-    """Environment for `pyfuser demo` on a CPU-only machine: show kernels, interpret them."""
-    env = {"PYFUSER_CPU_EXECUTOR": "interpret"}
+def demo_line(path: str, report: dict) -> str:
+    """One line of `pyfuser demo`'s report for one graph."""
+    ok = "matches eager" if report["matches_eager"] else "DIFFERS FROM EAGER"
+    capped = f", sizes capped at {report['shrunk_to']}" if report.get("shrunk_to") else ""
+    falls = f", {len(report['fallbacks'])} eager fallback(s)" if report["fallbacks"] else ""
+    host = f" + {report['host_segments']} host view(s)" if report.get("host_segments") else ""
+    return (f"{path}: {report['groups']} group(s), {report['kernels']} kernel(s){host} per call "
+            f"({report['executor']}{capped}){falls}; {ok} (max abs err "
+            f"{report['max_abs_err']:.3g})")
+
+
+def demo_env(device: str = "cpu", show_cuda: bool = False, cuda_dir=None) -> dict:
+    """Environment for `pyfuser demo`: the CPU interpreter on a CPU-only machine; the CUDA
+    source printed (`cuda_kernel` dump) or written to files (`cuda_to_file`, with the disk
+    cache off so that every kernel is compiled, hence written) when asked."""
+    env = {"PYFUSER_CPU_EXECUTOR": "interpret"} if device == "cpu" else {}
     dumps = set(filter(None, os.environ.get("PYFUSER_DUMP", "").split(",")))
-    env["PYFUSER_DUMP"] = ",".join(sorted(dumps | {"cuda_kernel"}))
+    if show_cuda:
+        dumps.add("cuda_kernel")
+    if cuda_dir:
+        dumps.add("cuda_to_file")
+        env["PYFUSER_DUMP_DIR"] = os.path.abspath(cuda_dir)
+        env["PYFUSER_DISABLE_DISK_CACHE"] = "1"
+    if dumps:
+        env["PYFUSER_DUMP"] = ",".join(sorted(dumps))
     return env

@@ -233,7 +233,7 @@ class CompiledGraph:
         self.graph = graph.copy()
         self.report = run_pipeline(self.graph, arg_limit)
         self.module = module
-        self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "evaluator"
+        self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
         groups = [n for n in self.graph.all_nodes() if n.kind == GROUP_KIND]
         self.runners = {n: GroupRunner(n, i) for i, n in enumerate(groups)}
         self.last_run = RunStats(groups=len(groups), fallbacks=self.report.fallbacks())
