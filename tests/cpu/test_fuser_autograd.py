@@ -102,3 +102,41 @@ def test_tensor_made_inside_the_graph_with_requires_grad():
     out, ref = f(x), makes_a_leaf(x)
     _check_same(out, ref)
     assert out.requires_grad
+
+
+class BnNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.bn(self.conv(x)) * 2 + 1))
+
+
+def test_scripted_module_flags_are_folded_and_guarded():
+    """`self.training` of a scripted module is a constant of the compiled graph (batch norm in
+    eval mode fuses); model.train() is seen on the next call (graph built again), eval() goes
+    back to the first graph."""
+    import copy
+    torch.manual_seed(0)
+    m = BnNet().eval()
+    ref = copy.deepcopy(m)
+    f = pyfuser.jit(torch.jit.script(m))
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), ref(x))
+        assert f.last_run.kernels == 1 and f.last_run.fallbacks == []   # bn + relu + mul + add
+        eval_graph = f.graph
+        f.module.train()
+        ref.train()
+        torch.testing.assert_close(f(x), ref(x))                       # batch statistics
+        assert f.graph is not eval_graph
+        assert any(fb["kind"] == "aten::batch_norm" for fb in f.last_run.fallbacks)
+        for (name, b), (_, rb) in zip(m.named_buffers(), ref.named_buffers()):
+            torch.testing.assert_close(b, rb, msg=name)                # running stats updated
+        f.module.eval()
+        ref.eval()
+        torch.testing.assert_close(f(x), ref(x))
+        assert f.graph is eval_graph and f.last_run.kernels == 1

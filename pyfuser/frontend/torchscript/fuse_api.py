@@ -9,7 +9,8 @@ PyTorch objects (scripted or traced functions and modules, a torch._C.Graph: a t
 `.graph` too, whose submodule calls are inlined) are turned into a graph through torch's node
 API (from_torch.py: constants exact) from their inlined graph after PyTorch's own constant
 propagation (on a copy); a module's graph keeps `%self`, and the compiled callable passes the
-module to the runner for `prim::GetAttr`.
+module to the runner for `prim::GetAttr`. `pyfuser.jit` of a module also folds its bool flags
+(`training`) and None attributes into constants, guarded per call (module_flags.py).
 """
 from __future__ import annotations
 
@@ -17,21 +18,24 @@ import os
 
 from ...errors import PyfuserError
 from .from_torch import graph_from_torch, torch_graph_of
+from .module_flags import fold_module_flags
 from .graph import Graph
 from .jit import CompiledGraph
 from .parser import parse_ir
 from .passes import run_pipeline
 
 
-def _torch_graph(obj, api: str):
-    """(Graph, module or None) for a PyTorch object, read through torch's node API."""
+def _torch_graph(obj, api: str, flags: bool = False):
+    """(Graph, module or None, module flag guards) for a PyTorch object, read through torch's
+    node API; with `flags`, a module's bool / None attributes are folded (module_flags.py)."""
     import torch
     g, module, _ = torch_graph_of(obj, api)
+    guards = fold_module_flags(g, module) if flags and module is not None else []
     # Fold the constant branches of inlined helpers (`if inplace:` ...). No torch DCE here: it
     # deletes an unused training batch_norm, whose running-stat update the caller must see;
     # pyfuser's cleanup pass removes dead code knowing those writes.
     torch._C._jit_pass_constant_propagation(g)
-    return graph_from_torch(g), module
+    return graph_from_torch(g), module, guards
 
 
 def to_graph(obj, api: str = "pyfuser.jit"):
@@ -51,13 +55,18 @@ def to_graph(obj, api: str = "pyfuser.jit"):
             if isinstance(obj, os.PathLike) or text.endswith(".ir") or os.sep in text:
                 raise PyfuserError(f"{api}: no such file: {text}")
         return parse_ir(text), None
-    return _torch_graph(obj, api)
+    return _torch_graph(obj, api)[:2]
 
 
 def jit(obj, *, arg_limit: int = 128, cpu_executor=None) -> CompiledGraph:
     """Compile `obj` into a callable whose results equal eager's (see jit.CompiledGraph)."""
-    graph, module = to_graph(obj, "pyfuser.jit")
-    return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor)
+    if isinstance(obj, (Graph, str, os.PathLike)):
+        graph, module = to_graph(obj, "pyfuser.jit")
+        return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor)
+    graph, module, guards = _torch_graph(obj, "pyfuser.jit", flags=True)
+    rebuild = (lambda: _torch_graph(module, "pyfuser.jit", flags=True)[::2]) if guards else None
+    return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor,
+                         flag_guards=guards, rebuild=rebuild)
 
 
 def fuse_graph(graph, arg_limit: int = 128) -> Graph:

@@ -50,6 +50,7 @@ from .passes import run_pipeline
 from .passes.alias_copy import FROM_COPY
 from .passes.groups import GROUP_KIND
 from .passes.guards import mismatch, signature
+from .module_flags import guards_hold
 from .passes.report import describe
 from .runner import run_graph
 
@@ -225,18 +226,60 @@ class GroupRunner:
         return host
 
 
-class CompiledGraph:
-    """A fused graph, callable like the function it came from."""
+MAX_FLAG_VARIANTS = 4
 
-    def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None):
-        self.original = graph
-        self.graph = graph.copy()
-        self.report = run_pipeline(self.graph, arg_limit)
+
+@dataclass
+class _Variant:
+    """One fused graph of a CompiledGraph (one per set of module flag values)."""
+    original: object
+    graph: object
+    report: object
+    runners: dict
+    guards: list
+
+
+class CompiledGraph:
+    """A fused graph, callable like the function it came from. For a module whose flags were
+    folded (`flag_guards`, module_flags.py), each call checks them; when one changed, the graph
+    is built again by `rebuild()` -> (graph, guards) for the new values (a few kept)."""
+
+    def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None,
+                 flag_guards=(), rebuild=None):
         self.module = module
+        self.arg_limit = arg_limit
         self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
-        groups = [n for n in self.graph.all_nodes() if n.kind == GROUP_KIND]
-        self.runners = {n: GroupRunner(n, i) for i, n in enumerate(groups)}
-        self.last_run = RunStats(groups=len(groups), fallbacks=self.report.fallbacks())
+        self._rebuild = rebuild
+        self._variants: list = []
+        self._use(self._make_variant(graph, list(flag_guards)))
+
+    def _make_variant(self, graph, guards) -> _Variant:
+        fused = graph.copy()
+        report = run_pipeline(fused, self.arg_limit)
+        groups = [n for n in fused.all_nodes() if n.kind == GROUP_KIND]
+        v = _Variant(graph, fused, report, {n: GroupRunner(n, i) for i, n in enumerate(groups)},
+                     guards)
+        if len(self._variants) >= MAX_FLAG_VARIANTS:
+            self._variants.pop(0)
+        self._variants.append(v)
+        return v
+
+    def _use(self, v: _Variant) -> None:
+        self._variant = v
+        self.original, self.graph, self.report, self.runners = v.original, v.graph, v.report, v.runners
+        self.last_run = RunStats(groups=len(v.runners), fallbacks=v.report.fallbacks())
+
+    def _check_flags(self) -> None:
+        """Switch to (or build) the variant whose folded module flags hold now."""
+        if guards_hold(self._variant.guards):
+            return
+        for v in self._variants:
+            if guards_hold(v.guards):
+                self._use(v)
+                return
+        graph, guards = self._rebuild()
+        log.info("pyfuser: a module flag changed (e.g. train()/eval()): graph built again")
+        self._use(self._make_variant(graph, guards))
 
     @property
     def num_groups(self) -> int:
@@ -260,6 +303,8 @@ class CompiledGraph:
                          no_grad=False)
 
     def __call__(self, *args):
+        if self._rebuild is not None:
+            self._check_flags()
         inputs = ([self.module] if self.module is not None else []) + list(args)
         outs = self.run(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)
