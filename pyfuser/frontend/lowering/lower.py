@@ -21,7 +21,8 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
-from ..torchscript.types import BoolType, FloatType, IntType, ListType, TensorType
+from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
+                                 TensorType)
 from . import aten_pointwise, aten_reduction, aten_shape  # noqa: F401  (fill the table)
 from .registry import LOWERINGS
 
@@ -142,10 +143,26 @@ def _is_value_arg(v) -> bool:
 
 
 def constant_value(v):
+    """The Python value of a constant (or constant list), as its declared type says: IR text
+    spells a bool `False` as `value=0` and torch prints a float 1e10 as `10000000000`."""
     node = v.node
     if node.kind in _LIST_KINDS:
         return [constant_value(i) for i in node.inputs]
-    return node.attr("value") if node.has_attr("value") else None
+    return _as_declared(node.attr("value") if node.has_attr("value") else None, v.type)
+
+
+def _as_declared(value, t):
+    if isinstance(t, OptionalType):
+        return None if value is None else _as_declared(value, t.elem)
+    if isinstance(t, BoolType) and isinstance(value, int):
+        return bool(value)
+    if isinstance(t, FloatType) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(t, IntType) and isinstance(value, bool):
+        return int(value)
+    if isinstance(t, ListType) and isinstance(value, (list, tuple)):
+        return [_as_declared(e, t.elem) for e in value]
+    return value
 
 
 def lower_graph(graph, example_inputs=None) -> LoweredGraph:
