@@ -48,3 +48,21 @@ def test_float_constant_printed_without_a_dot_is_a_float(mode):
   return (%v)
 """
     _check(text, [torch.tensor([1, 2, 3], dtype=torch.int32)], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bfloat16_pow_follows_the_gpu(mode):
+    """Eager on the CPU computes a bfloat16 tensor to an integer power by rounding the
+    intermediate products (x**3 differs in ~20% of elements); CUDA computes in float32 and
+    rounds once, and so do pyfuser's kernels, also through the CPU interpreter (the fuzzer's
+    reference for "interpret" uses the GPU's rule). The evaluator runs eager's CPU ops."""
+    text = """graph(%x : Tensor):
+  %c : int = prim::Constant[value=3]()
+  %v : Tensor = aten::pow(%x, %c)
+  return (%v)
+"""
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    out = CompiledGraph(parse_ir(text), cpu_executor=mode).run([x])[0]
+    gpu_rule, cpu_eager = torch.pow(x.float(), 3).bfloat16(), torch.pow(x, 3)
+    assert not torch.equal(cpu_eager, gpu_rule)
+    assert torch.equal(out, gpu_rule if mode == "interpret" else cpu_eager)
