@@ -66,3 +66,55 @@ def test_bfloat16_pow_follows_the_gpu(mode):
     gpu_rule, cpu_eager = torch.pow(x.float(), 3).bfloat16(), torch.pow(x, 3)
     assert not torch.equal(cpu_eager, gpu_rule)
     assert torch.equal(out, gpu_rule if mode == "interpret" else cpu_eager)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["add", "sub", "rsub"])
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.int64), (torch.float16, torch.int8),
+                                    (torch.float32, torch.float64)])
+def test_alpha_takes_no_part_in_promotion(op, dtypes, mode):
+    """Fuzz seeds 2756, 4909, 9452: `add(bf16, int, alpha=0.5)` scaled the int operand by 0.5
+    first (int * 0.5 -> float32), so the result was float32; eager gives bfloat16."""
+    text = f"""graph(%x : Tensor, %y : Tensor):
+  %c : float = prim::Constant[value=0.5]()
+  %v : Tensor = aten::{op}(%x, %y, %c)
+  return (%v)
+"""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, generator=g).to(dtypes[0])
+    y = torch.randint(1, 9, (3,), generator=g).to(dtypes[1]) if not dtypes[1].is_floating_point \
+        else torch.tensor(2.5, dtype=dtypes[1])
+    _check(text, [x, y], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["aten::contiguous(%x, %c)", "aten::clone(%x, %c)"])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1), (1, 6), (7, 1)])
+def test_copy_of_a_tensor_whose_size_one_axes_have_odd_strides(op, shape, mode):
+    """Fuzz seeds 4134, 6577: a (1, 1) input took strides (1, 1) for a permuted layout, the
+    copy went to the transpose scheduler, whose kernel wrote nothing (garbage out). Size-1 axes
+    no longer decide the stride order (lowering.axis_order)."""
+    text = f"""graph(%x : Tensor):
+  %c : int = prim::Constant[value=0]()
+  %v : Tensor = {op}
+  return (%v)
+"""
+    x = torch.arange(1, 1 + torch.Size(shape).numel(), dtype=torch.float32)
+    for t in (x.view(shape), x.view(shape[::-1]).permute(*reversed(range(len(shape))))):
+        _check(text, [t], mode)
+
+
+@pytest.mark.xfail(reason="schedule/transpose: a `set` whose only non-broadcast axes have size 1 "
+                          "at run time gets an 'empty' transpose kernel that writes nothing "
+                          "(lead's area: schedule/transpose.py)", strict=True)
+@pytest.mark.parametrize("sizes", [[1, 1], [-1, 1]])
+def test_transpose_scheduler_set_of_size_one_axes(sizes):
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    from pyfuser.runtime import dispatch
+    f = Fusion()
+    with f:
+        t = B.define_tensor(sizes, DataType.Float, None, [0, 1])
+        f.add_output(B.set_(t))
+    x = torch.full((1, 1), 3.0)
+    assert torch.equal(dispatch.execute_fusion(f, [x], "interpret")[0], x)

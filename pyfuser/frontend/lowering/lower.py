@@ -252,6 +252,19 @@ def _lower_input(v, example):
     raise UnsupportedOpError(f"graph input %{v.debug_name} of type {t} cannot enter a fusion")
 
 
+def axis_order(sizes, strides) -> list:
+    """Axes innermost first, by stride. A size-1 axis' stride is arbitrary (torch gives (1, 1)
+    to a transposed (1, 6) tensor), so size-1 axes never make an input look permuted: when the
+    other axes are in row-major order the whole order is row-major, else size-1 axes go
+    outermost. The fusion's stride order and the guard's both come from here."""
+    n = len(sizes)
+    big = [i for i in range(n) if sizes[i] != 1]
+    order = sorted(big, key=lambda i: (strides[i], i))
+    if order == sorted(big, reverse=True):
+        return list(range(n - 1, -1, -1))
+    return order + [i for i in range(n - 1, -1, -1) if sizes[i] == 1]
+
+
 def _tensor_input(dtype, sizes, strides, v):
     try:
         dt = DataType.from_torch(dtype)
@@ -261,7 +274,7 @@ def _tensor_input(dtype, sizes, strides, v):
     stride_order = None
     contiguity = None
     if strides and None not in strides and -1 not in sizes:
-        order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+        order = axis_order(sizes, strides)
         stride_order = [0] * len(sizes)
         for rank, axis in enumerate(order):
             stride_order[axis] = rank

@@ -112,11 +112,9 @@ def _freeze(a):
 
 
 def _guard_key(args) -> tuple:
-    """What the guard signature and the choice of specialisation are a function of, cheap to
-    build and hash: per tensor its dtype, sizes, strides and device; per other value its type
-    and (ints, floats, bools and lists of them: sizes a group may be specialised on) value."""
+    """What the guard signature is a function of, cheap to build and hash: per tensor its dtype,
+    sizes, strides and device; per other value its type."""
     return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor)
-                 else (type(a), _freeze(a)) if isinstance(a, (int, float, list, tuple))
                  else type(a) for a in args)
 
 
@@ -187,6 +185,8 @@ class GroupRunner:
                                            for a in args):
             return self._fallback(GRAD_REASON, args, ctx, stats)
         key = _guard_key(args)
+        if self.special:                 # and the values the group is specialised on
+            key = (key, tuple(_freeze(args[i]) for i in self.special))
         hit = self._passed.get(key)
         if hit is None:                  # not seen yet: the full guard signature
             hit = self._admit(args)
