@@ -118,3 +118,41 @@ def test_transpose_scheduler_set_of_size_one_axes(sizes):
         f.add_output(B.set_(t))
     x = torch.full((1, 1), 3.0)
     assert torch.equal(dispatch.execute_fusion(f, [x], "interpret")[0], x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("squeeze", ["aten::squeeze(%r)", "aten::squeeze(%r, %two)"])
+def test_squeeze_of_an_axis_a_view_inferred(squeeze, mode):
+    """Fuzz seed 6520: reshape (1, 2, 3) to [2, 1, -1, 3]: the -1 axis is 1 at run time but the
+    fusion holds it as a full axis, so squeeze() kept it: shape (2, 1, 3), eager (2, 3). Such a
+    squeeze now runs eagerly."""
+    text = f"""graph(%x : Tensor):
+  %s : int[] = prim::Constant[value=[2, 1, -1, 3]]()
+  %two : int = prim::Constant[value=2]()
+  %r : Tensor = aten::reshape(%x, %s)
+  %v : Tensor = {squeeze}
+  %w : Tensor = aten::mul(%v, %v)
+  return (%w)
+"""
+    _check(text, [torch.randn(1, 2, 3)], mode)
+    _check(text, [torch.randn(3, 2, 3)], mode)      # the -1 axis is 3: nothing to squeeze
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape, op", [((1, 1, 1), "aten::transpose(%x, %one, %zero)"),
+                                       ((1, 1, 5), "aten::transpose(%x, %one, %zero)"),
+                                       ((1, 1), "aten::t(%x)"),
+                                       ((4, 1, 1), "aten::permute(%x, %p)")])
+def test_copy_of_a_permute_of_size_one_axes(shape, op, mode):
+    """Fuzz seed 8820: transpose(1, 0) of a (1, 1, 1) tensor then contiguous(): a copy of a
+    "permuted" all-size-1 tensor went to the transpose scheduler (garbage out). A permute that
+    moves only size-1 axes is no op now."""
+    text = f"""graph(%x : Tensor):
+  %zero : int = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %p : int[] = prim::Constant[value=[0, 2, 1]]()
+  %v : Tensor = {op}
+  %w : Tensor = aten::contiguous(%v, %zero)
+  return (%w)
+"""
+    _check(text, [torch.arange(1.0, 1 + torch.Size(shape).numel()).view(shape)], mode)
