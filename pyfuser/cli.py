@@ -1,7 +1,7 @@
 """The `pyfuser` command: `show`, `run` and `demo` on TorchScript IR files.
 
     pyfuser show FILE.ir                    print the parsed graph
-    pyfuser run FILE.ir [--device D] [--seed N] [--json] [--bench] [--shrink N]
+    pyfuser run FILE.ir [--device D] [--seed N] [--json] [--bench] [--shrink N] [--full-size]
                                             random inputs from the declared types; fuse, run,
                                             check against eager, report (fuse_run.py)
     pyfuser demo DIR [--verbose] [--show-cuda] [--cuda-dir D]
