@@ -1,11 +1,12 @@
 """The `pyfuser` command: `show`, `run` and `demo` on TorchScript IR files.
 
     pyfuser show FILE.ir                    print the parsed graph
-    pyfuser run FILE.ir [--device D] [--seed N] [--json] [--bench] [--shrink N]
+    pyfuser run FILE.ir [--device D] [--seed N] [--json] [--bench] [--shrink N] [--full-size]
                                             random inputs from the declared types; fuse, run,
                                             check against eager, report (fuse_run.py)
-    pyfuser demo DIR                        show + fuse + run every DIR/*.ir; non-zero exit if
-                                            any fails or differs from eager
+    pyfuser demo DIR [--verbose] [--show-cuda] [--cuda-dir D]
+                                            fuse + run + check every DIR/*.ir, one line each;
+                                            non-zero exit if any fails or differs from eager
 
 `run_file(path, device, seed) -> dict` builds the report (`file`, `device`, `seed`,
 `outputs`: [{shape, dtype}]); later stages add keys (groups, kernels, host_segments,
@@ -39,9 +40,14 @@ def load_graph(path: str):
 
 
 def describe_output(v: Any) -> dict:
+    """{shape, dtype} of a tensor; {items: [...]} of a tuple/list holding tensors; else the
+    value's type and repr."""
     import torch
     if isinstance(v, torch.Tensor):
         return {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+    if isinstance(v, (list, tuple)) and any(isinstance(e, (torch.Tensor, list, tuple)) for e in v):
+        return {"shape": None, "dtype": type(v).__name__,
+                "items": [describe_output(e) for e in v]}
     return {"shape": None, "dtype": type(v).__name__, "value": repr(v)}
 
 
@@ -70,11 +76,16 @@ def run_file(path: str, device: Optional[str] = None, seed: int = 0, graph=None,
 def _format_outputs(report: dict) -> str:
     lines = []
     for i, o in enumerate(report["outputs"]):
-        if o["shape"] is None:
-            lines.append(f"  output {i}: {o['dtype']} = {o.get('value')}")
-        else:
-            lines.append(f"  output {i}: shape {o['shape']} dtype {o['dtype']}")
+        lines.append(f"  output {i}: {_format_output(o)}")
     return "\n".join(lines)
+
+
+def _format_output(o: dict) -> str:
+    if o["shape"] is not None:
+        return f"shape {o['shape']} dtype {o['dtype']}"
+    if "items" in o:
+        return f"{o['dtype']}(" + ", ".join(_format_output(e) for e in o["items"]) + ")"
+    return f"{o['dtype']} = {o.get('value')}"
 
 
 def cmd_show(args) -> int:
@@ -84,7 +95,11 @@ def cmd_show(args) -> int:
 
 def cmd_run(args) -> int:
     from pyfuser.frontend.torchscript.fuse_run import text_summary
-    report = run_file(args.file, args.device, args.seed, shrink=args.shrink, fuse=True,
+    from pyfuser.frontend.torchscript.run_limits import check_run
+    device = args.device or default_device()
+    g = load_graph(args.file)
+    check_run(g, device, args.shrink, args.full_size)
+    report = run_file(args.file, device, args.seed, graph=g, shrink=args.shrink, fuse=True,
                       bench=args.bench)
     if args.json:
         print(json.dumps(report))
@@ -97,14 +112,19 @@ def cmd_run(args) -> int:
 
 def cmd_demo(args) -> int:
     from pyfuser.frontend.torchscript.fuse_run import demo_env
-    env = demo_env() if (args.device or default_device()) == "cpu" else {}
-    if env:
-        print("no GPU: kernels are generated and shown (cuda_kernel dump), then run through the "
-              "CPU interpreter when it is available; large graphs run with capped sizes")
+    from pyfuser.frontend.torchscript.run_limits import check_device
+    device = args.device or default_device()
+    check_device(device)
+    env = demo_env(device, show_cuda=args.show_cuda, cuda_dir=args.cuda_dir)
+    print(f"pyfuser demo: every {args.dir}/*.ir parsed, fused, run on random inputs on {device} "
+          "and checked against eager PyTorch")
+    if device == "cpu":
+        print("no GPU: the generated kernels are compiled by NVRTC and run through pyfuser's CPU "
+              "interpreter; inputs over 2^24 elements are capped at 128 per axis")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return _demo_files(args)
+        return _demo_files(args, device)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -113,8 +133,9 @@ def cmd_demo(args) -> int:
                 os.environ[k] = v
 
 
-def _demo_files(args) -> int:
-    from pyfuser.frontend.torchscript.fuse_run import CPU_AUTO_SHRINK_TO, needs_shrink, text_summary
+def _demo_files(args, device: str) -> int:
+    from pyfuser.frontend.torchscript.fuse_run import (CPU_AUTO_SHRINK_TO, demo_line,
+                                                       needs_shrink, text_summary)
     files = sorted(f for f in os.listdir(args.dir) if f.endswith(".ir"))
     if not files:
         print(f"pyfuser: error: no *.ir files in {args.dir}", file=sys.stderr)
@@ -122,24 +143,34 @@ def _demo_files(args) -> int:
     failed = 0
     for name in files:
         path = os.path.join(args.dir, name)
-        print(f"===== {path} =====")
+        if args.verbose:
+            print(f"===== {path} =====")
         try:
             g = load_graph(path)
-            sys.stdout.write(str(g))
-            device = args.device or default_device()
+            if args.verbose:
+                sys.stdout.write(str(g))
             shrink = CPU_AUTO_SHRINK_TO if device == "cpu" and needs_shrink(g) else None
             report = run_file(path, device, args.seed, graph=g, fuse=True, shrink=shrink)
-            print(f"ran on {report['device']}:")
-            print(_format_outputs(report))
             sys.stderr.flush()
-            print(text_summary(report))
+            if args.verbose:
+                print(f"ran on {report['device']}:")
+                print(_format_outputs(report))
+                print(text_summary(report))
+            else:
+                print(demo_line(path, report))
             if not report["matches_eager"]:
                 failed += 1
         except PyfuserError as e:
             failed += 1
+            print(f"{path}: error (below)")
             _report_error(path, e)
         sys.stdout.flush()
-    print(f"{len(files) - failed}/{len(files)} examples ran")
+    print(f"{len(files) - failed}/{len(files)} examples ran and matched eager")
+    if not args.verbose and not args.show_cuda and not args.cuda_dir:
+        print("more: --verbose (graphs, fused graphs, fallbacks), --show-cuda (the generated "
+              "CUDA source), --cuda-dir DIR (write it to DIR/*.cu)")
+    if args.cuda_dir:
+        print(f"CUDA sources written to {args.cuda_dir}/")
     return 1 if failed else 0
 
 
@@ -170,11 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time pyfuser against eager and torch.compile (GPU only)")
     r.add_argument("--shrink", type=int, default=None, metavar="N",
                    help="cap every input size at N (`demo` caps large graphs on the CPU)")
+    r.add_argument("--full-size", action="store_true",
+                   help="run inputs over 2^24 elements on the CPU as declared (slow; refused "
+                        "without this or --shrink)")
     r.set_defaults(fn=cmd_run)
-    d = sub.add_parser("demo", help="show and run every *.ir file of a directory")
+    d = sub.add_parser("demo", help="fuse, run and check every *.ir file of a directory")
     d.add_argument("dir")
     d.add_argument("--device", choices=["cpu", "cuda"], default=None)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--verbose", action="store_true",
+                   help="print each graph, its fused graph, outputs and fallbacks")
+    d.add_argument("--show-cuda", action="store_true", help="print the generated CUDA source")
+    d.add_argument("--cuda-dir", default=None, metavar="DIR",
+                   help="write the generated CUDA source of each kernel to DIR/<kernel>.cu")
     d.set_defaults(fn=cmd_demo)
     return p
 

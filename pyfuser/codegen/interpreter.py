@@ -410,7 +410,7 @@ class Interpreter:
     @staticmethod
     def convert(x: K.Convert, v):
         scalar = not isinstance(v, torch.Tensor)
-        if x.kind == "cast" and scalar:
+        if scalar and x.kind in ("cast", "store"):   # a value the same in every thread
             v = torch.tensor(v, dtype=x.src.compute.torch)
         if x.kind == "load":
             out = v.float() if x.src.is_reduced_float else v

@@ -302,6 +302,9 @@ def expand(x: TensorView, sizes: Sequence) -> TensorView:
         if s_val == -1 or (not ax.is_broadcast and isinstance(s_val, int) and
                            (not ax.extent.is_const or ax.extent.value == s_val)):
             root.append(_copy_id(ax))
+            # a symbolic full axis "expanded" to a size: kept as the op, whose binding checks
+            # the axis has that size (at size 1 eager would broadcast it; ir/shapes.py)
+            changed |= s_val != -1 and not ax.extent.is_const
             continue
         if not ax.is_broadcast:
             raise FusionDefinitionError(
@@ -334,14 +337,35 @@ def broadcast_in_dim(x: TensorView, output_shape: Sequence[int], broadcast_dims:
                                 .is_broadcast) else -1 for i, s in enumerate(output_shape)])
 
 
-def reshape(x: TensorView, new_shape: Sequence[int]) -> TensorView:
-    """Row-major reshape. Known input extents are checked now; symbolic ones at execute."""
+def _known_extent(d: IterDomain):
+    """The size of a logical axis when known now (an expanded axis has its expanded size)."""
+    ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return ext.value if ext.is_const else None
+
+
+def reshape(x: TensorView, new_shape: Sequence) -> TensorView:
+    """Row-major reshape. Known input extents are checked now; symbolic ones at execute. An
+    entry may be a symbolic Scalar: an extent of this fusion (a flatten keeps the symbolic
+    axes outside its range); the output axis then has that extent."""
     x = _check_tv(x, "reshape")
-    shape = [int(s) for s in new_shape]
-    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+    shape = [s if isinstance(s, Scalar) and not s.is_const else
+             int(s.value if isinstance(s, Scalar) else s) for s in new_shape]
+    ints = [s for s in shape if isinstance(s, int)]
+    if ints.count(-1) > 1 or any(s < -1 for s in ints):
         raise FusionDefinitionError(f"view: invalid new shape {shape}")
-    known = [d.extent.value if d.is_broadcast and d.expanded_extent is None else
-             (d.extent.value if d.extent.is_const else None) for d in x.logical]
+    known = [_known_extent(d) for d in x.logical]
+    if len(ints) < len(shape):
+        if len(shape) == x.ndim and all(
+                s is d.extent if isinstance(s, Scalar) else s == k
+                for s, d, k in zip(shape, x.logical, known)):
+            return x
+        fusion = Fusion.current()
+        root = [IterDomain(s) if isinstance(s, Scalar) else
+                IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if s == 1 else
+                IterDomain(Scalar(DataType.Int, None if s == -1 else s, fusion)) for s in shape]
+        out = TensorView(root, x.dtype, fusion)
+        E.ViewOp(out, x, shape)
+        return out
     if None not in known:
         resolved = resolve_view_shape(known, shape)
         if resolved is None:

@@ -143,7 +143,8 @@ def _check_gather(b: Bindings, e) -> None:
                                f"{axis}, more than the input's {n}")
 
 
-_CHECKS = {E.SliceOp: _check_slice, E.CatOp: _bind_cat, E.GatherOp: _check_gather}
+_CHECKS = {E.SliceOp: _check_slice, E.CatOp: _bind_cat, E.GatherOp: _check_gather,
+           E.ExpandOp: lambda b, e: _check_expand(b, e)}
 
 
 def _check_elementwise(b: Bindings, e) -> None:
@@ -174,12 +175,31 @@ def resolve_view_shape(in_shape: list[int], new_shape: list[int]) -> list[int] |
 def _bind_view(b: Bindings, e) -> None:
     inp, out = e.inputs[0], e.output
     in_shape = b.shape(inp)
-    shape = resolve_view_shape(in_shape, e.new_shape)
+    shape = resolve_view_shape(in_shape, [int(b.value(s)) if isinstance(s, Scalar) else s
+                                          for s in e.new_shape])
     if shape is None:
         raise ExecuteError(f"execute: view of a tensor of shape {in_shape} ({math.prod(in_shape)} "
                            f"elements) as {e.new_shape} is invalid")
     for axis, (d, n) in enumerate(zip(out.logical, shape)):
         _set(b, d.extent, n, f"view output {out.name} axis {axis}")
+
+
+def _check_expand(b: Bindings, e) -> None:
+    """An axis the fusion holds as a full (iteration) axis is only expanded to its own size: at
+    run time it may have size 1 where eager would broadcast it, which the fusion cannot do."""
+    inp = e.inputs[0]
+    for axis, (d, size) in enumerate(zip(inp.logical, e.sizes)):
+        if d.is_broadcast:
+            continue
+        want = b.value(size) if isinstance(size, Scalar) else size
+        if want == -1:
+            continue
+        have = b.extent(d)
+        if have != want:
+            raise ExecuteError(
+                f"execute: expand of {inp.name} axis {axis} to size {want}: the axis has size "
+                f"{have} at run time and the fusion holds it as a full axis (it was not known to "
+                f"be 1 when the fusion was defined), so it cannot broadcast it")
 
 
 def _py(value, dtype: DataType):

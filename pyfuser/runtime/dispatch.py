@@ -5,9 +5,9 @@ evaluator or the kernel executor directly. The Fusion is segmented once (segment
 host segments of views at the edges, kernel segments, eager segments) and the segments run in
 order (segment/runtime.py). Kernel segments run
 - on CUDA tensors: through their FusionExecutor (one per segment program, cached on it);
-- on CPU tensors: on the reference evaluator, or the codegen's CPU interpreter (a FusionExecutor
-  in "interpret" mode, which also NVRTC-compiles the kernel) when `mode="interpret"` or
-  `PYFUSER_CPU_EXECUTOR=interpret`.
+- on CPU tensors: through the codegen's CPU interpreter of the generated kernel (a
+  FusionExecutor in "interpret" mode, which also NVRTC-compiles the kernel; the default), or on
+  the reference evaluator when `mode="evaluator"` or `PYFUSER_CPU_EXECUTOR=evaluator`.
 A Fusion that is exactly one kernel goes straight to its executor (no segment bookkeeping).
 
 Cached calls on CUDA tensors take a fast path: per Fusion a `_Programs` holds a generated key
@@ -168,7 +168,7 @@ def _execute_slow(fusion, inputs, mode):
     if on_cuda:
         backend, inputs = "cuda", _scalars_to_device(fusion, inputs)
     else:
-        backend = mode or os.environ.get("PYFUSER_CPU_EXECUTOR", "evaluator") or "evaluator"
+        backend = mode or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
         if backend not in CPU_MODES:
             raise ValueError(f"CPU executor mode must be one of {CPU_MODES}, got {mode!r}")
     from ..segment.segmenter import segment

@@ -162,14 +162,14 @@ def compile_cuda(source: str, name: str, arch: str | None = None, options=(),
     opts = build_options(arch, options)
     key = disk_cache.make_key(source, arch, opts, nvrtc_version(), name)
     if use_disk_cache:
-        hit = disk_cache.load(key)
+        hit = disk_cache.load(key, name)
         if hit is not None:
             lowered, sep, cubin = hit.partition(b"\0")
             if sep and cubin:
                 return CompiledBinary(name, lowered.decode(), arch, cubin, "", 0.0, key, True)
     binary = _compile(source, name, arch, opts, key)
     if use_disk_cache:
-        disk_cache.store(key, binary.lowered_name.encode() + b"\0" + binary.cubin)
+        disk_cache.store(key, binary.lowered_name.encode() + b"\0" + binary.cubin, name)
     return binary
 
 

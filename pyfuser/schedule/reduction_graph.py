@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.tensor import TensorView
+from .pointwise import _extent_classes, _same_extent
 from .pointwise_graph import Node, producer_key
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
@@ -105,9 +106,26 @@ def analyze(fusion) -> ReductionGraph:
 
 
 class _Builder:
+    """Walks the fusion from its outputs at their keys (see the module docstring), checking that
+    every axis read at reference axis k has k's extent (the same extent class, through the
+    elementwise ops that make axes meet, or the same constant): tensors that only line up by
+    rank (a transposed view beside the reduced tensor, a reduction of a size-1 broadcast) are
+    another reduction domain, refused here (the segmenter cuts them apart)."""
+
     def __init__(self, g: ReductionGraph):
         self.g = g
         self.memo: dict = {}
+        self.uf = _extent_classes(g.fusion)
+        self.ref = reductions(g.fusion)[0].inputs[0]
+
+    def _check_axes(self, tv: TensorView, key) -> None:
+        for j, c in enumerate(key):
+            if c == 0:
+                continue
+            d, r = tv.logical[j], self.ref.logical[c[1]]
+            if not _same_extent(self.uf, d, r):
+                raise NotAReduction(f"axis {j} of {tv.name} is not known to have the extent of "
+                                    f"axis {c[1]} of the reduced {self.ref.name}")
 
     def build(self) -> None:
         old = sys.getrecursionlimit()
@@ -124,6 +142,7 @@ class _Builder:
         hit = self.memo.get(mk)
         if hit is not None:
             return hit
+        self._check_axes(tv, key)
         e = tv.definition
         if e is None:
             node = Node("load", tv, key)
@@ -141,6 +160,10 @@ class _Builder:
             for k in g.R:
                 full_key[k] = ("r", k)
             inp = e.inputs[0]
+            for k in g.R:
+                if not _same_extent(self.uf, inp.logical[k], self.ref.logical[k]):
+                    raise NotAReduction(f"{e.op_name} of {inp.name} reduces axes of other extents "
+                                        f"than {self.ref.name}'s")
             arg = self.visit(inp, _zero_bcast(inp, full_key))
             node = Node("reduce", tv, key, e, [arg])
             if e not in g.reduces:

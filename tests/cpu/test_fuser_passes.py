@@ -291,3 +291,45 @@ def test_a_group_of_only_size_reads_launches_nothing():
         assert f(torch.randn(shape)) == list(shape)
     (runner,) = f.runners.values()
     assert not runner.lowered.fusion.outputs and f.last_run.kernels == 0
+
+
+class _ConvNoBias(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+        self.conv_b = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv_b(torch.relu(self.conv(x)) * 2))
+
+
+def test_conv_with_optional_bias_that_is_none():
+    """A scripted Conv2d(bias=False) passes a `Tensor?` bias that is None: not split (it was
+    unsqueezed, which failed at run time)."""
+    torch.manual_seed(0)
+    m = _ConvNoBias().eval()
+    x = torch.randn(2, 3, 8, 8)
+    f = jit(torch.jit.script(m))
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), m(x))
+    assert f.last_run.eager_groups == 0 and f.last_run.kernels >= 1
+
+
+def _bn_train_relu(x, w, b, rm, rv):
+    y = torch.batch_norm(x, w, b, rm, rv, True, 0.1, 1e-5, False)
+    y.add_(x)
+    return y.relu_()
+
+
+def test_inplace_on_training_batch_norm_output_is_fused():
+    """Training batch_norm writes its running statistics, but its output is fresh (its schema
+    says it aliases nothing): add_/relu_ on it become functional and fuse."""
+    f = jit(torch.jit.script(_bn_train_relu))
+    args = [torch.randn(4, 3, 5), torch.rand(3) + 0.5, torch.randn(3), torch.randn(3),
+            torch.rand(3) + 0.5]
+    ref_args = [a.clone() for a in args]
+    torch.testing.assert_close(f(*args), _bn_train_relu(*ref_args))
+    for a, r in zip(args, ref_args):             # running statistics updated the same way
+        torch.testing.assert_close(a, r)
+    assert f.last_run.groups == 1 and f.last_run.kernels == 1
+    assert not any(fb["kind"] in ("aten::add_", "aten::relu_") for fb in f.last_run.fallbacks)

@@ -138,12 +138,21 @@ def test_unsupported_node_is_named():
         lower_graph(graph, [X])
 
 
-def test_node_support_requires_constant_dims():
+def test_node_support_requires_constant_or_host_dims():
     def fn(x, d: int):
         return torch.sum(x, [d])
     graph = parse_ir(str(torch.jit.script(fn).graph))
     node = next(n for n in graph.nodes() if n.kind == "aten::sum")
-    ok, reason = node_support(node)
+    assert node_support(node) == (True, "")          # a host int: specialised on its value
+    assert lower_graph(graph, [X, 1]).specialised == (1,)
+
+    graph = parse_ir("""graph(%x : Float(*, *), %y : Tensor):
+  %b : bool = prim::Constant[value=0]()
+  %n : NoneType = prim::Constant()
+  %s : Tensor = aten::sum(%x, %y, %b, %n)
+  return (%s)
+""")                                                  # a tensor where dims go: never
+    ok, reason = node_support(next(n for n in graph.nodes() if n.kind == "aten::sum"))
     assert not ok and "constant" in reason
 
 

@@ -112,3 +112,82 @@ def test_clear():
     dc.store(dc.make_key("b"), b"b")
     assert dc.clear() == 2
     assert dc.load(dc.make_key("a")) is None
+
+
+# ----- an entry proves it is the kernel asked for -------------------------------------------
+def test_entry_copied_from_another_key_is_rejected():
+    a, b = dc.make_key("kernel a"), dc.make_key("kernel b")
+    dc.store(a, b"cubin of a", "kern_a")
+    with open(dc.entry_path(a), "rb") as f:
+        blob = f.read()
+    with open(dc.entry_path(b), "wb") as f:        # valid checksum, but written for key a
+        f.write(blob)
+    before = dc.stats["foreign"]
+    assert dc.load(b, "kern_a") is None
+    assert dc.stats["foreign"] == before + 1 and not os.path.exists(dc.entry_path(b))
+    assert dc.load(a, "kern_a") == b"cubin of a"
+
+
+def test_forged_entry_with_valid_checksum_for_another_kernel_is_rejected():
+    key = dc.make_key("src", "sm_90", "kern")
+    os.makedirs(dc.cache_dir(), mode=0o700, exist_ok=True)
+    with open(dc.entry_path(key), "wb") as f:
+        f.write(dc.encode(b"someone else's cubin", key, "other_kernel"))
+    assert dc.load(key, "kern") is None
+    assert not os.path.exists(dc.entry_path(key))
+    with open(dc.entry_path(key), "wb") as f:      # right kernel name, entry for another key
+        f.write(dc.encode(b"x", dc.make_key("elsewhere"), "kern"))
+    assert dc.load(key, "kern") is None
+
+
+def test_entries_of_the_old_format_are_recompiled():
+    import hashlib
+    import struct
+    key = dc.make_key("old")
+    os.makedirs(dc.cache_dir(), mode=0o700, exist_ok=True)
+    payload = b"v1 payload"
+    with open(dc.entry_path(key), "wb") as f:
+        f.write(struct.pack("<8sQ32s", b"PFCUBIN1", len(payload),
+                            hashlib.sha256(payload).digest()) + payload)
+    assert dc.load(key) is None and not os.path.exists(dc.entry_path(key))
+
+
+# ----- the directory is private to its user ---------------------------------------------------
+def _mode(path) -> int:
+    return os.stat(path).st_mode & 0o777
+
+
+def test_cache_dir_is_created_private():
+    dc.store(dc.make_key("p"), b"p")
+    assert _mode(dc.cache_dir()) == 0o700
+    assert _mode(dc.entry_path(dc.make_key("p"))) & 0o077 == 0
+
+
+@pytest.mark.parametrize("op", ["load", "store"])
+def test_shared_cache_dir_of_this_user_is_repaired(op, tmp_path, monkeypatch):
+    d = tmp_path / f"shared_{op}"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(d))
+    if op == "load":
+        assert dc.load(dc.make_key("r")) is None
+    else:
+        assert dc.store(dc.make_key("r"), b"r")
+    assert _mode(d) == 0o700
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
+def test_cache_dir_of_another_user_is_refused(tmp_path, monkeypatch):
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(d))
+    key = dc.make_key("t")
+    with open(d / (key + dc.SUFFIX), "wb") as f:
+        f.write(dc.encode(b"planted", key, ""))
+    real = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real + 12345)
+    before = dc.stats["refused"]
+    assert dc.load(key) is None                    # never read from a directory not ours
+    assert dc.store(key, b"mine") is False
+    assert dc.stats["refused"] == before + 1
+    assert os.path.exists(d / (key + dc.SUFFIX))   # and nothing of theirs is touched

@@ -157,12 +157,15 @@ def test_dumps(fake_api, monkeypatch, capsys):
 def test_dispatch_cpu_modes(fake_api, monkeypatch):
     f = add_fusion()
     a, b = torch.randn(2, 3), torch.randn(2, 3)
+    monkeypatch.delenv("PYFUSER_CPU_EXECUTOR", raising=False)
     assert torch.equal(dispatch.execute_fusion(f, [a, b])[0], a + b)
-    assert fake_api.calls["interpret"] == 0                       # evaluator by default
-    dispatch.execute_fusion(f, [a, b], mode="interpret")
+    assert fake_api.calls["interpret"] == 1                       # the interpreter by default
+    dispatch.execute_fusion(f, [a, b], mode="evaluator")
     assert fake_api.calls["interpret"] == 1
-    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", "interpret")
-    dispatch.execute_fusion(f, [a, b])
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", "evaluator")
+    assert torch.equal(dispatch.execute_fusion(f, [a, b])[0], a + b)
+    assert fake_api.calls["interpret"] == 1
+    dispatch.execute_fusion(f, [a, b], mode="interpret")
     assert fake_api.calls["interpret"] == 2 and fake_api.calls["plan"] == 1  # one executor per fusion
     assert dispatch.get_executor(f, "interpret").stats["runs"] == 2
     with pytest.raises(ValueError):

@@ -94,3 +94,24 @@ def test_disk_cache_in_front_of_nvrtc(monkeypatch):
     # bypass
     monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
     assert not nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90").from_disk
+
+
+SUB = ADD.replace("pf_test_add", "pf_test_sub").replace("a[i] + b[i]", "a[i] - b[i]")
+
+
+def test_forged_entry_for_a_kernel_is_recompiled():
+    """An entry holding another kernel's CUBIN under this kernel's key (checksum valid) is
+    rejected: the entry must carry this key and this kernel's name."""
+    good = nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90")
+    other = nvrtc.compile_cuda(SUB, "pf_test_sub", arch="sm_90")
+    with open(disk_cache.entry_path(good.key), "wb") as f:
+        f.write(disk_cache.encode(other.lowered_name.encode() + b"\0" + other.cubin,
+                                  good.key, "pf_test_sub"))
+    again = nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90")
+    assert not again.from_disk and again.cubin == good.cubin
+    with open(disk_cache.entry_path(good.key), "wb") as f:     # a copy of the other's entry
+        with open(disk_cache.entry_path(other.key), "rb") as g:
+            f.write(g.read())
+    again = nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90")
+    assert not again.from_disk and again.cubin == good.cubin
+    assert nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90").from_disk

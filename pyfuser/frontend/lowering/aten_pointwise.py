@@ -9,7 +9,7 @@ from __future__ import annotations
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.base import Scalar
-from ...ir.dtypes import DataType
+from ...ir.dtypes import DataType, Operand, result_type
 from ...ir.ops import OPS
 from ...ir.tensor import TensorView
 from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
@@ -53,7 +53,19 @@ def _scaled(self_, other, alpha):
     if "float" not in kinds and _kind_of(alpha) == "float":
         raise UnsupportedOpError("For integral input tensors, argument alpha must not be a "
                                  "floating point number (eager raises)")
+    # alpha takes no part in promotion: scale `other` in the dtype of `self op other` (an int
+    # tensor times 0.5 must not promote a bfloat16 sum to float32)
+    common = _promoted(self_, other)
+    if isinstance(other, (TensorView, Scalar)) and other.dtype != common:
+        other = B.cast(other, common)
     return ew("mul", other, alpha)
+
+
+def _promoted(*xs) -> DataType:
+    """Eager's result dtype of a binary op over lowered operands (promotion only)."""
+    ops = [B._operand(x) if isinstance(x, (TensorView, Scalar)) else
+           Operand(DataType.from_python(x), Operand.SCALAR) for x in xs]
+    return result_type(*ops)
 
 
 @lowers("aten::add", n_args=(2, 3))

@@ -37,16 +37,15 @@ def _flatten(x, start=0, end=-1):
     shape = [_extent_or_minus_one(d) for d in x.logical]
     known = shape[s:e + 1]
     merged = -1 if -1 in known else _prod(known)
-    new = shape[:s] + [merged] + shape[e + 1:]
-    if new.count(-1) > 1:
-        raise UnsupportedOpError("aten::flatten: needs known sizes outside the flattened range")
-    return B.reshape(x, new)
+    # axes outside the range keep their size: their own (symbolic) extent where not known
+    outer = [d.extent if v == -1 else v for d, v in zip(x.logical, shape)]
+    return B.reshape(x, outer[:s] + [merged] + outer[e + 1:])
 
 
 def _extent_or_minus_one(d) -> int:
-    if d.is_broadcast and d.expanded_extent is None:
-        return 1
-    return d.extent.value if d.extent.is_const else -1
+    """A logical axis' size when known (an expanded axis counts its expanded size), else -1."""
+    ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return ext.value if ext.is_const else -1
 
 
 def _prod(xs):
@@ -58,6 +57,13 @@ def _prod(xs):
 
 @lowers(*_kinds("squeeze"), op_class=METADATA, n_args=(1, 2), const_args=(1,))
 def _squeeze(x, dims=None):
+    candidates = range(x.ndim) if dims is None else \
+        [d % max(x.ndim, 1) for d in ([dims] if isinstance(dims, int) else dims)]
+    for i in candidates:
+        if _may_be_one(x.logical[i]):
+            raise UnsupportedOpError(
+                f"squeeze: axis {i} has a size known only at run time (a view's -1), which "
+                "may be 1 (eager would squeeze it)")
     if dims is None:
         dims = [i for i, d in enumerate(x.logical) if d.is_broadcast and d.expanded_extent is None]
     elif isinstance(dims, int):
@@ -68,6 +74,18 @@ def _squeeze(x, dims=None):
     return B.squeeze(x, keep)
 
 
+def _may_be_one(d) -> bool:
+    """A full axis whose extent is neither constant nor a fusion input's: a group's inputs are
+    specialised on their size-1 axes (those are broadcast axes), so an input's symbolic extent
+    is never 1, but the extent a view infers (-1) may be."""
+    if d.is_broadcast or d.extent.is_const:
+        return False
+    from ...ir.fusion import Fusion
+    inputs = Fusion.current().inputs
+    return not any(d.extent is a.extent for t in inputs if isinstance(t, TensorView)
+                   for a in t.logical)
+
+
 @lowers(*_kinds("unsqueeze"), op_class=METADATA, n_args=(2,), const_args=(1,))
 def _unsqueeze(x, dim):
     return B.unsqueeze(x, int(dim))
@@ -75,17 +93,31 @@ def _unsqueeze(x, dim):
 
 @lowers(*_kinds("permute"), op_class=METADATA, n_args=(2,), const_args=(1,))
 def _permute(x, dims):
-    return B.permute(x, _ints(dims, "permute dims"))
+    dims = _ints(dims, "permute dims")
+    return x if _moves_only_size_one(x, dims) else B.permute(x, dims)
 
 
 @lowers(*_kinds("transpose"), op_class=METADATA, n_args=(3,), const_args=(1, 2))
 def _transpose(x, d0, d1):
-    return B.transpose(x, int(d0), int(d1))
+    dims = list(range(x.ndim))
+    if x.ndim:
+        dims[int(d0) % x.ndim], dims[int(d1) % x.ndim] = dims[int(d1) % x.ndim], dims[int(d0) % x.ndim]
+    return x if _moves_only_size_one(x, dims) else B.transpose(x, int(d0), int(d1))
 
 
 @lowers(*_kinds("t"), op_class=METADATA, n_args=(1,))
 def _t(x):
-    return x if x.ndim < 2 else B.transpose(x, 0, 1)
+    return x if x.ndim < 2 or _moves_only_size_one(x, [1, 0]) else B.transpose(x, 0, 1)
+
+
+def _moves_only_size_one(x, dims) -> bool:
+    """A permutation that moves only size-1 (broadcast) axes gives the same shape and elements:
+    no op (a copy of it would otherwise look like a transpose of an all-size-1 tensor)."""
+    if len(dims) != x.ndim:
+        return False
+    return all(i == d % x.ndim or (x.logical[i].is_broadcast and
+                                   x.logical[i].expanded_extent is None)
+               for i, d in enumerate(dims))
 
 
 @lowers(*_kinds("expand"), op_class=METADATA, n_args=(2, 3), const_args=(1, 2))

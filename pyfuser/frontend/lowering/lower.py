@@ -17,10 +17,12 @@ import torch
 
 from ...errors import PyfuserError, UnsupportedOpError
 from ...ir import builder as B
+from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
-from ..torchscript.types import BoolType, FloatType, IntType, TensorType
+from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
+                                 TensorType)
 from . import aten_pointwise, aten_reduction, aten_shape  # noqa: F401  (fill the table)
 from .registry import LOWERINGS
 
@@ -51,6 +53,14 @@ class LoweredGraph:
     fusion: Fusion
     # For each graph output: the index of the fusion output that gives it, or a HostValue.
     output_map: list
+    # The graph inputs that are fusion inputs, in order (specialised ones are not).
+    input_indices: list = None
+    # Graph inputs whose example values were folded in as constants (specialised_inputs).
+    specialised: tuple = ()
+
+    def fusion_args(self, args) -> list:
+        """The fusion's inputs among a call's graph inputs."""
+        return args if self.input_indices is None else [args[i] for i in self.input_indices]
 
     @property
     def host_values(self) -> bool:
@@ -64,7 +74,10 @@ def where(node) -> str:
 
 
 def node_support(node) -> tuple[bool, str]:
-    """Whether `node` can be lowered on its own terms (kind, argument count, constant args)."""
+    """Whether `node` can be lowered on its own terms (kind, argument count, constant args).
+    A constant argument may also be a host value (an int/float/bool, or a list of them and
+    constants: `prim::ListConstruct` of `aten::size` results): the group is specialised on
+    its value (specialised_inputs)."""
     entry = LOWERINGS.get(node.kind)
     if entry is None:
         return False, f"{node.kind} has no lowering"
@@ -72,8 +85,9 @@ def node_support(node) -> tuple[bool, str]:
     if entry.n_args and n not in entry.n_args:
         return False, f"{node.kind} with {n} arguments is not supported"
     for pos in entry.const_args:
-        if pos < n and not is_constant(node.inputs[pos]):
-            return False, f"{node.kind}: argument {pos} must be a constant"
+        if pos < n and not (is_constant(node.inputs[pos]) or is_host_value(node.inputs[pos])):
+            return False, (f"{node.kind}: argument {pos} must be a constant or a host int/float/"
+                           f"bool (list), not {node.inputs[pos].type}")
     for i, v in enumerate(node.inputs):
         if i not in entry.const_args and not _is_value_arg(v):
             return False, f"{node.kind}: argument {i} of type {v.type} is not a tensor or number"
@@ -87,25 +101,89 @@ def is_constant(v) -> bool:
     return k in _LIST_KINDS and all(is_constant(i) for i in v.node.inputs)
 
 
+def is_host_value(v) -> bool:
+    """An int/float/bool value, or a list/tuple construct of such values and constants: what
+    a group can take from the host and specialise on (never a tensor)."""
+    t = v.type
+    if type(t) in _SCALAR_TYPES or (isinstance(t, ListType) and type(t.elem) in _SCALAR_TYPES):
+        return True
+    return v.node.kind in _LIST_KINDS and all(
+        is_constant(i) or is_host_value(i) for i in v.node.inputs)
+
+
+def specialised_inputs(graph) -> tuple:
+    """Indices of the graph inputs used, directly or through list/tuple constructs, as an
+    argument the lowering needs as a constant: the group is lowered with their example values
+    folded in, and its guard checks those values exactly."""
+    wanted: set = set()
+
+    def mark(v, seen):
+        if v in seen:
+            return
+        seen.add(v)
+        if v.node.kind == "prim::Param":
+            wanted.add(v.offset)
+        elif v.node.kind in _LIST_KINDS:
+            for i in v.node.inputs:
+                mark(i, seen)
+
+    seen: set = set()
+    for node in graph.nodes():
+        entry = LOWERINGS.get(node.kind)
+        if entry is None:
+            continue
+        for pos in entry.const_args:
+            if pos < len(node.inputs):
+                mark(node.inputs[pos], seen)
+    return tuple(sorted(i for i in wanted if not isinstance(graph.inputs[i].type, TensorType)))
+
+
 def _is_value_arg(v) -> bool:
     return is_constant(v) or isinstance(v.type, TensorType) or type(v.type) in _SCALAR_TYPES
 
 
 def constant_value(v):
+    """The Python value of a constant (or constant list), as its declared type says: IR text
+    spells a bool `False` as `value=0` and torch prints a float 1e10 as `10000000000`."""
     node = v.node
     if node.kind in _LIST_KINDS:
         return [constant_value(i) for i in node.inputs]
-    return node.attr("value") if node.has_attr("value") else None
+    return _as_declared(node.attr("value") if node.has_attr("value") else None, v.type)
+
+
+def _as_declared(value, t):
+    if isinstance(t, OptionalType):
+        return None if value is None else _as_declared(value, t.elem)
+    if isinstance(t, BoolType) and isinstance(value, int):
+        return bool(value)
+    if isinstance(t, FloatType) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(t, IntType) and isinstance(value, bool):
+        return int(value)
+    if isinstance(t, ListType) and isinstance(value, (list, tuple)):
+        return [_as_declared(e, t.elem) for e in value]
+    return value
 
 
 def lower_graph(graph, example_inputs=None) -> LoweredGraph:
-    """Build a Fusion from `graph`; raises UnsupportedOpError naming the node that cannot lower."""
+    """Build a Fusion from `graph`; raises UnsupportedOpError naming the node that cannot lower.
+    Inputs in specialised_inputs(graph) take their example value as a constant (they must be
+    given); the others become fusion inputs (`input_indices`)."""
     fusion = Fusion()
     env: dict = {}
+    special = specialised_inputs(graph)
+    indices = []
     with fusion:
         for i, v in enumerate(graph.inputs):
             example = example_inputs[i] if example_inputs is not None else None
+            if i in special:
+                if example_inputs is None:
+                    raise UnsupportedOpError(f"graph input %{v.debug_name} gives a size or other "
+                                             "constant argument; lower with example inputs")
+                env[v] = _host_constant(v, example)
+                continue
             env[v] = _lower_input(v, example)
+            indices.append(i)
         for node in graph.nodes():
             _lower_node(node, env)
         output_map = []
@@ -119,7 +197,22 @@ def lower_graph(graph, example_inputs=None) -> LoweredGraph:
             if val not in fusion.outputs:
                 fusion.add_output(val)
             output_map.append(fusion.outputs.index(val))
-    return LoweredGraph(fusion, output_map)
+    return LoweredGraph(fusion, output_map, indices, special)
+
+
+def _host_constant(v, value):
+    """A specialised input's example value, checked to be a plain host constant."""
+    if not _is_python_constant(value):
+        raise UnsupportedOpError(f"graph input %{v.debug_name} ({type(value).__name__}) is used "
+                                 "as a constant argument but is not an int/float/bool (list)")
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _is_python_constant(x) -> bool:
+    """Not a value of the Fusion (TensorView or Scalar), nor a list holding one."""
+    if isinstance(x, (list, tuple)):
+        return all(_is_python_constant(e) for e in x)
+    return not isinstance(x, (TensorView, Scalar, torch.Tensor))
 
 
 _SHAPE_READS = ("aten::size", "prim::dtype")
@@ -159,6 +252,19 @@ def _lower_input(v, example):
     raise UnsupportedOpError(f"graph input %{v.debug_name} of type {t} cannot enter a fusion")
 
 
+def axis_order(sizes, strides) -> list:
+    """Axes innermost first, by stride. A size-1 axis' stride is arbitrary (torch gives (1, 1)
+    to a transposed (1, 6) tensor), so size-1 axes never make an input look permuted: when the
+    other axes are in row-major order the whole order is row-major, else size-1 axes go
+    outermost. The fusion's stride order and the guard's both come from here."""
+    n = len(sizes)
+    big = [i for i in range(n) if sizes[i] != 1]
+    order = sorted(big, key=lambda i: (strides[i], i))
+    if order == sorted(big, reverse=True):
+        return list(range(n - 1, -1, -1))
+    return order + [i for i in range(n - 1, -1, -1) if sizes[i] == 1]
+
+
 def _tensor_input(dtype, sizes, strides, v):
     try:
         dt = DataType.from_torch(dtype)
@@ -168,7 +274,7 @@ def _tensor_input(dtype, sizes, strides, v):
     stride_order = None
     contiguity = None
     if strides and None not in strides and -1 not in sizes:
-        order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+        order = axis_order(sizes, strides)
         stride_order = [0] * len(sizes)
         for rank, axis in enumerate(order):
             stride_order[axis] = rank
@@ -197,7 +303,7 @@ def _lower_node(node, env) -> None:
         env[node.output()] = constant_value(node.output())
         return
     if kind in _LIST_KINDS:
-        env[node.output()] = [env[i] for i in node.inputs]
+        env[node.output()] = [env[i] if i in env else constant_value(i) for i in node.inputs]
         return
     if kind in _SHAPE_READS and node.inputs and isinstance(env.get(node.inputs[0]), TensorView):
         env[node.output()] = _shape_read(node, env[node.inputs[0]])
@@ -206,6 +312,10 @@ def _lower_node(node, env) -> None:
     if not ok:
         raise UnsupportedOpError(f"{where(node)}: {reason}")
     args = [env[i] if i in env else constant_value(i) for i in node.inputs]
+    for pos in LOWERINGS[kind].const_args:
+        if pos < len(args) and not _is_python_constant(args[pos]):
+            raise UnsupportedOpError(f"{where(node)}: argument {pos} must be a constant (it is "
+                                     "computed in the group)")
     try:
         result = LOWERINGS[kind].handler(*args)
     except PyfuserError as e:

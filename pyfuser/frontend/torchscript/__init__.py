@@ -5,7 +5,7 @@
     print(g)                            # same text format as PyTorch
     outs = run_graph(g, make_inputs(g, device="cpu", seed=0), device="cpu")
 """
-from .from_torch import graph_from_function
+from .from_torch import graph_from_function, graph_from_torch
 from .graph import Block, Graph
 from .inputs import make_inputs
 from .lint import LintError
@@ -19,6 +19,7 @@ from .types import (AnyType, BoolType, ClassType, ComplexType, ContainerType, De
 
 __all__ = [
     "parse_ir", "print_graph", "node_line", "run_graph", "make_inputs", "graph_from_function",
+    "graph_from_torch",
     "Graph", "Block", "Node", "Value", "Use", "LintError", "RunContext", "NodeHandler",
     "JitType", "TensorType", "IntType", "FloatType", "BoolType", "StringType", "ComplexType",
     "DeviceType", "NoneType", "NumberType", "AnyType", "FunctionType", "ListType",

@@ -11,8 +11,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .types import (DTYPE_TO_CODE, BoolType, DeviceType, FloatType, IntType, ListType,
-                    NumberType, OptionalType, TensorType, TupleType)
+from .types import (DTYPE_TO_CODE, BoolType, ClassType, DeviceType, EnumType, FloatType,
+                    IntType, ListType, OptionalType, TensorType, TupleType, enum_member)
 
 
 def attr_for_value(v: Any) -> Optional[tuple]:
@@ -64,8 +64,12 @@ def _convert(value: Any, type_, map_device: Callable) -> Any:
         return tuple(value)
     if isinstance(type_, TensorType) and isinstance(value, torch.Tensor):
         return tensor_for_type(value, type_, map_device)
-    if isinstance(type_, NumberType) and isinstance(value, bool):
-        return value
+    if isinstance(type_, EnumType) and isinstance(value, ClassType):
+        member = enum_member(value.name)
+        if member is None:
+            raise ValueError(f"enum value {value.name} is unknown in this process (its class "
+                             "is registered with torch when scripted code uses it)")
+        return member
     return value
 
 
@@ -89,11 +93,14 @@ def _numel(sizes) -> int:
 def constant_value(node, map_device: Callable = lambda d: d) -> Any:
     """The runtime value of a `prim::Constant` node (see module docstring)."""
     out_type = node.output().type if node.outputs else None
+    if node.value_object is not None:
+        return node.value_object
     if "value" not in node.attributes:
         return None
     kind, value = node.attributes["value"]
-    if kind == "t" and value is None:
-        raise ValueError("the tensor's contents were not printed (`<Tensor>`)")
+    if kind in ("t", "ts") and value is None:
+        raise ValueError("the tensor's contents were not printed (`<Tensor>`); build the graph "
+                         "from the torch object to keep them")
     if kind == "g":
         raise ValueError("a graph constant cannot be evaluated")
     return _convert(value, out_type, map_device)

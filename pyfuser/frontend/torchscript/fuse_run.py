@@ -20,14 +20,15 @@ import torch
 
 from .inputs import make_inputs
 from .jit import CompiledGraph, eager_handler
+from .run_limits import CPU_LARGE_NUMEL, DEFAULT_SHRINK
 from .runner import run_graph
 
 # Above this many elements in one input, `pyfuser demo` on the CPU caps every size
-# (make_inputs' size_override); `pyfuser run` caps only with --shrink. Seed 003's graph (6.4M
-# elements an input) runs at full size in ~4 s; seed 000's (130M, 3.6 GB of inputs and output)
-# takes ~30 s and ~9 GB on a 2-core machine, so the demo caps it.
-CPU_AUTO_SHRINK_NUMEL = 1 << 24
-CPU_AUTO_SHRINK_TO = 128
+# (make_inputs' size_override); `pyfuser run` refuses without --shrink or --full-size
+# (run_limits.py). Seed 003's graph (6.4M elements an input) runs at full size in ~4 s; seed
+# 000's (130M, 3.6 GB of inputs and output) takes ~30 s and ~9 GB on a 2-core machine.
+CPU_AUTO_SHRINK_NUMEL = CPU_LARGE_NUMEL
+CPU_AUTO_SHRINK_TO = DEFAULT_SHRINK
 
 
 def needs_shrink(graph) -> bool:
@@ -48,11 +49,14 @@ def clone_inputs(xs):
 
 
 def compare(ref: list, out: list) -> tuple:
-    """(matches, max_abs_err) over all outputs; dtypes and shapes must be equal."""
-    ok, err = len(ref) == len(out), 0.0
-    for a, b in zip(ref, out):
+    """(matches, max_abs_err) over all outputs, tuples / lists / dicts of tensors included
+    (compared element by element); dtypes and shapes must be equal."""
+    ok, err = True, 0.0
+    for a, b in _leaves(ref, out):
+        if a is _MISMATCH:
+            return False, float("inf")
         if not isinstance(a, torch.Tensor):
-            ok = ok and a == b
+            ok = ok and not isinstance(b, torch.Tensor) and type(a) is type(b) and a == b
             continue
         if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
             return False, float("inf")
@@ -65,6 +69,28 @@ def compare(ref: list, out: list) -> tuple:
         else:
             ok = ok and torch.equal(a, b)
     return bool(ok), err
+
+
+_MISMATCH = object()
+
+
+def _leaves(a, b):
+    """Pairs of corresponding leaves of two nested outputs; (_MISMATCH, None) where their
+    structure differs."""
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or type(a) is not type(b) or len(a) != len(b):
+            yield _MISMATCH, None
+            return
+        for x, y in zip(a, b):
+            yield from _leaves(x, y)
+    elif isinstance(a, dict):
+        if not isinstance(b, dict) or a.keys() != b.keys():
+            yield _MISMATCH, None
+            return
+        for k in a:
+            yield from _leaves(a[k], b[k])
+    else:
+        yield a, b
 
 
 def _time_ms(fn, device, reps=20) -> float:
@@ -135,9 +161,29 @@ def text_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def demo_env() -> dict:
-    """Environment for `pyfuser demo` on a CPU-only machine: show kernels, interpret them."""
-    env = {"PYFUSER_CPU_EXECUTOR": "interpret"}
+def demo_line(path: str, report: dict) -> str:
+    """One line of `pyfuser demo`'s report for one graph."""
+    ok = "matches eager" if report["matches_eager"] else "DIFFERS FROM EAGER"
+    capped = f", sizes capped at {report['shrunk_to']}" if report.get("shrunk_to") else ""
+    falls = f", {len(report['fallbacks'])} eager fallback(s)" if report["fallbacks"] else ""
+    host = f" + {report['host_segments']} host view(s)" if report.get("host_segments") else ""
+    return (f"{path}: {report['groups']} group(s), {report['kernels']} kernel(s){host} per call "
+            f"({report['executor']}{capped}){falls}; {ok} (max abs err "
+            f"{report['max_abs_err']:.3g})")
+
+
+def demo_env(device: str = "cpu", show_cuda: bool = False, cuda_dir=None) -> dict:
+    """Environment for `pyfuser demo`: the CPU interpreter on a CPU-only machine; the CUDA
+    source printed (`cuda_kernel` dump) or written to files (`cuda_to_file`, with the disk
+    cache off so that every kernel is compiled, hence written) when asked."""
+    env = {"PYFUSER_CPU_EXECUTOR": "interpret"} if device == "cpu" else {}
     dumps = set(filter(None, os.environ.get("PYFUSER_DUMP", "").split(",")))
-    env["PYFUSER_DUMP"] = ",".join(sorted(dumps | {"cuda_kernel"}))
+    if show_cuda:
+        dumps.add("cuda_kernel")
+    if cuda_dir:
+        dumps.add("cuda_to_file")
+        env["PYFUSER_DUMP_DIR"] = os.path.abspath(cuda_dir)
+        env["PYFUSER_DISABLE_DISK_CACHE"] = "1"
+    if dumps:
+        env["PYFUSER_DUMP"] = ",".join(sorted(dumps))
     return env

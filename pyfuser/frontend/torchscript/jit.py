@@ -10,8 +10,16 @@
     else runs the unfused subgraph eagerly, logging the reason once. Inputs whose dtypes,
     sizes, strides and devices (per other value: type) passed the guard before pass it again
     without recomputing the signature, which is a function of exactly those (`_guard_key`);
+  * is specialised on the values of inputs the lowering needs as constants (view sizes made
+    of `aten::size` results, dims: `lowering.specialised_inputs`); new values of those are
+    lowered again (at most MAX_VARIANTS per group, then eagerly);
+  * runs eagerly, under autograd, when grad mode is on and an input requires grad (pyfuser's
+    kernels have no backward): outputs require grad exactly when eager's do, never a
+    silently detached result. The rest of the graph runs in the caller's grad mode;
   * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
-    logged once). Never a silent wrong result: every fallback is the eager subgraph.
+    logged once); an ExecuteError (these inputs' sizes do not fit the fusion, e.g. an axis
+    of size 1 the fusion did not take as broadcast) runs that call eagerly. Never a silent
+    wrong result: every fallback is the eager subgraph.
 `prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
 `last_run` (RunStats) describes the last call: groups, kernels launched, host segments,
 fallbacks. Counts come from the dispatcher's RunReport (`last_report(fusion)`) of each group call, i.e. from
@@ -31,17 +39,18 @@ from dataclasses import dataclass, field
 import torch
 
 from ...dump import dump
-from ...errors import PyfuserError
+from ...errors import ExecuteError, PyfuserError
 from ...ir.shapes import bind
 from ...runtime import dispatch
 from ..lowering import lower_graph
-from ..lowering.lower import HostValue
+from ..lowering.lower import HostValue, specialised_inputs
 from ..lowering.aten_pointwise import check_inplace_cast
 from .ops import call_op
 from .passes import run_pipeline
 from .passes.alias_copy import FROM_COPY
 from .passes.groups import GROUP_KIND
 from .passes.guards import mismatch, signature
+from .module_flags import guards_hold
 from .passes.report import describe
 from .runner import run_graph
 
@@ -92,6 +101,14 @@ class RunStats:
 
 
 _MAX_PASSED = 256
+GRAD_REASON = ("an input requires grad and grad mode is on: pyfuser's kernels have no "
+               "backward, so this group runs eagerly with autograd (call under torch.no_grad() "
+               "or torch.inference_mode() to fuse)")
+MAX_VARIANTS = 8           # value specialisations (sizes from the host) kept per group
+
+
+def _freeze(a):
+    return tuple(_freeze(e) for e in a) if isinstance(a, (list, tuple)) else a
 
 
 def _guard_key(args) -> tuple:
@@ -105,12 +122,14 @@ class GroupRunner:
     def __init__(self, node, index: int):
         self.node, self.index = node, index
         self.subgraph = node.g("Subgraph")
-        self.lowered = None
+        self.special = specialised_inputs(self.subgraph)
+        self.lowered = None           # the first call's lowering (its fusion: dumps, tests)
+        self.variants: dict = {}      # values of the specialised inputs -> LoweredGraph or reason
         self.spec = None
         self.dead = None              # reason this group runs eagerly for good
         self._logged: set = set()
-        self._passed: dict = {}       # _guard_key of inputs that passed the guard -> on CUDA
-        self._host: dict = {}         # _guard_key -> host-answered outputs (sizes, dtypes)
+        self._passed: dict = {}       # _guard_key of inputs that passed -> (lowered, on CUDA)
+        self._host: dict = {}         # (_guard_key, variant) -> host-answered outputs
 
     @property
     def name(self) -> str:
@@ -125,34 +144,66 @@ class GroupRunner:
             dump("fallback", self.name, reason)
         return ctx.run_graph(self.subgraph, args)
 
+    def _variant(self, args):
+        """The LoweredGraph for these inputs' specialised values (lowered on first sight), or
+        the reason they run eagerly."""
+        vkey = tuple(_freeze(args[i]) for i in self.special)
+        lowered = self.variants.get(vkey)
+        if lowered is not None:
+            return lowered
+        if len(self.variants) >= MAX_VARIANTS:
+            return (f"more than {MAX_VARIANTS} specialisations on the values of "
+                    + ", ".join(f"%{self.subgraph.inputs[i].debug_name}" for i in self.special))
+        try:
+            lowered = lower_graph(self.subgraph, args)
+        except PyfuserError as e:
+            lowered = f"lowering failed: {e}"
+        self.variants[vkey] = lowered
+        if self.lowered is None and not isinstance(lowered, str):
+            self.lowered = lowered
+            dump("fusion_ir", self.name, lambda: str(lowered.fusion))
+        return lowered
+
+    def _admit(self, args):
+        """(LoweredGraph, on CUDA) for inputs not seen before, or why they run eagerly."""
+        sig = signature(args)
+        if self.spec is None:
+            self.spec = sig
+        elif sig != self.spec:
+            return f"guard failed: {mismatch(self.spec, sig)}"
+        lowered = self._variant(args)
+        if isinstance(lowered, str):
+            if not self.special:          # no other specialisation can lower: for good
+                self.dead = lowered
+            return lowered
+        return lowered, any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+
     def run(self, args, ctx, stats, cpu_mode):
         if self.dead is not None:
             return self._fallback(self.dead, args, ctx, stats)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args):
+            return self._fallback(GRAD_REASON, args, ctx, stats)
         key = _guard_key(args)
-        on_cuda = self._passed.get(key)
-        if on_cuda is None:              # not seen yet: the full guard signature
-            sig = signature(args)
-            if self.lowered is None:
-                try:
-                    self.lowered = lower_graph(self.subgraph, args)
-                except PyfuserError as e:
-                    self.dead = f"lowering failed: {e}"
-                    return self._fallback(self.dead, args, ctx, stats)
-                self.spec = sig
-                dump("fusion_ir", self.name, lambda: str(self.lowered.fusion))
-            elif sig != self.spec:
-                return self._fallback(f"guard failed: {mismatch(self.spec, sig)}", args, ctx,
-                                      stats)
-            on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        if self.special:                 # and the values the group is specialised on
+            key = (key, tuple(_freeze(args[i]) for i in self.special))
+        hit = self._passed.get(key)
+        if hit is None:                  # not seen yet: the full guard signature
+            hit = self._admit(args)
+            if isinstance(hit, str):
+                return self._fallback(hit, args, ctx, stats)
             if len(self._passed) >= _MAX_PASSED:
                 self._passed.clear()
-            self._passed[key] = on_cuda
-        lowered = self.lowered
+            self._passed[key] = hit
+        lowered, on_cuda = hit
         fusion = lowered.fusion
+        fargs = lowered.fusion_args(args)
         try:
-            outs = dispatch.execute_fusion(fusion, args, None if on_cuda else cpu_mode) \
+            outs = dispatch.execute_fusion(fusion, fargs, None if on_cuda else cpu_mode) \
                 if fusion.outputs else []
-            host = self._host_values(key, fusion, args) if lowered.host_values else None
+            host = self._host_values(key, lowered, fargs) if lowered.host_values else None
+        except ExecuteError as e:        # these inputs only (a size the fusion cannot take)
+            return self._fallback(f"inputs not accepted: {e}", args, ctx, stats)
         except PyfuserError as e:
             self.dead = f"execution failed: {type(e).__name__}: {e}"
             return self._fallback(self.dead, args, ctx, stats)
@@ -162,31 +213,73 @@ class GroupRunner:
         return [outs[m] if h is None else (list(h) if isinstance(h, list) else h)
                 for m, h in zip(lowered.output_map, host)]
 
-    def _host_values(self, key, fusion, args) -> list:
+    def _host_values(self, key, lowered, fargs) -> list:
         """Per graph output, its HostValue's value (None for kernel outputs); the sizes are fixed
         by the guard key, so they are computed once per key."""
-        host = self._host.get(key)
+        host = self._host.get((key, id(lowered)))
         if host is None:
-            b = bind(fusion, args)
+            b = bind(lowered.fusion, fargs)
             if len(self._host) >= _MAX_PASSED:
                 self._host.clear()
-            host = self._host[key] = [m.value(b) if isinstance(m, HostValue) else None
-                                      for m in self.lowered.output_map]
+            host = self._host[(key, id(lowered))] = [
+                m.value(b) if isinstance(m, HostValue) else None for m in lowered.output_map]
         return host
 
 
-class CompiledGraph:
-    """A fused graph, callable like the function it came from."""
+MAX_FLAG_VARIANTS = 4
 
-    def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None):
-        self.original = graph
-        self.graph = graph.copy()
-        self.report = run_pipeline(self.graph, arg_limit)
+
+@dataclass
+class _Variant:
+    """One fused graph of a CompiledGraph (one per set of module flag values)."""
+    original: object
+    graph: object
+    report: object
+    runners: dict
+    guards: list
+
+
+class CompiledGraph:
+    """A fused graph, callable like the function it came from. For a module whose flags were
+    folded (`flag_guards`, module_flags.py), each call checks them; when one changed, the graph
+    is built again by `rebuild()` -> (graph, guards) for the new values (a few kept)."""
+
+    def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None,
+                 flag_guards=(), rebuild=None):
         self.module = module
-        self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "evaluator"
-        groups = [n for n in self.graph.all_nodes() if n.kind == GROUP_KIND]
-        self.runners = {n: GroupRunner(n, i) for i, n in enumerate(groups)}
-        self.last_run = RunStats(groups=len(groups), fallbacks=self.report.fallbacks())
+        self.arg_limit = arg_limit
+        self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
+        self._rebuild = rebuild
+        self._variants: list = []
+        self._use(self._make_variant(graph, list(flag_guards)))
+
+    def _make_variant(self, graph, guards) -> _Variant:
+        fused = graph.copy()
+        report = run_pipeline(fused, self.arg_limit)
+        groups = [n for n in fused.all_nodes() if n.kind == GROUP_KIND]
+        v = _Variant(graph, fused, report, {n: GroupRunner(n, i) for i, n in enumerate(groups)},
+                     guards)
+        if len(self._variants) >= MAX_FLAG_VARIANTS:
+            self._variants.pop(0)
+        self._variants.append(v)
+        return v
+
+    def _use(self, v: _Variant) -> None:
+        self._variant = v
+        self.original, self.graph, self.report, self.runners = v.original, v.graph, v.report, v.runners
+        self.last_run = RunStats(groups=len(v.runners), fallbacks=v.report.fallbacks())
+
+    def _check_flags(self) -> None:
+        """Switch to (or build) the variant whose folded module flags hold now."""
+        if guards_hold(self._variant.guards):
+            return
+        for v in self._variants:
+            if guards_hold(v.guards):
+                self._use(v)
+                return
+        graph, guards = self._rebuild()
+        log.info("pyfuser: a module flag changed (e.g. train()/eval()): graph built again")
+        self._use(self._make_variant(graph, guards))
 
     @property
     def num_groups(self) -> int:
@@ -206,9 +299,12 @@ class CompiledGraph:
         stats = RunStats(groups=len(self.runners), fallbacks=self.report.fallbacks(),
                          executor=self.cpu_mode)
         self.last_run = stats
-        return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats))
+        return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats),
+                         no_grad=False)
 
     def __call__(self, *args):
+        if self._rebuild is not None:
+            self._check_flags()
         inputs = ([self.module] if self.module is not None else []) + list(args)
         outs = self.run(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -20,6 +20,8 @@ MAX_TENSOR_DISPLAY = 10
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "'": "\\'", "\a": "\\a", "\b": "\\b", "\f": "\\f",
             "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+# Three "digits" of PyTorch's octal escape of a negative (signed) char, at least one below '0'.
+_SIGNED_OCTAL = re.compile(r"(?=[./01][(-7]{2})(?=.?.?[(-/])[./01][(-7][(-7]")
 _UNESCAPES = {"\\": 0x5C, '"': 0x22, "'": 0x27, "a": 7, "b": 8, "f": 12, "n": 10, "r": 13,
               "t": 9, "v": 11, "?": 0x3F}
 
@@ -66,7 +68,14 @@ def unescape_string(body: str) -> str:
         if i + 1 >= len(body):
             raise ValueError("string ends with a lone backslash")
         nxt = body[i + 1]
-        if nxt in _UNESCAPES:
+        signed = _SIGNED_OCTAL.match(body, i + 1)
+        if signed:
+            # PyTorch prints a byte >= 0x80 as three "digits" '0' + d of the *signed* char
+            # (C division, so d may be negative: 0xC3 is `\\0)+`); the digits recombine exactly.
+            d = [ord(ch) - ord("0") for ch in signed.group(0)]
+            out.append((d[0] * 64 + d[1] * 8 + d[2]) & 0xFF)
+            i += 4
+        elif nxt in _UNESCAPES:
             out.append(_UNESCAPES[nxt])
             i += 2
         elif nxt in "01234567":

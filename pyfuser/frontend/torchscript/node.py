@@ -86,6 +86,9 @@ class Node:
         self.src_col: Optional[int] = None
         self.source: Optional[str] = None        # the `# file:line:col` comment, if any
         self.scope: Optional[str] = None         # the `, scope: __module.x` of traced graphs
+        # A constant's value that IR text cannot spell (a function, a script object), when the
+        # graph was built from a torch object (from_torch.py); never printed.
+        self.value_object: Any = None
 
     # ----- inputs / outputs -------------------------------------------------------------
     @property

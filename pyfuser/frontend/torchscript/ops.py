@@ -2,7 +2,8 @@
 
 The IR passes every argument positionally, keyword-only ones included, and never names the
 overload. `resolve(kind, args)` scores each non-`out` schema of `kind` against the runtime
-values (exact type 3, convertible 1-2, misfit rejects) and picks the best (earliest on ties);
+values (exact type 3, convertible 1-2, misfit rejects) and picks the best (earliest on ties),
+preferring schemas with exactly as many parameters as arguments (TorchScript passes them all);
 `call_op` then passes positional parameters positionally and keyword-only ones by name,
 converting Device arguments through the run's device map. Results: tuple -> list, None with
 no declared return -> [], else [result]. Resolutions are cached per (kind, argument kinds).
@@ -97,11 +98,15 @@ def resolve(kind: str, args: list):
     key = (kind, tuple(_arg_key(a) for a in args))
     if key in _CACHE:
         return _CACHE[key]
-    best, best_score = None, -1
+    best, best_score = None, (False, -1)
     for s in schemas(kind):
         sc = _score(s, args)
-        if sc is not None and sc > best_score:
-            best, best_score = s, sc
+        # TorchScript passes every argument, defaults included: a schema with exactly as many
+        # parameters as arguments is the one the graph was made with (`addmm` with 5, not
+        # `addmm.dtype`, whose `out_dtype` an int `beta` would fit better).
+        key = (len(s.arguments) == len(args), sc if sc is not None else -1)
+        if sc is not None and key > best_score:
+            best, best_score = s, key
     _CACHE[key] = best
     return best
 

@@ -13,8 +13,8 @@ import re
 
 from .lexer import DOTTED, IDENT, INT, MAX_NESTING, NUMBER, Scanner
 from .literals import TENSOR_TRAILER, parse_tensor_literal, scalar_tensor, unescape_string
-from .types import (NAME_TO_DTYPE, SIMPLE_TYPES, ClassType, ContainerType, DictType, JitType,
-                    ListType, OptionalType, TensorType, TupleType, UnionType)
+from .types import (NAME_TO_DTYPE, SIMPLE_TYPES, ClassType, ContainerType, DictType, EnumType,
+                    JitType, ListType, OptionalType, TensorType, TupleType, UnionType)
 
 _STRING = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _DEVICE = re.compile(r"[A-Za-z_]+(?::\d+)?")
@@ -100,6 +100,10 @@ def _parse_base_type(sc: Scanner) -> JitType:
         return ContainerType(word, elem)
     if word == "NamedTuple" and sc.accept("("):
         return _named_tuple(sc)
+    if word == "Enum" and sc.accept("<"):
+        name = sc.expect_match(DOTTED, "an enum class name").group(0)
+        sc.expect(">", "to close `Enum<`")
+        return EnumType(name)
     if word in SIMPLE_TYPES:
         return SIMPLE_TYPES[word]
     raise sc.error(f"unknown type `{word}`", start)
@@ -210,7 +214,11 @@ def _attr_value(sc: Scanner) -> tuple:
         raise sc.error(f"expected `<Tensor>` or `<Graph>`, found {sc.found()}")
     if c == "{":
         sc.pos += 1
+        if sc.accept("}"):
+            return ("ival", {})
         kind, v = parse_attr_value(sc)
+        if sc.peek(":"):
+            return ("ival", _dict_rest(sc, v))
         if kind not in ("i", "f", "c") and not (kind == "ival" and isinstance(v, bool)):
             raise sc.error("expected a number inside `{...}`", start)
         sc.expect("}", "to close the scalar tensor")
@@ -239,6 +247,8 @@ def _attr_value(sc: Scanner) -> tuple:
     for word, val in (("True", True), ("False", False), ("None", None)):
         if sc.keyword(word):
             return ("ival", val)
+    if sc.keyword("annotate"):
+        return _annotate(sc)
     if sc.peek_match(IDENT):
         return ("ty", parse_type(sc))
     raise sc.error(f"expected an attribute value, found {sc.found()}")
@@ -257,9 +267,9 @@ def _number_value(sc: Scanner, m: re.Match, start: int) -> tuple:
 
 
 def _maybe_tensor(sc: Scanner, start: int, scalar: tuple) -> tuple:
-    """A number followed by more than `,` / `]` / `)` / `}` begins a printed tensor."""
+    """A number followed by more than `,` / `]` / `)` / `}` / `:` begins a printed tensor."""
     c = sc.peek_char()
-    if c in (",", "]", ")", "}"):
+    if c in (",", "]", ")", "}", ":"):
         return scalar
     return ("t", _tensor_literal(sc, start))
 
@@ -280,8 +290,40 @@ def _tensor_literal(sc: Scanner, start: int):
     return t
 
 
+def _annotate(sc: Scanner) -> tuple:
+    """`annotate(List[int], [])`: a value with its type spelled out (empty containers, None)."""
+    sc.expect("(", "after `annotate`")
+    parse_type(sc)
+    sc.expect(",", "after the type of `annotate(`")
+    kind, value = parse_attr_value(sc)
+    sc.expect(")", "to close `annotate(`")
+    return kind, value
+
+
+def _dict_rest(sc: Scanner, first_key) -> dict:
+    """The rest of `{k: v, ...}` after its first key (keys and values are constants)."""
+    out = {}
+    key = first_key
+    while True:
+        sc.expect(":", "after a dict key")
+        out[_hashable(sc, key)] = parse_attr_value(sc)[1]
+        if sc.accept("}"):
+            return out
+        sc.expect(",", "or `}` in dict")
+        key = parse_attr_value(sc)[1]
+
+
+def _hashable(sc: Scanner, key):
+    if isinstance(key, list):
+        raise sc.error("a list cannot be a dict key")
+    return key
+
+
 def _list_value(sc: Scanner) -> tuple:
     sc.expect("[")
+    if sc.accept("<Tensors>"):             # a tensor list whose contents were not printed
+        sc.expect("]", "after `<Tensors>`")
+        return ("ts", None)
     items = []
     if not sc.accept("]"):
         while True:

@@ -9,7 +9,10 @@ right after their own graph). Source comments and trace scopes are printed only 
 """
 from __future__ import annotations
 
+import enum
+
 from .literals import format_complex, format_float, format_string, format_tensor
+from .types import JitType, enum_class_name
 
 
 def _fmt_value(kind: str, v) -> str:
@@ -27,6 +30,8 @@ def _fmt_value(kind: str, v) -> str:
         return "<Graph>"
     if kind == "ty":
         return str(v)
+    if kind == "ts" and v is None:
+        return "[<Tensors>]"
     if kind in ("is", "fs", "ss", "cs", "ts", "gs", "tys"):
         return "[" + ", ".join(_fmt_value(kind[:-1], e) for e in v) + "]"
     return _fmt_ival(v)
@@ -55,6 +60,12 @@ def _fmt_ival(v) -> str:
     if isinstance(v, tuple):
         inner = ", ".join(_fmt_ival(e) for e in v)
         return "(" + inner + ("," if len(v) == 1 else "") + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_fmt_ival(k)}: {_fmt_ival(e)}" for k, e in v.items()) + "}"
+    if isinstance(v, enum.Enum):
+        return f"{enum_class_name(type(v))}.{v.name}"
+    if isinstance(v, JitType):
+        return str(v)
     raise ValueError(f"cannot print attribute value {v!r}")
 
 

@@ -12,7 +12,8 @@ Order of dispatch for each node:
      overload chosen from the runtime values (ops.py).
 `device`: when given, every device the graph names (Device constants, `device=` arguments,
 tensor constants) is mapped to it, so a graph dumped on a GPU runs on CPU.
-The run happens under `torch.no_grad()`. Any failure is a RunnerError naming the node (kind,
+The run happens under `torch.no_grad()` unless `no_grad=False` (then under the caller's grad
+mode: outputs track gradients as eager's do). Any failure is a RunnerError naming the node (kind,
 outputs, its IR line, and the source line it was parsed from), with `.line`/`.column` set.
 """
 from __future__ import annotations
@@ -126,8 +127,11 @@ def node_error(node: Node, reason: str) -> RunnerError:
 
 
 def run_graph(graph: Graph, inputs: Sequence[Any], device=None,
-              node_handler: Optional[NodeHandler] = None) -> list:
-    """Run `graph` on `inputs` (a module object first where the graph takes `%self`)."""
+              node_handler: Optional[NodeHandler] = None, no_grad: bool = True) -> list:
+    """Run `graph` on `inputs` (a module object first where the graph takes `%self`). With
+    `no_grad=False` the caller's grad mode applies (pyfuser.jit: autograd as in eager)."""
     ctx = RunContext(device, node_handler)
+    if not no_grad:
+        return ctx.run_graph(graph, inputs)
     with torch.no_grad():
         return ctx.run_graph(graph, inputs)

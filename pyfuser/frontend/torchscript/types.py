@@ -8,6 +8,7 @@ layouts / memory formats and torch objects (TorchScript passes those as plain in
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -191,6 +192,15 @@ class ContainerType(JitType):
 
 
 @dataclass(frozen=True)
+class EnumType(JitType):
+    """A TorchScript enum, printed `Enum<__torch__.Color>`; `name` is its qualified name."""
+    name: str
+
+    def __str__(self) -> str:
+        return f"Enum<{self.name}>"
+
+
+@dataclass(frozen=True)
 class ClassType(JitType):
     """A TorchScript class or module type such as `__torch__.M` (dotted qualified name)."""
     name: str
@@ -219,6 +229,8 @@ def type_of_python_value(v) -> JitType:
         return IntType()
     if isinstance(v, torch.Tensor):
         return TensorType.from_tensor(v)
+    if isinstance(v, enum.Enum):
+        return EnumType(enum_class_name(type(v)))
     if isinstance(v, tuple):
         return TupleType(tuple(type_of_python_value(e) for e in v))
     if isinstance(v, list):
@@ -227,3 +239,21 @@ def type_of_python_value(v) -> JitType:
             elem = TensorType()
         return ListType(elem)
     raise TypeError(f"no TorchScript type for constant {v!r}")
+
+
+def enum_class_name(cls) -> str:
+    """TorchScript's qualified name of a Python enum class (`__torch__.mod.Color`)."""
+    return torch._jit_internal._qualified_name(cls)
+
+
+def enum_member(qualified: str):
+    """The Python enum member `__torch__.mod.Color.RED` names; None when its class is not
+    known to torch in this process (it is registered when scripted code uses it)."""
+    cls_name, _, member = qualified.rpartition(".")
+    try:
+        cls = torch.jit._state._get_python_class(cls_name)
+    except Exception:      # noqa: BLE001 - a private torch helper
+        cls = None
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, enum.Enum):
+        return None
+    return cls.__members__.get(member)

@@ -8,7 +8,8 @@
 
 `prim::add_optional(a, b)` is `a` when b is None, else `a + b` (the eager runner of jit.py
 runs it; the lowering table lowers it). Only nodes whose bias is not the None constant are
-rewritten. BIAS_SPLITS maps each kind to (bias argument position, trailing unsqueezes).
+rewritten, and conv only where the bias is known to be a tensor (a scripted `Conv2d(bias=False)`
+passes a `Tensor?` that is None). BIAS_SPLITS maps each kind to (bias argument position, trailing unsqueezes).
 Invariant: same values as before (the add is the bias add the op would have done).
 """
 from __future__ import annotations
@@ -39,8 +40,8 @@ def split_bias_block(block) -> int:
             continue
         pos, n_unsqueeze = spec
         bias = node.inputs[pos]
-        if _is_none(bias):
-            continue
+        if _is_none(bias) or (n_unsqueeze and not isinstance(bias.type, TensorType)):
+            continue          # an Optional bias (None at run time) cannot be unsqueezed
         g = node.graph
         with g.insert_point(node):
             none = g.insert_constant(None)

@@ -3,7 +3,9 @@
 A group is `prim::PyfuserGroup` whose `Subgraph` attribute is a separate Graph: the group's
 inputs are the subgraph's inputs (same order), its outputs the subgraph's outputs. Constants a
 group needs are cloned into its subgraph (tensor constants become inputs); int/float/bool values that are not constants
-become group inputs like tensors.
+become group inputs like tensors. A list/tuple construct of constants and such values (view
+sizes made of `aten::size` results) is rebuilt inside the group from them, so the group takes
+the ints, not a list (the group is specialised on values used as sizes: lowering.specialised_inputs).
 
 `fusible(node, info)` is the one place that decides which ops may be grouped:
 FUSIBLE_CLASSES (op classes of the lowering table: pointwise, metadata, reductions and
@@ -16,6 +18,7 @@ node between them uses its outputs; after it, the graph computes the same values
 from __future__ import annotations
 
 from ...lowering import LOWERINGS, node_support
+from ...lowering.lower import is_constant, is_host_value
 from ...lowering.registry import METADATA, NORMALIZATION, POINTWISE, REDUCTION
 from ..graph import Graph
 from ..types import TensorType
@@ -23,6 +26,7 @@ from .alias_copy import TO_COPY
 from .aliasing import node_effects
 
 GROUP_KIND = "prim::PyfuserGroup"
+_LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
 FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION})
 
 
@@ -40,6 +44,8 @@ def fusible_reason(node, info):
         return f"{op_class} ops are not grouped yet (no {op_class} scheduler)"
     if node.kind in TO_COPY:
         return "alias op whose storage is written elsewhere"
+    if is_shape_arithmetic(node):
+        return "arithmetic on sizes (0-dim tensors of prim::NumToTensor) stays on the host"
     ok, reason = node_support(node)
     if not ok:
         return reason
@@ -51,6 +57,28 @@ def fusible_reason(node, info):
     if e.aliases and any(info.is_mutated(o) for o in node.outputs):
         return "its output may alias a tensor that is written in place"
     return None
+
+
+def is_shape_arithmetic(node) -> bool:
+    """A traced computation on sizes: every tensor operand is a `prim::NumToTensor` result (a
+    0-dim host tensor), a 0-dim constant, or such arithmetic itself. A kernel for it would be a
+    launch per size computation (and traced ones are CPU tensors even on a GPU model)."""
+    tensors = [v for v in node.inputs if isinstance(v.type, TensorType)]
+    return bool(tensors) and all(_is_host_scalar(v, 0) for v in tensors) and \
+        any(_is_host_scalar(v, 0) and v.node.kind != "prim::Constant" for v in tensors)
+
+
+def _is_host_scalar(v, depth: int) -> bool:
+    n = v.node
+    if n.kind == "prim::NumToTensor":
+        return True
+    if n.kind == "prim::Constant":
+        t = v.type
+        return isinstance(t, TensorType) and t.sizes == ()
+    if depth > 8 or n.kind not in LOWERINGS:
+        return False
+    tensors = [i for i in n.inputs if isinstance(i.type, TensorType)]
+    return bool(tensors) and all(_is_host_scalar(i, depth + 1) for i in tensors)
 
 
 def has_compute(node) -> bool:
@@ -77,6 +105,12 @@ def absorb(group, node, info) -> None:
     consts: dict = {}
 
     def inner(v):
+        if v.node.kind in _LIST_KINDS and (is_constant(v) or is_host_value(v)):
+            if v not in consts:                 # sizes / dims: the list is built in the group
+                c = sg.create_clone(v.node, inner)
+                c.insert_before(anchor)
+                consts[v] = c.output()
+            return consts[v]
         if v.node.kind == "prim::Constant" and not isinstance(v.type, TensorType):
             if v not in consts:
                 c = sg.create_clone(v.node, lambda x: x)

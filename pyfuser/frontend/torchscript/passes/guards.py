@@ -3,7 +3,8 @@
 A group is lowered (`lower_graph(subgraph, example_inputs)`) on its first call's inputs. The
 Fusion then assumes, per tensor input: dtype, rank, device, which axes have size 1 (they are
 broadcast axes), and the stride order and contiguity of the others; per scalar input: its
-Python type. `signature(inputs)` is exactly that (sizes other than 1 are left out, so a new
+Python type (the stride order with size-1 axes where row-major puts them: their strides are
+arbitrary). `signature(inputs)` is exactly that (sizes other than 1 are left out, so a new
 shape of the same rank and layout reuses the compiled group). `mismatch(expected, actual)`
 names the first difference, for the log line and the `fallback` dump.
 """
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from ...lowering.lower import axis_order
+
 
 def _layout(t: torch.Tensor) -> tuple:
     sizes, strides = list(t.shape), list(t.stride())
-    order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+    order = axis_order(sizes, strides)              # size-1 axes: row-major, as lowered
     contiguity, expected = [], 1
     rank = [0] * len(sizes)
     for r, axis in enumerate(order):

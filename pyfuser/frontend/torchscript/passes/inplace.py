@@ -53,7 +53,9 @@ def _fresh(x, depth: int = 0) -> bool:
     share storage) or reads the wildcard set (`l[0]`, `d[k]`) is not fresh."""
     p = x.node
     e = node_effects(p)
-    if p.kind == "prim::Param" or e.opaque or e.writes or depth > 16 or p.blocks:
+    # An op that writes other arguments still returns a fresh tensor when its schema says the
+    # output aliases nothing (training batch_norm updates its running statistics).
+    if p.kind == "prim::Param" or e.opaque or depth > 16 or p.blocks:
         return False
     al = e.aliases[x.offset] if x.offset < len(e.aliases) else frozenset()
     if not al:

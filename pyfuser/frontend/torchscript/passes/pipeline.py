@@ -17,6 +17,7 @@ from . import alias_copy, cleanup, decompose, fusion_scan, inplace, shape_reads
 from .aliasing import AliasInfo
 from .groups import fusible_reason, is_group
 from .report import FuseReport
+from ..types import TensorType
 
 
 def _note_candidates(graph, report) -> None:
@@ -24,6 +25,8 @@ def _note_candidates(graph, report) -> None:
     for n in graph.all_nodes():
         if is_group(n) or n.kind in alias_copy.FROM_COPY or n.kind in alias_copy.TO_COPY:
             continue             # views left alone cost nothing; written ones are noted
+        if not any(isinstance(v.type, TensorType) for v in n.inputs + n.outputs):
+            continue             # arithmetic on host numbers (sizes, flags): not a candidate
         if n.kind in LOWERINGS or n.kind in inplace.INPLACE_TWINS:
             reason = fusible_reason(n, info) if n.kind in LOWERINGS else None
             report.note(n, reason or "left out of every group (no fusible neighbour it could "

@@ -1,0 +1,674 @@
+"""Differential fuzzing of the graph fuser: random TorchScript programs, fused vs eager.
+
+`generate(seed) -> Program` builds a random program of 1-7 ops over 1-3 inputs: pointwise ops
+of every arity (with tensor, 0-dim tensor and Python-scalar operands, alpha and rounding
+modes), casts, comparisons and `where`, views / reshapes / permutes / transposes / squeezes /
+unsqueezes / expands / flattens, reductions, and in-place ops (on inputs and intermediates),
+over dtypes float32/16, bfloat16, float64, int8/32/64, uint8 and bool, shapes of rank 0-3 with
+size-1 and size-0 axes, broadcasting operands, and inputs that are contiguous, transposed,
+sliced (strided), expanded (stride 0) or offset in their storage, a few requiring grad; view
+and expand sizes also read at run time (`aten::size`). Each op is run eagerly while
+the program is built (a choice eager rejects is drawn again), so programs are valid and their
+dtypes and shapes known. A program is IR text (`Program.text`, parsed by pyfuser's parser)
+plus the recipe of its inputs (`Program.make_inputs(device)`).
+
+`check(program, modes, device) -> Failure | None` runs the graph through pyfuser's eager runner
+(the reference) and through `pyfuser.jit` with each CPU executor ("evaluator", "interpret"; on
+CUDA, the kernels), and compares: every output's dtype, shape and values (exact for integers
+and bools, to a tolerance per float dtype, NaNs equal), strides where eager returns a view of
+an input, the inputs after the run (in-place ops), requires_grad; when eager raises, pyfuser
+must raise too. `shrink(program, failure)` makes a failing program smaller (fewer outputs,
+dead ops removed) while it keeps failing.
+
+GPU semantics: eager PyTorch on the CPU computes `pow` of float16/bfloat16 tensors with
+integer exponents differently from the GPU (the CPU rounds intermediate products; CUDA
+computes in float32 and rounds once). pyfuser's kernels follow the GPU, also through the CPU
+interpreter, so the reference of the "interpret" executor runs half/bfloat16 `pow` in float32
+and rounds (`_GPU_SEMANTICS`); the evaluator runs eager's CPU ops and is compared with them.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from pyfuser.frontend.torchscript import parse_ir, run_graph
+from pyfuser.frontend.torchscript.jit import CompiledGraph, eager_handler
+from pyfuser.frontend.torchscript.ops import call_op
+
+F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+I8, I32, I64, U8, BOOL = torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool
+DTYPES = [F32, F32, F32, F32, F16, BF16, F64, I32, I64, I64, I8, U8, BOOL]
+_CODE = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+         torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bool: 11, torch.bfloat16: 15}
+LAYOUTS = ["contiguous"] * 6 + ["transposed", "transposed", "sliced", "expanded", "offset"]
+
+UNARY = ["abs", "neg", "exp", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+         "relu", "silu", "mish", "hardswish", "hardsigmoid", "reciprocal", "floor", "ceil",
+         "round", "trunc", "frac", "sign", "erf", "expm1", "log1p", "isnan", "isinf",
+         "isfinite", "logical_not", "bitwise_not", "relu6", "exp2", "sinh", "atan", "erfc"]
+BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
+          "gt", "ge", "remainder", "fmod", "atan2", "logical_and", "logical_or", "logical_xor",
+          "bitwise_and", "bitwise_or", "bitwise_xor", "rsub"]
+INPLACE = ["add_", "mul_", "sub_", "relu_", "neg_", "clamp_", "sigmoid_", "div_"]
+TOLERANCE = {F64: (1e-9, 1e-12), F32: (1e-5, 1e-6), F16: (2e-3, 1e-3), BF16: (1.6e-2, 1e-2)}
+
+
+@dataclass
+class InputSpec:
+    name: str
+    kind: str                       # "tensor", "int", "float"
+    dtype: Optional[torch.dtype] = None
+    shape: tuple = ()
+    layout: str = "contiguous"
+    seed: int = 0
+    value: object = None            # scalars
+    requires_grad: bool = False
+
+    def make(self, device):
+        t = self._make(device)
+        return t.requires_grad_() if self.requires_grad else t
+
+    def _make(self, device):
+        if self.kind != "tensor":
+            return self.value
+        g = torch.Generator().manual_seed(self.seed)
+        shape, layout = list(self.shape), self.layout
+        if layout == "transposed" and len(shape) >= 2:
+            base = _fill(shape[::-1], self.dtype, g).to(device)
+            return base.permute(*reversed(range(len(shape))))
+        if layout == "sliced" and shape:
+            big = shape[:-1] + [shape[-1] * 2]
+            return _fill(big, self.dtype, g).to(device)[..., ::2]
+        if layout == "expanded" and 1 in shape:
+            return _fill(shape, self.dtype, g).to(device).expand(
+                *[3 if s == 1 and i == shape.index(1) else s for i, s in enumerate(shape)])
+        if layout == "offset":
+            n = math.prod(shape)
+            return _fill([n + 3], self.dtype, g).to(device)[3:].view(shape)
+        return _fill(shape, self.dtype, g).to(device)
+
+    def real_shape(self):
+        if self.kind == "tensor" and self.layout == "expanded" and 1 in self.shape:
+            i = self.shape.index(1)
+            return tuple(3 if j == i else s for j, s in enumerate(self.shape))
+        return tuple(self.shape)
+
+    def ir_type(self) -> str:
+        return {"tensor": "Tensor", "int": "int", "float": "float"}[self.kind]
+
+
+def _fill(shape, dtype, g):
+    if dtype.is_floating_point:
+        t = torch.randn(shape, generator=g) * 2
+        t.view(-1)[::7] = t.view(-1)[::7].round()        # some integral values (pow, round)
+        return t.to(dtype)
+    if dtype == BOOL:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    lo = 0 if dtype == U8 else -9
+    t = torch.randint(lo, 10, shape, generator=g)
+    return torch.where(t == 0, torch.ones_like(t), t).to(dtype)     # no zero divisors
+
+
+@dataclass
+class OpRecord:
+    out: str                         # IR value name of the result
+    kind: str
+    args: list                       # IR value names
+    line: str                        # the IR lines (constants first) of this op
+    uses: list = field(default_factory=list)   # tensor values it reads
+
+
+@dataclass
+class Program:
+    seed: int
+    inputs: list
+    ops: list
+    outputs: list
+
+    @property
+    def text(self) -> str:
+        params = ",\n      ".join(f"%{i.name} : {i.ir_type()}" for i in self.inputs)
+        body = "".join(op.line for op in self.ops)
+        return f"graph({params}):\n{body}  return ({', '.join('%' + o for o in self.outputs)})\n"
+
+    def make_inputs(self, device="cpu") -> list:
+        return [i.make(device) for i in self.inputs]
+
+
+@dataclass
+class Failure:
+    mode: str
+    what: str
+
+    def __str__(self):
+        return f"[{self.mode}] {self.what}"
+
+
+# ----- generation -----------------------------------------------------------------------------
+class _Builder:
+    def __init__(self, seed: int):
+        self.r = random.Random(seed)
+        self.seed = seed
+        self.n = 0
+        self.values: dict = {}       # name -> example value (tensor or scalar)
+        self.tensors: list = []      # names of tensor values, in order
+        self.ops: list = []
+        self.lines: list = []
+
+    def fresh(self, stem="v") -> str:
+        self.n += 1
+        return f"{stem}{self.n}"
+
+    def const(self, value) -> str:
+        name = self.fresh("c")
+        if value is None:
+            self.lines.append(f"  %{name} : NoneType = prim::Constant()\n")
+        elif isinstance(value, bool):
+            self.lines.append(f"  %{name} : bool = prim::Constant[value={int(value)}]()\n")
+        elif isinstance(value, int):
+            self.lines.append(f"  %{name} : int = prim::Constant[value={value}]()\n")
+        elif isinstance(value, float):
+            self.lines.append(f"  %{name} : float = prim::Constant[value={value!r}]()\n")
+        elif isinstance(value, str):
+            self.lines.append(f"  %{name} : str = prim::Constant[value=\"{value}\"]()\n")
+        elif isinstance(value, list):
+            if self.r.random() < 0.5:
+                items = [self.const(v) for v in value]
+                self.lines.append(f"  %{name} : int[] = prim::ListConstruct("
+                                  f"{', '.join('%' + i for i in items)})\n")
+            else:
+                self.lines.append(f"  %{name} : int[] = prim::Constant[value="
+                                  f"[{', '.join(str(v) for v in value)}]]()\n")
+        else:
+            raise TypeError(value)
+        self.values[name] = value
+        return name
+
+    def pick(self, pred=lambda t: True, recent: bool = True):
+        names = [n for n in self.tensors if pred(self.values[n])]
+        if not names:
+            return None
+        if recent and self.r.random() < 0.6:
+            return names[-1]
+        return self.r.choice(names)
+
+    def emit(self, kind: str, args: list, out_is_tensor=True) -> Optional[str]:
+        """Run `kind` eagerly on the example values; on success record the op."""
+        vals = [self.values[a] for a in args]
+        try:
+            res = call_op(kind, vals, lambda d: d)
+        except Exception:      # noqa: BLE001 - eager rejects this choice: draw again
+            return None
+        if len(res) != 1 or not isinstance(res[0], torch.Tensor):
+            return None
+        out = self.fresh()
+        self.values[out] = res[0]
+        consts = "".join(self.lines)
+        self.lines = []
+        line = consts + f"  %{out} : Tensor = {kind}({', '.join('%' + a for a in args)})\n"
+        self.ops.append(OpRecord(out, kind, list(args), line,
+                                 [a for a in args if isinstance(self.values[a], torch.Tensor)]))
+        self.tensors.append(out)
+        return out
+
+
+def _shape(r: random.Random, rank=None) -> tuple:
+    rank = r.choice([0, 1, 1, 2, 2, 2, 3, 3]) if rank is None else rank
+    sizes = [0] + [1] * 4 + [2, 3, 4, 5, 6, 7, 8]
+    shape = [r.choice(sizes[1:]) if r.random() > 0.04 else 0 for _ in range(rank)]
+    return tuple(shape)
+
+
+def _broadcast_partner(r: random.Random, shape: tuple) -> tuple:
+    if not shape or r.random() < 0.5:
+        return shape if r.random() < 0.8 else ()
+    drop = r.randint(0, len(shape))
+    tail = list(shape[drop:])
+    return tuple(1 if r.random() < 0.3 else s for s in tail)
+
+
+def _make_inputs(b: _Builder) -> list:
+    r = b.r
+    n = r.choice([1, 2, 2, 2, 3])
+    base = _shape(r)
+    specs = []
+    for i in range(n):
+        dtype = r.choice(DTYPES)
+        shape = base if i == 0 else _broadcast_partner(r, base)
+        layout = r.choice(LAYOUTS) if shape and 0 not in shape else "contiguous"
+        if layout == "transposed" and len(shape) < 2:
+            layout = "contiguous"
+        if layout == "expanded" and 1 not in shape:
+            layout = "contiguous"
+        grad = dtype.is_floating_point and layout == "contiguous" and r.random() < 0.06
+        specs.append(InputSpec(f"x{i}", "tensor", dtype, shape, layout, b.seed * 7 + i,
+                               requires_grad=grad))
+    if r.random() < 0.2:
+        kind = r.choice(["int", "float"])
+        specs.append(InputSpec(f"s{n}", kind, value=r.choice([2, 3, -1]) if kind == "int"
+                               else r.choice([0.5, 1.5, -2.25])))
+    for s in specs:
+        b.values[s.name] = s.make("cpu")
+        if s.kind == "tensor":
+            b.tensors.append(s.name)
+    return specs
+
+
+def _scalar_for(b: _Builder, t: torch.Tensor):
+    r = b.r
+    if t.dtype == BOOL and r.random() < 0.5:
+        return r.choice([True, False])
+    if t.dtype.is_floating_point or r.random() < 0.3:
+        return r.choice([0.5, 2.0, -1.5, 3.0])
+    return r.choice([1, 2, 3, -2])
+
+
+def _scalar_operand(b: _Builder, t: torch.Tensor) -> str:
+    scalars = [n for n, v in b.values.items() if isinstance(v, (int, float))
+               and not isinstance(v, bool) and n.startswith("s")]
+    if scalars and b.r.random() < 0.5:
+        return b.r.choice(scalars)
+    return b.const(_scalar_for(b, t))
+
+
+def _gen_unary(b):
+    x = b.pick()
+    op = b.r.choice(UNARY)
+    return b.emit(f"aten::{op}", [x])
+
+
+def _operand(b, x):
+    r = b.r
+    roll = r.random()
+    if roll < 0.55:
+        y = b.pick(recent=False)
+        return y
+    if roll < 0.7:                                  # a 0-dim tensor operand
+        t = b.values[x]
+        name = b.pick(lambda v: v.dim() == 0)
+        return name if name is not None else _scalar_operand(b, t)
+    return _scalar_operand(b, b.values[x])
+
+
+def _gen_binary(b):
+    r = b.r
+    x = b.pick()
+    op = r.choice(BINARY)
+    y = _operand(b, x)
+    if op in ("add", "sub", "rsub") and r.random() < 0.5:
+        return b.emit(f"aten::{op}", [x, y, b.const(r.choice([1, 2, 0.5]))])
+    if op == "div" and r.random() < 0.4:
+        return b.emit("aten::div", [x, y, b.const(r.choice(["trunc", "floor"]))])
+    if op == "pow" and r.random() < 0.5:
+        return b.emit("aten::pow", [x, b.const(r.choice([2, 3, -1, 0.5, 2.0]))])
+    if op == "rsub" and r.random() < 0.5:
+        return b.emit("aten::rsub", [x, y])
+    return b.emit(f"aten::{op}", [x, y])
+
+
+def _gen_special(b):
+    r = b.r
+    x = b.pick()
+    roll = r.randrange(9)
+    if roll == 0:
+        cond = b.pick(lambda v: v.dtype == BOOL)
+        if cond is None:
+            return None
+        return b.emit("aten::where", [cond, x, _operand(b, x)])
+    if roll == 1:
+        lo, hi = r.choice([(-1.0, 1.0), (None, 0.5), (0, None), (-2, 2)])
+        return b.emit("aten::clamp", [x, b.const(lo), b.const(hi)])
+    if roll == 2:
+        return b.emit("aten::gelu", [x, b.const(r.choice(["none", "tanh"]))])
+    if roll == 3:
+        return b.emit("aten::leaky_relu", [x, b.const(r.choice([0.01, 0.2]))])
+    if roll == 4:
+        return b.emit("aten::hardtanh", [x, b.const(-1.0), b.const(1.0)])
+    if roll == 5:
+        y = b.pick(recent=False)
+        return b.emit("aten::lerp", [x, y, b.const(r.choice([0.25, 0.75]))])
+    if roll == 6:
+        y, z = b.pick(recent=False), b.pick(recent=False)
+        return b.emit("aten::addcmul", [x, y, z, b.const(r.choice([1, 0.5]))])
+    if roll == 7:
+        mask = b.pick(lambda v: v.dtype == BOOL)
+        if mask is None:
+            return None
+        return b.emit("aten::masked_fill", [x, mask, b.const(_scalar_for(b, b.values[x]))])
+    return b.emit("aten::threshold", [x, b.const(0.5), b.const(-1.0)])
+
+
+def _gen_cast(b):
+    r = b.r
+    x = b.pick()
+    if r.random() < 0.2:
+        y = b.pick(recent=False)
+        return b.emit("aten::type_as", [x, y])
+    dt = r.choice(DTYPES)
+    return b.emit("aten::to", [x, b.const(_CODE[dt]), b.const(False), b.const(False),
+                               b.const(None)])
+
+
+def _gen_view(b):
+    r = b.r
+    x = b.pick()
+    t = b.values[x]
+    shape = list(t.shape)
+    roll = r.randrange(11)
+    if roll in (0, 1):
+        new = _refactor(r, shape)
+        return b.emit(r.choice(["aten::view", "aten::reshape"]), [x, b.const(new)])
+    if roll == 2 and t.dim() >= 1:
+        dims = list(range(t.dim()))
+        r.shuffle(dims)
+        return b.emit("aten::permute", [x, b.const(dims)])
+    if roll == 3 and t.dim() >= 2:
+        d0, d1 = r.sample(range(t.dim()), 2)
+        return b.emit("aten::transpose", [x, b.const(d0), b.const(d1)])
+    if roll == 4:
+        return b.emit("aten::unsqueeze", [x, b.const(r.randint(-t.dim() - 1, t.dim()))])
+    if roll == 5 and t.dim() >= 1:
+        if r.random() < 0.5:
+            return b.emit("aten::squeeze", [x])
+        return b.emit("aten::squeeze", [x, b.const(r.randrange(t.dim()))])
+    if roll in (6, 7):
+        target = [(r.choice([2, 3, 4]) if s == 1 else s) if r.random() < 0.8 else -1
+                  for s in shape]
+        if r.random() < 0.3:
+            target = [r.choice([2, 3])] + target
+        return b.emit("aten::expand", [x, b.const(target), b.const(False)])
+    if roll == 9 and t.dim() >= 1:
+        return _view_from_sizes(b, x)
+    if roll == 8 and t.dim() >= 1:
+        s = r.randrange(t.dim())
+        return b.emit("aten::flatten", [x, b.const(s), b.const(r.randrange(s, t.dim()))])
+    if t.dim() <= 2 and r.random() < 0.5:
+        return b.emit("aten::t", [x])
+    return b.emit("aten::contiguous", [x, b.const(0)])
+
+
+def _view_from_sizes(b: _Builder, x: str):
+    """reshape / expand with sizes read from a tensor at run time (`aten::size`, a traced
+    model's way): the group takes them as host ints and is specialised on their values."""
+    r, t = b.r, b.values[x]
+    src = b.pick(lambda v: v.dim() >= 1, recent=False) or x
+    sizes = []
+    for d in range(b.values[src].dim()):
+        c = b.const(d)
+        n = b.fresh("n")
+        b.lines.append(f"  %{n} : int = aten::size(%{src}, %{c})\n")
+        b.values[n] = b.values[src].shape[d]
+        sizes.append(n)
+    if r.random() < 0.5:
+        sizes.append(b.const(-1))
+        r.shuffle(sizes)
+    lst = b.fresh("l")
+    b.lines.append(f"  %{lst} : int[] = prim::ListConstruct({', '.join('%' + n for n in sizes)})\n")
+    b.values[lst] = [b.values[n] for n in sizes]
+    if r.random() < 0.5:
+        out = b.emit("aten::reshape", [x, lst])
+    else:
+        out = b.emit("aten::expand", [x, lst, b.const(False)])
+    if out is not None:
+        b.ops[-1].args.append(src)            # read through aten::size: keep it when shrinking
+    return out
+
+
+def _refactor(r: random.Random, shape: list) -> list:
+    n = math.prod(shape)
+    if n == 0:
+        return [0, -1] if r.random() < 0.5 else list(shape)
+    factors, m = [], n
+    for p in (2, 3, 5, 7):
+        while m % p == 0:
+            factors.append(p)
+            m //= p
+    if m > 1:
+        factors.append(m)
+    r.shuffle(factors)
+    k = r.randint(1, 3)
+    out = [1] * k
+    for f in factors:
+        out[r.randrange(k)] *= f
+    if r.random() < 0.3:
+        out[r.randrange(k)] = -1
+    return out
+
+
+def _gen_reduction(b):
+    r = b.r
+    x = b.pick()
+    t = b.values[x]
+    dims = sorted(r.sample(range(t.dim()), r.randint(1, t.dim()))) if t.dim() else []
+    keep = r.random() < 0.5
+    kind = r.choice(["sum", "mean", "amax", "amin"])
+    if kind in ("sum", "mean"):
+        return b.emit(f"aten::{kind}", [x, b.const(dims), b.const(keep), b.const(None)])
+    return b.emit(f"aten::{kind}", [x, b.const(dims), b.const(keep)])
+
+
+def _gen_inplace(b):
+    r = b.r
+    x = b.pick(recent=r.random() < 0.7)
+    op = r.choice(INPLACE)
+    if op in ("add_", "sub_", "mul_", "div_"):
+        y = _operand(b, x)
+        args = [x, y] + ([b.const(1)] if op in ("add_", "sub_") else [])
+    elif op == "clamp_":
+        args = [x, b.const(-0.5), b.const(0.5)]
+    else:
+        args = [x]
+    before = b.values[x].clone()
+    out = b.emit(f"aten::{op}", args)
+    if out is None:
+        try:
+            b.values[x].copy_(before)            # a rejected in-place op may have written
+        except RuntimeError:
+            pass                                 # an expanded input: nothing was written
+    return out
+
+
+GENERATORS = [(_gen_binary, 30), (_gen_unary, 20), (_gen_special, 10), (_gen_cast, 8),
+              (_gen_view, 15), (_gen_reduction, 6), (_gen_inplace, 11)]
+
+
+def generate(seed: int) -> Program:
+    b = _Builder(seed)
+    specs = _make_inputs(b)
+    want = b.r.randint(1, 7)
+    gens, weights = zip(*GENERATORS)
+    tries = 0
+    while len(b.ops) < want and tries < want * 12:
+        tries += 1
+        b.lines = []
+        b.r.choices(gens, weights)[0](b)
+    b.lines = []
+    candidates = [op.out for op in b.ops] or [s.name for s in specs if s.kind == "tensor"]
+    outs = [candidates[-1]]
+    for name in candidates[:-1]:
+        if b.r.random() < 0.25:
+            outs.append(name)
+    if b.r.random() < 0.05:
+        outs.append(specs[0].name)
+    return Program(seed, specs, b.ops, outs)
+
+
+# ----- checking ---------------------------------------------------------------------------------
+def _gpu_pow(node, args, ctx):
+    """The GPU's pow of half / bfloat16 tensors: in float32, rounded once."""
+    if node.kind != "aten::pow" or not args or not isinstance(args[0], torch.Tensor):
+        return eager_handler(node, args, ctx)
+    dt = torch.result_type(args[0], args[1])
+    if dt not in (F16, BF16):
+        return eager_handler(node, args, ctx)
+    a = args[0].float()
+    e = args[1].float() if isinstance(args[1], torch.Tensor) else args[1]
+    return [torch.pow(a, e).to(dt)]
+
+
+_GPU_SEMANTICS = _gpu_pow
+
+
+def _shares_input(out, inputs) -> bool:
+    if not isinstance(out, torch.Tensor) or out.numel() == 0:
+        return False
+    ptrs = {x.untyped_storage().data_ptr() for x in inputs
+            if isinstance(x, torch.Tensor) and x.numel()}
+    return out.untyped_storage().data_ptr() in ptrs
+
+
+def compare(ref, got, ref_inputs=None) -> Optional[str]:
+    if len(ref) != len(got):
+        return f"{len(got)} outputs, eager has {len(ref)}"
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if not isinstance(a, torch.Tensor):
+            if a != b:
+                return f"output {i}: {b!r}, eager {a!r}"
+            continue
+        if not isinstance(b, torch.Tensor):
+            return f"output {i}: {type(b).__name__}, eager a tensor"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"output {i}: {b.dtype} {tuple(b.shape)}, eager {a.dtype} {tuple(a.shape)}"
+        if a.requires_grad != b.requires_grad:
+            return f"output {i}: requires_grad {b.requires_grad}, eager {a.requires_grad}"
+        if ref_inputs is not None and _shares_input(a, ref_inputs) and any(
+                n > 1 and sa != sb for n, sa, sb in zip(a.shape, a.stride(), b.stride())):
+            # (a size-1 axis' stride is arbitrary)
+            return f"output {i}: strides {b.stride()}, eager's view has {a.stride()}"
+        if a.numel() == 0:
+            continue
+        a, b = a.detach(), b.detach()
+        if a.dtype.is_floating_point:
+            rtol, atol = TOLERANCE[a.dtype]
+            if not torch.allclose(a.double(), b.double().to(a.device), rtol=rtol, atol=atol,
+                                  equal_nan=True):
+                d = (a.double() - b.double().to(a.device)).abs().nan_to_num(0)
+                return f"output {i} ({a.dtype}): max abs err {float(d.max()):.4g}"
+        elif not torch.equal(a, b.to(a.device)):
+            return f"output {i} ({a.dtype}): values differ"
+    return None
+
+
+def _run_ref(program, device, gpu_rule: bool = False):
+    inputs = program.make_inputs(device)
+    handler = _GPU_SEMANTICS if gpu_rule else eager_handler
+    g = None
+    try:                      # in the caller's grad mode, as pyfuser.jit runs
+        g = parse_ir(program.text)
+        out = run_graph(g, inputs, device=device, node_handler=handler, no_grad=False)
+        return g, inputs, out, None
+    except Exception as e:         # noqa: BLE001 - eager rejects the program at run time
+        return g, inputs, None, e
+
+
+def check(program: Program, modes=("evaluator", "interpret"), device="cpu") -> Optional[Failure]:
+    refs: dict = {}
+    for mode in (modes if device == "cpu" else ("cuda",)):
+        # the kernels round pow as the GPU does; the evaluator runs eager's CPU ops
+        gpu_rule = mode == "interpret" and "aten::pow" in program.text
+        if gpu_rule not in refs:
+            refs[gpu_rule] = _run_ref(program, device, gpu_rule)
+        g, ref_inputs, ref, err = refs[gpu_rule]
+        if g is None:
+            return Failure("parse", f"the program does not parse: {err}")
+        inputs = program.make_inputs(device)
+        try:
+            f = CompiledGraph(g, cpu_executor=mode if device == "cpu" else None)
+            got = f.run(inputs, device=device)
+        except Exception as e:     # noqa: BLE001
+            if err is not None:
+                continue                               # both raise: as eager
+            return Failure(mode, f"raised {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        if err is not None:
+            return Failure(mode, f"returned a result where eager raises "
+                                 f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        bad = compare(ref, got, ref_inputs)
+        if bad is None:
+            bad = compare(ref_inputs, inputs)
+            bad = None if bad is None else f"inputs after the run: {bad}"
+        if bad is not None:
+            return Failure(mode, bad)
+    return None
+
+
+def shrink(program: Program, failure: Failure, modes=("evaluator", "interpret"),
+           device="cpu") -> Program:
+    """A smaller program that still fails: one output, dead ops dropped, then ops bypassed
+    (their result replaced by an operand) while eager still runs it and pyfuser still fails."""
+    def still_fails(p):
+        _, _, _, err = _run_ref(p, device)
+        return err is None and check(p, modes, device) is not None
+
+    best = program
+    for out in program.outputs:
+        cand = _prune(Program(program.seed, program.inputs, program.ops, [out]))
+        if len(cand.ops) <= len(best.ops) and still_fails(cand):
+            best = cand
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(best.ops))):
+            op = best.ops[i]
+            for repl in op.uses:
+                cand = _prune(_bypass(best, i, repl))
+                if len(cand.ops) < len(best.ops) and still_fails(cand):
+                    best, changed = cand, True
+                    break
+            if changed:
+                break
+    return best
+
+
+def _bypass(p: Program, i: int, repl: str) -> Program:
+    """`p` with op i removed and its result read as `repl` instead."""
+    old = p.ops[i].out
+    pat = re.compile(rf"%{re.escape(old)}\b")
+    ops = []
+    for k, op in enumerate(p.ops):
+        if k == i:
+            continue
+        if k > i:
+            op = OpRecord(op.out, op.kind, [repl if a == old else a for a in op.args],
+                          pat.sub("%" + repl, op.line),
+                          [repl if a == old else a for a in op.uses])
+        ops.append(op)
+    return Program(p.seed, p.inputs, ops, [repl if o == old else o for o in p.outputs])
+
+
+def _prune(p: Program) -> Program:
+    needed = set(p.outputs)
+    keep = []
+    for op in reversed(p.ops):
+        writes_needed = op.kind.endswith("_") and any(a in needed for a in op.args[:1])
+        if op.out in needed or writes_needed:
+            keep.append(op)
+            needed.update(op.args)
+    keep.reverse()
+    return Program(p.seed, p.inputs, keep, p.outputs)
+
+
+def describe(program: Program) -> str:
+    ins = ", ".join(f"%{i.name}: {i.dtype} {tuple(i.shape)} {i.layout}"
+                    f"{' requires_grad' if i.requires_grad else ''}" if i.kind == "tensor"
+                    else f"%{i.name}: {i.kind} = {i.value}" for i in program.inputs)
+    return f"seed {program.seed}; inputs {ins}\n{program.text}"
+
+
+def run_many(seeds, modes=("evaluator", "interpret"), device="cpu",
+             on_failure: Optional[Callable] = None) -> list:
+    """[(program, failure)] for the seeds whose program fails."""
+    failures = []
+    for s in seeds:
+        p = generate(s)
+        f = check(p, modes, device)
+        if f is not None:
+            small = shrink(p, f, modes, device)
+            failures.append((small, check(small, modes, device) or f))
+            if on_failure is not None:
+                on_failure(*failures[-1])
+    return failures

@@ -1,0 +1,61 @@
+"""The model corpus (model_corpus.py) through pyfuser.jit on the CPU: each model's torch object
+parses (what torch prints of it too), fuses, runs through the CPU interpreter of the generated
+kernels and matches eager: every output, and for train-mode batch norm the running statistics.
+Reductions and normalizations may run eagerly or as kernels: the comparison is with eager
+either way; no fusion group may fall back to eager."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.frontend.torchscript import parse_ir
+
+import model_corpus as M
+
+
+def _id(case):
+    return f"{case.name}-{case.how}"
+
+
+@pytest.mark.parametrize("case", M.CASES, ids=[_id(c) for c in M.CASES])
+def test_model_fuses_and_matches_eager(case):
+    if not M.available(case):
+        pytest.skip(f"{case.needs} is not installed")
+    model, inputs = case.build("cpu")
+    obj = M.compile_case(case, model, inputs)
+    parse_ir(str(obj.inlined_graph))               # the text parser reads what torch prints
+    ref_model = copy.deepcopy(model)               # same state as the compiled object now
+    f = pyfuser.jit(obj, cpu_executor="interpret")
+    with torch.no_grad():
+        got = M.tensors(f(*inputs))
+        want = M.tensors(ref_model(*inputs))
+    assert len(got) == len(want) >= 1
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    for (name, b), (_, rb) in zip(model.named_buffers(), ref_model.named_buffers()):
+        torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5, msg=name)
+    run = f.last_run
+    assert run.groups >= 1 and run.kernels >= 1, str(f.graph)
+    assert run.eager_groups == 0, [fb for fb in run.fallbacks if fb["kind"] == "prim::PyfuserGroup"]
+
+
+def test_model_under_autograd_keeps_requires_grad():
+    case = next(c for c in M.CASES if c.name == "resnet18_eval" and c.how == "script")
+    model, inputs = case.build("cpu")
+    f = pyfuser.jit(M.compile_case(case, model, inputs))
+    out, ref = f(*inputs), model(*inputs)
+    assert out.requires_grad and ref.requires_grad
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    g = model.fc.weight.grad.clone()
+    model.zero_grad()
+    ref.sum().backward()
+    torch.testing.assert_close(g, model.fc.weight.grad)
+
+
+def test_resnet_source_is_named():
+    assert M.resnet_source().startswith(("torchvision", "model_corpus.ResNet18"))
