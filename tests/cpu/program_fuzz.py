@@ -20,11 +20,11 @@ an input, the inputs after the run (in-place ops), requires_grad; when eager rai
 must raise too. `shrink(program, failure)` makes a failing program smaller (fewer outputs,
 dead ops removed) while it keeps failing.
 
-GPU semantics: eager PyTorch on the CPU computes `pow` of float16/bfloat16 tensors with
-integer exponents differently from the GPU (the CPU rounds intermediate products; CUDA
-computes in float32 and rounds once). pyfuser's kernels follow the GPU, also through the CPU
-interpreter, so the reference of the "interpret" executor runs half/bfloat16 `pow` in float32
-and rounds (`_GPU_SEMANTICS`); the evaluator runs eager's CPU ops and is compared with them.
+GPU semantics: pyfuser's kernels follow eager's CUDA `pow` of float16/bfloat16 tensors, also
+through the CPU interpreter: constant exponents 2, 3 and -2 as products in the tensor's dtype
+(each rounded), 0.5 / -0.5 / -1 as sqrt / rsqrt / reciprocal, other exponents in float32 rounded
+once (measured on an H100, tools/gpu_pow_rule.py). The reference of the "interpret" executor
+runs that rule (`_GPU_SEMANTICS`); the evaluator runs eager's CPU ops and is compared with them.
 """
 from __future__ import annotations
 
@@ -500,15 +500,21 @@ def generate(seed: int) -> Program:
 
 # ----- checking ---------------------------------------------------------------------------------
 def _gpu_pow(node, args, ctx):
-    """The GPU's pow of half / bfloat16 tensors: in float32, rounded once."""
+    """Eager CUDA's pow of half / bfloat16 tensors (see the module docstring)."""
     if node.kind != "aten::pow" or not args or not isinstance(args[0], torch.Tensor):
         return eager_handler(node, args, ctx)
     dt = torch.result_type(args[0], args[1])
     if dt not in (F16, BF16):
         return eager_handler(node, args, ctx)
-    a = args[0].float()
-    e = args[1].float() if isinstance(args[1], torch.Tensor) else args[1]
-    return [torch.pow(a, e).to(dt)]
+    x, e = args[0].to(dt), args[1]
+    if not isinstance(e, torch.Tensor) and not isinstance(e, bool):
+        special = {2: lambda: x * x, 3: lambda: (x * x) * x, -2: lambda: torch.reciprocal(x * x),
+                   0.5: lambda: torch.sqrt(x), -0.5: lambda: torch.rsqrt(x),
+                   -1: lambda: torch.reciprocal(x)}.get(e)
+        if special is not None:
+            return [special()]
+    e = e.float() if isinstance(e, torch.Tensor) else e
+    return [torch.pow(x.float(), e).to(dt)]
 
 
 _GPU_SEMANTICS = _gpu_pow

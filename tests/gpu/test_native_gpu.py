@@ -45,9 +45,11 @@ def _runs_native(fs) -> bool:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_native_matches_python_path(case, monkeypatch):
+    from pyfuser.frontend.fusion_cache import FusionCache
     define, make, eager = CASES[case]
     fs_native = define()
     monkeypatch.setenv("PYFUSER_NATIVE", "0")
+    FusionCache.reset()                 # a second, separate fusion (not a cache hit)
     fs_python = define()
     fs_python.execute(make())
     monkeypatch.setenv("PYFUSER_NATIVE", "1")

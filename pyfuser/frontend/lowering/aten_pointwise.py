@@ -147,8 +147,9 @@ def _pow(base, exp):
 
 
 def _pow_special(base, exp):
-    """What eager computes for a floating tensor to a constant power it special-cases (its CPU
-    and CUDA kernels alike): x * x, x * x * x, sqrt, rsqrt, reciprocal; None otherwise."""
+    """What eager computes for a floating tensor to a constant power it special-cases (its CUDA
+    kernel, and the CPU's for these): x * x, x * x * x, 1 / (x * x) with each product rounded to
+    the tensor's dtype, sqrt, rsqrt, reciprocal; None otherwise."""
     if not (isinstance(base, TensorView) and base.dtype.is_floating) or \
             isinstance(exp, bool) or not isinstance(exp, (int, float)):
         return None
@@ -156,6 +157,8 @@ def _pow_special(base, exp):
         return ew("mul", base, base)
     if exp == 3:
         return ew("mul", ew("mul", base, base), base)
+    if exp == -2:
+        return ew("reciprocal", ew("mul", base, base))
     named = {0.5: "sqrt", -0.5: "rsqrt", -1: "reciprocal"}.get(exp)
     return ew(named, base) if named else None
 
