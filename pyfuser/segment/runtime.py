@@ -60,6 +60,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     base: dict = {}                                          # host value -> the slot it views
     ok = record is not None
     kernels: list = []
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
     for seg in sf.segments:
         names = [e.op_name for e in seg.exprs]
         if seg.kind == "host":
@@ -84,9 +85,9 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
                 if ex.last_run.get("fallback"):
                     used = "evaluator"
             else:
-                outs = evaluate(seg.fusion, args)
+                outs = evaluate(seg.fusion, args, device)
         else:
-            outs = evaluate(seg.fusion, args)
+            outs = evaluate(seg.fusion, args, device)
         if ok:
             ok = used == "cuda" and _record_kernel(kernels, ex, seg, args, env, slot, base)
         for o, x in zip(seg.outputs, outs):
