@@ -56,9 +56,12 @@ class InnerKernel(ReductionLowering):
         if self.shared:
             rb.append(K.Sync())                   # the next row block rewrites shared memory
         nrb = K.Bin("/", K.add(K.Var("rows"), _c(p.bdimy - 1)), _c(p.bdimy))
+        start, step = K.Special("blockIdx.x"), K.Special("gridDim.x")
+        if p.cluster > 1:                           # a cluster of blocks per row
+            start, step = K.Bin("/", start, _c(p.cluster)), K.Bin("/", step, _c(p.cluster))
         body += [K.Let("nrb", "nidx_t", nrb),
-                 K.Loop("rb", K.Special("blockIdx.x"), K.Var("nrb"), K.Special("gridDim.x"), "grid",
-                        rb, "row blocks")]
+                 K.Loop("rb", start, K.Var("nrb"), step, "grid", rb,
+                        "row blocks" + (" (one per cluster)" if p.cluster > 1 else ""))]
         return body
 
     # ---- hooks of the pass driver ---------------------------------------------------------------
@@ -66,6 +69,8 @@ class InnerKernel(ReductionLowering):
         p = self.p
         if streamed:
             step = K.add(K.mul(K.Var("it"), _c(p.unroll)), step)
+        elif p.cluster > 1:                         # the blocks of the cluster interleave steps
+            step = K.add(K.mul(step, _c(p.cluster)), K.Special("cluster_rank"))
         return K.mul(K.add(K.mul(step, _c(p.bdimx)), TX), _c(self.V))
 
     def position(self, j):
@@ -87,10 +92,13 @@ class InnerKernel(ReductionLowering):
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
         known = self.emit_nodes(self.row_nodes(q), known, None, out, (self.kidx, None))
+        writer = _and(self.row_ok, K.Bin("==", TX, _c(0)))
+        if self.p.cluster > 1:
+            writer = _and(writer, K.Bin("==", K.Special("cluster_rank"), _c(0)))
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 st, _ = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), False)
-                out += _guard(_and(self.row_ok, K.Bin("==", TX, _c(0))), st)
+                out += _guard(writer, st)
         return known
 
     def bind_results(self, e, partial, out) -> dict:
@@ -124,8 +132,40 @@ class InnerKernel(ReductionLowering):
                 new = self.comb.combine(e, [K.ArrayRef(r, ())], [K.ArrayRef(acc, (_c(v),))], out)
                 out.append(K.Assign(r, (), new[0]))
         partials = {id(e): [K.ArrayRef(n, ()) for n in self.partial_names(e)] for e in reds}
-        if p.bdimx == 1 or not reds:
+        if not reds:
             return partials, out
+        self.combine_threads(reds, out)
+        if p.cluster > 1:
+            self.combine_cluster(reds, out)
+        return partials, out
+
+    def combine_cluster(self, reds, out) -> None:
+        """The blocks of the row's cluster: each block's partial in its shared memory, a cluster
+        barrier, every thread reads the partials of ranks 0, 1, ... from distributed shared
+        memory (the same order in every block: the same result), a cluster barrier again before
+        the next write."""
+        first = _and(K.Bin("==", TX, _c(0)), K.Bin("==", TY, _c(0)))
+        writes, reads = [], []
+        for e in reds:
+            names = self.partial_names(e)
+            sms = []
+            for n, dt in zip(names, self.comb.dtypes(e)):
+                sm = self.comb.fresh("cred")
+                self.shared.append(K.Alloc(sm, dt, (), "shared"))
+                writes.append(K.Assign(sm, (), K.ArrayRef(n, ())))
+                sms.append(sm)
+            for n, sm in zip(names, sms):
+                reads.append(K.Assign(n, (), K.RemoteRef(sm, (), _c(0))))
+            for r in range(1, self.p.cluster):
+                new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
+                                        [K.RemoteRef(sm, (), _c(r)) for sm in sms], reads)
+                self.comb.assign_all(e, names, (), new, reads)
+        out += [K.If(first, writes), K.ClusterSync()] + reads + [K.ClusterSync()]
+
+    def combine_threads(self, reds, out) -> None:
+        p = self.p
+        if p.bdimx == 1:
+            return
         m = min(p.bdimx, WARP) // 2
         while m >= 1:
             for e in reds:
@@ -139,7 +179,7 @@ class InnerKernel(ReductionLowering):
                 self.comb.assign_all(e, names, (), new, out)
             m //= 2
         if p.bdimx <= WARP:
-            return partials, out
+            return
         nw = p.bdimx // WARP
         lane0 = K.Bin("==", K.Bin("%", TX, _c(WARP)), _c(0))
         warp = K.Bin("/", TX, _c(WARP))
@@ -159,7 +199,6 @@ class InnerKernel(ReductionLowering):
                                         [K.ArrayRef(sm, (TY, _c(w))) for sm in sms], reads)
                 self.comb.assign_all(e, names, (), new, reads)
         out += [K.If(lane0, writes), K.Sync()] + reads
-        return partials, out
 
 
 class OuterKernel(ReductionLowering):

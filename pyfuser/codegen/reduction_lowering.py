@@ -259,7 +259,7 @@ class ReductionLowering(Emitter):
         body = self.kernel_body()
         body = self.shared + self.prologue + body
         return K.Kernel(name, self.params(), self.tensors, self.it, (self.p.bdimx, self.p.bdimy, 1),
-                        body)
+                        body, cluster=getattr(self.p, "cluster", 1))
 
     def workspace(self, dtype, kind: str) -> str:
         """A global buffer the runtime provides for a launch, after the outputs: a pointer
@@ -572,10 +572,12 @@ def launch_fn(sched):
         if p.kind == "inner":
             rows = L.numel(kept)
             if p.persistent and red:
-                _check_cover(red[-1], p.steps * p.bdimx * p.vec)
+                _check_cover(red[-1], p.steps * p.bdimx * p.vec * p.cluster)
             if rows == 0:
                 return LaunchConfig((0, 1, 1), block)
-            return LaunchConfig((min(-(-rows // p.bdimy), cap, MAX_GRID_X), 1, 1), block)
+            C = p.cluster                            # whole clusters: one per row block
+            return LaunchConfig((min(-(-rows // p.bdimy), cap // C, MAX_GRID_X // C) * C, 1, 1),
+                                block)
         cols = kept[-1] if kept else 1
         nko = L.numel(kept[:-1])
         if p.persistent:

@@ -57,6 +57,8 @@ class ReductionParams:
     kept: int = 0                # persistent: computed values held between passes
     splits: int = 1              # outer pure reductions: blocks splitting the reduced index
                                  # (blockIdx.z), combined through global memory
+    cluster: int = 1             # inner persistent rows too long for a block: a thread-block
+                                 # cluster per row (sm_90), combined in distributed shared memory
     max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
     index_type: str = "int"
     groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
@@ -71,7 +73,7 @@ class ReductionParams:
     def size_class(self) -> tuple:
         """What of the plan follows from sizes rather than from the layout signature."""
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
-                self.steps, self.kept, self.splits, tuple(map(tuple, self.groups)),
+                self.steps, self.kept, self.splits, self.cluster, tuple(map(tuple, self.groups)),
                 tuple(self.dropped))
 
 
@@ -274,7 +276,8 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
 def _describe(s: ReductionSchedule) -> str:
     p = s.params
     lines = [f"kind={p.kind} persistent={p.persistent} vec={p.vec} block=({p.bdimx}, {p.bdimy}) "
-             f"unroll={p.unroll} steps={p.steps} splits={p.splits} kept={[n.tv.name for n in s.kept]} "
+             f"unroll={p.unroll} steps={p.steps} splits={p.splits} cluster={p.cluster} "
+             f"kept={[n.tv.name for n in s.kept]} "
              f"index={p.index_type} passes={p.passes}",
              f"groups={p.groups} reduced={p.reduced} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
