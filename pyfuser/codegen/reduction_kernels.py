@@ -1,12 +1,15 @@
 """The two kernel shapes of the reduction family (the shared pass driver is reduction_lowering).
 
-Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block:
+Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block (or, for
+rows too long for a block, a cluster of blocks per row):
     for rb (grid-stride over row blocks):  row = rb * bdimy + ty; row_ok = row < rows
-      row-level loads and values; passes: position j = (s * bdimx + tx) * V (persistent) or
-      ((it * U + u) * bdimx + tx) * V (streamed, inside a loop over the outer reduced groups);
-      after each pass the lanes, then the team (xor shuffles, shared memory past a warp) combine;
-      reduced outputs are written by threadIdx.x 0 of the row's team
-      __syncthreads (shared memory is reused by the next row block)
+      row-level loads and values; passes: position j = ((s * C + rank) * bdimx + tx) * V
+      (persistent; C blocks of cluster rank `rank`) or ((it * U + u) * bdimx + tx) * V (streamed;
+      with outer reduced groups j runs over them too, split by div/mod once per vector);
+      after each pass the lanes, then the team (xor shuffles, shared memory past a warp), then
+      the cluster (distributed shared memory) combine; reduced outputs are written by
+      threadIdx.x 0 of the row's team (of rank 0)
+      __syncthreads / cluster barrier (shared memory is reused by the next row)
 Outer (kept axes innermost): bdimx threads span bdimx * V columns (col; columns grid-stride on
 x, other kept groups on y), bdimy threads split the reduced index r = s * bdimy + ty (persistent)
 or ((it * splits + z) * U + u) * bdimy + ty (streamed; z = blockIdx.z of `splits` blocks);
@@ -31,14 +34,16 @@ class InnerKernel(ReductionLowering):
         p, V = self.p, self.V
         self.rin = self.rg[-1] if self.rg else None
         self.rout = self.rg[:-1]
-        self.ridx = {gi: K.Var(f"g{gi}") for gi in self.rout}
         body = [K.Let("rows", "nidx_t", self._prod(self.kg)),
                 K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1))]
-        if self.rout:
-            body.append(K.Let("nro", "nidx_t", self._prod(self.rout)))
+        self.rtot = K.Var("rlen")
+        if self.rout:                # outer reduced groups: one linear index over all of them
+            body += [K.Let("nro", "nidx_t", self._prod(self.rout)),
+                     K.Let("rtot", "nidx_t", K.mul(K.Var("rlen"), K.Var("nro")))]
+            self.rtot = K.Var("rtot")
         if not p.persistent:
             chunk = p.bdimx * p.unroll * V
-            body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(K.Var("rlen"), _c(chunk - 1)),
+            body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(self.rtot, _c(chunk - 1)),
                                                        _c(chunk))))
         rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY)),
                     K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows")))]
@@ -53,7 +58,9 @@ class InnerKernel(ReductionLowering):
         known = self.row_values(0, known, rb)
         for q in range(len(self.plans)):
             known = self.one_pass(q, known, rb)
-        if self.shared:
+        if p.cluster > 1:
+            rb.append(K.ClusterSync())            # the next row rewrites what others read
+        elif self.shared:
             rb.append(K.Sync())                   # the next row block rewrites shared memory
         nrb = K.Bin("/", K.add(K.Var("rows"), _c(p.bdimy - 1)), _c(p.bdimy))
         start, step = K.Special("blockIdx.x"), K.Special("gridDim.x")
@@ -74,20 +81,23 @@ class InnerKernel(ReductionLowering):
         return K.mul(K.add(K.mul(step, _c(p.bdimx)), TX), _c(self.V))
 
     def position(self, j):
+        """Position j along the row; with outer reduced groups j runs over all of them (a
+        vector never straddles the inner group: V divides its extent) and is split into the
+        inner index and the outer groups' indices."""
         idx = dict(self.kidx)
-        idx.update(self.ridx)
-        if self.rin is not None:
-            idx[self.rin] = K.Var("j")
-        return ([K.Let("j", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
-                [], idx)
+        if not self.rout:
+            if self.rin is not None:
+                idx[self.rin] = K.Var("j")
+            return ([K.Let("j", "nidx_t", j)],
+                    _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))), [], idx)
+        inner = [K.Let("j", "nidx_t", K.Bin("%", K.Var("jl"), K.Var("rlen")))]
+        idx.update(self.decompose(K.Bin("/", K.Var("jl"), K.Var("rlen")), self.rout, inner))
+        idx[self.rin] = K.Var("j")
+        return ([K.Let("jl", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
+                inner, idx)
 
     def wrap_streamed(self, loop) -> list:
-        if not self.rout:
-            return [loop]
-        body: list = []
-        self.decompose(K.Var("ro"), self.rout, body)
-        return [K.Loop("ro", _c(0), K.Var("nro"), _c(1), "serial", body + [loop],
-                       "outer reduced groups")]
+        return [loop]
 
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
@@ -140,10 +150,11 @@ class InnerKernel(ReductionLowering):
         return partials, out
 
     def combine_cluster(self, reds, out) -> None:
-        """The blocks of the row's cluster: each block's partial in its shared memory, a cluster
-        barrier, every thread reads the partials of ranks 0, 1, ... from distributed shared
-        memory (the same order in every block: the same result), a cluster barrier again before
-        the next write."""
+        """The blocks of the row's cluster: each block's partial in its shared memory (a buffer
+        per combine), a cluster barrier, every thread reads the partials of ranks 0, 1, ...
+        from distributed shared memory (the same order in every block: the same result). The
+        cluster barrier at the end of the row orders these reads before the next row's writes
+        (and keeps a block from exiting while another reads its shared memory)."""
         first = _and(K.Bin("==", TX, _c(0)), K.Bin("==", TY, _c(0)))
         writes, reads = [], []
         for e in reds:
@@ -160,7 +171,7 @@ class InnerKernel(ReductionLowering):
                 new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
                                         [K.RemoteRef(sm, (), _c(r)) for sm in sms], reads)
                 self.comb.assign_all(e, names, (), new, reads)
-        out += [K.If(first, writes), K.ClusterSync()] + reads + [K.ClusterSync()]
+        out += [K.If(first, writes), K.ClusterSync()] + reads
 
     def combine_threads(self, reds, out) -> None:
         p = self.p

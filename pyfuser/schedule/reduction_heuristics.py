@@ -19,9 +19,9 @@ the column block fits the same register budget.
 Grid: at most `waves` x SMs x resident blocks (the kernel grid-strides), so per-thread data that
 does not depend on the row (a layer-norm weight) is loaded once per thread.
 
-Rows too long for a block's registers (and rows that would need 1024 threads) are split over a
-thread-block cluster of 2-8 blocks of 256 threads on sm_90, each holding its share in registers
-and combining through distributed shared memory: the row is still read once.
+Rows too long for a block's registers are split over a thread-block cluster of 2-8 blocks of 256
+threads on sm_90, each holding its share in registers and combining through distributed shared
+memory: the row is still read once.
 Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
 reduction through a workspace), until the grid covers every SM twice.
 
@@ -123,14 +123,16 @@ def cluster_capable() -> bool:
 
 
 def _cluster(p, nv: int, per_step: float, knobs) -> None:
-    """A row too long for one block's registers (or needing 1024 threads) is split over a
-    cluster of C blocks of CLUSTER_BLOCK threads (C <= 8, the portable cluster size), each
-    holding its share in registers: the smallest C that fits the budget."""
+    """A row too long for one block's registers is split over a cluster of C blocks of
+    CLUSTER_BLOCK threads (C <= 8, the portable cluster size), each holding its share in
+    registers: the smallest C giving at most STEPS_TARGET vectors a thread within the budget
+    (fewer registers: more blocks an SM to overlap one row's reductions with another's loads)."""
     if not cluster_capable():
         return
     for c in (knobs["cluster"],) if knobs["cluster"] else (2, 4, 8):
         steps = -(-nv // (c * CLUSTER_BLOCK))
-        if steps * per_step <= _budget(CLUSTER_BLOCK) or knobs["cluster"]:
+        fits = steps * per_step <= _budget(CLUSTER_BLOCK) and (steps <= STEPS_TARGET or c == 8)
+        if fits or knobs["cluster"]:
             p.persistent, p.steps, p.unroll = True, steps, 1
             p.bdimx, p.cluster = CLUSTER_BLOCK, c
             return
@@ -146,8 +148,7 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
     if normalization and nro == 1:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
-        if (not p.persistent or p.bdimx > 512 or knobs["cluster"]) and knobs["steps"] != 0 \
-                and not knobs["bdimx"]:
+        if (not p.persistent or knobs["cluster"]) and knobs["steps"] != 0 and not knobs["bdimx"]:
             _cluster(p, nv, per_step, knobs)
     if not p.persistent and not knobs["bdimx"]:
         # streamed: about STREAM_VECTORS vectors a thread (unroll-wide steps, several loads in

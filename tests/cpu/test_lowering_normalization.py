@@ -143,9 +143,6 @@ def test_fused_and_equal_to_eager(name, fn, make, tol, mode):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, equal_nan=True)
     st = f.last_run
     tensor_fallbacks = [fb for fb in st.fallbacks if "an output is not a tensor" not in fb["reason"]]
-    if name == "residual_layer_norm_symbolic_shape":
-        pytest.xfail("layer_norm over a shape read at run time: its size list is built outside "
-                     "the group (issue 13 lets such lists enter groups)")
     assert not tensor_fallbacks and st.eager_groups == 0 and st.eager_segments == 0, st
     assert st.groups == 1 and st.kernels >= 1
 
