@@ -262,7 +262,9 @@ class FusionExecutor:
                 fast.workspaces = tuple(specs)
                 tensors = tensors + [_workspace(fast, n, dt, kind) for n, dt, kind in specs]
         if self.mode == "interpret":
-            entry.packer.pack(tensors, bindings)  # checks every parameter fits its C type
+            work = entry.plan.workspaces(bindings, tensors, device) \
+                if hasattr(entry.plan, "workspaces") else []
+            entry.packer.pack(tensors + work, bindings)  # checks every parameter fits its C type
             _api().interpret(entry.plan, inputs, outputs, bindings)
             info["kernels"] = 1
         elif _nonempty(cfg):

@@ -21,8 +21,9 @@ The plan (`schedule(fusion, inputs)`):
    slice) reduces one row of the kept index, `bdimy` rows per block, the row's inner group in
    vectors of `vec` elements; "outer" otherwise: `bdimx` threads span `bdimx * vec` columns of
    the innermost kept group and `bdimy` threads split the reduced index;
-3. vector width as in the pointwise scheduler (16 bytes where the inner extent, strides and
-   alignment allow);
+3. vector width as in the pointwise scheduler (16 bytes of the widest tensor that moves along
+   the innermost group, where the inner extent, strides and alignment allow; a per-row int64
+   target index does not narrow the vectors of bfloat16 logits);
 4. heuristics (reduction_heuristics.py) pick the thread shape, the unroll and whether the row
    (inner) or column block (outer) is held in registers for the whole kernel (`steps` vectors per
    thread), from the sizes; those choices are part of the kernel's signature (`size_class`).
@@ -257,7 +258,9 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
     ref_in = RG.reductions(fusion)[0].inputs[0]
     inner_proven = all(ref_in.logical[k].extent.is_const or id(ref_in.logical[k].extent) in known
                        for k in (p.groups[-1] if p.groups else []))
-    p.vec = _vector_width(p.groups, ext, accesses, inner_proven) if p.groups else 1
+    inner_k = p.groups[-1][-1] if p.groups else None
+    moving = [a for a in accesses if a.eff.get(inner_k, (0,))[0] != 0]   # lanes move along it
+    p.vec = _vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, accesses)
     kept = RG.recompute_costly(g) if scheduler != "reduction" else []

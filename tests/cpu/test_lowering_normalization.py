@@ -147,6 +147,24 @@ def test_fused_and_equal_to_eager(name, fn, make, tol, mode):
     assert st.groups == 1 and st.kernels >= 1
 
 
+def test_grid_reduction_through_the_executor():
+    """sum over the rows of a tall, narrow tensor: blocks split the rows (a grid reduction with
+    workspaces), through pyfuser.jit's executor in both CPU modes."""
+    def colsum(x):
+        return x.sum(0) * 2
+    x = torch.randn(4096, 64)
+    for mode in MODES:
+        f = pyfuser.jit(torch.jit.script(colsum), cpu_executor=mode)
+        torch.testing.assert_close(f(x), colsum(x), rtol=1e-5, atol=1e-4)
+    from pyfuser.codegen import api
+    from pyfuser.segment.segmenter import segment
+    from pyfuser.frontend.lowering import lower_graph
+    from pyfuser.frontend.torchscript.from_torch import graph_from_function
+    fusion = lower_graph(graph_from_function(torch.jit.script(colsum)), [x]).fusion
+    seg = next(s for s in segment(fusion).segments if s.kind == "kernel")
+    assert api.plan_kernel(seg.fusion, [x]).params.splits > 1
+
+
 def test_cross_entropy_out_of_range_class_is_nan():
     """Eager raises for a class index out of range; the fused kernel gives NaN, never a number."""
     f = pyfuser.jit(torch.jit.script(ce_none), cpu_executor="interpret")
