@@ -137,6 +137,16 @@ def copy_rate(flush: str = "write") -> float:
     return nbytes / (same_size_copy_us(nbytes, flush) * 1e-6)
 
 
+def compile_static(fn):
+    """torch.compile of fn specialised to the shapes it is first called with.
+
+    Dynamo caches by code object: calling one function at a second shape recompiles it with
+    dynamic shapes, which is slower than what torch.compile gives a program that sees one shape.
+    A reset before each compile and dynamic=False give every benchmark row its static kernels."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def count_kernels(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     fn()

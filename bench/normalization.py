@@ -22,7 +22,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_us, count_kernels, markdown, same_size_copy_us  # noqa: E402
+from common import bench_us, compile_static, count_kernels, markdown, same_size_copy_us  # noqa: E402
 
 F = torch.nn.functional
 
@@ -171,7 +171,7 @@ def run(dtypes, use_compile: bool, only, flush: str):
                 cells["eager"] = f"{t_e:.1f} ({pct(t_e):.0f}%)"
                 if use_compile:
                     t0 = time.perf_counter()
-                    cfn = torch.compile(fn)
+                    cfn = compile_static(fn)
                     cfn(*xs)
                     torch.cuda.synchronize()
                     cells["compile_s"] = f"{time.perf_counter() - t0:.1f}"

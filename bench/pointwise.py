@@ -23,7 +23,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (METHODS, copy_methods, copy_rate, count_kernels,  # noqa: E402
+from common import (METHODS, compile_static, copy_methods, copy_rate, count_kernels,  # noqa: E402
                     host_us_interleaved, host_us_per_call, input_sets, markdown,
                     time_methods)
 
@@ -193,7 +193,7 @@ def run_case(name, define, eager, make_inputs, tol, rates):
     row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
     row["k_eager"] = count_kernels(lambda: eager(*xs))
     try:
-        compiled = torch.compile(eager)
+        compiled = compile_static(eager)
         got = compiled(*xs)
         torch.cuda.synchronize()
         torch.testing.assert_close(got, ref, **tol)

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pointwise as PWB  # noqa: E402
-from common import METHODS, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
+from common import METHODS, compile_static, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
 
 _CACHE = [(f"{ld}/{st}", {"PYFUSER_LOAD_CACHE": ld, "PYFUSER_STORE_CACHE": st})
           for ld, st in (("plain", "plain"), ("cs", "plain"), ("ef", "plain"), ("plain", "cs"),
@@ -100,7 +100,7 @@ def run_case(variants, name, define, eager, make_inputs, tol):
     sets = input_sets(make_inputs, nbytes - ref.nbytes)
     row = {"case": name, "MB": nbytes / 1e6, "copy": copy_methods(nbytes),
            "eager": time_methods(eager, xs, sets)}
-    compiled = torch.compile(eager)
+    compiled = compile_static(eager)
     torch.testing.assert_close(compiled(*xs), ref, **tol)
     row["compile"] = time_methods(compiled, xs, sets)
     for label, env in variants:

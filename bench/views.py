@@ -19,7 +19,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import (METHODS, bench_us, copy_methods, copy_rate,  # noqa: E402
+from bench.common import (METHODS, bench_us, compile_static, copy_methods, copy_rate,  # noqa: E402
                           host_us_per_call, input_sets, markdown, time_methods)
 
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
@@ -31,7 +31,7 @@ _spec.loader.exec_module(C)
 
 def _compiled(fn):
     try:
-        return torch.compile(fn)
+        return compile_static(fn)
     except Exception:  # noqa: BLE001 - torch.compile may be unavailable
         return None
 

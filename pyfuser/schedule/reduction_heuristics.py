@@ -142,11 +142,11 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
-    nv = max(1, -(-rlen // p.vec))
+    nv = nro * max(1, -(-rlen // p.vec))      # outer reduced groups share one linear index
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
     target = max(2, min(STEPS_TARGET, int(STEP_REGS // max(per_step, 1))))
     p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
-    if normalization and nro == 1:
+    if normalization:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
         if (not p.persistent or knobs["cluster"]) and knobs["steps"] != 0 and not knobs["bdimx"]:
             _cluster(p, nv, per_step, knobs)

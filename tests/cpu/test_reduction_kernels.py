@@ -134,6 +134,19 @@ def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
         assert run(builder, (2, 40000), [1], torch.float32, "contiguous").params.cluster > 1
 
 
+@pytest.mark.parametrize("cluster", [None, "2"])
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.welford], ids=lambda b: b.__name__)
+def test_persistent_row_over_outer_reduced_groups(builder, cluster, monkeypatch):
+    """Batch-norm-like rows (reduced axes on both sides of a kept one) held in registers: the
+    linear index over the reduced groups is split per vector, alone or over a cluster."""
+    if cluster:
+        monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    plan = run(builder, (5, 3, 2 * 256 * 4 + 8), [0, 2], torch.float32, "contiguous")
+    if builder is not RC.welford:
+        assert plan.params.persistent and plan.params.kind == "inner"
+        assert len(plan.params.groups) == 3 and plan.params.cluster == int(cluster or 1)
+
+
 def test_schedules_are_what_the_layout_says():
     p = run(RC.softmax, (37, 300), [1], torch.float32, "contiguous")
     assert (p.scheduler, p.params.kind, p.params.persistent, p.params.vec) == \
