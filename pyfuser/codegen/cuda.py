@@ -225,8 +225,8 @@ class Printer:
             t = self.k.tensors.get(p.name)
             if t is not None:
                 st = K.STORAGE_CTYPE[t.dtype]
-                parts.append(f"{st}* __restrict__ {p.name}" if t.is_output
-                             else f"const {st}* __restrict__ {p.name}")
+                r = " __restrict__" if t.restrict else ""
+                parts.append(f"{st}*{r} {p.name}" if t.is_output else f"const {st}*{r} {p.name}")
             else:
                 parts.append(f"{'nidx_t' if p.ctype == self.k.index_type and p.source[0] in ('size', 'stride') else p.ctype} {p.name}")
         return ",\n    ".join(parts)

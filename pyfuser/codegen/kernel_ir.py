@@ -255,6 +255,7 @@ class TensorParam:
     dtype: DataType
     seg: int
     is_output: bool
+    restrict: bool = True   # False: an in-place output and its input share this storage
 
 
 @dataclass

@@ -105,6 +105,7 @@ class InnerKernel(ReductionLowering):
         writer = _and(self.row_ok, K.Bin("==", TX, _c(0)))
         if self.p.cluster > 1:
             writer = _and(writer, K.Bin("==", K.Special("cluster_rank"), _c(0)))
+        out += self.sync_before_inplace(q)
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 st, _ = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), False)
@@ -293,6 +294,7 @@ class OuterKernel(ReductionLowering):
         for n in nodes:
             if n.kind in ("set", "alias"):
                 known[id(n)] = known[id(n.args[0])]
+        out += self.sync_before_inplace(q)
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 value = known[id(a.node)]

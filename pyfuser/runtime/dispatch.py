@@ -197,6 +197,9 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
         outs = ex.run(inputs)
         launched = int(ex.last_run.get("kernels", 0))
         used = "evaluator" if ex.last_run.get("fallback") else backend
+    if fusion.aliases:
+        from ..segment.runtime import apply_aliases
+        outs, record = apply_aliases(fusion, inputs, outs), None   # no replay program
     report = RunReport([SegmentRun("kernel", seg.scheduler, [e.op_name for e in seg.exprs], used)],
                        kernels=1, launched=launched)
     fusion.__dict__[_REPORT] = report

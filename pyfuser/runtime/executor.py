@@ -243,8 +243,9 @@ class FusionExecutor:
             bindings = bind(self.fusion, inputs)
         device = fast.device
         outputs = entry.plan.allocate_outputs(bindings, inputs, device)
+        inplace = getattr(entry.plan, "inplace", None)
         if poison_enabled():
-            poison(outputs)
+            poison([o for o in outputs if not any(o is x for x in inputs)] if inplace else outputs)
         if self._has_scalars:
             tensors = [inputs[i] for i in self._tensor_idx]
             tensors.extend(outputs)
@@ -271,7 +272,7 @@ class FusionExecutor:
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda":
+        if fast.call is None and self.mode == "cuda" and not inplace:   # in place: no replay
             fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
 

@@ -109,8 +109,6 @@ def _graph(fusion):
 def _common_refusals(fusion):
     if not fusion.outputs:
         return "the fusion has no outputs"
-    if getattr(fusion, "aliases", None):
-        return "in-place output aliases"
     for v in list(fusion.inputs) + list(fusion.outputs):
         if v.dtype.is_complex:
             return f"complex dtype {v.dtype.name} of {v.name}"

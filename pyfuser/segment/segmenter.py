@@ -200,10 +200,6 @@ def _partition(fusion, compute, all_exprs, orders) -> list:
 def _segment(fusion) -> SegmentedFusion:
     all_exprs = [e for e in fusion.used_exprs()
                  if any(isinstance(o, TensorView) for o in e.outputs)]
-    if getattr(fusion, "aliases", None):
-        seg = Segment("eager", all_exprs, fusion.inputs, fusion.outputs, fusion=fusion,
-                      sub_inputs=list(fusion.inputs), reason="in-place output aliases")
-        return SegmentedFusion(fusion, [seg])
     host = host_exprs(fusion, all_exprs)
     orders = host_layout(fusion, all_exprs, host)
     compute = [e for e in all_exprs if id(e) not in host]
@@ -240,7 +236,28 @@ def _segment(fusion) -> SegmentedFusion:
         kernels[0].fusion, kernels[0].sub_inputs = fusion, list(fusion.inputs)
         kernels[0].inputs = list(fusion.inputs)
         fusion.kernel_scheduler = kernels[0].scheduler
+    elif getattr(fusion, "aliases", None):
+        _kernel_aliases(fusion, segments)
     return SegmentedFusion(fusion, segments)
+
+
+def _kernel_aliases(fusion, segments) -> None:
+    """In-place outputs (fusion.aliases, output -> input) a kernel segment may write into their
+    input itself: the segment computes the output and is the only segment that reads the input.
+    They become aliases of the segment's own Fusion, which its kernel plan may honour
+    (codegen.api: KernelPlan.inplace); every other one, and any the plan declines, is copied into
+    its input after the last segment (segment/runtime.apply_aliases)."""
+    for out, inp in fusion.aliases.items():
+        writer = next((s for s in segments if s.kind == "kernel" and
+                       any(o is out for o in s.outputs)), None)
+        if writer is None or any(s is not writer and any(v is inp for v in s.inputs)
+                                 for s in segments):
+            continue
+        k = next((i for i, v in enumerate(writer.inputs) if v is inp), None)
+        if k is None:
+            continue
+        j = next(i for i, o in enumerate(writer.outputs) if o is out)
+        writer.fusion.aliases[writer.fusion.outputs[j]] = writer.fusion.inputs[k]
 
 
 def _host_boundary(seg: Segment, fusion) -> None:
