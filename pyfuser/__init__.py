@@ -19,9 +19,10 @@ _LAZY = {
     "version": ("pyfuser.nvfuser_version", "version"),
     "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
+    "explain": ("pyfuser.explain", "explain"),
 }
 __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
-           "compute_contiguity", "version", "jit", "fuse_graph", "__version__"]
+           "compute_contiguity", "version", "jit", "fuse_graph", "explain", "__version__"]
 
 
 def __getattr__(name: str):
