@@ -108,6 +108,8 @@ def op_kinds(ops) -> str:
         kind = rhs.split("(", 1)[0].split("[", 1)[0]
         if kind in ("prim::ListConstruct", "prim::TupleConstruct"):
             continue
+        if kind.startswith("prim::") and kind.endswith("_copy"):   # the fuser's form of a view
+            kind = "aten::" + kind[len("prim::"):-len("_copy")]
         counts[kind] = counts.get(kind, 0) + 1
     return ", ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items())
 

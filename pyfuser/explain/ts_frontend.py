@@ -38,6 +38,9 @@ def _compile(obj, inputs, notes: list):
     if isinstance(obj, (str, os.PathLike)):
         text = os.fspath(obj)
         return pyfuser.jit(obj), (text if "graph(" not in text else "IR text")
+    from ..frontend.torchscript.graph import Graph
+    if isinstance(obj, Graph):
+        return pyfuser.jit(obj), "graph"
     name = getattr(obj, "__name__", None) or getattr(obj, "original_name", None) or \
         type(obj).__name__
     scriptable = isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule,
