@@ -25,6 +25,17 @@ __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "Dat
            "compute_contiguity", "version", "jit", "fuse_graph", "explain", "__version__"]
 
 
+def _dump_help() -> None:
+    """`PYFUSER_DUMP=help`: list the dump options as soon as pyfuser is imported."""
+    import os
+    if "help" in os.environ.get("PYFUSER_DUMP", "").split(","):
+        from .dump import enabled_dumps
+        enabled_dumps()
+
+
+_dump_help()
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
