@@ -165,8 +165,9 @@ def _demo_files(args, device: str) -> int:
     if not files:
         print(f"pyfuser: error: no *.ir files in {args.dir}", file=sys.stderr)
         return 2
+    from pyfuser.progress import track
     failed = 0
-    for name in files:
+    for name in track(files, "pyfuser demo"):
         path = os.path.join(args.dir, name)
         if args.verbose:
             print(f"===== {path} =====")
