@@ -41,8 +41,11 @@ def _compile(obj, inputs, notes: list):
     from ..frontend.torchscript.graph import Graph
     if isinstance(obj, Graph):
         return pyfuser.jit(obj), "graph"
-    name = getattr(obj, "__name__", None) or getattr(obj, "original_name", None) or \
-        type(obj).__name__
+    if isinstance(obj, torch.jit.ScriptFunction):
+        name = obj.name
+    else:
+        name = getattr(obj, "original_name", None) or getattr(obj, "__name__", None) or \
+            type(obj).__name__
     scriptable = isinstance(obj, (torch.jit.ScriptFunction, torch.jit.ScriptModule,
                                   torch._C.Graph))
     if scriptable:
