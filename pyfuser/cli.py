@@ -8,7 +8,7 @@
                                             fuse + run + check every DIR/*.ir, one line each;
                                             non-zero exit if any fails or differs from eager
     pyfuser explain FILE.ir [--device D] [--seed N] [--shrink N] [--full-size] [--json]
-                            [--html OUT.html] [--bench] [--verbose]
+                            [--html OUT.html] [--bench] [--verbose] [--op NAME]
                                             why each op fused or not: groups, segments,
                                             schedulers' verdicts, cuts, kernels (pyfuser.explain)
 
@@ -129,7 +129,7 @@ def cmd_explain(args) -> int:
     if args.json:
         print(json.dumps(e.as_dict()))
     else:
-        sys.stdout.write(e.text(verbose=args.verbose))
+        sys.stdout.write(e.text(verbose=args.verbose, op=args.op))
         if args.html:
             print(f"HTML report: {args.html}")
     return 0
@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time each kernel against a copy of the same bytes (GPU only)")
     x.add_argument("--verbose", action="store_true",
                    help="the Fusion IR exprs of every segment, every unfused op on its own line")
+    x.add_argument("--op", default=None, metavar="NAME",
+                   help="only the groups and unfused ops that mention NAME (e.g. gelu, linear)")
     x.add_argument("--shrink", type=int, default=None, metavar="N",
                    help="cap every input size at N")
     x.add_argument("--full-size", action="store_true",

@@ -162,9 +162,10 @@ class Explanation:
             d.pop("prelude")
         return d
 
-    def text(self, verbose: bool = False) -> str:
+    def text(self, verbose: bool = False, op: str | None = None) -> str:
+        """Plain text; `op` keeps the groups and outside ops that mention it."""
         from .text import render
-        return render(self, verbose)
+        return render(self, verbose, op)
 
     def to_html(self, path=None) -> str:
         """The self-contained HTML report; written to `path` when given."""

@@ -152,7 +152,14 @@ def fallback_lines(fallbacks, verbose: bool = False) -> list:
     return lines
 
 
-def render(e, verbose: bool = False) -> str:
+def _mentions(texts, op: str) -> bool:
+    op = op.lower()
+    return any(op in t.lower() for t in texts)
+
+
+def render(e, verbose: bool = False, op: str | None = None) -> str:
+    """The text view; with `op`, only the groups and outside ops whose ops mention it (a
+    TorchScript kind such as `linear`, or a Fusion IR op such as `welford`)."""
     s = e.summary()
     where = "CUDA" if e.executor == "cuda" else "the CPU interpreter"
     lines = [f"pyfuser explain: {e.source} ({e.frontend}, {e.device}; kernels run on {where})",
@@ -160,10 +167,16 @@ def render(e, verbose: bool = False) -> str:
              f"segment(s), {s['eager_segments']} eager segment(s), {s['cuts']} cut(s); "
              f"{s['fallbacks']} op(s) outside the groups"]
     lines += [f"note: {n}" for n in e.notes]
-    for g in e.groups:
+    groups, fallbacks = e.groups, e.fallbacks
+    if op:
+        groups = [g for g in groups if _mentions(g.ops + [o for s in g.segments for o in s.ops], op)]
+        fallbacks = [f for f in fallbacks if _mentions([f.kind, f.node], op)]
+        lines.append(f"only what mentions {op!r}: {len(groups)} group(s), {len(fallbacks)} op(s) "
+                     "outside the groups")
+    for g in groups:
         lines.append("")
         lines += group_lines(g, verbose)
-    if e.frontend != "fusion_definition":
+    if e.frontend != "fusion_definition" and (fallbacks or not op):
         lines.append("")
-        lines += fallback_lines(e.fallbacks, verbose)
+        lines += fallback_lines(fallbacks, verbose)
     return "\n".join(lines) + "\n"

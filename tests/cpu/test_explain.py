@@ -115,6 +115,8 @@ def test_fusion_definition_whole_fusion_is_one_group():
     (seg,) = g.segments
     assert seg.kernel.bytes_in == seg.kernel.bytes_out == 8 * 40 * 4
     assert e.fallbacks == [] and "every op" not in e.text()
+    page = e.to_html()
+    assert 'class="group" data-group="0"' in page and seg.kernel.name in page
 
 
 def test_fallback_blockers():
@@ -210,6 +212,13 @@ def test_cli_explain_text_json_html(tmp_path, capsys):
     assert main(["explain", str(path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"pyfuser explain: {path}") and "aten::mm" in out and "params:" in out
+    assert main(["explain", str(path), "--device", "cpu", "--op", "mm"]) == 0
+    only = capsys.readouterr().out
+    assert "only what mentions 'mm': 0 group(s), 1 op(s)" in only and "aten::mm" in only
+    assert "group 0" not in only
+    assert main(["explain", str(path), "--device", "cpu", "--op", "tanh"]) == 0
+    only = capsys.readouterr().out
+    assert "1 group(s), 0 op(s)" in only and "aten::tanh" in only and "aten::gelu" not in only
     html_path = tmp_path / "r.html"
     assert main(["explain", str(path), "--device", "cpu", "--json", "--html", str(html_path)]) == 0
     d = json.loads(capsys.readouterr().out)
