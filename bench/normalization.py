@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import bench_us, count_kernels, markdown, same_size_copy_us, save_plot  # noqa: E402
 from plot import parse_pct  # noqa: E402
 
-from pyfuser.progress import track  # noqa: E402
+from pyfuser.progress import Progress  # noqa: E402
 
 F = torch.nn.functional
 
@@ -158,58 +158,63 @@ def run(dtypes, use_compile: bool, only, flush: str):
     extras = _extra_impls()
     rows, log = [], []
     copies = {}
-    todo = [(name, fn, make, dt) for name, fn, make in WORKLOADS
-            if not only or any(name.startswith(o) for o in only) for dt in dtypes]
-    for name, fn, make, dt in track(todo, "normalization",
-                                    name=lambda w: f"{w[0]} {str(w[3]).replace('torch.', '')}"):
-        cells = {"workload": name, "dtype": str(dt).replace("torch.", "")}
-        try:
-            torch.manual_seed(0)
-            xs = make(dt)
-            want = fn(*xs)
-            moved = nbytes(xs) + nbytes(want)
-            if moved not in copies:
-                copies[moved] = same_size_copy_us(moved, flush)
-            cu = copies[moved]
-            pct = lambda us: 100.0 * cu / us  # noqa: E731  (min bytes / t over bytes / t_copy)
-            t_e = bench_us(lambda: fn(*xs), flush=flush)
-            cells["eager"] = f"{t_e:.1f} ({pct(t_e):.0f}%)"
-            if use_compile:
+    todo = [name for name, _, _ in WORKLOADS if not only or any(name.startswith(o) for o in only)]
+    progress = Progress(len(todo) * len(dtypes), "normalization")
+    for name, fn, make in WORKLOADS:
+        if only and not any(name.startswith(o) for o in only):
+            continue
+        for dt in dtypes:
+            cells = {"workload": name, "dtype": str(dt).replace("torch.", "")}
+            progress.start(f"{name} {cells['dtype']}")
+            try:
+                torch.manual_seed(0)
+                xs = make(dt)
+                want = fn(*xs)
+                moved = nbytes(xs) + nbytes(want)
+                if moved not in copies:
+                    copies[moved] = same_size_copy_us(moved, flush)
+                cu = copies[moved]
+                pct = lambda us: 100.0 * cu / us  # noqa: E731  (min bytes / t over bytes / t_copy)
+                t_e = bench_us(lambda: fn(*xs), flush=flush)
+                cells["eager"] = f"{t_e:.1f} ({pct(t_e):.0f}%)"
+                if use_compile:
+                    t0 = time.perf_counter()
+                    cfn = torch.compile(fn)
+                    cfn(*xs)
+                    torch.cuda.synchronize()
+                    cells["compile_s"] = f"{time.perf_counter() - t0:.1f}"
+                    t_c = bench_us(lambda: cfn(*xs), flush=flush)
+                    cells["torch.compile"] = f"{t_c:.1f} ({pct(t_c):.0f}%)"
                 t0 = time.perf_counter()
-                cfn = torch.compile(fn)
-                cfn(*xs)
+                pf = pyfuser.jit(torch.jit.script(fn))
+                got = pf(*xs)
                 torch.cuda.synchronize()
-                cells["compile_s"] = f"{time.perf_counter() - t0:.1f}"
-                t_c = bench_us(lambda: cfn(*xs), flush=flush)
-                cells["torch.compile"] = f"{t_c:.1f} ({pct(t_c):.0f}%)"
-            t0 = time.perf_counter()
-            pf = pyfuser.jit(torch.jit.script(fn))
-            got = pf(*xs)
-            torch.cuda.synchronize()
-            cells["pyfuser_first_s"] = f"{time.perf_counter() - t0:.2f}"
-            if not _outputs_match(got, want, dt):
-                cells["pyfuser"] = "WRONG"
-            else:
-                t_p = bench_us(lambda: pf(*xs), flush=flush)
-                cells["pyfuser"] = f"{t_p:.1f} ({pct(t_p):.0f}%)"
-                cells["kernels"] = count_kernels(lambda: pf(*xs))
-                st = pf.last_run
-                cells["fallbacks"] = len(st.fallbacks) + st.eager_groups + st.eager_segments
-            for ename, impls in extras.items():
-                impl = next((f for k, f in impls.items() if name.startswith(k)), None)
-                if impl is not None:
-                    try:
-                        impl(*xs)
-                        t_x = bench_us(lambda: impl(*xs), flush=flush)
-                        cells[ename] = f"{t_x:.1f} ({pct(t_x):.0f}%)"
-                    except Exception as e:  # noqa: BLE001
-                        cells[ename] = f"error: {type(e).__name__}"
-            cells["copy"] = f"{cu:.1f}"
-        except Exception:  # noqa: BLE001 - one bad row does not stop the table
-            log.append(f"{name} {dt}:\n{traceback.format_exc()}")
-            cells["pyfuser"] = cells.get("pyfuser", "ERROR")
-        rows.append(cells)
-        print(cells, flush=True)
+                cells["pyfuser_first_s"] = f"{time.perf_counter() - t0:.2f}"
+                if not _outputs_match(got, want, dt):
+                    cells["pyfuser"] = "WRONG"
+                else:
+                    t_p = bench_us(lambda: pf(*xs), flush=flush)
+                    cells["pyfuser"] = f"{t_p:.1f} ({pct(t_p):.0f}%)"
+                    cells["kernels"] = count_kernels(lambda: pf(*xs))
+                    st = pf.last_run
+                    cells["fallbacks"] = len(st.fallbacks) + st.eager_groups + st.eager_segments
+                for ename, impls in extras.items():
+                    impl = next((f for k, f in impls.items() if name.startswith(k)), None)
+                    if impl is not None:
+                        try:
+                            impl(*xs)
+                            t_x = bench_us(lambda: impl(*xs), flush=flush)
+                            cells[ename] = f"{t_x:.1f} ({pct(t_x):.0f}%)"
+                        except Exception as e:  # noqa: BLE001
+                            cells[ename] = f"error: {type(e).__name__}"
+                cells["copy"] = f"{cu:.1f}"
+            except Exception:  # noqa: BLE001 - one bad row does not stop the table
+                log.append(f"{name} {dt}:\n{traceback.format_exc()}")
+                cells["pyfuser"] = cells.get("pyfuser", "ERROR")
+            rows.append(cells)
+            print(cells, flush=True)
+            progress.finish()
+    progress.close()
     headers = ["workload", "dtype", "eager"] + (["torch.compile"] if use_compile else []) + \
         ["pyfuser"] + list(extras) + ["kernels", "fallbacks", "copy", "pyfuser_first_s"] + \
         (["compile_s"] if use_compile else [])

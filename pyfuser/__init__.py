@@ -19,7 +19,7 @@ _LAZY = {
     "version": ("pyfuser.nvfuser_version", "version"),
     "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
-    "explain": ("pyfuser.explain", "explain"),
+    "explain": ("pyfuser.explainer", "explain"),
 }
 __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
            "compute_contiguity", "version", "jit", "fuse_graph", "explain", "__version__"]

@@ -115,7 +115,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from pyfuser.explain import explain
+    from pyfuser.explainer import explain
     from pyfuser.frontend.torchscript import make_inputs
     from pyfuser.frontend.torchscript.run_limits import check_run
     device = args.device or default_device()

@@ -108,3 +108,16 @@ def test_docs_benchmarks_plot_is_linked_from_the_readme():
     assert "docs/img/benchmarks.svg" in readme and (ROOT / "docs/img/benchmarks.svg").exists()
     tables = plot.parse_markdown((ROOT / "docs" / "benchmarks.md").read_text())
     assert sum(len(plot.series_of(t)[1]) == 3 for t in tables) >= 2
+
+
+def test_normalization_rows_plot_from_its_table_cells():
+    norm = _load("bench_normalization_under_test", ROOT / "bench" / "normalization.py")
+    rows = [{"workload": "softmax 8192x3072", "dtype": "float32", "eager": "50.1 (61%)",
+             "torch.compile": "35.2 (87%)", "pyfuser": "WRONG"},
+            {"workload": "sum(0) 8192x3072", "dtype": "bfloat16", "eager": "20.0 (40%)",
+             "pyfuser": "10.5 (77%)"}]
+    assert norm.plot_rows(rows) == [
+        {"workload": "softmax 8192x3072 float32", "eager": 61.0, "torch.compile": 87.0,
+         "pyfuser": None},
+        {"workload": "sum(0) 8192x3072 bfloat16", "eager": 40.0, "torch.compile": None,
+         "pyfuser": 77.0}]

@@ -10,9 +10,9 @@ import pyfuser
 from pyfuser import DataType, FusionDefinition
 from pyfuser.cli import main
 from pyfuser.errors import PyfuserError
-from pyfuser.explain import explain
-from pyfuser.explain import frontends
-from pyfuser.explain.layout import layered
+from pyfuser.explainer import explain
+from pyfuser.explainer import frontends
+from pyfuser.explainer.layout import layered
 from pyfuser.schedule import registry
 
 import segment_cases as C
@@ -235,3 +235,10 @@ def test_cli_explain_errors_are_one_line(tmp_path, capsys):
     assert main(["explain", str(tmp_path / "missing.ir")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pyfuser: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_pyfuser_explain_is_the_function_after_the_package_is_imported():
+    """Regression: the package was named `pyfuser.explain`, so importing it replaced the lazy
+    `pyfuser.explain` function with the module ('module' object is not callable)."""
+    import pyfuser.explainer  # noqa: F401
+    assert callable(pyfuser.explain) and pyfuser.explain is explain

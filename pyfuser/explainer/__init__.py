@@ -1,4 +1,4 @@
-"""`pyfuser.explain`: what the compiler did with a program, and why.
+"""`pyfuser.explain` (package `pyfuser.explainer`): what the compiler did with a program, and why.
 
     e = pyfuser.explain(fn, *example_inputs, bench=False)
     print(e)                        # plain text (e.text(verbose=True): the ops of every segment)
