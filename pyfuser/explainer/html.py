@@ -154,6 +154,10 @@ class _GroupDrawing:
                     extra = f' data-group="{g.index}" data-cut="{self.cut_names[tensor]}"'
             out.append(f'<path class="{cls}"{extra} d="{_curve(xa + wa / 2, ya + ha, xb + wb / 2, yb)}">'
                        f'<title>{_esc(tensor)}</title></path>')
+            if extra:                      # a label to see and click: the tensor went to memory
+                mx, my = (xa + wa / 2 + xb + wb / 2) / 2, (ya + ha + yb) / 2
+                out.append(f'<text class="cut-label"{extra} x="{mx + 4:.1f}" y="{my + 4:.1f}">'
+                           f'✂ {_esc(tensor)}</text>')
         out.append("</g>")
         return "\n".join(out)
 

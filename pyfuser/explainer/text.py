@@ -7,6 +7,7 @@ IR exprs of every segment and lists every unfused op on its own line.
 """
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import OrderedDict
 
@@ -40,6 +41,23 @@ def _launch(launch: dict) -> str:
     g, b = launch["grid"], launch["block"]
     return (f"grid ({g[0]}, {g[1]}, {g[2]}) block ({b[0]}, {b[1]}, {b[2]}) "
             f"shared memory {launch['shared_mem']} B")
+
+
+def compact_refusals(text: str) -> str:
+    """"a: x; b: x; c: y" (the registry's joined refusals) -> "a, b: x; c: y"."""
+    from ..schedule.registry import names
+    alt = "|".join(re.escape(n) for n in sorted(names(), key=len, reverse=True))
+    parts = re.split(rf"; (?=(?:{alt}): )", text)
+    merged: list = []
+    for part in parts:
+        m = re.match(rf"({alt}): (.*)\Z", part, re.S)
+        if not m:
+            return text
+        if merged and merged[-1][1] == m.group(2):
+            merged[-1][0].append(m.group(1))
+        else:
+            merged.append(([m.group(1)], m.group(2)))
+    return "; ".join(f"{', '.join(ns)}: {why}" for ns, why in merged)
 
 
 def refusals(verdicts) -> list:
@@ -123,13 +141,19 @@ def group_lines(g, verbose: bool = False) -> list:
         lines += _wrap(f"runs eagerly: {g.eager_reason}", "  ")
         if g.segments:
             lines.append("  under torch.no_grad() it would run as:")
-    if g.split_reason:
-        lines += _wrap(f"not one kernel: no scheduler takes all its ops: {g.split_reason}", "  ")
+    split = compact_refusals(g.split_reason) if g.split_reason else ""
+    if split:
+        lines += _wrap(f"not one kernel: no scheduler takes all its ops: {split}", "  ")
     for s in g.segments:
         lines += _segment_lines(s, verbose)
     for c in g.cuts:
+        why = c.reason
+        prefix = "no scheduler takes them together: "
+        if why.startswith(prefix):
+            rest = compact_refusals(why[len(prefix):])
+            why = prefix + ("the same refusals as the whole group's" if rest == split else rest)
         lines += _wrap(f"cut {c.tensor} ({human_bytes(c.nbytes)}, segment {c.from_segment} -> "
-                       f"{c.to_segment}): {c.reason}", "  ")
+                       f"{c.to_segment}): {why}", "  ")
     return lines
 
 

@@ -106,3 +106,21 @@ def test_click_on_a_kernel_shows_its_figures_and_cuda(bert_report, browser):
         assert problems == [], problems
     finally:
         page.close()
+
+
+def test_cut_is_drawn_and_clickable(browser, tmp_path):
+    import segment_cases as C
+    from pyfuser.explainer import explain
+    e = explain(C.two_reduction_domains(), torch.randn(16, 24))
+    (cut,) = e.groups[0].cuts
+    path = tmp_path / "cut.html"
+    e.to_html(path)
+    page, problems, _ = _open(browser, path)
+    try:
+        assert page.locator(".segment").count() == len(e.groups[0].segments)
+        page.click("text.cut-label")
+        text = page.locator("#panel").inner_text()
+        assert f"cut {cut.tensor}" in text and "no scheduler takes them together" in text
+        assert problems == [], problems
+    finally:
+        page.close()
