@@ -49,5 +49,5 @@ set +x
 echo "================ summary ================"
 echo "gpu tests: rc=$tests_rc (${tests_s}s) -> $OUT/gpu_tests.log"
 grep -E "^[0-9]+ (passed|failed)|passed|failed" "$OUT/gpu_tests.log" | tail -n 1
-echo "benchmarks: rc=$bench_rc (${bench_s}s) -> $OUT/bench_*.log, $OUT/bench_*.md"
+echo "benchmarks: rc=$bench_rc (${bench_s}s) -> $OUT/bench_*.log, $OUT/bench_*.md, plots $OUT/bench_*.svg (+ .json)"
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

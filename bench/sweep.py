@@ -128,13 +128,16 @@ def main() -> int:
           ", ".join(f"{m} {rates[m] / 1e12:.2f} TB/s" for m in METHODS) +
           ". Cells: µs per call (% of that method's large-copy rate); 'copy' is torch's copy_ "
           "of the same bytes, the columns after torch.compile are pyfuser variants."]
+    from pyfuser.progress import track
+    work = [(set_name, case) for set_name in chosen for case in sets[set_name][0]]
+    rows_of = {set_name: [] for set_name in chosen}
+    for set_name, case in track(work, "sweep", name=lambda w: f"{w[0]}: {w[1][0]}"):
+        t0 = time.perf_counter()
+        rows_of[set_name].append(run_case(sets[set_name][1], *case))
+        print(f"[{set_name}: {case[0]}] {time.perf_counter() - t0:.1f} s", flush=True)
     for set_name in chosen:
         cases, variants = sets[set_name]
-        rows = []
-        for case in cases:
-            t0 = time.perf_counter()
-            rows.append(run_case(variants, *case))
-            print(f"[{set_name}: {case[0]}] {time.perf_counter() - t0:.1f} s", flush=True)
+        rows = rows_of[set_name]
         cols = ["copy", "eager", "compile"] + [label for label, _ in variants]
         for m in METHODS:
             table = []

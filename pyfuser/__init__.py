@@ -19,9 +19,21 @@ _LAZY = {
     "version": ("pyfuser.nvfuser_version", "version"),
     "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
+    "explain": ("pyfuser.explainer", "explain"),
 }
 __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
-           "compute_contiguity", "version", "jit", "fuse_graph", "__version__"]
+           "compute_contiguity", "version", "jit", "fuse_graph", "explain", "__version__"]
+
+
+def _dump_help() -> None:
+    """`PYFUSER_DUMP=help`: list the dump options as soon as pyfuser is imported."""
+    import os
+    if "help" in os.environ.get("PYFUSER_DUMP", "").split(","):
+        from .dump import enabled_dumps
+        enabled_dumps()
+
+
+_dump_help()
 
 
 def __getattr__(name: str):

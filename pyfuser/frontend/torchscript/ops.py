@@ -24,7 +24,7 @@ def schemas(kind: str) -> tuple:
     except Exception:
         return ()
     return tuple(s for s in found if not any(a.is_out for a in s.arguments)
-                 and not s.overload_name.endswith("out"))
+                 and s.overload_name != "out" and not s.overload_name.endswith("_out"))
 
 
 def _fit(v: Any, t) -> int:
@@ -104,9 +104,9 @@ def resolve(kind: str, args: list):
         # TorchScript passes every argument, defaults included: a schema with exactly as many
         # parameters as arguments is the one the graph was made with (`addmm` with 5, not
         # `addmm.dtype`, whose `out_dtype` an int `beta` would fit better).
-        key = (len(s.arguments) == len(args), sc if sc is not None else -1)
-        if sc is not None and key > best_score:
-            best, best_score = s, key
+        rank = (len(s.arguments) == len(args), sc if sc is not None else -1)
+        if sc is not None and rank > best_score:
+            best, best_score = s, rank
     _CACHE[key] = best
     return best
 
