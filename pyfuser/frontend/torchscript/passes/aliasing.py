@@ -88,7 +88,9 @@ def node_effects(node) -> Effects:
     its nodes write (a training batch norm's running statistics)."""
     if node.kind == GROUP_KIND:
         return _group_effects(node)
-    e = op_effects(node.kind, tuple(_may_hold_tensor(v) for v in node.inputs))
+    overload = getattr(node, "overload", None)
+    e = op_effects(node.kind, tuple(_may_hold_tensor(v) for v in node.inputs)) \
+        if overload is None else overload_effects(node.kind, overload)
     spec = RUNNING_STATS.get(node.kind)
     if spec is not None and not e.opaque:
         flag, written = spec
@@ -139,6 +141,19 @@ def op_effects(kind: str, tensor_args: tuple | None = None) -> Effects:
     if tensor_args is not None:
         every = _all_schemas(kind)
         found = tuple(s for s in every if _takes(s, tensor_args)) or every
+    return _effects_of(kind, found)
+
+
+@functools.lru_cache(maxsize=None)
+def overload_effects(kind: str, overload: str) -> Effects:
+    """Effects of the one overload torch matched (graphs read from torch objects)."""
+    if kind.startswith("prim::") or kind == GROUP_KIND:
+        return op_effects(kind)
+    found = tuple(s for s in _all_schemas(kind) if s.overload_name == overload)
+    return _effects_of(kind, found) if found else op_effects(kind)
+
+
+def _effects_of(kind: str, found: tuple) -> Effects:
     if not found:
         return Effects(frozenset(), (), opaque=True)
     writes, aliases, escapes = set(), {}, set()
