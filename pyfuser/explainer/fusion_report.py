@@ -157,10 +157,11 @@ def _segment_info(i, seg, rec, device, bench) -> SegmentInfo:
 
 
 def _device(args):
-    for x in args:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return torch.device("cpu")
+    """Where the group runs: CUDA when any tensor argument is (0-dim CPU tensors beside CUDA
+    ones are host scalars, moved as dispatch moves them)."""
+    tensors = [x for x in args if isinstance(x, torch.Tensor)]
+    return next((x.device for x in tensors if x.is_cuda),
+                tensors[0].device if tensors else torch.device("cpu"))
 
 
 def explain_group(src, bench: bool = False) -> GroupInfo:
@@ -180,6 +181,9 @@ def explain_group(src, bench: bool = False) -> GroupInfo:
     g.split_reason = sf.split_reason
     device = _device(args)
     on_cuda = device.type == "cuda"
+    if on_cuda:
+        from ..runtime.dispatch import _scalars_to_device
+        args = _scalars_to_device(fusion, args)
     recorders = _segment_calls(sf, args, on_cuda)
     for i, seg in enumerate(sf.segments):
         rec = recorders.get(id(seg.fusion)) if seg.kind == "kernel" else None
