@@ -100,30 +100,32 @@ def _has_fp16(d: str) -> bool:
     return bool(d) and os.path.isfile(os.path.join(d, "cuda_fp16.h"))
 
 
-def _candidate_include_dirs() -> list[str]:
+def _candidate_include_dirs():
+    """Directories that may hold the CUDA headers, most specific first, produced lazily: the
+    first one that has them ends the search, so the slow probe (cuda-pathfinder runs a
+    subprocess, about 0.1 s) only runs when no plain directory has them."""
     major = nvrtc_version()[0]
-    out = [os.environ.get("PYFUSER_CUDA_INCLUDE", "")]
+    yield os.environ.get("PYFUSER_CUDA_INCLUDE", "")
     # pip wheels: nvidia/cu13/include (CUDA 13 layout), nvidia/cuda_runtime/include (CUDA 12)
     for p in sys.path:
         base = os.path.join(p, "nvidia")
         if os.path.isdir(base):
-            out += [os.path.join(base, f"cu{major}", "include"),
-                    os.path.join(base, "cuda_runtime", "include"),
-                    os.path.join(base, "cuda_nvrtc", "include")]
-    try:  # cuda-pathfinder knows the wheels and CUDA_HOME
-        from cuda import pathfinder
-        out.append(pathfinder.find_nvidia_header_directory("cudart") or "")
-    except Exception:  # noqa: BLE001 - optional helper, absent or failing on old installs
-        pass
+            yield os.path.join(base, f"cu{major}", "include")
+            yield os.path.join(base, "cuda_runtime", "include")
+            yield os.path.join(base, "cuda_nvrtc", "include")
     for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
         if os.environ.get(var):
-            out.append(os.path.join(os.environ[var], "include"))
-    out.append(f"/usr/local/cuda-{major}/include")
-    out += sorted(glob.glob(f"/usr/local/cuda-{major}.*/include"), reverse=True)
-    out.append("/usr/local/cuda/include")
-    out += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
-    out.append("/usr/include")
-    return out
+            yield os.path.join(os.environ[var], "include")
+    yield f"/usr/local/cuda-{major}/include"
+    yield from sorted(glob.glob(f"/usr/local/cuda-{major}.*/include"), reverse=True)
+    try:  # cuda-pathfinder knows other wheels' layouts and toolkits
+        from cuda import pathfinder
+        yield pathfinder.find_nvidia_header_directory("cudart") or ""
+    except Exception:  # noqa: BLE001 - optional helper, absent or failing on old installs
+        pass
+    yield "/usr/local/cuda/include"
+    yield from sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    yield "/usr/include"
 
 
 @functools.lru_cache(maxsize=None)
