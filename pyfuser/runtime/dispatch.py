@@ -70,8 +70,11 @@ class _Programs:
     lookup, program in one frame), or once a program was handed to it the native Runner's
     (runtime/native.py), which falls through to the Python one on a miss. It lives as long as its
     Fusion (clear_caches and executor.clear() empty `runs` and the runner, never replace them),
-    so frontends may hold it and call `progs.run`."""
-    __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "__weakref__")
+    so frontends may hold it and call `progs.run`. Frontends that bound its programs into code of
+    their own (the TorchScript call plans) add a callback to `listeners`: it runs whenever the
+    programs are emptied, so no bound program outlives them."""
+    __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "listeners",
+                 "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
@@ -82,6 +85,7 @@ class _Programs:
         self.native = None if all(isinstance(v, TensorView) for v in fusion.inputs) \
             and _RAW_ENV is not None else False
         self.n_inputs = len(fusion.inputs)
+        self.listeners: list = []
 
     def __deepcopy__(self, memo):
         return None
@@ -92,6 +96,8 @@ class _Programs:
     def clear(self) -> None:
         self.runs.clear()
         self.drop_native()
+        for cb in list(self.listeners):
+            cb()
 
     def drop_native(self) -> None:
         """Forget the native programs (a launcher's mode changed): the Python ones answer."""
