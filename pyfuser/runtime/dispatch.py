@@ -74,7 +74,7 @@ class _Programs:
     their own (the TorchScript call plans) add a callback to `listeners`: it runs whenever the
     programs are emptied, so no bound program outlives them."""
     __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "listeners",
-                 "__weakref__")
+                 "native_data", "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
@@ -86,6 +86,7 @@ class _Programs:
             and _RAW_ENV is not None else False
         self.n_inputs = len(fusion.inputs)
         self.listeners: list = []
+        self.native_data: dict = {}      # key -> the native program handed to the Runner
 
     def __deepcopy__(self, memo):
         return None
@@ -96,20 +97,23 @@ class _Programs:
     def clear(self) -> None:
         self.runs.clear()
         self.drop_native()
-        for cb in list(self.listeners):
-            cb()
 
     def drop_native(self) -> None:
-        """Forget the native programs (a launcher's mode changed): the Python ones answer."""
+        """Forget the native programs (a launcher's mode changed): the Python ones answer.
+        Frontends holding programs (listeners) are told either way."""
         if self.native:
             self.native.clear()
+        self.native_data.clear()
+        for cb in list(self.listeners):
+            cb()
 
     def install(self, inputs, run, report, steps) -> None:
         """Record `run` (Python) for the key of `inputs`; `steps()` gives the native program's
         (steps, results, effects, device), or None when it cannot be one."""
         if len(self.runs) >= _MAX_PROGRAMS:
             self.clear()
-        self.runs[self.key_of(inputs)[0]] = (run, report)
+        key = self.key_of(inputs)[0]
+        self.runs[key] = (run, report)
         if self.native is False:
             return
         from . import native
@@ -121,6 +125,7 @@ class _Programs:
             self.native = mod.Runner(self.n_inputs, self.py_run, _RAW_ENV, (_DUMP, _POISON))
             self.run = self.native.run
         self.native.add(inputs, *program)
+        self.native_data[key] = program
 
 
 def _run_function(fusion, runs):
@@ -239,6 +244,9 @@ def _install(fusion, inputs, report, record) -> None:
         for call, slots in steps:
             env.extend(call(None, [env[k].data_ptr() for k in slots]))
         return [env[k] if spec is None else env[k].as_strided(*spec) for k, spec in outputs]
+
+    # What frontends that inline a program without kernels need (views of the inputs only).
+    run.kernels, run.outputs = len(steps), list(outputs)
 
     _, progs = _programs(fusion, *executors)
     progs.install(inputs, run, report, lambda: _native_program(

@@ -11,7 +11,7 @@ memory the launch's pointer parameters point at. So a test sees both what reache
   CUDA ones, as eager allows;
 - `h2d`: host-to-device copies seen (`Tensor.to` / `copy_` from a host-marked tensor to a
   posing one), which a fused call must not make.
-The native runner is off (PYFUSER_NATIVE=0); raw streams are 777.
+The native runner is off (PYFUSER_NATIVE=0) unless `native=True`; raw streams are 777.
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ class FakeCuda:
     def __init__(self):
         self.launches: list = []
         self.h2d: list = []
+        self.callback_errors: list = []
         self._plans: dict = {}        # id(launcher) -> (KernelPlan, fusion)
         self._preps: dict = {}        # address of a Prepared's buffer -> what it launches
 
@@ -70,8 +71,30 @@ class FakeCuda:
         self.launches.append((launcher.binary.name, tuple(grid), tuple(block),
                               dict(zip(names, values))))
 
-    def run_prepared(self, buf_addr, params_addr):
-        prep, launcher, metas, bindings = self._preps[buf_addr]
+    def _find(self, buf_addr, fn):
+        """The Prepared a launch buffer is (or is a copy of: the native runner's): same kernel,
+        same launch configuration and non-pointer parameters."""
+        if buf_addr in self._preps:
+            return self._preps[buf_addr]
+        for entry in self._preps.values():
+            prep, launcher = entry[0], entry[1]
+            if prep.fn_int != fn:
+                continue
+            size = len(prep.buf)
+            launched = ctypes.string_at(buf_addr, size)
+            mine = bytes(prep.buf)
+            pointers = set()
+            for k, _ in prep.ptr_slots:
+                off = L._CFG + launcher.packer.offsets[k]
+                pointers.update(range(off, off + 8))
+            same = all(a == b for i, (a, b) in enumerate(zip(launched, mine))
+                       if i not in pointers and not 32 <= i < 40)      # nor the stream
+            if same:
+                return entry
+        raise AssertionError("a launch of no known prepared launch")
+
+    def run_prepared(self, buf_addr, params_addr, fn=None):
+        prep, launcher, metas, bindings = self._find(buf_addr, fn)
         packer = launcher.packer
         base = buf_addr + L._CFG
         values = [struct.unpack("<" + _CH[p.ctype], ctypes.string_at(base + off, size))[0]
@@ -107,8 +130,29 @@ class FakeRaw:
         addr = cfg.value
         *dims, stream, attrs, nattrs = struct.unpack("<7I4xQQI4x", ctypes.string_at(addr, 56))
         assert attrs == 0 and nattrs == 0 and extra is None and stream == STREAM
-        self.fake.run_prepared(addr, params.value)
+        self.fake.run_prepared(addr, params.value, fn.value)
         return 0
+
+    def addresses(self):
+        """C entry points for the native runner: ctypes callbacks into this fake (kept alive
+        on the recorder). An exception inside one is kept and answered with an error code."""
+        V = ctypes.c_void_p
+        fake = self.fake
+        if not hasattr(fake, "callbacks"):
+            def guard(f):
+                def call(*args):
+                    try:
+                        return f(*args)
+                    except BaseException as e:  # noqa: BLE001 - reported by the test
+                        fake.callback_errors.append(e)
+                        return 999
+                return call
+            launch = ctypes.CFUNCTYPE(ctypes.c_int, V, V, V, V)(guard(
+                lambda cfg, fn, params, extra: self.launch_ex(V(cfg), V(fn), V(params), extra)))
+            cell = ctypes.CFUNCTYPE(ctypes.c_int, V)
+            fake.callbacks = (launch, cell(guard(self.get_current)), cell(guard(self.push)),
+                              cell(guard(self.pop)))
+        return tuple(ctypes.cast(c, V).value for c in fake.callbacks)
 
 
 class FakeDrv:
@@ -134,11 +178,16 @@ class FakeDrv:
         return (0, b"error")
 
 
-def install(monkeypatch, tmp_path) -> FakeCuda:
+def install(monkeypatch, tmp_path, native: bool = False) -> FakeCuda:
+    """`native`: cached calls through the native runner (built here if it is not yet)."""
     from pyfuser.runtime import dispatch
     fake = FakeCuda()
     drv = FakeDrv()
-    monkeypatch.setenv("PYFUSER_NATIVE", "0")
+    monkeypatch.setenv("PYFUSER_NATIVE", "1" if native else "0")
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    if native:
+        from pyfuser.runtime import native as N
+        assert N.build() is not None, "the native runner did not build"
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):
         monkeypatch.delenv(var, raising=False)

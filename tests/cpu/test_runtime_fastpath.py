@@ -137,6 +137,9 @@ def fake(request, monkeypatch, tmp_path):
     drv.ex_launches = 0
     drv.native = request.param == "native"
     monkeypatch.setenv("PYFUSER_NATIVE", "1" if drv.native else "0")
+    if drv.native:                       # built once (an install step), never on a call
+        from pyfuser.runtime import native
+        assert native.build() is not None
     monkeypatch.setattr(D, "raw_driver", lambda: FakeRaw(drv))
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
     for var in ("PYFUSER_DUMP", "PYFUSER_POISON_OUTPUTS", "PYFUSER_LAUNCH_MODE"):

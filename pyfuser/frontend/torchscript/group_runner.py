@@ -300,7 +300,16 @@ class GroupRunner:
                     tensor_names.append(names[i])
         tag = f"G{self.index}_{id(lowered)}"
         lines = []
-        if prog is not None:
+        direct = None                  # views of the inputs only: no program call at all
+        if prog is not None and getattr(prog, "kernels", None) == 0:
+            direct = []
+            for k, spec in prog.outputs:
+                if spec is None:
+                    direct.append(fnames[k])
+                else:
+                    env[f"V{tag}_{len(direct)}"] = spec
+                    direct.append(f"{fnames[k]}.as_strided(*V{tag}_{len(direct)})")
+        elif prog is not None:
             env[f"P{tag}"] = prog
             lines.append(f"_o = P{tag}([{', '.join(fnames)}], "
                          f"[{', '.join(n + '.data_ptr()' for n in tensor_names)}])")
@@ -308,7 +317,7 @@ class GroupRunner:
         for k, m in enumerate(lowered.output_map):
             h = host[k] if host is not None else None
             if h is None:
-                outs.append(f"_o[{m}]")
+                outs.append(direct[m] if direct is not None else f"_o[{m}]")
             else:
                 env[f"H{tag}_{k}"] = h
                 outs.append(f"list(H{tag}_{k})" if isinstance(h, list) else f"H{tag}_{k}")

@@ -114,6 +114,9 @@ class _Variant:
     plans: dict = field(default_factory=dict)
     key_of: object = None
     call: object = None
+    entry: object = None              # what a call runs: `call`, or the native runner's `run`
+    native: object = None             # the native Runner of its direct plans (plan.Plan.direct)
+    no_graphs: object = None          # why its plans are not captured (cuda_graphs=True)
 
 
 class CompiledGraph:
@@ -122,9 +125,12 @@ class CompiledGraph:
     is built again by `rebuild()` -> (graph, guards) for the new values (a few kept)."""
 
     def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None,
-                 flag_guards=(), rebuild=None):
+                 flag_guards=(), rebuild=None, cuda_graphs: bool = False, graph_backend=None):
         self.module = module
         self.arg_limit = arg_limit
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graph_backend = graph_backend
+        self._graphed: list = []          # GraphedPlans holding a captured graph, oldest first
         self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
         self._rebuild = rebuild
         self._variants: list = []
@@ -138,16 +144,22 @@ class CompiledGraph:
         v = _Variant(graph, fused, report, {n: GroupRunner(n, i) for i, n in enumerate(groups)},
                      guards)
         for runner in v.runners.values():
-            runner.listeners.append(v.plans.clear)
+            runner.listeners.append(lambda v=v: self._drop_plans(v))
         v.key_of = key_function(fused, 1 if self.module is not None else 0)
-        v.call = _dispatcher(self, v)
+        v.call = v.entry = _dispatcher(self, v)
+        if self.cuda_graphs:
+            from .cuda_graphs import graphable
+            v.no_graphs = graphable(fused, 1 if self.module is not None else 0)
+            if v.no_graphs is not None:
+                log.info("pyfuser: no CUDA graphs for this function: %s", v.no_graphs)
         if len(self._variants) >= MAX_FLAG_VARIANTS:
-            self._variants.pop(0).plans.clear()
+            self._drop_plans(self._variants.pop(0))
         self._variants.append(v)
         return v
 
     def _use(self, v: _Variant) -> None:
         self._variant = v
+        self._entry = v.entry if self._rebuild is None else self._flagged
         self.original, self.graph, self.report, self.runners = v.original, v.graph, v.report, v.runners
         self.last_run = self._new_stats()
 
@@ -198,9 +210,11 @@ class CompiledGraph:
                          no_grad=False)
 
     def __call__(self, *args):
-        if self._rebuild is not None:
-            self._check_flags()
-        return self._variant.call(args)
+        return self._entry(args)
+
+    def _flagged(self, args):
+        self._check_flags()
+        return self._variant.entry(args)
 
     def _checked(self, args):
         inputs = ([self.module] if self.module is not None else []) + list(args)
@@ -215,11 +229,63 @@ class CompiledGraph:
         from .plan import build_plan
         stats = self.last_run = self._new_stats()
         outs, plan = build_plan(self, variant, args, stats, self._new_stats)
+        if plan is not None and self.cuda_graphs and variant.no_graphs is None:
+            from .cuda_graphs import Backend, GraphedPlan
+            plan = GraphedPlan(plan, self, self._graph_backend or Backend())
+        elif plan is not None and plan.direct is not None and self._rebuild is None:
+            self._go_native(variant, plan, args)
         plans = variant.plans
         if len(plans) >= MAX_PLANS:
-            plans.pop(next(iter(plans)))
+            old = plans.pop(next(iter(plans)))
+            if hasattr(old, "release"):
+                old.release()
+                if old in self._graphed:
+                    self._graphed.remove(old)
         plans[key] = plan
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _go_native(self, variant, plan, args) -> None:
+        """A direct plan (one fusion on the graph's inputs): its call is the fusion's recorded
+        program, handed to a native Runner (where built) that answers the whole call: key,
+        lookup, allocation, launch in C++; a miss (or grad mode on) calls the Python path."""
+        from ...runtime import native
+        from ...runtime.executor import _RAW_ENV
+        progs, key = plan.direct
+        data = progs.native_data.get(key)
+        mod = native.runner_module() if data is not None else None
+        if mod is None:
+            return
+        if variant.native is None:
+            unpack = 1 if len(variant.graph.outputs) == 1 else 2
+            variant.native = mod.Runner(len(args), variant.call, _RAW_ENV,
+                                        (b"PYFUSER_DUMP", b"PYFUSER_POISON_OUTPUTS"),
+                                        grad_check=True, unpack=unpack)
+        steps, results, effects, device = data
+        variant.native.add(list(args), steps, results,
+                           list(effects) + [("setattr", self, "last_run", plan.stats)], device)
+        variant.entry = variant.native.run
+        if self._variant is variant and self._rebuild is None:
+            self._entry = variant.entry
+
+    def _drop_plans(self, variant) -> None:
+        """Forget a fused graph's plans (something they bound changed), their graphs too."""
+        if variant.native is not None:
+            variant.native.clear()                # its misses go to the Python dispatcher
+        for plan in list(variant.plans.values()):
+            if hasattr(plan, "release"):
+                plan.release()
+                if plan in self._graphed:
+                    self._graphed.remove(plan)
+        variant.plans.clear()
+
+    def _note_graph(self, graphed) -> None:
+        """A GraphedPlan is capturing: keep at most MAX_GRAPHS graphs (the oldest released)."""
+        from .cuda_graphs import MAX_GRAPHS
+        if graphed in self._graphed:
+            self._graphed.remove(graphed)
+        self._graphed.append(graphed)
+        while len(self._graphed) > MAX_GRAPHS:
+            self._graphed.pop(0).release()
 
     def __str__(self) -> str:
         return str(self.graph)

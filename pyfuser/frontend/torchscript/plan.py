@@ -72,11 +72,17 @@ _counter = itertools.count()
 
 class Plan:
     """One input signature's compiled call: `fn(*inputs)` returns what the graph returns."""
-    __slots__ = ("fn", "stats", "source", "filename", "line_nodes", "sites")
+    __slots__ = ("fn", "stats", "source", "filename", "line_nodes", "sites", "attr_reads",
+                 "direct")
 
-    def __init__(self, fn, stats, source, filename, line_nodes, sites):
+    def __init__(self, fn, stats, source, filename, line_nodes, sites, attr_reads=()):
         self.fn, self.stats, self.source = fn, stats, source
         self.filename, self.line_nodes, self.sites = filename, line_nodes, sites
+        self.attr_reads = attr_reads       # (getter, name) of the attributes read per call
+        # (fusion's _Programs, its key for these inputs) when the whole graph is one bound
+        # group taking the graph's inputs in order and giving its outputs: the call is that
+        # fusion's recorded program (jit.py hands it to the native runner where built).
+        self.direct = None
 
     def error(self, e: BaseException) -> BaseException:
         """The exception to raise for `e` raised inside the plan: a RunnerError naming the node
@@ -153,6 +159,7 @@ class Recorder(RunContext):
         self.extra: dict = {}
         self.names, self.top_groups, self.stats = names, top_groups, stats
         self.sites: dict = {}
+        self.direct: dict = {}
 
     def route(self, node, args):
         runner = self.top_groups.get(node)
@@ -165,6 +172,7 @@ class Recorder(RunContext):
                 source = runner.entry_source(args, [self.names[v] for v in node.inputs])
             on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
             self.sites[node] = (contrib, source, on_cuda)
+            self.direct[node] = _direct_key(runner, args)
         else:
             how, outs = super().route(node, args)
         if node not in self.how:
@@ -173,6 +181,26 @@ class Recorder(RunContext):
                 self.extra[node] = any(isinstance(t, torch.Tensor) and t.dtype in
                                        (torch.bool, torch.uint8) for t in args[1])
         return how, outs
+
+
+def _direct_key(runner, args):
+    """(the fusion's _Programs, its key for these inputs) when the group's fusion takes exactly
+    the group's inputs (no specialised or by-value ones, no host-answered outputs)."""
+    hit = runner._passed.get(runner._passed_key(args))
+    if hit is None or isinstance(hit, str):
+        return None
+    lowered = hit[0]
+    if lowered.specialised or lowered.by_value or lowered.host_values or \
+            lowered.input_indices != list(range(len(args))) or not lowered.fusion.outputs:
+        return None
+    from ...runtime import dispatch
+    progs = lowered.fusion.__dict__.get(dispatch._PROGS)
+    if progs is None:
+        return None
+    try:
+        return progs, progs.key_of(args)[0], list(lowered.output_map)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _snapshot(st):
@@ -200,6 +228,7 @@ class _Writer:
         self.level: dict = {}
         self.resolved: dict = {}          # Value -> object (modules, known at build time)
         self.sites: dict = {}             # group node -> "bound" / "fast" / "checked"
+        self.attr_reads: list = []        # (getter, name) read per call
         self.contrib: dict = {}           # group node -> what it counts (bound / fast sites)
         self.tmp = itertools.count()
         from .jit import eager_handler
@@ -369,6 +398,7 @@ class _Writer:
         getter = c.getattr if isinstance(c, torch._C.ScriptModule) else \
             (lambda n, _o=obj: getattr(_o, n))
         g = self.bind("GA", getter)
+        self.attr_reads.append((getter, name))
         self.emit(f"{self.ref(out)} = {g}({name!r})", indent, node)
         self.level[out] = TYPE if _stable(out.type) else DYN
 
@@ -667,7 +697,26 @@ def _write(compiled, variant, rec, stats_factory, names) -> Plan:
     filename = f"<pyfuser plan {next(_counter)}>"
     w.env.update(S=S, CG=compiled)
     exec(compile(src, filename, "exec"), w.env)  # noqa: S102
-    return Plan(w.env["plan"], S, src, filename, w.line_nodes, dict(w.sites))
+    plan = Plan(w.env["plan"], S, src, filename, w.line_nodes, dict(w.sites),
+                tuple(w.attr_reads))
+    plan.direct = _direct(graph, w, rec, skip)
+    return plan
+
+
+def _direct(graph, w, rec, skip):
+    """Plan.direct for a graph that is one bound group on the graph's inputs (see Plan)."""
+    if skip:
+        return None
+    nodes = [n for n in graph.nodes() if n.kind != "prim::Constant"]
+    if len(nodes) != 1 or w.sites.get(nodes[0]) != "bound":
+        return None
+    g = nodes[0]
+    if list(g.inputs) != list(graph.inputs) or list(g.outputs) != list(graph.outputs):
+        return None
+    found = rec.direct.get(g)
+    if found is None or found[2] != list(range(len(g.outputs))):
+        return None
+    return found[0], found[1]
 
 
 __all__ = ["Plan", "build_plan", "key_function", "VALUE", "FACTS", "TYPE", "DYN"]
