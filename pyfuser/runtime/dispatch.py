@@ -74,13 +74,14 @@ class _Programs:
     their own (the TorchScript call plans) add a callback to `listeners`: it runs whenever the
     programs are emptied, so no bound program outlives them."""
     __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "listeners",
-                 "native_data", "__weakref__")
+                 "native_data", "pending", "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
         self.key_of = key_function(fusion.inputs)
         self.runs: dict = {}
-        self.run = self.py_run = _run_function(fusion, self.runs)
+        self.pending: dict = {}          # key -> steps() of a program not yet handed over
+        self.run = self.py_run = _run_function(fusion, self.runs, self)
         # None: not asked yet; False: not for this fusion (scalar inputs, no extension, ...)
         self.native = None if all(isinstance(v, TensorView) for v in fusion.inputs) \
             and _RAW_ENV is not None else False
@@ -96,6 +97,7 @@ class _Programs:
 
     def clear(self) -> None:
         self.runs.clear()
+        self.pending.clear()
         self.drop_native()
 
     def drop_native(self) -> None:
@@ -104,17 +106,26 @@ class _Programs:
         if self.native:
             self.native.clear()
         self.native_data.clear()
+        self.pending.clear()
         for cb in list(self.listeners):
             cb()
 
     def install(self, inputs, run, report, steps) -> None:
         """Record `run` (Python) for the key of `inputs`; `steps()` gives the native program's
-        (steps, results, effects, device), or None when it cannot be one."""
+        (steps, results, effects, device), or None when it cannot be one. The native program is
+        made when the key is hit (`handoff`), so a call made once never loads the extension."""
         if len(self.runs) >= _MAX_PROGRAMS:
             self.clear()
         key = self.key_of(inputs)[0]
         self.runs[key] = (run, report)
-        if self.native is False:
+        if self.native is not False:
+            self.pending[key] = steps
+
+    def handoff(self, inputs, key) -> None:
+        """Hand the pending program of `key` (the key of `inputs`) to the native Runner, where
+        the extension is built and the program can be one."""
+        steps = self.pending.pop(key, None)
+        if steps is None or self.native is False:
             return
         from . import native
         mod = native.runner_module()
@@ -128,23 +139,28 @@ class _Programs:
         self.native_data[key] = program
 
 
-def _run_function(fusion, runs):
+def _run_function(fusion, runs, progs):
     """Generate `run(inputs)`: what `execute_fusion(fusion, inputs)` does, in one frame on a hit
-    (the key expression of executor.key_function inlined, one dict lookup, the env check)."""
+    (the key expression of executor.key_function inlined, one dict lookup, the env check; a
+    program still pending for the native runner is handed over on its first hit)."""
     from .executor import key_parts
     names, ptrs, key = key_parts(fusion.inputs)
     unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
     env = {"get": runs.get, "FD": fusion.__dict__, "REPORT": _REPORT, "slow": _execute_slow,
            "F": fusion, "ENV": _RAW_ENV, "slow_env": _slow_env, "DUMP": _DUMP, "POISON": _POISON,
-           "_sign": math.copysign, "_T": torch.Tensor}
+           "_sign": math.copysign, "_T": torch.Tensor, "PENDING": progs.pending,
+           "HANDOFF": progs.handoff}
     quiet = "DUMP not in ENV and POISON not in ENV" if _RAW_ENV is not None else "not slow_env()"
     lines = ["def run(inputs):", "    try:", f"        {unpack} = inputs"]
     lines += [f"        {p} = x{p[1:]}.data_ptr()" for p in ptrs]
-    lines += [f"        hit = get(({key}))",
+    lines += [f"        k = ({key})",
+              "        hit = get(k)",
               "    except Exception:  # malformed inputs: the slow path says what is wrong",
               "        hit = None",
               f"    if hit is not None and {quiet}:",
               "        FD[REPORT] = hit[1]",
+              "        if PENDING:",
+              "            HANDOFF(inputs, k)",
               f"        return hit[0](inputs, [{', '.join(ptrs)}])",
               "    return slow(F, inputs, None)"]
     exec(compile("\n".join(lines) + "\n", "<pyfuser fusion run>", "exec"), env)  # noqa: S102

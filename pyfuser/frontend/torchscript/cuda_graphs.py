@@ -106,6 +106,8 @@ class GraphedPlan:
         self.failed = None
         self.calls = 0
 
+    direct = None                      # never the native runner: the graph answers
+
     @property
     def stats(self):
         return self.plan.stats

@@ -232,8 +232,6 @@ class CompiledGraph:
         if plan is not None and self.cuda_graphs and variant.no_graphs is None:
             from .cuda_graphs import Backend, GraphedPlan
             plan = GraphedPlan(plan, self, self._graph_backend or Backend())
-        elif plan is not None and plan.direct is not None and self._rebuild is None:
-            self._go_native(variant, plan, args)
         plans = variant.plans
         if len(plans) >= MAX_PLANS:
             old = plans.pop(next(iter(plans)))
@@ -245,12 +243,17 @@ class CompiledGraph:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _go_native(self, variant, plan, args) -> None:
-        """A direct plan (one fusion on the graph's inputs): its call is the fusion's recorded
-        program, handed to a native Runner (where built) that answers the whole call: key,
-        lookup, allocation, launch in C++; a miss (or grad mode on) calls the Python path."""
+        """A direct plan (one fusion on the graph's inputs), on its first hit: its call is the
+        fusion's recorded program, handed to a native Runner (where built) that answers the
+        whole call: key, lookup, allocation, launch in C++; a miss (or grad mode on) calls the
+        Python path."""
         from ...runtime import native
         from ...runtime.executor import _RAW_ENV
+        plan.native_tried = True
+        if self._rebuild is not None or self.cuda_graphs:
+            return
         progs, key = plan.direct
+        progs.handoff(args, key)
         data = progs.native_data.get(key)
         mod = native.runner_module() if data is not None else None
         if mod is None:
@@ -314,6 +317,8 @@ def _dispatcher(compiled, variant):
         except Exception:  # noqa: BLE001 - not the declared kinds of input: the checked path
             key = plan = None
         if plan is not None and quiet():
+            if plan.direct is not None and not plan.native_tried:   # its first hit
+                compiled._go_native(variant, plan, args)
             try:
                 return plan.fn(*args)
             except Exception as e:

@@ -73,7 +73,7 @@ _counter = itertools.count()
 class Plan:
     """One input signature's compiled call: `fn(*inputs)` returns what the graph returns."""
     __slots__ = ("fn", "stats", "source", "filename", "line_nodes", "sites", "attr_reads",
-                 "direct")
+                 "direct", "native_tried")
 
     def __init__(self, fn, stats, source, filename, line_nodes, sites, attr_reads=()):
         self.fn, self.stats, self.source = fn, stats, source
@@ -83,6 +83,7 @@ class Plan:
         # group taking the graph's inputs in order and giving its outputs: the call is that
         # fusion's recorded program (jit.py hands it to the native runner where built).
         self.direct = None
+        self.native_tried = False
 
     def error(self, e: BaseException) -> BaseException:
         """The exception to raise for `e` raised inside the plan: a RunnerError naming the node
