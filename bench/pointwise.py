@@ -241,8 +241,9 @@ def _mul_add_ts(a, b, c):
 
 
 def _mul_add_fusion(native: bool, xs):
-    """a + b * c on three 1-D float32 inputs, run once on xs with the native runner on or off
-    (the choice is made when a fusion's first program is recorded)."""
+    """a + b * c on three 1-D float32 inputs, run twice on xs with the native runner on or off
+    (the choice is made when a fusion's recorded program is first hit; the runner must be built:
+    `python -m pyfuser.runtime.native`)."""
     fs = Fusion()
     with FusionDefinition(fs) as fd:
         a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
@@ -251,6 +252,10 @@ def _mul_add_fusion(native: bool, xs):
     old = os.environ.get("PYFUSER_NATIVE")
     os.environ["PYFUSER_NATIVE"] = "1" if native else "0"
     try:
+        if native:
+            from pyfuser.runtime import native as N
+            N.build()
+        fs.execute(xs)
         fs.execute(xs)
     finally:
         if old is None:
