@@ -31,22 +31,25 @@ def _spawn(rank, world, init, outdir, scenarios):
     DW.worker(rank, world, init, outdir, scenarios)
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """Every available scenario run once in 2 spawned ranks; {kind: [rank 0, rank 1]}."""
+def _run_ranks(outdir, scenarios) -> dict:
+    """`scenarios` run in 2 spawned ranks; {kind: [rank 0's result, rank 1's]}."""
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    outdir = tmp_path_factory.mktemp("ddp")
-    scenarios = [k for k in DW.SCENARIOS
-                 if not k.startswith("compile_") or DW.compile_unavailable() is None]
     torch.multiprocessing.start_processes(
         _spawn, args=(WORLD, f"file://{outdir}/store", str(outdir), scenarios), nprocs=WORLD,
         join=True, start_method="spawn")
-    out = {}
-    for kind in scenarios:
-        out[kind] = [torch.load(os.path.join(outdir, f"{kind}-rank{r}.pt"), weights_only=False)
-                     for r in range(WORLD)]
-    return out
+    return {kind: [torch.load(os.path.join(outdir, f"{kind}-rank{r}.pt"), weights_only=False)
+                   for r in range(WORLD)] for kind in scenarios}
+
+
+@pytest.fixture(scope="module")
+def jit_ranks(tmp_path_factory):
+    return _run_ranks(tmp_path_factory.mktemp("jit"), ["jit_ddp", "jit_fsdp2"])
+
+
+@pytest.fixture(scope="module")
+def compile_ranks(tmp_path_factory):
+    return _run_ranks(tmp_path_factory.mktemp("compile"), ["compile_ddp", "compile_fsdp2"])
 
 
 @pytest.fixture(autouse=True)
@@ -82,16 +85,16 @@ def _check(kind, ranks):
     return results, single
 
 
-def test_ddp_with_pyfuser_jit(ranks):
-    results, single = _check("jit_ddp", ranks)
+def test_ddp_with_pyfuser_jit(jit_ranks):
+    results, single = _check("jit_ddp", jit_ranks)
     for r in results:
         assert r["train_kernels"] >= 1      # the input normalisation fuses during training
         assert r["eval_kernels"] > r["train_kernels"]   # under no_grad every group fuses
     assert results[0]["eval_kernels"] == single["eval_kernels"]
 
 
-def test_fsdp2_with_pyfuser_jit_functions(ranks):
-    results, _ = _check("jit_fsdp2", ranks)
+def test_fsdp2_with_pyfuser_jit_functions(jit_ranks):
+    results, _ = _check("jit_fsdp2", jit_ranks)
     for r in results:
         assert r["train_kernels"] >= 1 and r["eval_kernels"] == 2
 
@@ -101,10 +104,10 @@ needs_backend = pytest.mark.skipif(DW.compile_unavailable() is not None,
 
 
 @needs_backend
-def test_ddp_with_the_compile_backend(ranks):
-    _check("compile_ddp", ranks)
+def test_ddp_with_the_compile_backend(compile_ranks):
+    _check("compile_ddp", compile_ranks)
 
 
 @needs_backend
-def test_fsdp2_with_the_compile_backend(ranks):
-    _check("compile_fsdp2", ranks)
+def test_fsdp2_with_the_compile_backend(compile_ranks):
+    _check("compile_fsdp2", compile_ranks)
