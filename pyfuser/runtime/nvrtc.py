@@ -85,6 +85,19 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def kernel_entries(directory: str | None = None) -> int:
+    """How many compiled kernels a disk-cache directory (default: the current one) holds: its
+    entries but the NVRTC-version one (for tests and benchmarks of cache sharing)."""
+    directory = directory or disk_cache.cache_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    ident = _library_identity()
+    version = disk_cache.make_key("nvrtc-version", ident) + disk_cache.SUFFIX if ident else None
+    return sum(1 for n in names if n.endswith(disk_cache.SUFFIX) and n != version)
+
+
 def _library_identity():
     """(real path, size, mtime) of the libnvrtc of the nvidia pip wheel on sys.path (what
     cuda-bindings loads first), or None."""

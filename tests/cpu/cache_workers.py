@@ -68,16 +68,18 @@ def fused_programs():
     return [(pointwise, (x, y)), (rms, (x, w)), (ln_gelu, (x, y, w, b))]
 
 
-def run_fusions(cache, barrier, queue, wid) -> None:
-    """pyfuser.jit of `fused_programs()` on CPU tensors (the kernel interpreter; NVRTC compiles
-    every kernel); reports whether each matches eager and the compile counters."""
+def run_fusions(cache, barrier, queue, wid, device="cpu") -> None:
+    """pyfuser.jit of `fused_programs()` on `device` (on the CPU: the kernel interpreter; NVRTC
+    compiles every kernel either way); reports whether each matches eager and the compile
+    counters."""
     try:
         _setup(cache)
         import torch
 
         import pyfuser
         from pyfuser.runtime import disk_cache, nvrtc
-        programs = [(pyfuser.jit(torch.jit.script(f)), f, args) for f, args in fused_programs()]
+        programs = [(pyfuser.jit(torch.jit.script(f)), f, [a.to(device) for a in args])
+                    for f, args in fused_programs()]
         nvrtc.nvrtc_version()
         barrier.wait()
         t0 = time.perf_counter()
@@ -87,6 +89,7 @@ def run_fusions(cache, barrier, queue, wid) -> None:
                 got, want = fused(*args), f(*args)
                 kernels += fused.last_run.kernels
                 if got.shape != want.shape or got.dtype != want.dtype or \
+                        got.device != want.device or \
                         not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
                     errors.append(f.__name__)
         queue.put((wid, {"nvrtc": nvrtc.stats["nvrtc"], "disk": nvrtc.stats["disk"],

@@ -136,7 +136,7 @@ def _build(kind: str, world: int, device):
         return module, module, []
     if kind.startswith("jit_"):
         if kind == "jit_ddp":
-            module = JitModule(Net()).to(device)
+            module = JitModule(Net().to(device))
             fwd = module
             if world > 1:
                 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -207,15 +207,19 @@ def train_eager(device="cpu") -> dict:
 
 
 def worker(rank: int, world: int, init: str, outdir: str, scenarios, backend="gloo",
-           device="cpu") -> None:
+           device="cpu", timeout_s: float = 120) -> None:
     """A spawned rank: each scenario with its own shared cache directory `outdir/cache-<kind>`;
-    results (or the traceback) saved to `outdir/<kind>-rank<r>.pt`."""
+    results (or the traceback) saved to `outdir/<kind>-rank<r>.pt`. Collectives time out after
+    `timeout_s` (a failing rank must not hang the others for torch's default 30 minutes)."""
+    import datetime
+
     import torch.distributed as dist
     os.environ.pop("PYFUSER_DISABLE_DISK_CACHE", None)
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
         device = f"cuda:{torch.cuda.current_device()}"
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
         for kind in scenarios:
             os.environ["PYFUSER_CACHE_DIR"] = os.path.join(outdir, f"cache-{kind}")
@@ -223,7 +227,45 @@ def worker(rank: int, world: int, init: str, outdir: str, scenarios, backend="gl
                 result = train(kind, rank, world, device)
             except Exception:  # noqa: BLE001 - the test reports it
                 result = {"error": traceback.format_exc()}
+            dist.barrier()                    # every rank done: the cache holds all it will
+            from pyfuser.runtime.nvrtc import kernel_entries
+            result["cache_kernels"] = kernel_entries()
             torch.save(result, os.path.join(outdir, f"{kind}-rank{rank}.pt"))
-            dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def run_ranks(outdir, scenarios, world: int = 2, backend: str = "gloo", device: str = "cpu") -> dict:
+    """`scenarios` run in `world` spawned ranks (a file:// store in `outdir`);
+    {kind: [rank 0's result, rank 1's, ...]}."""
+    torch.multiprocessing.start_processes(
+        worker, args=(world, f"file://{outdir}/store", str(outdir), list(scenarios), backend,
+                      device), nprocs=world, join=True, start_method="spawn")
+    return {kind: [torch.load(os.path.join(outdir, f"{kind}-rank{r}.pt"), weights_only=False)
+                   for r in range(world)] for kind in scenarios}
+
+
+def check_ranks(results, single, eager, rtol=1e-5, atol=1e-6) -> None:
+    """Every rank's result equals one process's (`single`, the same scenario on the whole
+    batch): losses, gradients, parameters after the steps, evaluation output; `single` equals
+    eager PyTorch's; the ranks shared one cache: each kernel was compiled by one rank only."""
+    def close(a, b, what):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    for r in results:
+        assert "error" not in r, r["error"]
+    for got in results:
+        assert len(got["losses"]) == STEPS
+        close(torch.tensor(got["losses"]), torch.tensor(single["losses"]), "losses")
+        assert got["grads"].keys() == single["grads"].keys() == got["params"].keys()
+        for name in single["grads"]:
+            close(got["grads"][name], single["grads"][name], f"grad of {name}")
+            close(got["params"][name], single["params"][name], f"{name} after the steps")
+        close(got["eval"], single["eval"], "evaluation output")
+    close(torch.tensor(single["losses"]), torch.tensor(eager["losses"]), "losses vs eager")
+    close(single["eval"], eager["eval"], "evaluation vs eager")
+    # each kernel in the shared cache was compiled by exactly one rank (a rank may load the same
+    # kernel more than once: identical kernels of two fusions); every rank got every kernel
+    kernels = results[0]["cache_kernels"]
+    assert kernels > 0
+    assert sum(r["nvrtc"] for r in results) == kernels, ([r["nvrtc"] for r in results], kernels)
+    assert all(r["nvrtc"] + r["disk"] >= kernels for r in results), results

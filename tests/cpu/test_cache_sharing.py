@@ -197,6 +197,7 @@ def test_a_damaged_entry_replaced_meanwhile_is_not_deleted(monkeypatch):
 # ---- compile_cuda across processes -------------------------------------------------------------
 @nvrtc_needed
 def test_racing_processes_compile_each_kernel_once():
+    from pyfuser.runtime import nvrtc
     k, n = 4, 8
     reports = _race(W.compile_sources, n, dc.cache_dir(), k)
     assert sum(r["nvrtc"] for r in reports) == k, reports
@@ -204,6 +205,7 @@ def test_racing_processes_compile_each_kernel_once():
     assert all(r["lock_timeouts"] == 0 for r in reports)
     assert all(r["cubins"] == reports[0]["cubins"] for r in reports)
     assert len(_entries(dc.cache_dir())) == k + 1            # + the NVRTC version entry
+    assert nvrtc.kernel_entries() == k
     assert not [f for f in os.listdir(dc.cache_dir()) if f.endswith((".lock", ".tmp"))]
 
 
