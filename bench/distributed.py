@@ -33,12 +33,15 @@ Per case, measured on every rank and gathered by rank 0:
   compiled a kernel twice; `loaded` also counts a rank reloading a kernel it compiled, when
   two of its fusions have the same one);
 - `loss_err`: the largest relative difference of the loss (averaged over the ranks) from
-  eager's in the same world size and wrapper, over all steps (the same data and steps).
-Output under `--out` (default $OUT/distributed, else ./bench_distributed): `distributed_w<N>.json`
-(this run's rows and setup) and `distributed.md`, the table of every `distributed_w*.json` in
-that directory with the weak-scaling efficiency (`scaling` = tokens/s at world N / (N x tokens/s
-at world 1), for the same case) once runs of several world sizes are there: run the script once
-per world size into one directory. New cases stop starting after `--budget` seconds.
+  eager's in the same world size, wrapper and size, over all steps (the same data and steps).
+Output under `--out` (default $OUT/distributed, else ./bench_distributed):
+`distributed_w<N>-<time>.json` (this run's rows, with every step's loss, and its setup) and
+`distributed.md`, the table of every such file in that directory (the newest row of a case wins),
+where runs of several world sizes, or of several subsets of cases, come together: the
+weak-scaling efficiency (`scaling` = tokens/s at world N / (N x tokens/s at world 1), same case
+and size) and `loss_err` (against eager's row of the same model, wrapper, size and world) are
+computed there. Run the script once per world size (or subset) into one directory. New cases
+stop starting after `--budget` seconds.
 """
 from __future__ import annotations
 
@@ -276,17 +279,27 @@ def run_case(name, wrap, mode, size, steps, warmup, dtype, rank, world, device) 
 
 
 def _cleanup():
+    """Forget the case: Dynamo's graphs and every in-memory cache of compiled kernels, fusions
+    and regions (the next case's compile work starts from its own empty disk cache)."""
     import gc
 
     from torch import _dynamo
+
+    from pyfuser.runtime import dispatch
     _dynamo.reset()
+    dispatch.clear_caches()
+    try:
+        from pyfuser.frontend.fx.compile_graph import clear_cache
+        clear_cache()
+    except ImportError:               # no torch.compile backend in this tree
+        pass
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 # ---- tables ---------------------------------------------------------------------------------------
-COLUMNS = ["model", "wrap", "mode", "world", "dtype", "step_ms", "step_ms_max", "tokens_per_s",
+COLUMNS = ["model", "wrap", "mode", "world", "dtype", "size", "step_ms", "step_ms_max", "tokens_per_s",
            "scaling", "first_s", "kernels", "compiled", "loaded", "loss_err", "error"]
 
 
@@ -300,22 +313,33 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _key(row) -> tuple:
+    return row["model"], row["wrap"], row["dtype"], row.get("size", "")
+
+
 def report(out_dir: str) -> str:
     """Markdown table of every distributed_w*.json in `out_dir`, with weak-scaling efficiency."""
-    rows, setups = [], []
-    for path in sorted(glob.glob(os.path.join(out_dir, "distributed_w*.json"))):
+    latest, setups = {}, []
+    for path in sorted(glob.glob(os.path.join(out_dir, "distributed_w*.json"))):  # oldest first
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        rows += data["rows"]
+        for r in data["rows"]:
+            r.setdefault("size", "x".join(map(str, data["setup"]["size"])))
+            latest[_key(r) + (r["mode"], r["world"])] = r      # a newer run of a case wins
         setups.append(data["setup"])
-    base = {(r["model"], r["wrap"], r["mode"], r["dtype"]): r for r in rows
-            if r["world"] == 1 and r.get("tokens_per_s")}
+    rows = list(latest.values())
     for r in rows:
-        one = base.get((r["model"], r["wrap"], r["mode"], r["dtype"]))
-        if one and r.get("tokens_per_s"):
+        if not r.get("tokens_per_s"):
+            continue
+        one = latest.get(_key(r) + (r["mode"], 1))
+        if one and one.get("tokens_per_s"):
             r["scaling"] = r["tokens_per_s"] / (r["world"] * one["tokens_per_s"])
-    rows.sort(key=lambda r: (r["model"], r["wrap"], r["dtype"], MODES.index(r["mode"])
-                             if r["mode"] in MODES else 9, r["world"]))
+        eager = latest.get(_key(r) + ("eager", r["world"]))
+        if eager and eager.get("losses") and r.get("losses"):
+            r["loss_err"] = max(abs(a - b) / max(abs(b), 1e-12)
+                                for a, b in zip(r["losses"], eager["losses"]))
+    rows.sort(key=lambda r: (_key(r), MODES.index(r["mode"]) if r["mode"] in MODES else 9,
+                             r["world"]))
     from bench.common import markdown
     used = [c for c in COLUMNS if any(r.get(c) not in (None, "") for r in rows)]
     lines = [f"- world {s['world']}: {s['device']}, torch {s['torch']}, size {s['size']} "
@@ -362,9 +386,10 @@ def main(argv=None) -> int:
     # (pyfuser.jit of a whole model is DDP only: FSDP2 swaps parameters a traced module keeps)
     cases = [(m, w, mode) for w in args.wraps.split(",") for m in args.models.split(",")
              for mode in modes.split(",") if not (mode == "pyfuser_jit" and w != "ddp")]
-    start, rows, eager_losses = time.perf_counter(), [], {}
+    start, rows = time.perf_counter(), []
     for name, wrap, mode in cases:
-        row = {"model": name, "wrap": wrap, "mode": mode, "world": world, "dtype": args.dtype}
+        row = {"model": name, "wrap": wrap, "mode": mode, "world": world, "dtype": args.dtype,
+               "size": "x".join(map(str, size))}
         go = [time.perf_counter() - start <= args.budget]
         dist.broadcast_object_list(go, src=0)
         if not go[0]:
@@ -399,12 +424,6 @@ def main(argv=None) -> int:
                 from pyfuser.runtime.nvrtc import kernel_entries
                 row.update(compiled=[r["compiled"] for r in every],
                            loaded=[r["loaded"] for r in every], kernels=kernel_entries())
-            if mode == "eager":
-                eager_losses[(name, wrap)] = r0["losses"]
-            ref = eager_losses.get((name, wrap))
-            if ref is not None:
-                row["loss_err"] = max(abs(a - b) / max(abs(b), 1e-12)
-                                      for a, b in zip(r0["losses"], ref))
         rows.append(row)
         if rank == 0:
             print(json.dumps({k: v for k, v in row.items() if k != "losses"}), flush=True)
@@ -414,7 +433,8 @@ def main(argv=None) -> int:
         setup = {"world": world, "device": f"{world} x {gpu}", "torch": torch.__version__,
                  "size": list(size), "steps": args.steps, "warmup": args.warmup,
                  "date": datetime.date.today().isoformat()}
-        with open(os.path.join(out_dir, f"distributed_w{world}.json"), "w") as f:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        with open(os.path.join(out_dir, f"distributed_w{world}-{stamp}.json"), "w") as f:
             json.dump({"setup": setup, "rows": rows}, f, indent=1)
         text = report(out_dir)
         with open(os.path.join(out_dir, "distributed.md"), "w") as f:

@@ -201,6 +201,21 @@ def train(kind: str, rank: int = 0, world: int = 1, device="cpu") -> dict:
             "disk": nvrtc.stats["disk"] - before["disk"]}
 
 
+def forget_compiled() -> None:
+    """Drop Dynamo's graphs and pyfuser's in-memory kernels, fusions and regions, so that the
+    next scenario compiles (or loads from its own disk cache) everything it runs."""
+    import torch._dynamo
+
+    from pyfuser.runtime import dispatch
+    torch._dynamo.reset()
+    dispatch.clear_caches()
+    try:
+        from pyfuser.frontend.fx.compile_graph import clear_cache
+        clear_cache()
+    except ImportError:               # no torch.compile backend in this tree
+        pass
+
+
 def train_eager(device="cpu") -> dict:
     """Net trained by eager PyTorch in one process (the reference of every scenario)."""
     return train("eager", device=device)
@@ -222,6 +237,7 @@ def worker(rank: int, world: int, init: str, outdir: str, scenarios, backend="gl
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         for kind in scenarios:
+            forget_compiled()
             os.environ["PYFUSER_CACHE_DIR"] = os.path.join(outdir, f"cache-{kind}")
             try:
                 result = train(kind, rank, world, device)
