@@ -386,6 +386,18 @@ def main(argv=None) -> int:
     # (pyfuser.jit of a whole model is DDP only: FSDP2 swaps parameters a traced module keeps)
     cases = [(m, w, mode) for w in args.wraps.split(",") for m in args.models.split(",")
              for mode in modes.split(",") if not (mode == "pyfuser_jit" and w != "ddp")]
+    gpu = torch.cuda.get_device_name() if device_type == "cuda" else "CPU (kernel interpreter)"
+    setup = {"world": world, "device": f"{world} x {gpu}", "torch": torch.__version__,
+             "size": list(size), "steps": args.steps, "warmup": args.warmup,
+             "date": datetime.date.today().isoformat()}
+    json_path = os.path.join(out_dir, "distributed_w{}-{}.json".format(
+        world, datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
+
+    def save(rows):
+        os.makedirs(out_dir, exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({"setup": setup, "rows": rows}, f, indent=1)
+
     start, rows = time.perf_counter(), []
     for name, wrap, mode in cases:
         row = {"model": name, "wrap": wrap, "mode": mode, "world": world, "dtype": args.dtype,
@@ -427,15 +439,8 @@ def main(argv=None) -> int:
         rows.append(row)
         if rank == 0:
             print(json.dumps({k: v for k, v in row.items() if k != "losses"}), flush=True)
+            save(rows)                     # after every case: a run cut short keeps its rows
     if rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        gpu = torch.cuda.get_device_name() if device_type == "cuda" else "CPU (kernel interpreter)"
-        setup = {"world": world, "device": f"{world} x {gpu}", "torch": torch.__version__,
-                 "size": list(size), "steps": args.steps, "warmup": args.warmup,
-                 "date": datetime.date.today().isoformat()}
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        with open(os.path.join(out_dir, f"distributed_w{world}-{stamp}.json"), "w") as f:
-            json.dump({"setup": setup, "rows": rows}, f, indent=1)
         text = report(out_dir)
         with open(os.path.join(out_dir, "distributed.md"), "w") as f:
             f.write(text)
