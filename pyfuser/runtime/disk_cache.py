@@ -364,6 +364,10 @@ class key_lock:
                     os.remove(self._path)
             except OSError:
                 pass
+            try:                      # explicitly: a child forked meanwhile shares the open file
+                fcntl.flock(self._fd, fcntl.LOCK_UN)   # and would keep it locked for waiters
+            except OSError:                           # already blocked on it
+                pass
         self._close()
         self.held = False
 

@@ -124,6 +124,32 @@ def test_lock_of_a_killed_process_does_not_block():
     assert not os.path.exists(dc.lock_path(key))
 
 
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
+def test_a_child_forked_while_the_lock_is_held_does_not_keep_it():
+    """A child forked during a compile (a DataLoader worker) shares the lock's open file; a
+    waiter already blocked on that file gets the lock when the holder releases, not when the
+    child exits."""
+    key = dc.make_key("forked")
+    got = {}
+
+    def waiter():
+        with dc.key_lock(key, timeout=10) as lock:
+            got.update(held=lock.held, waited=lock.waited_s)
+    first = dc.key_lock(key).__enter__()
+    child = mp.get_context("fork").Process(target=time.sleep, args=(30,))
+    child.start()
+    try:
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)                          # the waiter polls the held file
+        first.__exit__(None, None, None)
+        t.join(15)
+        assert got["held"] and got["waited"] < 5, got
+    finally:
+        child.kill()
+        child.join()
+
+
 def test_lock_excludes_racing_processes(tmp_path):
     key = dc.make_key("counter")
     counter = tmp_path / "counter"
