@@ -10,6 +10,7 @@ least once), and the NVRTC compiles of all processes add up to K.
 """
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
 import os
 import threading
@@ -21,8 +22,16 @@ import cache_workers as W
 from pyfuser.runtime import disk_cache as dc
 
 pytestmark = pytest.mark.multiprocess
-nvrtc_needed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("cuda") is None, reason="cuda-bindings (NVRTC) missing")
+
+
+def _has_nvrtc() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.bindings.nvrtc") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+nvrtc_needed = pytest.mark.skipif(not _has_nvrtc(), reason="cuda-bindings (NVRTC) is not installed")
 
 SPAWN = mp.get_context("spawn")
 
