@@ -156,6 +156,12 @@ class _Builder:
                 raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")
             full_key = [None] * g.n
             for k, c in zip(g.K, key):
+                if c != 0 and c != ("r", k):
+                    # broadcast back along other axes than the kept ones (amax over axis 1 of
+                    # [B, M, 1] then combined with the [B, M, 1] input: its result lands on axis
+                    # 1): another row's result, not this row's; a separate kernel reads it
+                    raise NotAReduction(f"{e.op_name} result {tv.name} is read with its kept "
+                                        f"axis {k} on reference axis {c[1]}")
                 full_key[k] = c
             for k in g.R:
                 full_key[k] = ("r", k)

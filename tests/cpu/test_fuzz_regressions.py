@@ -172,3 +172,25 @@ def test_copy_of_a_permute_of_size_one_axes(shape, op, mode):
   return (%w)
 """
     _check(text, [torch.arange(1.0, 1 + torch.Size(shape).numel()).view(shape)], mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_reduction_result_broadcast_along_another_axis(mode, layout):
+    """Fuzz seed 9833: `fmod(amax(x, [1]), x)` with x [2, 2, 1] broadcasts the reduction's
+    result (one value per row i) along the rows, so element (i, j) needs row j's maximum. The
+    persistent kernel read row i's own; such a fusion is now two kernels. The square case
+    `x - x.amax(1)` is the same (rows and columns of one extent class)."""
+    text = """graph(%x : Tensor):
+  %d : int[] = prim::Constant[value=[1]]()
+  %k : bool = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %m : Tensor = aten::amax(%x, %d, %k)
+  %y : Tensor = aten::sub(%x, %m, %one)
+  return (%y)
+"""
+    x = torch.randn(6, 6, generator=torch.Generator().manual_seed(0))
+    if layout == "transposed":
+        x = x.t()
+    f = _check(text, [x], mode)
+    assert f.last_run.kernels == 2
