@@ -11,7 +11,9 @@
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
    group graph stays acyclic; so what remains cut are the lightest edges. A group no scheduler
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
-   takes the union; eager groups merge with eager groups.
+   takes the union; eager groups merge with eager groups. Then kernel groups that read a
+   common tensor and do not depend on each other join when one scheduler takes the union
+   (`_merge_siblings`).
 4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
    joined into one host segment.
 
@@ -186,6 +188,7 @@ def _partition(fusion, compute, all_exprs, orders) -> list:
             verdict[a] = result
             verdict.pop(b)
             changed = True
+    _merge_siblings(fusion, groups, verdict, orders)
     out = []
     for g, members in groups.members.items():
         sched, res = verdict[g]
@@ -194,6 +197,35 @@ def _partition(fusion, compute, all_exprs, orders) -> list:
             res = (extract(fusion, members, ins, outs, orders), res)
         out.append((members, sched, res))
     return out
+
+
+def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
+    """Join kernel groups that read a common tensor and neither needs the other (a layer
+    norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
+    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first."""
+    readers: dict = {}
+    for g, members in groups.members.items():
+        if verdict[g][0] is None:
+            continue
+        for e in members:
+            for v in e.inputs:
+                if isinstance(v, TensorView) and groups.of.get(id(v.definition)) != g:
+                    readers.setdefault(id(v), (v, set()))[1].add(g)
+    pairs = []
+    for v, gs in readers.values():
+        gs = sorted(gs)
+        pairs += [(-_bytes(v), a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
+    for _, a, b in sorted(pairs, key=lambda t: (t[0], t[1], t[2])):
+        if a not in groups.members or b not in groups.members:
+            continue
+        if groups.reaches(a, b, False) or groups.reaches(b, a, False):
+            continue
+        union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
+        result = _offer(fusion, groups, union, orders)
+        if result[0] is not None:
+            groups.merge(a, b)
+            verdict[a] = result
+            verdict.pop(b)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------

@@ -9,8 +9,8 @@ set of regions among its ancestors (a bitset over region ids): joining region G 
 operand outside G has G among its ancestors.
 
 Afterwards each region is trimmed and kept only when worth a call:
-- views at its end (metadata nodes whose results only nodes outside the region read) are left
-  to FX, as are getitems of nodes left out;
+- views at its ends (metadata nodes whose results only nodes outside the region read, and views
+  of the region's inputs) are left to FX, as are getitems of nodes left out;
 - a region without a compute node (views only) is dissolved: eager views cost nothing.
 
 Invariants: regions are disjoint, convex and in graph order; every node of a region is
@@ -119,12 +119,16 @@ def partition(nodes, supported: set) -> list[Region]:
 
 
 def _trim(nodes: list) -> list:
-    """Drop trailing views (and getitems whose source is dropped) until none is left."""
+    """Drop views at either end (and getitems whose source is dropped) until none is left:
+    views only nodes outside the region read, and views of the region's inputs (eager views
+    cost nothing whatever the strides, where a fusion takes a view of an input on the host only
+    when the input is row-major)."""
     kept = list(nodes)
     while True:
         members = set(kept)
         drop = {n for n in kept if op_class(n) == METADATA and
-                all(u not in members for u in n.users)}
+                (all(u not in members for u in n.users) or
+                 all(a not in members for a in n.all_input_nodes))}
         drop |= {n for n in kept if is_getitem(n) and n.args[0] not in members}
         if not drop:
             return kept
