@@ -262,8 +262,16 @@ class FusionExecutor:
                 fast.workspaces = tuple(specs)
                 tensors = tensors + [_workspace(fast, n, dt, kind) for n, dt, kind in specs]
         if self.mode == "interpret":
-            entry.packer.pack(tensors, bindings)  # checks every parameter fits its C type
-            _api().interpret(entry.plan, inputs, outputs, bindings)
+            # the workspaces a grid reduction asks for are parameters too; every parameter is
+            # checked to fit its C type, and the interpreter runs with the packed values
+            work = entry.plan.workspaces(bindings, tensors, device) \
+                if _nonempty(cfg) and hasattr(entry.plan, "workspaces") else []
+            values = entry.packer.checked_values(tensors + work, bindings)
+            if work or entry.packer.has_philox:
+                _api().interpret(entry.plan, inputs, outputs, bindings, params=values,
+                                 workspaces=work)
+            else:
+                _api().interpret(entry.plan, inputs, outputs, bindings)
             info["kernels"] = 1
         elif _nonempty(cfg):
             entry.launcher.launch(cfg, tensors, bindings, device.index)

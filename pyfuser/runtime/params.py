@@ -68,6 +68,7 @@ class ParamPacker:
         self.sizes = [CTYPES[p.ctype][1] for p in self.params]
         self.struct = struct.Struct(self.fmt)
         self.ctypes = tuple(CTYPES_CTYPES[p.ctype] for p in self.params)
+        self.has_philox = any(p.source[0] == "philox" for p in self.params)
         self.values = self._build_getter()
 
     def _build_getter(self):
@@ -109,6 +110,16 @@ class ParamPacker:
         except (struct.error, OverflowError):
             self._explain(vals)
             raise
+
+    def checked_values(self, tensors, bindings) -> tuple:
+        """The parameter values of one launch, each checked to fit its C type (ExecuteError)."""
+        vals = self.values(tensors, bindings)
+        try:
+            self.struct.pack(*vals)
+        except (struct.error, OverflowError):
+            self._explain(vals)
+            raise
+        return vals
 
     def pack_into(self, buf, tensors, bindings, offset: int = 0) -> None:
         vals = self.values(tensors, bindings)
