@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import OPS
+from ..ir.ops import kernel_op
 from . import kernel_ir as K
 
 ELEMENT_BUDGET = 1 << 22          # elements (threads x per-thread data) per chunk
@@ -431,7 +431,7 @@ class Interpreter:
 
     @staticmethod
     def op(x: K.Op, args):
-        info = OPS[x.name]
+        info = kernel_op(x.name)
         reg = x.compute.compute.torch
         if not any(isinstance(a, torch.Tensor) for a in args):
             targs = [torch.tensor(a, dtype=torch.bool if i == 0 and x.name == "where" else reg)

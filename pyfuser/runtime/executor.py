@@ -277,7 +277,9 @@ class FusionExecutor:
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda":
+        if fast.call is None and self.mode == "cuda" and not entry.packer.has_philox:
+            # (a kernel drawing random numbers packs a new seed / offset every call: it keeps
+            # to this path)
             fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
 

@@ -4,7 +4,8 @@
 - the C layout of the parameters (each aligned to its size, as the CUDA ABI lays out kernel
   parameters) as one `struct.Struct` with explicit padding (`fmt`, `offsets`, `size`),
 - a generated Python function `values(tensors, bindings) -> tuple` that reads every parameter's
-  value in order with no per-call interpretation of Param sources,
+  value in order with no per-call interpretation of Param sources (a kernel that draws random
+  numbers takes its seed and offset from runtime/rng.py, once per call: `has_philox`),
 - the ctypes types of the parameters (for cuda-python's (values, types) launch form).
 
 `tensors` are the segment tensors: tensor inputs in fusion.inputs order, then outputs.
@@ -74,9 +75,20 @@ class ParamPacker:
     def _build_getter(self):
         """Generate `def values(t, b): return (...)` over the Param sources."""
         env, items = {"int": int, "float": float, "bool": bool}, []
+        draw = ""
         for k, p in enumerate(self.params):
             src = p.source
             kind = src[0]
+            if kind == "philox":
+                # the launch's seed and offset, drawn once per call (runtime/rng.py)
+                if not draw:
+                    from . import rng
+                    env.update(_draw=rng.launch_state, _dev=rng.device_of)
+                    inc = next(q.source[2] for q in self.params
+                               if q.source[0] == "philox" and q.source[1] == "offset")
+                    draw = f"    R = _draw(_dev(t), {int(inc)})\n"
+                items.append("R[0]" if src[1] == "seed" else "R[1]")
+                continue
             if kind == "ptr":
                 expr = f"t[{int(src[1])}].data_ptr()"
             elif kind == "stride":
@@ -98,7 +110,7 @@ class ParamPacker:
             conv = _CONVERT[p.ctype]
             # data_ptr/stride/size/numel are ints already; only scalars need converting.
             items.append(expr if kind != "scalar" else f"{conv}({expr})")
-        body = "def values(t, b):\n    return (" + "".join(f"{e}, " for e in items) + ")\n"
+        body = "def values(t, b):\n" + draw + "    return (" + "".join(f"{e}, " for e in items) + ")\n"
         exec(compile(body, "<pyfuser packer>", "exec"), env)  # noqa: S102 - generated from Params
         return env["values"]
 

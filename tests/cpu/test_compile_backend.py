@@ -213,3 +213,38 @@ def test_mixed_dtypes_and_scalars_follow_eager_promotion():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         assert torch.equal(g, w)
+
+
+def test_partition_of_random_graphs_is_convex_and_acyclic():
+    """Random DAGs, random nodes supported: every region is convex (no path leaves it and comes
+    back) and the regions with the other nodes order topologically."""
+    import random
+    rng = random.Random(0)
+    add, mm = torch.ops.aten.add.Tensor, torch.ops.aten.mm.default
+    for trial in range(200):
+        g = torch.fx.Graph()
+        nodes = [g.placeholder(f"x{i}") for i in range(2)]
+        supported = set()
+        for i in range(rng.randint(3, 25)):
+            args = rng.sample(nodes, min(len(nodes), 2))
+            fused = rng.random() < 0.7
+            n = g.call_function(add if fused else mm, tuple(args))
+            if fused:
+                supported.add(n)
+            nodes.append(n)
+        g.output(nodes[-1])
+        order = list(g.nodes)
+        regions = partition(order, supported)
+        unit_order(order, regions)
+        for r in regions:
+            members = set(r.nodes)
+            assert members <= supported
+            # no path from the region through outside nodes back into it
+            seen, stack = set(), [u for n in r.nodes for u in n.users if u not in members]
+            while stack:
+                u = stack.pop()
+                if u in seen:
+                    continue
+                seen.add(u)
+                assert u not in members, f"trial {trial}: region {r.nodes} is not convex"
+                stack.extend(u.users)

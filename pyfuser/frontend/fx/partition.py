@@ -5,8 +5,10 @@ A supported node joins the region of one of its operands when that keeps the reg
 (no path leaves the region and comes back into it, so the region can run as one call between
 the nodes it needs and the nodes that need it); otherwise it starts a region of its own. A
 getitem of a node's tuple result follows that node. Convexity is checked with, per node, the
-set of regions among its ancestors (a bitset over region ids): joining region G is valid iff no
-operand outside G has G among its ancestors.
+set of regions among its ancestors (a bitset over region ids) and, per region, the regions it
+needs (transitively, as a unit): joining region G is valid iff no operand outside G needs G.
+Two regions n reads from merge when neither needs the other (a path from one to the other
+through other units would make one need the other): siblings become one region.
 
 Afterwards each region is trimmed and kept only when worth a call:
 - views at its ends (metadata nodes whose results only nodes outside the region read, and views
@@ -50,6 +52,7 @@ def partition(nodes, supported: set) -> list[Region]:
     anc: dict = {}                   # node -> bitset of the regions of its strict ancestors
     rdep: dict = {}                  # region id -> bitset of the regions it needs, transitively
     members: dict = {}               # region id -> nodes
+    position = {n: i for i, n in enumerate(nodes)}
     next_id = 0
 
     def closure(bits: int) -> int:
@@ -97,6 +100,24 @@ def partition(nodes, supported: set) -> list[Region]:
             rdep[chosen] = 0
         group[n] = chosen
         members[chosen].append(n)
+        if not is_getitem(n):
+            # an operand's region that neither needs nor is needed by the chosen one (siblings
+            # n joins) merges into it: one region call, one kernel where the shapes agree
+            for x in ins:
+                h = group.get(x)
+                if h is None or h == chosen or (rdep[chosen] >> h) & 1 or \
+                        (rdep[h] >> chosen) & 1 or any(
+                            (unit_deps(y) >> h) & 1 for y in ins if group.get(y) not in (h, chosen)):
+                    continue
+                for m in members.pop(h):
+                    group[m] = chosen
+                    members[chosen].append(m)
+                rdep[chosen] |= rdep[h]
+                rdep[h] = rdep[chosen] | (1 << chosen)      # h's dependents now need chosen
+                for r in rdep:
+                    if (rdep[r] >> h) & 1:
+                        rdep[r] |= (1 << chosen) | rdep[chosen]
+            members[chosen].sort(key=position.__getitem__)
         need = 0
         for y in ins:
             if group.get(y) != chosen:
@@ -110,7 +131,7 @@ def partition(nodes, supported: set) -> list[Region]:
                     rdep[r] |= rdep[chosen]
     regions = []
     for g in sorted(members):
-        kept = _trim(members[g])
+        kept = _trim(sorted(members[g], key=position.__getitem__))
         if any(is_compute(n) for n in kept):
             r = Region(kept)
             r.boundary()

@@ -27,9 +27,8 @@ import torch
 from ...ir.dtypes import DataType
 from .meta import has_format, meta
 from ..lowering.aten_overloads import argument_names, entry_for, is_mutable, schema_args
-from ..lowering.registry import METADATA, NORMALIZATION, POINTWISE, REDUCTION
+from ..lowering.registry import METADATA, NORMALIZATION, POINTWISE, RANDOM, REDUCTION
 
-RANDOM = "random"
 FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RANDOM})
 _PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                torch.memory_format, type(None))
