@@ -5,8 +5,9 @@ with seeded inputs and a loss.
 `TRAIN_CASES` maps a name to `build(device, size=SMALL, dropout=0.0) -> TrainCase`; `size` is a
 `Size` (batch, sequence length or image size, hidden width, layers, heads): SMALL for the CPU
 tests (the kernel interpreter), BENCH for bench/models.py (8 x 512, hidden 768, 4 layers).
-`dropout` sets every dropout probability of the HF configs (0 for comparisons with eager: the
-masks of fused dropout come from pyfuser's Philox stream, not eager's).
+`dropout` sets every dropout probability of the HF configs (0, the default, for comparisons
+with eager: the masks of fused dropout come from pyfuser's Philox stream, not eager's; None
+keeps the configs' own).
 
 `step(case, model_fn, opt)` runs one training step (forward, loss, backward, optimizer step)
 and returns the loss; `grads(model)` the gradients by parameter name.
@@ -64,12 +65,16 @@ def _hf_model(class_name: str, config):
         return getattr(transformers, class_name)(config)
 
 
+def _drop(dropout, *names) -> dict:
+    return {} if dropout is None else {n: dropout for n in names}
+
+
 def _bert(device, size=SMALL, dropout=0.0):
     import transformers as T
     cfg = T.BertConfig(vocab_size=size.vocab, hidden_size=size.hidden,
                        num_hidden_layers=size.layers, num_attention_heads=size.heads,
                        intermediate_size=4 * size.hidden, max_position_embeddings=max(64, size.seq),
-                       hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+                       **_drop(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
     model = _hf_model("BertForMaskedLM", cfg).to(device).train()
     ids, labels = _tokens(size, device)
     mask = torch.ones_like(ids)
@@ -81,9 +86,9 @@ def _bert(device, size=SMALL, dropout=0.0):
 def _gpt2(device, size=SMALL, dropout=0.0):
     import transformers as T
     cfg = T.GPT2Config(vocab_size=size.vocab, n_embd=size.hidden, n_layer=size.layers,
-                       n_head=size.heads, n_positions=max(64, size.seq), resid_pdrop=dropout,
-                       embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False,
-                       bos_token_id=0, eos_token_id=0)
+                       n_head=size.heads, n_positions=max(64, size.seq), use_cache=False,
+                       bos_token_id=0, eos_token_id=0,
+                       **_drop(dropout, "resid_pdrop", "embd_pdrop", "attn_pdrop"))
     model = _hf_model("GPT2LMHeadModel", cfg).to(device).train()
     ids, labels = _tokens(size, device)
     return TrainCase("gpt2", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
@@ -95,8 +100,9 @@ def _llama(device, size=SMALL, dropout=0.0):
                         intermediate_size=(8 * size.hidden) // 3 // 8 * 8,
                         num_hidden_layers=size.layers, num_attention_heads=size.heads,
                         num_key_value_heads=max(1, size.heads // 2),
-                        max_position_embeddings=max(64, size.seq), attention_dropout=dropout,
-                        use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+                        max_position_embeddings=max(64, size.seq), use_cache=False,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        **_drop(dropout, "attention_dropout"))
     model = _hf_model("LlamaForCausalLM", cfg).to(device).train()
     ids, labels = _tokens(size, device)
     return TrainCase("llama", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
