@@ -15,11 +15,16 @@
 - `host_us_per_call(fn)`: host (CPU) time of one cached call: rounds of 128 calls issued while
   the GPU is kept busy, median.
 - `markdown(rows, headers)`: a markdown table.
+- `save_plot(name, title, rows)`: with $OUT set, `$OUT/<name>.json` (the rows) and
+  `$OUT/<name>.svg`, a plot of % of the copy rate per workload for eager, torch.compile and
+  pyfuser (bench/plot.py; `python bench/plot.py $OUT/<name>.json -o x.png` redraws it).
 """
 from __future__ import annotations
 
 import collections
 import functools
+import json
+import os
 import statistics
 import time
 
@@ -137,6 +142,16 @@ def copy_rate(flush: str = "write") -> float:
     return nbytes / (same_size_copy_us(nbytes, flush) * 1e-6)
 
 
+def compile_static(fn):
+    """torch.compile of fn specialised to the shapes it is first called with.
+
+    Dynamo caches by code object: calling one function at a second shape recompiles it with
+    dynamic shapes, which is slower than what torch.compile gives a program that sees one shape.
+    A reset before each compile and dynamic=False give every benchmark row its static kernels."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
+
+
 def count_kernels(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     fn()
@@ -189,3 +204,39 @@ def markdown(rows, headers) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def _plot_module():
+    """bench/plot.py, loaded by path (the scripts import this file as `common` or as
+    `bench.common`)."""
+    import importlib.util
+    import sys
+    name = "pyfuser_bench_plot"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod            # its dataclasses look their module up there
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def save_plot(name: str, title: str, rows, out_dir: str | None = None) -> list:
+    """Write `<name>.json` and `<name>.svg` into `out_dir` (default $OUT; nothing without
+    either). `rows` = [{"workload": str, "eager": %, "torch.compile": %, "pyfuser": %}], a
+    series missing or None where it did not run. Returns the paths written; a plot that
+    cannot be drawn (no matplotlib) is reported, never fatal: the tables are the record."""
+    out_dir = out_dir or os.environ.get("OUT")
+    if not out_dir or not rows:
+        return []
+    plot = _plot_module()
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, name)
+    with open(base + ".json", "w", encoding="utf-8") as f:
+        json.dump({"title": title, "series": list(plot.SERIES), "rows": rows}, f, indent=1)
+    written = [base + ".json"]
+    try:
+        written.append(plot.plot(rows, base + ".svg", title))
+    except Exception as e:  # noqa: BLE001 - the JSON keeps the data; say why there is no plot
+        print(f"save_plot: no plot for {name}: {type(e).__name__}: {e}")
+    return written

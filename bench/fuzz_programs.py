@@ -70,7 +70,11 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
     pool = mp.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
     results = pool.imap(_chunk, chunks) if pool else map(_chunk, chunks)
+    from pyfuser.progress import Progress
+    progress = Progress(len(chunks), "fuzz_programs")
     for n, fails in results:
+        progress.start(f"{done + n}/{len(seeds)} programs, {len(failures)} failing")
+        progress.finish()
         done += n
         for seed, what, desc, text in fails:
             failures.append(seed)
@@ -82,6 +86,7 @@ def main(argv=None) -> int:
                     fh.write(f"{what}\n{desc}")
         print(f"{done}/{len(seeds)} programs, {len(failures)} failing, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
+    progress.close()
     if pool:
         pool.close()
     print(f"fuzz_programs: {len(seeds)} programs on {args.device} from seed {args.seed}: "

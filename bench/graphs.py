@@ -45,6 +45,7 @@ import common  # noqa: E402
 from pyfuser.frontend.torchscript import make_inputs, parse_ir, run_graph  # noqa: E402
 from pyfuser.frontend.torchscript.fuse_api import jit  # noqa: E402
 from pyfuser.frontend.torchscript.jit import eager_handler  # noqa: E402
+from pyfuser.progress import Progress  # noqa: E402
 
 TS_WARMUP = 10                      # calls before timing TorchScript (profiling executor)
 SPREAD_OK = 0.05                    # acceptance: pyfuser medians within 5% of each other
@@ -307,28 +308,36 @@ def prepare(vs, env):
 
 
 def run_all(vs, env):
-    for method in METHODS:                   # column by column: pyfuser's numbers come first
-        for v in vs:
-            t0 = time.perf_counter()
-            if v.inputs is None or v.ref is None:
-                v.results[method] = {"error": "no inputs (setup failed)"}
-                continue
-            left = env.budget - env.elapsed()
-            if left < RESERVE_S[method]:
-                v.results[method] = {"error": f"skipped: time budget ({env.budget:.0f} s) spent"}
-                continue
-            try:
-                v.results[method] = COLUMNS[method](v, env)
-            except Exception as e:  # noqa: BLE001 - one failing column never hides the others
-                traceback.print_exc()
-                v.results[method] = {"error": _short(e)}
-            r = v.results[method]
-            print(f"[{v.name}] {TITLES[method]}: "
-                  + (f"{r['us']:.1f} µs, kernels {r.get('kernels')}" if "us" in r
-                     else f"error: {r['error']}")
-                  + f" ({time.perf_counter() - t0:.1f} s, total {env.elapsed():.1f} s)", flush=True)
-            if env.dev == "cuda":
-                torch.cuda.empty_cache()
+    with Progress(len(METHODS) * len(vs), "graphs") as progress:
+        for method in METHODS:               # column by column: pyfuser's numbers come first
+            for v in vs:
+                progress.start(f"{v.name}: {TITLES[method]}")
+                _run_cell(v, method, env)
+                progress.finish()
+
+
+def _run_cell(v, method, env):
+    """One column of one form: its timing into v.results[method]."""
+    t0 = time.perf_counter()
+    if v.inputs is None or v.ref is None:
+        v.results[method] = {"error": "no inputs (setup failed)"}
+        return
+    left = env.budget - env.elapsed()
+    if left < RESERVE_S[method]:
+        v.results[method] = {"error": f"skipped: time budget ({env.budget:.0f} s) spent"}
+        return
+    try:
+        v.results[method] = COLUMNS[method](v, env)
+    except Exception as e:  # noqa: BLE001 - one failing column never hides the others
+        traceback.print_exc()
+        v.results[method] = {"error": _short(e)}
+    r = v.results[method]
+    print(f"[{v.name}] {TITLES[method]}: "
+          + (f"{r['us']:.1f} µs, kernels {r.get('kernels')}" if "us" in r
+             else f"error: {r['error']}")
+          + f" ({time.perf_counter() - t0:.1f} s, total {env.elapsed():.1f} s)", flush=True)
+    if env.dev == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -380,6 +389,16 @@ def report(vs, env) -> tuple:
         for m, r in zip(METHODS, rs):
             if r.get("note"):
                 notes.append(f"- {v.name}, {TITLES[m]}: {r['note']}")
+    plot_rows = []
+    for v in vs:
+        pct = {}
+        for m, col in (("eager", "eager"), ("compile", "torch.compile"), ("pyfuser", "pyfuser")):
+            r = v.results.get(m, {})
+            pct[col] = round(100 * v.floor_us / r["us"], 1) \
+                if v.floor_us and r.get("us", 0) > 0 else None
+        plot_rows.append({"workload": v.name, **pct})
+    common.save_plot("bench_graphs_dry_run" if env.dry else "bench_graphs",
+                     f"{env.device_name()}, bench/graphs.py: % of the copy rate", plot_rows)
     ok, verdict = acceptance(vs, env)
     shape = "x".join(map(str, vs[0].inputs[0].shape)) if vs and vs[0].inputs else "?"
     md = [f"## Seed 000 graph forms on {env.device_name()}", "",

@@ -153,9 +153,9 @@ def main(argv=None) -> int:
     scale = args.scale or (4 if device == "cuda" else 1)
     wanted = set(filter(None, args.models.split(",")))
     start, rows = time.perf_counter(), []
-    for case in M.CASES:
-        if wanted and case.name not in wanted:
-            continue
+    from pyfuser.progress import track
+    cases = [c for c in M.CASES if not wanted or c.name in wanted]
+    for case in track(cases, "models", name=lambda c: f"{c.name} ({c.how})"):
         if not M.available(case):
             rows.append({"model": f"{case.name} ({case.how})", "error": f"{case.needs} missing"})
             continue

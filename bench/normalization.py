@@ -9,7 +9,9 @@ through `pyfuser.jit(torch.jit.script(fn))`. Per row and dtype: median µs per c
 do_bench with its L2 flush by default, the issues' method), and % = (the workload's minimum bytes
 moved / time) / (bytes / time of a same-size copy_ timed the same way). pyfuser's result is
 checked against eager before it is timed (a wrong result marks the cell "WRONG"); kernels per
-call of pyfuser come from the torch profiler. Writes $OUT/bench_normalization.md when OUT is set.
+call of pyfuser come from the torch profiler. Writes $OUT/bench_normalization.md when OUT is set,
+and beside it bench_normalization.svg / .json: % of the copy rate per workload and dtype for
+eager, torch.compile and pyfuser (common.save_plot).
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import bench_us, count_kernels, markdown, same_size_copy_us  # noqa: E402
+from common import bench_us, compile_static, count_kernels, markdown, same_size_copy_us, save_plot  # noqa: E402
+from plot import parse_pct  # noqa: E402
+
+from pyfuser.progress import Progress  # noqa: E402
 
 F = torch.nn.functional
 
@@ -153,11 +158,14 @@ def run(dtypes, use_compile: bool, only, flush: str):
     extras = _extra_impls()
     rows, log = [], []
     copies = {}
+    todo = [name for name, _, _ in WORKLOADS if not only or any(name.startswith(o) for o in only)]
+    progress = Progress(len(todo) * len(dtypes), "normalization")
     for name, fn, make in WORKLOADS:
         if only and not any(name.startswith(o) for o in only):
             continue
         for dt in dtypes:
             cells = {"workload": name, "dtype": str(dt).replace("torch.", "")}
+            progress.start(f"{name} {cells['dtype']}")
             try:
                 torch.manual_seed(0)
                 xs = make(dt)
@@ -171,7 +179,7 @@ def run(dtypes, use_compile: bool, only, flush: str):
                 cells["eager"] = f"{t_e:.1f} ({pct(t_e):.0f}%)"
                 if use_compile:
                     t0 = time.perf_counter()
-                    cfn = torch.compile(fn)
+                    cfn = compile_static(fn)
                     cfn(*xs)
                     torch.cuda.synchronize()
                     cells["compile_s"] = f"{time.perf_counter() - t0:.1f}"
@@ -205,11 +213,20 @@ def run(dtypes, use_compile: bool, only, flush: str):
                 cells["pyfuser"] = cells.get("pyfuser", "ERROR")
             rows.append(cells)
             print(cells, flush=True)
+            progress.finish()
+    progress.close()
     headers = ["workload", "dtype", "eager"] + (["torch.compile"] if use_compile else []) + \
         ["pyfuser"] + list(extras) + ["kernels", "fallbacks", "copy", "pyfuser_first_s"] + \
         (["compile_s"] if use_compile else [])
     table = markdown([[r.get(h, "-") for h in headers] for r in rows], headers)
-    return table, log
+    return table, log, rows
+
+
+def plot_rows(rows) -> list:
+    """The table's cells as % of the copy rate per series (None where a cell has no %)."""
+    return [{"workload": f"{r['workload']} {r['dtype']}",
+             **{s: parse_pct(r.get(s, "-")) for s in ("eager", "torch.compile", "pyfuser")}}
+            for r in rows]
 
 
 def main():
@@ -221,7 +238,7 @@ def main():
     a = ap.parse_args()
     dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
     only = [o for o in a.only.split(",") if o]
-    table, log = run(dtypes, not a.no_compile, only, a.flush)
+    table, log, rows = run(dtypes, not a.no_compile, only, a.flush)
     head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flush={a.flush}; "
             "cells: median µs (% of a same-size copy's rate)")
     print(head)
@@ -232,6 +249,8 @@ def main():
     if out:
         with open(os.path.join(out, "bench_normalization.md"), "w") as fh:
             fh.write(head + "\n\n" + table + "\n")
+    save_plot("bench_normalization", f"{torch.cuda.get_device_name()}, bench/normalization.py, "
+              f"flush={a.flush}: % of the copy rate", plot_rows(rows))
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (METHODS, copy_methods, copy_rate, count_kernels,  # noqa: E402
-                    host_us_interleaved, host_us_per_call, input_sets, markdown,
+from common import (METHODS, compile_static, copy_methods, copy_rate, count_kernels,  # noqa: E402
+                    host_us_interleaved, host_us_per_call, input_sets, markdown, save_plot,
                     time_methods)
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
+from pyfuser.progress import track  # noqa: E402
 from pyfuser.runtime.dispatch import get_executor as _get_executor  # noqa: E402
 
 
@@ -193,7 +194,7 @@ def run_case(name, define, eager, make_inputs, tol, rates):
     row["k_pyfuser"] = count_kernels(lambda: fs.execute(xs))
     row["k_eager"] = count_kernels(lambda: eager(*xs))
     try:
-        compiled = torch.compile(eager)
+        compiled = compile_static(eager)
         got = compiled(*xs)
         torch.cuda.synchronize()
         torch.testing.assert_close(got, ref, **tol)
@@ -240,8 +241,9 @@ def _mul_add_ts(a, b, c):
 
 
 def _mul_add_fusion(native: bool, xs):
-    """a + b * c on three 1-D float32 inputs, run once on xs with the native runner on or off
-    (the choice is made when a fusion's first program is recorded)."""
+    """a + b * c on three 1-D float32 inputs, run twice on xs with the native runner on or off
+    (the choice is made when a fusion's recorded program is first hit; the runner must be built:
+    `python -m pyfuser.runtime.native`)."""
     fs = Fusion()
     with FusionDefinition(fs) as fd:
         a, b, c = (fd.define_tensor(symbolic_sizes=[-1], contiguous=[True], dtype=DataType.Float)
@@ -250,6 +252,10 @@ def _mul_add_fusion(native: bool, xs):
     old = os.environ.get("PYFUSER_NATIVE")
     os.environ["PYFUSER_NATIVE"] = "1" if native else "0"
     try:
+        if native:
+            from pyfuser.runtime import native as N
+            N.build()
+        fs.execute(xs)
         fs.execute(xs)
     finally:
         if old is None:
@@ -340,6 +346,14 @@ def host_only() -> int:
     return 0
 
 
+PLOT_SERIES = (("eager", "eager"), ("torch.compile", "compile"), ("pyfuser", "pyfuser"))
+
+
+def _pct_or_none(us, floor):
+    """% of the copy rate of a time (None where it did not run: NaN)."""
+    return round(100 * floor / us, 1) if us == us and us > 0 else None
+
+
 def main() -> int:
     """`--cases A,B`: run only the cases whose name contains A or B (case-insensitive).
     `--host-only`: only the host overhead per cached call."""
@@ -355,7 +369,7 @@ def main() -> int:
     print(f"device: {dev}; copy rate (read+write) " +
           ", ".join(f"{m} {r / 1e12:.2f} TB/s" for m, r in rates.items()))
     rows, failures = [], []
-    for name, define, eager, make_inputs, tol in CASES:
+    for name, define, eager, make_inputs, tol in track(CASES, "pointwise", name=lambda c: c[0]):
         t0 = time.perf_counter()
         try:
             rows.append(run_case(name, define, eager, make_inputs, tol, rates))
@@ -389,9 +403,14 @@ def main() -> int:
                                 "pyfuser µs (%)", "eager µs (%)", "torch.compile µs (%)",
                                 "pyfuser/compile", "kernels pyf/eager/compile"])]
 
+    for m in METHODS:          # $OUT/bench_pointwise_<method>.svg (+ .json): % of the copy rate
+        save_plot(f"bench_pointwise_{m}", f"{dev}, bench/pointwise.py, {m}: % of the copy rate",
+                  [{"workload": r["case"], **{col: _pct_or_none(r[key][m], r["floor"][m])
+                                              for col, key in PLOT_SERIES}} for r in rows])
+
     ctimes = []
     tmp = tempfile.mkdtemp(prefix="pyfuser_bench_cache_")
-    for name, define, _, make_inputs, _ in CASES:
+    for name, define, _, make_inputs, _ in track(CASES, "compile times", name=lambda c: c[0]):
         try:
             cold, nv, warm = compile_times(name, define, make_inputs, tmp)
             ctimes.append((name, f"{cold:.0f}", f"{nv:.0f}", f"{warm:.1f}"))

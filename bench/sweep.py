@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pointwise as PWB  # noqa: E402
-from common import METHODS, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
+from common import METHODS, compile_static, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
 
 _CACHE = [(f"{ld}/{st}", {"PYFUSER_LOAD_CACHE": ld, "PYFUSER_STORE_CACHE": st})
           for ld, st in (("plain", "plain"), ("cs", "plain"), ("ef", "plain"), ("plain", "cs"),
@@ -100,7 +100,7 @@ def run_case(variants, name, define, eager, make_inputs, tol):
     sets = input_sets(make_inputs, nbytes - ref.nbytes)
     row = {"case": name, "MB": nbytes / 1e6, "copy": copy_methods(nbytes),
            "eager": time_methods(eager, xs, sets)}
-    compiled = torch.compile(eager)
+    compiled = compile_static(eager)
     torch.testing.assert_close(compiled(*xs), ref, **tol)
     row["compile"] = time_methods(compiled, xs, sets)
     for label, env in variants:
@@ -128,13 +128,16 @@ def main() -> int:
           ", ".join(f"{m} {rates[m] / 1e12:.2f} TB/s" for m in METHODS) +
           ". Cells: µs per call (% of that method's large-copy rate); 'copy' is torch's copy_ "
           "of the same bytes, the columns after torch.compile are pyfuser variants."]
+    from pyfuser.progress import track
+    work = [(set_name, case) for set_name in chosen for case in sets[set_name][0]]
+    rows_of = {set_name: [] for set_name in chosen}
+    for set_name, case in track(work, "sweep", name=lambda w: f"{w[0]}: {w[1][0]}"):
+        t0 = time.perf_counter()
+        rows_of[set_name].append(run_case(sets[set_name][1], *case))
+        print(f"[{set_name}: {case[0]}] {time.perf_counter() - t0:.1f} s", flush=True)
     for set_name in chosen:
         cases, variants = sets[set_name]
-        rows = []
-        for case in cases:
-            t0 = time.perf_counter()
-            rows.append(run_case(variants, *case))
-            print(f"[{set_name}: {case[0]}] {time.perf_counter() - t0:.1f} s", flush=True)
+        rows = rows_of[set_name]
         cols = ["copy", "eager", "compile"] + [label for label, _ in variants]
         for m in METHODS:
             table = []

@@ -19,8 +19,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import (METHODS, bench_us, copy_methods, copy_rate,  # noqa: E402
-                          host_us_per_call, input_sets, markdown, time_methods)
+from bench.common import (METHODS, bench_us, compile_static, copy_methods, copy_rate,  # noqa: E402
+                          host_us_per_call, input_sets, markdown, save_plot, time_methods)
+from pyfuser.progress import track  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
     os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"))
@@ -31,7 +32,7 @@ _spec.loader.exec_module(C)
 
 def _compiled(fn):
     try:
-        return torch.compile(fn)
+        return compile_static(fn)
     except Exception:  # noqa: BLE001 - torch.compile may be unavailable
         return None
 
@@ -70,8 +71,8 @@ def main() -> None:
         ("transpose + bookend views", C.transpose(C.FULL_TR), [xt],
          lambda t: C.transpose_eager(t, C.FULL_TR), lambda: [torch.randn_like(xt)]),
     ]
-    rows, results = [], {}
-    for name, fs, ins, eager, make in cases:
+    rows, results, plot_rows = [], {}, []
+    for name, fs, ins, eager, make in track(cases, "views", name=lambda c: c[0]):
         out = fs.execute(ins)[-1]
         torch.testing.assert_close(out, eager(*ins))
         nbytes = 2 * ins[0].nbytes
@@ -86,6 +87,11 @@ def main() -> None:
         eager_us = bench_us(lambda: eager(*ins))
         gpu_us = _kernel_us(lambda: fs.execute(ins))
         host_us = host_us_per_call(lambda: fs.execute(ins))
+        rate_pct = lambda t: round(100 * nbytes / (t * 1e-6) / rates["write"], 1) \
+            if t == t and t > 0 else None  # noqa: E731
+        plot_rows.append({"workload": name, "eager": rate_pct(eager_us),
+                          "torch.compile": rate_pct(comp_us["write"]),
+                          "pyfuser": round(pct["write"], 1)})
 
         def trio(d, fmt="{:.1f}"):
             return " / ".join(fmt.format(d[m]) for m in METHODS)
@@ -113,6 +119,8 @@ def main() -> None:
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_views.md"), "w") as f:
             f.write(text)
+    save_plot("bench_views", f"{torch.cuda.get_device_name()}, bench/views.py, write: "
+              "% of the copy rate", plot_rows)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,22 @@ _LAZY = {
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
     "compile": ("pyfuser.frontend.fx.backend", "compile"),
     "backend": ("pyfuser.frontend.fx.backend", "pyfuser_backend"),
+    "explain": ("pyfuser.explainer", "explain"),
 }
 __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
-           "compute_contiguity", "version", "jit", "fuse_graph", "compile", "backend",
+           "compute_contiguity", "version", "jit", "fuse_graph", "compile", "backend", "explain",
            "__version__"]
+
+
+def _dump_help() -> None:
+    """`PYFUSER_DUMP=help`: list the dump options as soon as pyfuser is imported."""
+    import os
+    if "help" in os.environ.get("PYFUSER_DUMP", "").split(","):
+        from .dump import enabled_dumps
+        enabled_dumps()
+
+
+_dump_help()
 
 
 def __getattr__(name: str):

@@ -7,6 +7,10 @@
     pyfuser demo DIR [--verbose] [--show-cuda] [--cuda-dir D]
                                             fuse + run + check every DIR/*.ir, one line each;
                                             non-zero exit if any fails or differs from eager
+    pyfuser explain FILE.ir [--device D] [--seed N] [--shrink N] [--full-size] [--json]
+                            [--html OUT.html] [--bench] [--verbose] [--op NAME]
+                                            why each op fused or not: groups, segments,
+                                            schedulers' verdicts, cuts, kernels (pyfuser.explain)
 
 `run_file(path, device, seed) -> dict` builds the report (`file`, `device`, `seed`,
 `outputs`: [{shape, dtype}]); later stages add keys (groups, kernels, host_segments,
@@ -110,6 +114,27 @@ def cmd_run(args) -> int:
     return 0 if report["matches_eager"] else 1
 
 
+def cmd_explain(args) -> int:
+    from pyfuser.explainer import explain
+    from pyfuser.frontend.torchscript import make_inputs
+    from pyfuser.frontend.torchscript.run_limits import check_run
+    device = args.device or default_device()
+    g = load_graph(args.file)
+    check_run(g, device, args.shrink, args.full_size)
+    inputs = make_inputs(g, device=device, seed=args.seed, size_override=args.shrink)
+    e = explain(g, *inputs, bench=args.bench, device=device)
+    e.source = args.file
+    if args.html:
+        e.to_html(args.html)
+    if args.json:
+        print(json.dumps(e.as_dict()))
+    else:
+        sys.stdout.write(e.text(verbose=args.verbose, op=args.op))
+        if args.html:
+            print(f"HTML report: {args.html}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from pyfuser.frontend.torchscript.fuse_run import demo_env
     from pyfuser.frontend.torchscript.run_limits import check_device
@@ -140,8 +165,9 @@ def _demo_files(args, device: str) -> int:
     if not files:
         print(f"pyfuser: error: no *.ir files in {args.dir}", file=sys.stderr)
         return 2
+    from pyfuser.progress import track
     failed = 0
-    for name in files:
+    for name in track(files, "pyfuser demo"):
         path = os.path.join(args.dir, name)
         if args.verbose:
             print(f"===== {path} =====")
@@ -205,6 +231,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run inputs over 2^24 elements on the CPU as declared (slow; refused "
                         "without this or --shrink)")
     r.set_defaults(fn=cmd_run)
+    x = sub.add_parser("explain", help="why each op fused or not: groups, segments, schedulers, "
+                       "cuts, kernels")
+    x.add_argument("file")
+    x.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="where to run (default: cuda when available)")
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--json", action="store_true", help="print one JSON object")
+    x.add_argument("--html", default=None, metavar="OUT.html",
+                   help="write a self-contained HTML report (the graph, groups, segments, CUDA)")
+    x.add_argument("--bench", action="store_true",
+                   help="time each kernel against a copy of the same bytes (GPU only)")
+    x.add_argument("--verbose", action="store_true",
+                   help="the Fusion IR exprs of every segment, every unfused op on its own line")
+    x.add_argument("--op", default=None, metavar="NAME",
+                   help="only the groups and unfused ops that mention NAME (e.g. gelu, linear)")
+    x.add_argument("--shrink", type=int, default=None, metavar="N",
+                   help="cap every input size at N")
+    x.add_argument("--full-size", action="store_true",
+                   help="run inputs over 2^24 elements on the CPU as declared")
+    x.set_defaults(fn=cmd_explain)
     d = sub.add_parser("demo", help="fuse, run and check every *.ir file of a directory")
     d.add_argument("dir")
     d.add_argument("--device", choices=["cpu", "cuda"], default=None)

@@ -148,6 +148,9 @@ def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
     plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
                       sched.out_orders, workspaces)
     plan.schedule = sched
+    outs = {id(o): k for k, o in enumerate(fusion.outputs)}
+    ins = {id(v): j for j, v in enumerate(fusion.inputs)}
+    plan.inplace = {outs[o]: ins[i] for o, i in sched.inplace_pairs}
     return plan
 
 

@@ -69,7 +69,12 @@ class Printer:
         if isinstance(x, K.Const):
             return c_const(x.value, x.ctype, x.dtype)
         if isinstance(x, K.Special):
+            if x.name == "cluster_rank":
+                return "((nidx_t)pf_cluster_rank())"
             return f"((nidx_t){x.name})"
+        if isinstance(x, K.RemoteRef):
+            elem = x.name + "".join(f"[{self.e(i)}]" for i in x.index)
+            return f"pf_dsmem_load(&{elem}, (unsigned)({self.e(x.rank)}))"
         if isinstance(x, K.Bin):
             return f"({self.e(x.a)} {x.op} {self.e(x.b)})"
         if isinstance(x, K.ArrayRef):
@@ -145,6 +150,8 @@ class Printer:
                                   f"({ct}){self.e(s.value)});")
             elif isinstance(s, K.Fence):
                 self.lines.append(f"{pad}__threadfence();")
+            elif isinstance(s, K.ClusterSync):
+                self.lines.append(f"{pad}pf_cluster_sync();")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
 
@@ -218,8 +225,8 @@ class Printer:
             t = self.k.tensors.get(p.name)
             if t is not None:
                 st = K.STORAGE_CTYPE[t.dtype]
-                parts.append(f"{st}* __restrict__ {p.name}" if t.is_output
-                             else f"const {st}* __restrict__ {p.name}")
+                r = " __restrict__" if t.restrict else ""
+                parts.append(f"{st}*{r} {p.name}" if t.is_output else f"const {st}*{r} {p.name}")
             else:
                 parts.append(f"{'nidx_t' if p.ctype == self.k.index_type and p.source[0] in ('size', 'stride') else p.ctype} {p.name}")
         return ",\n    ".join(parts)
@@ -228,7 +235,8 @@ class Printer:
         self.lines = []
         self.emit(self.k.body, 1)
         lb = f"{self.k.threads}, {self.k.min_blocks}" if self.k.min_blocks else f"{self.k.threads}"
-        head = (f'extern "C" __global__ void __launch_bounds__({lb}) {self.k.name}(\n'
+        cluster = f" __cluster_dims__({self.k.cluster}, 1, 1)" if self.k.cluster > 1 else ""
+        head = (f'extern "C" __global__ void __launch_bounds__({lb}){cluster} {self.k.name}(\n'
                 f"    {self.signature()}) {{")
         return "\n".join([head, *self.lines, "}"])
 

@@ -80,7 +80,8 @@ class Emitter:
     def ptr(self, a) -> str:
         name = f"T{a.tv.number}"
         if name not in self.tensors:
-            self.tensors[name] = K.TensorParam(name, a.tv.dtype, a.seg, a.is_store)
+            self.tensors[name] = K.TensorParam(name, a.tv.dtype, a.seg, a.is_store,
+                                               id(a.tv) not in getattr(self.s, "inplace_tvs", ()))
             self._param(self.ptr_params, name, "void*", ("ptr", a.seg))
         return name
 

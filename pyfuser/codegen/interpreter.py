@@ -73,13 +73,16 @@ class _Scope:
 class _Shared:
     """One shared-memory array of every block of the chunk, with its race bookkeeping: per
     element the thread (row) that wrote it and the one that read it since the block's last Sync
-    (-1 none, -2 several readers)."""
-    __slots__ = ("data", "writer", "reader")
+    (-1 none, -2 several readers); and, for other blocks of a cluster, who wrote it and who read
+    it remotely since the last ClusterSync."""
+    __slots__ = ("data", "writer", "reader", "cwriter", "rreader")
 
     def __init__(self, nblocks, dims, dtype):
         self.data = torch.zeros((nblocks, *dims), dtype=dtype)
         self.writer = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.reader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.cwriter = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.rreader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
 
 
 class Interpreter:
@@ -124,7 +127,10 @@ class Interpreter:
         T = bx * by * bz
         assert (bx, by, bz) == self.k.block, f"launch block {cfg.block} != kernel block {self.k.block}"
         nblocks = gx * gy * gz
+        C = self.k.cluster
+        assert gx % C == 0, f"grid x {gx} is not a multiple of the cluster size {C}"
         chunk = max(1, ELEMENT_BUDGET // (T * self._per_thread()))
+        chunk = -(-chunk // C) * C                   # whole clusters in a chunk
         tid = torch.arange(T, dtype=torch.int64)
         for b0 in range(0, nblocks, chunk):
             lin = torch.arange(b0, min(nblocks, b0 + chunk), dtype=torch.int64)
@@ -138,6 +144,7 @@ class Interpreter:
             env["threadIdx.z"] = (tid // (bx * by)).repeat(nb)
             for axis, g, b in (("x", gx, bx), ("y", gy, by), ("z", gz, bz)):
                 env[f"gridDim.{axis}"], env[f"blockDim.{axis}"] = g, b
+            env["cluster_rank"] = ((lin % gx) % C).repeat_interleave(T)
             self.arrays, self.shared = {}, {}
             self.P, self.T, self.nb = nb * T, T, nb
             self.block_of = torch.arange(nb, dtype=torch.int64).repeat_interleave(T)
@@ -169,6 +176,8 @@ class Interpreter:
                 self.assign(s, sc)
             elif isinstance(s, K.Sync):
                 self.sync(sc)
+            elif isinstance(s, K.ClusterSync):
+                self.cluster_sync(sc)
             elif isinstance(s, K.AtomicAdd):
                 self.atomic_add(s, sc)
 
@@ -229,19 +238,34 @@ class Interpreter:
         return arr, (sc.rows, *idx), len(idx) == arr.dim() - 1
 
     # ---- shared arrays (per-thread indices) -------------------------------------------------
-    def _shared_key(self, name, index, sc):
+    def _shared_key(self, name, index, sc, rank=None):
         """(the _Shared, advanced-index key, thread row of each element): every index broadcast
-        with the block of each active thread ([n] or, inside a lanes loop, [n, V])."""
+        with the block of each active thread ([n] or, inside a lanes loop, [n, V]); with `rank`,
+        the block of that rank in the thread's cluster instead."""
         sh = self.shared[name]
         rows = torch.arange(self.P) if sc.sel is None else sc.sel
         idx = [self.ev(i, sc) for i in index]
         two_d = any(isinstance(v, torch.Tensor) and v.dim() == 2 for v in idx)
         blk, rid = self.block_of[rows], rows
+        if rank is not None:
+            r = self.ev(rank, sc)
+            blk = blk - sc.env["cluster_rank"].view(-1) + (r.view(-1) if isinstance(r, torch.Tensor) else int(r))
         if two_d:
             blk, rid = blk.unsqueeze(1), rid.unsqueeze(1)
         idx = [v if isinstance(v, torch.Tensor) else torch.tensor(int(v)) for v in idx]
         key = torch.broadcast_tensors(blk, *idx)
         return sh, tuple(key), torch.broadcast_tensors(rid, key[0])[0]
+
+    def _remote_read(self, x: K.RemoteRef, sc):
+        sh, key, rid = self._shared_key(x.name, x.index, sc, x.rank)
+        w = sh.cwriter[key]
+        bad = (w != -1) & (w != rid)
+        if bool(bad.any()):
+            raise KernelRaceError(f"{self.k.name}: shared {x.name} of another block read by thread "
+                                  f"{int(rid[bad][0])} after thread {int(w[bad][0])} wrote it, with "
+                                  "no cluster barrier between")
+        self._mark_readers(sh.rreader, key, rid)
+        return sh.data[key]
 
     def _shared_read(self, name, index, sc):
         sh, key, rid = self._shared_key(name, index, sc)
@@ -250,17 +274,18 @@ class Interpreter:
         if bool(bad.any()):
             raise KernelRaceError(f"{self.k.name}: shared {name} read by thread {int(rid[bad][0])} "
                                   f"after thread {int(w[bad][0])} wrote it, with no __syncthreads between")
-        self._mark_readers(sh, key, rid)
+        self._mark_readers(sh.reader, key, rid)
         return sh.data[key]
 
     @staticmethod
-    def _mark_readers(sh, key, rid):
-        flat = torch.zeros_like(sh.reader).view(-1)
-        lin = torch.arange(flat.numel()).view(sh.reader.shape)[key].reshape(-1)
+    def _mark_readers(readers, key, rid):
+        """Record thread rows `rid` as readers of `readers`[key] (-2 once several threads)."""
+        flat = torch.zeros_like(readers).view(-1)
+        lin = torch.arange(flat.numel()).view(readers.shape)[key].reshape(-1)
         r = rid.reshape(-1)
         lo = torch.full_like(flat, 2 ** 62).scatter_reduce(0, lin, r, "amin")
         hi = torch.full_like(flat, -1).scatter_reduce(0, lin, r, "amax")
-        prev = sh.reader.view(-1)
+        prev = readers.view(-1)
         touched = hi >= 0
         one = lo == hi
         new = torch.where(one & ((prev == -1) | (prev == lo)), lo, torch.full_like(prev, -2))
@@ -272,13 +297,14 @@ class Interpreter:
         if lin.unique().numel() != lin.numel():
             raise KernelRaceError(f"{self.k.name}: two threads write one element of shared {name} "
                                   "in the same statement")
-        w, r = sh.writer[key], sh.reader[key]
-        bad = ((w != -1) & (w != rid)) | ((r != -1) & (r != rid))
+        w, r, rr = sh.writer[key], sh.reader[key], sh.rreader[key]
+        bad = ((w != -1) & (w != rid)) | ((r != -1) & (r != rid)) | ((rr != -1) & (rr != rid))
         if bool(bad.any()):
             raise KernelRaceError(f"{self.k.name}: shared {name} written by thread "
                                   f"{int(rid[bad][0])} while another thread's access since the last "
                                   "__syncthreads is unordered with it")
         sh.writer[key] = rid
+        sh.cwriter[key] = rid
         if isinstance(value, torch.Tensor):
             value = value.to(sh.data.dtype).expand(key[0].shape) if value.dim() else value.item()
         sh.data[key] = value
@@ -294,6 +320,17 @@ class Interpreter:
         for sh in self.shared.values():
             sh.writer[blocks] = -1
             sh.reader[blocks] = -1
+
+    def cluster_sync(self, sc: _Scope) -> None:
+        C = self.k.cluster
+        rows = torch.arange(self.P) if sc.sel is None else sc.sel
+        counts = torch.bincount(self.block_of[rows] // C, minlength=-(-self.nb // C))
+        if bool(((counts != 0) & (counts != self.T * C)).any()):
+            raise KernelRaceError(f"{self.k.name}: a cluster barrier reached by part of a cluster")
+        blocks = (counts == self.T * C).repeat_interleave(C)[:self.nb]
+        for sh in self.shared.values():
+            for arr in (sh.writer, sh.reader, sh.cwriter, sh.rreader):
+                arr[blocks] = -1
 
     # ---- array access -------------------------------------------------------------------------
     def assign(self, s: K.Assign, sc: _Scope) -> None:
@@ -394,6 +431,8 @@ class Interpreter:
             return self.op(x, [self.ev(a, sc) for a in x.args])
         if isinstance(x, K.Shfl):
             return self.shfl(x, sc)
+        if isinstance(x, K.RemoteRef):
+            return self._remote_read(x, sc)
         raise TypeError(f"cannot evaluate {x!r}")
 
     def shfl(self, x: K.Shfl, sc: _Scope):

@@ -67,7 +67,10 @@ class KernelPlan:
     the kernel's tensors in Param-source order (the fusion's tensor inputs, then the outputs);
     `workspaces` gives the extra buffers a kernel asks for (pointer Params after the outputs'
     ones: a grid reduction's partials and semaphores); `body` is the kernel function without the
-    prelude (tests compile many of them as one module)."""
+    prelude (tests compile many of them as one module).
+    `inplace[k] = j`: output k is written into fusion input j's storage by the kernel itself
+    (an in-place output, fusion.aliases, the lowering found safe): allocate_outputs hands out
+    that input when its sizes, strides and dtype are the ones the output would get."""
 
     def __init__(self, fusion, scheduler: str, params, kernel: GeneratedKernel, kernel_ir,
                  body: str, orders: list, workspace_sizes=None):
@@ -81,15 +84,22 @@ class KernelPlan:
         self._outputs = list(fusion.outputs)
         self._orders = orders
         self._workspace_sizes = workspace_sizes    # (bindings, tensors) -> [(numel, torch dtype)]
+        self.inplace: dict = {}
 
     def allocate_outputs(self, bindings, inputs, device) -> list:
         import torch
         from ..schedule.layout import strides_for
         outs = []
-        for o, order in zip(self._outputs, self._orders):
+        for k, (o, order) in enumerate(zip(self._outputs, self._orders)):
             sizes = bindings.shape(o)
-            outs.append(torch.empty_strided(sizes, strides_for(sizes, order), dtype=o.dtype.torch,
-                                            device=device))
+            strides = strides_for(sizes, order)
+            x = inputs[self.inplace[k]] if k in self.inplace else None
+            if x is not None and x.dtype == o.dtype.torch and x.device == device and \
+                    tuple(x.shape) == tuple(sizes) and all(
+                        a == b or n == 1 for a, b, n in zip(x.stride(), strides, sizes)):
+                outs.append(x)
+                continue
+            outs.append(torch.empty_strided(sizes, strides, dtype=o.dtype.torch, device=device))
         return outs
 
     def kernel_tensors(self, inputs, outputs) -> list:

@@ -18,6 +18,9 @@ Expressions are immutable trees (hashable, so lowering can share them):
       "round" a float rounded to dst's precision (results of half/bf16 ops).
   Shfl(value, lane_xor, dtype)  the value of `value` in the thread whose lane (threadIdx in the
                            warp) is this lane ^ lane_xor (`__shfl_xor_sync` over the full warp)
+  RemoteRef(name, index, rank)  an element of shared array `name` of the block of rank `rank` in
+                           this block's thread-block cluster (distributed shared memory, sm_90);
+                           Special("cluster_rank") is this block's rank
 Statements:
   Let(name, ctype, expr)   `const ctype name = expr;`
   Alloc(name, dtype, dims, space, packed)   an array in storage type, "local" (registers, per
@@ -41,6 +44,9 @@ Statements:
                            effect one at a time
   Fence()                  `__threadfence()`: this thread's global writes are visible to every
                            thread that later sees its atomic
+  ClusterSync()            a barrier of every thread of every block of the cluster (release /
+                           acquire): shared-memory writes before it are seen by remote reads
+                           after it, remote reads before it end before writes after it
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
@@ -119,6 +125,13 @@ class Shfl:
     value: Any
     lane_xor: int
     dtype: DataType
+
+
+@dataclass(frozen=True)
+class RemoteRef:
+    name: str
+    index: tuple
+    rank: Any
 
 
 def add(a, b):
@@ -227,6 +240,11 @@ class Fence:
 
 
 @dataclass
+class ClusterSync:
+    pass
+
+
+@dataclass
 class Comment:
     text: str
 
@@ -237,6 +255,7 @@ class TensorParam:
     dtype: DataType
     seg: int
     is_output: bool
+    restrict: bool = True   # False: an in-place output and its input share this storage
 
 
 @dataclass
@@ -248,6 +267,7 @@ class Kernel:
     block: Any              # threads per block: (x, y, z) (an int n means (n, 1, 1))
     body: list = field(default_factory=list)
     min_blocks: int = 0     # __launch_bounds__ min blocks per SM (0: none)
+    cluster: int = 1        # blocks of a thread-block cluster along x (__cluster_dims__)
 
     def __post_init__(self):
         if isinstance(self.block, int):
@@ -270,7 +290,8 @@ class Kernel:
 
 def format_kernel_ir(k: Kernel) -> str:
     """A compact text form of the kernel IR (the `kernel_ir` dump)."""
-    lines = [f"Kernel {k.name} (index {k.index_type}, block {k.block})"]
+    lines = [f"Kernel {k.name} (index {k.index_type}, block {k.block}"
+             + (f", cluster {k.cluster}" if k.cluster > 1 else "") + ")"]
     for p in k.params:
         lines.append(f"  param {p.ctype} {p.name} <- {p.source[0]}{tuple(p.source[1:]) if p.source[0] != 'scalar' else ''}")
 
@@ -302,6 +323,8 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}{s.dst} = ATOMIC_ADD {s.ptr}[{fmt(s.offset)}] += {fmt(s.value)}")
             elif isinstance(s, Fence):
                 lines.append(f"{pad}FENCE")
+            elif isinstance(s, ClusterSync):
+                lines.append(f"{pad}CLUSTER_SYNC")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 
@@ -326,4 +349,6 @@ def fmt(e) -> str:
         return f"{e.kind}<{e.src.name}->{e.dst.name}>({fmt(e.arg)})"
     if isinstance(e, Shfl):
         return f"shfl_xor({fmt(e.value)}, {e.lane_xor})"
+    if isinstance(e, RemoteRef):
+        return f"{e.name}{''.join(f'[{fmt(i)}]' for i in e.index)}@rank({fmt(e.rank)})"
     return str(e)

@@ -115,6 +115,26 @@ template <> PF_D pf_half pf_to_storage<pf_half>(float f) {
 template <> PF_D pf_bf16 pf_to_storage<pf_bf16>(float f) {
   pf_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
 PF_D float pf_round_half(float f) { return pf_to_reg(pf_to_storage<pf_half>(f)); }
+// thread-block clusters (sm_90): this block's rank, the cluster barrier, a load from the shared
+// memory of the block of rank `rank` (4- and 8-byte elements)
+#if __CUDA_ARCH__ >= 900
+PF_D unsigned pf_cluster_rank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+PF_D void pf_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+template <typename T> PF_D T pf_dsmem_load(const T* p, unsigned rank) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "distributed shared memory loads of 4 or 8 bytes");
+  unsigned local, remote;
+  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(local) : "l"(p));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  union { T t; unsigned u4; unsigned long long u8; } v;
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v.u8) : "r"(remote) : "memory");
+  } else {
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v.u4) : "r"(remote) : "memory");
+  }
+  return v.t;
+}
+#endif
 // one of the two 2-byte elements of a 32-bit word (packed register arrays), as a float
 PF_D float pf_unpack_bf16(uint32_t w, int hi) { return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16)); }
 PF_D float pf_unpack_half(uint32_t w, int hi) {

@@ -1,12 +1,15 @@
 """The two kernel shapes of the reduction family (the shared pass driver is reduction_lowering).
 
-Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block:
+Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block (or, for
+rows too long for a block, a cluster of blocks per row):
     for rb (grid-stride over row blocks):  row = rb * bdimy + ty; row_ok = row < rows
-      row-level loads and values; passes: position j = (s * bdimx + tx) * V (persistent) or
-      ((it * U + u) * bdimx + tx) * V (streamed, inside a loop over the outer reduced groups);
-      after each pass the lanes, then the team (xor shuffles, shared memory past a warp) combine;
-      reduced outputs are written by threadIdx.x 0 of the row's team
-      __syncthreads (shared memory is reused by the next row block)
+      row-level loads and values; passes: position j = ((s * C + rank) * bdimx + tx) * V
+      (persistent; C blocks of cluster rank `rank`) or ((it * U + u) * bdimx + tx) * V (streamed;
+      with outer reduced groups j runs over them too, split by div/mod once per vector);
+      after each pass the lanes, then the team (xor shuffles, shared memory past a warp), then
+      the cluster (distributed shared memory) combine; reduced outputs are written by
+      threadIdx.x 0 of the row's team (of rank 0)
+      __syncthreads / cluster barrier (shared memory is reused by the next row)
 Outer (kept axes innermost): bdimx threads span bdimx * V columns (col; columns grid-stride on
 x, other kept groups on y), bdimy threads split the reduced index r = s * bdimy + ty (persistent)
 or ((it * splits + z) * U + u) * bdimy + ty (streamed; z = blockIdx.z of `splits` blocks);
@@ -31,14 +34,16 @@ class InnerKernel(ReductionLowering):
         p, V = self.p, self.V
         self.rin = self.rg[-1] if self.rg else None
         self.rout = self.rg[:-1]
-        self.ridx = {gi: K.Var(f"g{gi}") for gi in self.rout}
         body = [K.Let("rows", "nidx_t", self._prod(self.kg)),
                 K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1))]
-        if self.rout:
-            body.append(K.Let("nro", "nidx_t", self._prod(self.rout)))
+        self.rtot = K.Var("rlen")
+        if self.rout:                # outer reduced groups: one linear index over all of them
+            body += [K.Let("nro", "nidx_t", self._prod(self.rout)),
+                     K.Let("rtot", "nidx_t", K.mul(K.Var("rlen"), K.Var("nro")))]
+            self.rtot = K.Var("rtot")
         if not p.persistent:
             chunk = p.bdimx * p.unroll * V
-            body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(K.Var("rlen"), _c(chunk - 1)),
+            body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(self.rtot, _c(chunk - 1)),
                                                        _c(chunk))))
         rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY)),
                     K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows")))]
@@ -53,12 +58,17 @@ class InnerKernel(ReductionLowering):
         known = self.row_values(0, known, rb)
         for q in range(len(self.plans)):
             known = self.one_pass(q, known, rb)
-        if self.shared:
+        if p.cluster > 1:
+            rb.append(K.ClusterSync())            # the next row rewrites what others read
+        elif self.shared:
             rb.append(K.Sync())                   # the next row block rewrites shared memory
         nrb = K.Bin("/", K.add(K.Var("rows"), _c(p.bdimy - 1)), _c(p.bdimy))
+        start, step = K.Special("blockIdx.x"), K.Special("gridDim.x")
+        if p.cluster > 1:                           # a cluster of blocks per row
+            start, step = K.Bin("/", start, _c(p.cluster)), K.Bin("/", step, _c(p.cluster))
         body += [K.Let("nrb", "nidx_t", nrb),
-                 K.Loop("rb", K.Special("blockIdx.x"), K.Var("nrb"), K.Special("gridDim.x"), "grid",
-                        rb, "row blocks")]
+                 K.Loop("rb", start, K.Var("nrb"), step, "grid", rb,
+                        "row blocks" + (" (one per cluster)" if p.cluster > 1 else ""))]
         return body
 
     # ---- hooks of the pass driver ---------------------------------------------------------------
@@ -66,31 +76,40 @@ class InnerKernel(ReductionLowering):
         p = self.p
         if streamed:
             step = K.add(K.mul(K.Var("it"), _c(p.unroll)), step)
+        elif p.cluster > 1:                         # the blocks of the cluster interleave steps
+            step = K.add(K.mul(step, _c(p.cluster)), K.Special("cluster_rank"))
         return K.mul(K.add(K.mul(step, _c(p.bdimx)), TX), _c(self.V))
 
     def position(self, j):
+        """Position j along the row; with outer reduced groups j runs over all of them (a
+        vector never straddles the inner group: V divides its extent) and is split into the
+        inner index and the outer groups' indices."""
         idx = dict(self.kidx)
-        idx.update(self.ridx)
-        if self.rin is not None:
-            idx[self.rin] = K.Var("j")
-        return ([K.Let("j", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
-                [], idx)
+        if not self.rout:
+            if self.rin is not None:
+                idx[self.rin] = K.Var("j")
+            return ([K.Let("j", "nidx_t", j)],
+                    _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))), [], idx)
+        inner = [K.Let("j", "nidx_t", K.Bin("%", K.Var("jl"), K.Var("rlen")))]
+        idx.update(self.decompose(K.Bin("/", K.Var("jl"), K.Var("rlen")), self.rout, inner))
+        idx[self.rin] = K.Var("j")
+        return ([K.Let("jl", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
+                inner, idx)
 
     def wrap_streamed(self, loop) -> list:
-        if not self.rout:
-            return [loop]
-        body: list = []
-        self.decompose(K.Var("ro"), self.rout, body)
-        return [K.Loop("ro", _c(0), K.Var("nro"), _c(1), "serial", body + [loop],
-                       "outer reduced groups")]
+        return [loop]
 
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
         known = self.emit_nodes(self.row_nodes(q), known, None, out, (self.kidx, None))
+        writer = _and(self.row_ok, K.Bin("==", TX, _c(0)))
+        if self.p.cluster > 1:
+            writer = _and(writer, K.Bin("==", K.Special("cluster_rank"), _c(0)))
+        out += self.sync_before_inplace(q)
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 st, _ = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), False)
-                out += _guard(_and(self.row_ok, K.Bin("==", TX, _c(0))), st)
+                out += _guard(writer, st)
         return known
 
     def bind_results(self, e, partial, out) -> dict:
@@ -124,8 +143,41 @@ class InnerKernel(ReductionLowering):
                 new = self.comb.combine(e, [K.ArrayRef(r, ())], [K.ArrayRef(acc, (_c(v),))], out)
                 out.append(K.Assign(r, (), new[0]))
         partials = {id(e): [K.ArrayRef(n, ()) for n in self.partial_names(e)] for e in reds}
-        if p.bdimx == 1 or not reds:
+        if not reds:
             return partials, out
+        self.combine_threads(reds, out)
+        if p.cluster > 1:
+            self.combine_cluster(reds, out)
+        return partials, out
+
+    def combine_cluster(self, reds, out) -> None:
+        """The blocks of the row's cluster: each block's partial in its shared memory (a buffer
+        per combine), a cluster barrier, every thread reads the partials of ranks 0, 1, ...
+        from distributed shared memory (the same order in every block: the same result). The
+        cluster barrier at the end of the row orders these reads before the next row's writes
+        (and keeps a block from exiting while another reads its shared memory)."""
+        first = _and(K.Bin("==", TX, _c(0)), K.Bin("==", TY, _c(0)))
+        writes, reads = [], []
+        for e in reds:
+            names = self.partial_names(e)
+            sms = []
+            for n, dt in zip(names, self.comb.dtypes(e)):
+                sm = self.comb.fresh("cred")
+                self.shared.append(K.Alloc(sm, dt, (), "shared"))
+                writes.append(K.Assign(sm, (), K.ArrayRef(n, ())))
+                sms.append(sm)
+            for n, sm in zip(names, sms):
+                reads.append(K.Assign(n, (), K.RemoteRef(sm, (), _c(0))))
+            for r in range(1, self.p.cluster):
+                new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
+                                        [K.RemoteRef(sm, (), _c(r)) for sm in sms], reads)
+                self.comb.assign_all(e, names, (), new, reads)
+        out += [K.If(first, writes), K.ClusterSync()] + reads
+
+    def combine_threads(self, reds, out) -> None:
+        p = self.p
+        if p.bdimx == 1:
+            return
         m = min(p.bdimx, WARP) // 2
         while m >= 1:
             for e in reds:
@@ -139,7 +191,7 @@ class InnerKernel(ReductionLowering):
                 self.comb.assign_all(e, names, (), new, out)
             m //= 2
         if p.bdimx <= WARP:
-            return partials, out
+            return
         nw = p.bdimx // WARP
         lane0 = K.Bin("==", K.Bin("%", TX, _c(WARP)), _c(0))
         warp = K.Bin("/", TX, _c(WARP))
@@ -159,7 +211,6 @@ class InnerKernel(ReductionLowering):
                                         [K.ArrayRef(sm, (TY, _c(w))) for sm in sms], reads)
                 self.comb.assign_all(e, names, (), new, reads)
         out += [K.If(lane0, writes), K.Sync()] + reads
-        return partials, out
 
 
 class OuterKernel(ReductionLowering):
@@ -243,6 +294,7 @@ class OuterKernel(ReductionLowering):
         for n in nodes:
             if n.kind in ("set", "alias"):
                 known[id(n)] = known[id(n.args[0])]
+        out += self.sync_before_inplace(q)
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 value = known[id(a.node)]

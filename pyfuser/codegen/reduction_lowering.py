@@ -104,6 +104,34 @@ class ReductionLowering(Emitter):
         self.plans = [self.pass_plan(q) for q in range(RG.total_passes(self.g))]
         self.kept = self._kept()
         self.pass_long = RG.held_loads(self.g)
+        self.inplace = self._inplace()
+        sched.inplace_tvs = {i for pair in self.inplace for i in pair}
+
+    def _inplace(self) -> list:
+        """(output TensorView id, input TensorView id) of the fusion's in-place outputs this
+        kernel writes into their input's storage itself: per-row outputs (running statistics)
+        whose input is read only per row, as one element of the same row. Every thread of the
+        row reads it before the row's combines; the writer stores after them, behind a barrier
+        (`sync_before_inplace`); with a cluster the store must follow a cluster combine."""
+        aliases = getattr(self.s.fusion, "aliases", None) or {}
+        out = []
+        for o, i in aliases.items():
+            st = [a for a in self.stores if a.tv is o]
+            ld = [a for a in self.loads if a.tv is i]
+            if len(st) != 1 or o.dtype is not i.dtype or o.ndim != i.ndim or \
+                    self.lvl[id(st[0].node)] != "row" or \
+                    any(self.lvl[id(a.node)] != "row" for a in ld) or \
+                    (self.p.cluster > 1 and self.avail[id(st[0].node)] == 0):
+                continue
+            out.append((id(o), id(i)))
+        return out
+
+    def sync_before_inplace(self, q: int) -> list:
+        """A block barrier before pass q's per-row stores when one of them is in place."""
+        if any(self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q and
+               any(id(a.tv) == o for o, _ in self.inplace) for a in self.stores):
+            return [K.Sync()]
+        return []
 
     # ---- names and plans ----------------------------------------------------------------------
     def _names(self) -> dict:
@@ -259,7 +287,7 @@ class ReductionLowering(Emitter):
         body = self.kernel_body()
         body = self.shared + self.prologue + body
         return K.Kernel(name, self.params(), self.tensors, self.it, (self.p.bdimx, self.p.bdimy, 1),
-                        body)
+                        body, cluster=getattr(self.p, "cluster", 1))
 
     def workspace(self, dtype, kind: str) -> str:
         """A global buffer the runtime provides for a launch, after the outputs: a pointer
@@ -529,6 +557,7 @@ def plan_reduction_kernel(sched, name: str):
     from .reduction_kernels import InnerKernel, OuterKernel
     low = (InnerKernel if sched.params.kind == "inner" else OuterKernel)(sched)
     kir = low.build(name)
+    sched.inplace_pairs = list(low.inplace)
     return kir, launch_fn(sched), workspace_fn(sched, low.workspaces) if low.workspaces else None
 
 
@@ -572,10 +601,12 @@ def launch_fn(sched):
         if p.kind == "inner":
             rows = L.numel(kept)
             if p.persistent and red:
-                _check_cover(red[-1], p.steps * p.bdimx * p.vec)
+                _check_cover(red[-1], p.steps * p.bdimx * p.vec * p.cluster)
             if rows == 0:
                 return LaunchConfig((0, 1, 1), block)
-            return LaunchConfig((min(-(-rows // p.bdimy), cap, MAX_GRID_X), 1, 1), block)
+            C = p.cluster                            # whole clusters: one per row block
+            return LaunchConfig((min(-(-rows // p.bdimy), cap // C, MAX_GRID_X // C) * C, 1, 1),
+                                block)
         cols = kept[-1] if kept else 1
         nko = L.numel(kept[:-1])
         if p.persistent:

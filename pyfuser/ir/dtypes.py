@@ -2,9 +2,10 @@
 
 Invariants:
 - Every DataType maps one-to-one to a torch.dtype; `DataType.from_torch` and `.torch` invert each other.
-- Promotion is *delegated to PyTorch* (`torch.result_type` on tiny CPU stand-ins), so pyfuser's
-  result dtypes follow eager exactly, including the rules for 0-dim tensors and Python scalars
-  ("wrapped numbers"), which only take part when no dimensioned tensor of the same category does.
+- Promotion follows PyTorch's n-ary elementwise rule exactly (tests compare every combination
+  with `torch._prims_common.elementwise_dtypes`), so pyfuser's result dtypes follow eager,
+  including the rules for 0-dim tensors and Python scalars ("wrapped numbers"), which only take
+  part when no dimensioned tensor of the same category does.
 - Two rules for scalars (`result_type(..., scalars=)`): "eager" (TorchScript graphs) gives a
   scalar only its category, as eager does with a Python number (a float scalar that wins counts
   as the default dtype, float32); "nvfuser" (FusionDefinition) keeps the scalar's own dtype, as
@@ -159,23 +160,81 @@ def result_type(*operands: Operand, promotion: Promotion = Promotion.DEFAULT,
                 scalars: str = "eager") -> DataType:
     """The dtype an elementwise op over `operands` gives under `promotion`.
 
-    scalars="eager": eager PyTorch's n-ary rule (`torch._prims_common.elementwise_dtypes`) on
-    tiny stand-ins, so tensors, 0-dim tensors and Python scalars rank exactly as in eager.
+    scalars="eager": eager PyTorch's n-ary rule (what `torch._prims_common.elementwise_dtypes`
+    computes; tests/cpu/test_ir_promotion.py checks every combination against it), so tensors,
+    0-dim tensors and Python scalars rank exactly as in eager. It is evaluated here, not by
+    calling that function, which imports sympy (0.6 s on a first call).
     scalars="nvfuser": operands of one dtype give that dtype; otherwise PyTorch's ranking of
     dimensioned tensors, 0-dim tensors and scalars, with each scalar counting as its own dtype
     (half/bfloat16 scalars as the default dtype). The promotion kind then applies as in eager.
     """
-    from torch._prims_common import elementwise_dtypes
     assert operands, "result_type needs at least one operand"
     assert promotion is not Promotion.NONE
     if scalars == "nvfuser":
         common = _nvfuser_common_dtype(operands)
-        stand_ins = (torch.empty((1,), dtype=common),)
     else:
         assert scalars == "eager", scalars
-        stand_ins = tuple(o.stand_in() for o in operands)
-    _, out = elementwise_dtypes(*stand_ins, type_promotion_kind=promotion.torch_kind)
-    return DataType.from_torch(out)
+        common = _eager_common_dtype(operands)
+    return DataType.from_torch(_apply_kind(common, promotion))
+
+
+def _category(dt: "torch.dtype") -> int:
+    """0 bool, 1 integer, 2 floating point, 3 complex."""
+    if dt.is_complex:
+        return 3
+    if dt.is_floating_point:
+        return 2
+    return 0 if dt is torch.bool else 1
+
+
+def _as_complex(dt: "torch.dtype") -> "torch.dtype":
+    return {torch.float16: torch.complex32, torch.bfloat16: torch.complex64,
+            torch.float32: torch.complex64, torch.float64: torch.complex128}.get(dt, dt)
+
+
+def _eager_common_dtype(operands) -> "torch.dtype":
+    """Eager's result dtype before the promotion kind: the highest category of any operand
+    (scalars count by category only); within it, the highest dtype of the dimensioned tensors
+    of that category, else of the 0-dim ones, else the category's default dtype. For complex,
+    floating-point tensors take part as their complex counterparts."""
+    top = max(_category(o.dtype.torch) for o in operands)
+    if top == 0:
+        return torch.bool
+    dim = zero = None
+    for o in operands:
+        if o.kind == Operand.SCALAR:
+            continue
+        dt = o.dtype.torch
+        cat = _category(dt)
+        if cat != top and not (top == 3 and cat == 2):
+            continue
+        if top == 3:
+            dt = _as_complex(dt)
+        if o.kind == Operand.TENSOR:
+            dim = _promote(dim, dt)
+        else:
+            zero = _promote(zero, dt)
+    found = dim if dim is not None else zero
+    if found is not None:
+        return found
+    if top == 1:
+        return torch.int64
+    default = torch.get_default_dtype()
+    return default if top == 2 else _as_complex(default)
+
+
+def _apply_kind(dt: "torch.dtype", promotion: Promotion) -> "torch.dtype":
+    """The result dtype of promotion kind `promotion` for common dtype `dt`."""
+    if promotion is Promotion.INT_TO_FLOAT:
+        return torch.get_default_dtype() if _category(dt) <= 1 else dt
+    if promotion is Promotion.COMPLEX_TO_FLOAT and dt.is_complex:
+        return {torch.complex32: torch.float16, torch.complex64: torch.float32,
+                torch.complex128: torch.float64}[dt]
+    if promotion is Promotion.BOOL_TO_LONG and dt is torch.bool:
+        return torch.int64
+    if promotion is Promotion.ALWAYS_BOOL:
+        return torch.bool
+    return dt
 
 
 def _promote(a, b):

@@ -227,14 +227,14 @@ def _handler(e):
     raise NotImplementedError(f"the reference evaluator has no handler for {type(e).__name__}")
 
 
-def evaluate(fusion, inputs) -> list:
-    """Run `fusion` on `inputs` (tensors and numbers, in fusion.inputs order) with eager ops."""
+def evaluate(fusion, inputs, device=None) -> list:
+    """Run `fusion` on `inputs` (tensors and numbers, in fusion.inputs order) with eager ops.
+    `device`: where tensors made without tensor inputs go (a segment of a larger fusion runs on
+    that fusion's device), else the device of the tensor inputs, else torch's default device."""
     inputs = list(inputs)
     bindings = bind(fusion, inputs)
-    # the device of the tensor inputs; a fusion without any makes its tensors on torch's default
-    # device (torch.set_default_device), as a factory function would
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None) or \
-        torch.get_default_device()
+        device or torch.get_default_device()
     used = fusion.used_exprs()
     env = _Env(bindings, device, used)
     for v, x in zip(fusion.inputs, inputs):

@@ -70,18 +70,24 @@ class _Programs:
     lookup, program in one frame), or once a program was handed to it the native Runner's
     (runtime/native.py), which falls through to the Python one on a miss. It lives as long as its
     Fusion (clear_caches and executor.clear() empty `runs` and the runner, never replace them),
-    so frontends may hold it and call `progs.run`."""
-    __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "__weakref__")
+    so frontends may hold it and call `progs.run`. Frontends that bound its programs into code of
+    their own (the TorchScript call plans) add a callback to `listeners`: it runs whenever the
+    programs are emptied, so no bound program outlives them."""
+    __slots__ = ("key_of", "runs", "run", "py_run", "native", "n_inputs", "listeners",
+                 "native_data", "pending", "__weakref__")
 
     def __init__(self, fusion):
         from .executor import key_function
         self.key_of = key_function(fusion.inputs)
         self.runs: dict = {}
-        self.run = self.py_run = _run_function(fusion, self.runs)
+        self.pending: dict = {}          # key -> steps() of a program not yet handed over
+        self.run = self.py_run = _run_function(fusion, self.runs, self)
         # None: not asked yet; False: not for this fusion (scalar inputs, no extension, ...)
         self.native = None if all(isinstance(v, TensorView) for v in fusion.inputs) \
             and _RAW_ENV is not None else False
         self.n_inputs = len(fusion.inputs)
+        self.listeners: list = []
+        self.native_data: dict = {}      # key -> the native program handed to the Runner
 
     def __deepcopy__(self, memo):
         return None
@@ -91,20 +97,35 @@ class _Programs:
 
     def clear(self) -> None:
         self.runs.clear()
+        self.pending.clear()
         self.drop_native()
 
     def drop_native(self) -> None:
-        """Forget the native programs (a launcher's mode changed): the Python ones answer."""
+        """Forget the native programs (a launcher's mode changed): the Python ones answer.
+        Frontends holding programs (listeners) are told either way."""
         if self.native:
             self.native.clear()
+        self.native_data.clear()
+        self.pending.clear()
+        for cb in list(self.listeners):
+            cb()
 
     def install(self, inputs, run, report, steps) -> None:
         """Record `run` (Python) for the key of `inputs`; `steps()` gives the native program's
-        (steps, results, effects, device), or None when it cannot be one."""
+        (steps, results, effects, device), or None when it cannot be one. The native program is
+        made when the key is hit (`handoff`), so a call made once never loads the extension."""
         if len(self.runs) >= _MAX_PROGRAMS:
             self.clear()
-        self.runs[self.key_of(inputs)[0]] = (run, report)
-        if self.native is False:
+        key = self.key_of(inputs)[0]
+        self.runs[key] = (run, report)
+        if self.native is not False:
+            self.pending[key] = steps
+
+    def handoff(self, inputs, key) -> None:
+        """Hand the pending program of `key` (the key of `inputs`) to the native Runner, where
+        the extension is built and the program can be one."""
+        steps = self.pending.pop(key, None)
+        if steps is None or self.native is False:
             return
         from . import native
         mod = native.runner_module()
@@ -115,25 +136,31 @@ class _Programs:
             self.native = mod.Runner(self.n_inputs, self.py_run, _RAW_ENV, (_DUMP, _POISON))
             self.run = self.native.run
         self.native.add(inputs, *program)
+        self.native_data[key] = program
 
 
-def _run_function(fusion, runs):
+def _run_function(fusion, runs, progs):
     """Generate `run(inputs)`: what `execute_fusion(fusion, inputs)` does, in one frame on a hit
-    (the key expression of executor.key_function inlined, one dict lookup, the env check)."""
+    (the key expression of executor.key_function inlined, one dict lookup, the env check; a
+    program still pending for the native runner is handed over on its first hit)."""
     from .executor import key_parts
     names, ptrs, key = key_parts(fusion.inputs)
     unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
     env = {"get": runs.get, "FD": fusion.__dict__, "REPORT": _REPORT, "slow": _execute_slow,
            "F": fusion, "ENV": _RAW_ENV, "slow_env": _slow_env, "DUMP": _DUMP, "POISON": _POISON,
-           "_sign": math.copysign, "_T": torch.Tensor}
+           "_sign": math.copysign, "_T": torch.Tensor, "PENDING": progs.pending,
+           "HANDOFF": progs.handoff}
     quiet = "DUMP not in ENV and POISON not in ENV" if _RAW_ENV is not None else "not slow_env()"
     lines = ["def run(inputs):", "    try:", f"        {unpack} = inputs"]
     lines += [f"        {p} = x{p[1:]}.data_ptr()" for p in ptrs]
-    lines += [f"        hit = get(({key}))",
+    lines += [f"        k = ({key})",
+              "        hit = get(k)",
               "    except Exception:  # malformed inputs: the slow path says what is wrong",
               "        hit = None",
               f"    if hit is not None and {quiet}:",
               "        FD[REPORT] = hit[1]",
+              "        if PENDING:",
+              "            HANDOFF(inputs, k)",
               f"        return hit[0](inputs, [{', '.join(ptrs)}])",
               "    return slow(F, inputs, None)"]
     exec(compile("\n".join(lines) + "\n", "<pyfuser fusion run>", "exec"), env)  # noqa: S102
@@ -197,6 +224,9 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
         outs = ex.run(inputs)
         launched = int(ex.last_run.get("kernels", 0))
         used = "evaluator" if ex.last_run.get("fallback") else backend
+    if fusion.aliases:
+        from ..segment.runtime import apply_aliases
+        outs, record = apply_aliases(fusion, inputs, outs), None   # no replay program
     report = RunReport([SegmentRun("kernel", seg.scheduler, [e.op_name for e in seg.exprs], used)],
                        kernels=1, launched=launched)
     fusion.__dict__[_REPORT] = report
@@ -233,6 +263,9 @@ def _install(fusion, inputs, report, record) -> None:
         for call, slots in steps:
             env.extend(call(None, [env[k].data_ptr() for k in slots]))
         return [env[k] if spec is None else env[k].as_strided(*spec) for k, spec in outputs]
+
+    # What frontends that inline a program without kernels need (views of the inputs only).
+    run.kernels, run.outputs = len(steps), list(outputs)
 
     _, progs = _programs(fusion, *executors)
     progs.install(inputs, run, report, lambda: _native_program(

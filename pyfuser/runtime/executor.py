@@ -243,8 +243,9 @@ class FusionExecutor:
             bindings = bind(self.fusion, inputs)
         device = fast.device
         outputs = entry.plan.allocate_outputs(bindings, inputs, device)
+        inplace = getattr(entry.plan, "inplace", None)
         if poison_enabled():
-            poison(outputs)
+            poison([o for o in outputs if not any(o is x for x in inputs)] if inplace else outputs)
         if self._has_scalars:
             tensors = [inputs[i] for i in self._tensor_idx]
             tensors.extend(outputs)
@@ -265,7 +266,7 @@ class FusionExecutor:
             # the workspaces a grid reduction asks for are parameters too; every parameter is
             # checked to fit its C type, and the interpreter runs with the packed values
             work = entry.plan.workspaces(bindings, tensors, device) \
-                if _nonempty(cfg) and hasattr(entry.plan, "workspaces") else []
+                if hasattr(entry.plan, "workspaces") else []
             values = entry.packer.checked_values(tensors + work, bindings)
             if work or entry.packer.has_philox:
                 _api().interpret(entry.plan, inputs, outputs, bindings, params=values,
@@ -277,9 +278,10 @@ class FusionExecutor:
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda" and not entry.packer.has_philox:
-            # (a kernel drawing random numbers packs a new seed / offset every call: it keeps
-            # to this path)
+        if fast.call is None and self.mode == "cuda" and not inplace \
+                and not entry.packer.has_philox:
+            # no replay for in-place outputs, nor for a kernel drawing random numbers (it packs
+            # a new seed / offset every call)
             fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
 

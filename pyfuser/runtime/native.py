@@ -7,12 +7,14 @@ then what `fs.execute(inputs)` calls: key, lookup, allocation, pointer writes an
 cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
 
 - `$PYFUSER_NATIVE`: "0" / "off" / "false" turn the native runner off (the Python path is the
-  same calls, slower); anything else, or unset, uses it.
-- `runner_module()` builds the extension on first use (torch.utils.cpp_extension, about 15-60 s
-  once per machine, torch version and source; a warning says so) under
-  `$PYFUSER_CACHE_DIR/native/`, and loads it from there afterwards. It is only asked for when a
-  program is recorded for CUDA tensors, so CPU-only use never builds it. Where it cannot be
-  built (no compiler, no headers) the reason is logged once and the Python path runs.
+  same calls, slower); anything else, or unset, uses it where it is built.
+- It is built once, at install time: `python -m pyfuser.runtime.native` (what `make setup`
+  runs; torch.utils.cpp_extension with the system's C++ compiler and ninja, about 15-60 s per
+  machine, torch version and source) under `$PYFUSER_CACHE_DIR/native/`. `runner_module()`
+  only loads a build that is there (about 0.05 s, the first time a program is recorded for CUDA
+  tensors): nothing is compiled on a user's call. Without a build, one INFO line says how to
+  make it and the Python path runs (the same calls, a few microseconds slower per call).
+  `build()` builds (or loads) it explicitly.
 - `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
   into the runner's plain data: the prepared buffer (CUlaunchConfig then the packed
   parameters), the parameter offsets and, per tensor pointer, its byte offset and slot
@@ -60,9 +62,25 @@ def build_dir() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _load():
-    """The extension module (one per process: the first build_dir() asked for is the one used);
-    None (logged) when it cannot be built or loaded."""
+    """The extension module, built here if it is not yet (one per process: the first
+    build_dir() asked for is the one used); None (logged) when it cannot be built or loaded."""
     return build_or_import(build_dir(), _SOURCE)
+
+
+def build():
+    """Build the native runner (or load the build that is there); the module, or None."""
+    return _load()
+
+
+def built() -> bool:
+    """Whether a build for this source, torch and Python is on disk (or loaded)."""
+    if _load.cache_info().currsize:
+        return _load() is not None
+    d = build_dir()
+    return os.path.exists(os.path.join(d, os.path.basename(d) + ".so"))
+
+
+_told = [False]
 
 
 def build_or_import(directory: str, source: str):
@@ -105,8 +123,15 @@ def _import(name: str, path: str):
 
 
 def runner_module():
-    """The native extension (built on first use), or None when it is off or unavailable."""
+    """The native extension where it is built (loaded on first use), or None when it is off,
+    not built or unavailable. Never builds."""
     if not enabled():
+        return None
+    if not built():
+        if not _told[0]:
+            _told[0] = True
+            log.info("pyfuser: the native cached-call runner is not built (cached calls run in "
+                     "Python); `python -m pyfuser.runtime.native` builds it once")
         return None
     return _load()
 
@@ -139,3 +164,24 @@ def launch_step(launcher, prep, ptr_slots):
         D._fail(code, what if call == "launch" else call)
 
     return ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)
+
+
+def main(argv=None) -> int:
+    """`python -m pyfuser.runtime.native`: build the native runner now (an install step)."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m pyfuser.runtime.native",
+                                 description="Build pyfuser's native cached-call runner "
+                                             "(once per machine, torch version and source).")
+    ap.add_argument("--check", action="store_true", help="only say whether it is built")
+    args = ap.parse_args(argv)
+    if args.check:
+        print(f"{'built' if built() else 'not built'}: {build_dir()}")
+        return 0 if built() else 1
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    mod = build()
+    print(f"{'built' if mod is not None else 'NOT built (see above)'}: {build_dir()}")
+    return 0 if mod is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,10 +59,43 @@ def _nvrtc():
 
 @functools.lru_cache(maxsize=None)
 def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor). Loading NVRTC to ask costs about 20 ms, which a process whose
+    kernels all come from the disk cache need not pay: the answer is kept in the disk cache under
+    the identity (path, size, mtime) of the NVRTC library of the pip wheel, where there is one."""
+    ident = _library_identity() if disk_cache.enabled() else None
+    key = disk_cache.make_key("nvrtc-version", ident) if ident is not None else None
+    if key is not None:
+        hit = disk_cache.load(key, "nvrtc-version")
+        try:
+            major, minor = (int(x) for x in hit.decode().split("."))
+            return major, minor
+        except (AttributeError, ValueError):
+            pass
     nv = _nvrtc()
     err, major, minor = nv.nvrtcVersion()
     _check(err, "nvrtcVersion")
+    if key is not None:
+        disk_cache.store(key, f"{int(major)}.{int(minor)}".encode(), "nvrtc-version")
     return int(major), int(minor)
+
+
+def _library_identity():
+    """(real path, size, mtime) of the libnvrtc of the nvidia pip wheel on sys.path (what
+    cuda-bindings loads first), or None."""
+    for p in sys.path:
+        base = os.path.join(p, "nvidia")
+        if not os.path.isdir(base):
+            continue
+        for pattern in ("cu*/lib/libnvrtc.so*", "cuda_nvrtc/lib/libnvrtc.so*"):
+            for f in sorted(glob.glob(os.path.join(base, pattern))):
+                if "builtins" in os.path.basename(f):
+                    continue
+                try:
+                    st = os.stat(f)
+                except OSError:
+                    continue
+                return os.path.realpath(f), st.st_size, st.st_mtime_ns
+    return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,30 +133,32 @@ def _has_fp16(d: str) -> bool:
     return bool(d) and os.path.isfile(os.path.join(d, "cuda_fp16.h"))
 
 
-def _candidate_include_dirs() -> list[str]:
+def _candidate_include_dirs():
+    """Directories that may hold the CUDA headers, most specific first, produced lazily: the
+    first one that has them ends the search, so the slow probe (cuda-pathfinder runs a
+    subprocess, about 0.1 s) only runs when no plain directory has them."""
     major = nvrtc_version()[0]
-    out = [os.environ.get("PYFUSER_CUDA_INCLUDE", "")]
+    yield os.environ.get("PYFUSER_CUDA_INCLUDE", "")
     # pip wheels: nvidia/cu13/include (CUDA 13 layout), nvidia/cuda_runtime/include (CUDA 12)
     for p in sys.path:
         base = os.path.join(p, "nvidia")
         if os.path.isdir(base):
-            out += [os.path.join(base, f"cu{major}", "include"),
-                    os.path.join(base, "cuda_runtime", "include"),
-                    os.path.join(base, "cuda_nvrtc", "include")]
-    try:  # cuda-pathfinder knows the wheels and CUDA_HOME
-        from cuda import pathfinder
-        out.append(pathfinder.find_nvidia_header_directory("cudart") or "")
-    except Exception:  # noqa: BLE001 - optional helper, absent or failing on old installs
-        pass
+            yield os.path.join(base, f"cu{major}", "include")
+            yield os.path.join(base, "cuda_runtime", "include")
+            yield os.path.join(base, "cuda_nvrtc", "include")
     for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
         if os.environ.get(var):
-            out.append(os.path.join(os.environ[var], "include"))
-    out.append(f"/usr/local/cuda-{major}/include")
-    out += sorted(glob.glob(f"/usr/local/cuda-{major}.*/include"), reverse=True)
-    out.append("/usr/local/cuda/include")
-    out += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
-    out.append("/usr/include")
-    return out
+            yield os.path.join(os.environ[var], "include")
+    yield f"/usr/local/cuda-{major}/include"
+    yield from sorted(glob.glob(f"/usr/local/cuda-{major}.*/include"), reverse=True)
+    try:  # cuda-pathfinder knows other wheels' layouts and toolkits
+        from cuda import pathfinder
+        yield pathfinder.find_nvidia_header_directory("cudart") or ""
+    except Exception:  # noqa: BLE001 - optional helper, absent or failing on old installs
+        pass
+    yield "/usr/local/cuda/include"
+    yield from sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    yield "/usr/include"
 
 
 @functools.lru_cache(maxsize=None)

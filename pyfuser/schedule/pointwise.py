@@ -44,8 +44,6 @@ from .pointwise_heuristics import PointwiseParams, choose
 def can_schedule(fusion) -> tuple[bool, str]:
     if not fusion.outputs:
         return False, "the fusion has no outputs"
-    if getattr(fusion, "aliases", None):
-        return False, "in-place output aliases are not handled by the pointwise scheduler"
     for e in fusion.used_exprs():
         if not isinstance(e, ALLOWED_EXPRS):
             return False, f"{e.op_name} ({type(e).__name__}) is not a pointwise expr"

@@ -21,8 +21,9 @@ The plan (`schedule(fusion, inputs)`):
    slice) reduces one row of the kept index, `bdimy` rows per block, the row's inner group in
    vectors of `vec` elements; "outer" otherwise: `bdimx` threads span `bdimx * vec` columns of
    the innermost kept group and `bdimy` threads split the reduced index;
-3. vector width as in the pointwise scheduler (16 bytes where the inner extent, strides and
-   alignment allow);
+3. vector width as in the pointwise scheduler (16 bytes of the widest tensor that moves along
+   the innermost group, where the inner extent, strides and alignment allow; a per-row int64
+   target index does not narrow the vectors of bfloat16 logits);
 4. heuristics (reduction_heuristics.py) pick the thread shape, the unroll and whether the row
    (inner) or column block (outer) is held in registers for the whole kernel (`steps` vectors per
    thread), from the sizes; those choices are part of the kernel's signature (`size_class`).
@@ -57,6 +58,8 @@ class ReductionParams:
     kept: int = 0                # persistent: computed values held between passes
     splits: int = 1              # outer pure reductions: blocks splitting the reduced index
                                  # (blockIdx.z), combined through global memory
+    cluster: int = 1             # inner persistent rows too long for a block: a thread-block
+                                 # cluster per row (sm_90), combined in distributed shared memory
     max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
     index_type: str = "int"
     groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
@@ -71,7 +74,7 @@ class ReductionParams:
     def size_class(self) -> tuple:
         """What of the plan follows from sizes rather than from the layout signature."""
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
-                self.steps, self.kept, self.splits, tuple(map(tuple, self.groups)),
+                self.steps, self.kept, self.splits, self.cluster, tuple(map(tuple, self.groups)),
                 tuple(self.dropped))
 
 
@@ -106,8 +109,6 @@ def _graph(fusion):
 def _common_refusals(fusion):
     if not fusion.outputs:
         return "the fusion has no outputs"
-    if getattr(fusion, "aliases", None):
-        return "in-place output aliases"
     for v in list(fusion.inputs) + list(fusion.outputs):
         if v.dtype.is_complex:
             return f"complex dtype {v.dtype.name} of {v.name}"
@@ -255,7 +256,9 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
     ref_in = RG.reductions(fusion)[0].inputs[0]
     inner_proven = all(ref_in.logical[k].extent.is_const or id(ref_in.logical[k].extent) in known
                        for k in (p.groups[-1] if p.groups else []))
-    p.vec = _vector_width(p.groups, ext, accesses, inner_proven) if p.groups else 1
+    inner_k = p.groups[-1][-1] if p.groups else None
+    moving = [a for a in accesses if a.eff.get(inner_k, (0,))[0] != 0]   # lanes move along it
+    p.vec = _vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, accesses)
     kept = RG.recompute_costly(g) if scheduler != "reduction" else []
@@ -274,7 +277,8 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
 def _describe(s: ReductionSchedule) -> str:
     p = s.params
     lines = [f"kind={p.kind} persistent={p.persistent} vec={p.vec} block=({p.bdimx}, {p.bdimy}) "
-             f"unroll={p.unroll} steps={p.steps} splits={p.splits} kept={[n.tv.name for n in s.kept]} "
+             f"unroll={p.unroll} steps={p.steps} splits={p.splits} cluster={p.cluster} "
+             f"kept={[n.tv.name for n in s.kept]} "
              f"index={p.index_type} passes={p.passes}",
              f"groups={p.groups} reduced={p.reduced} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:

@@ -19,12 +19,16 @@ the column block fits the same register budget.
 Grid: at most `waves` x SMs x resident blocks (the kernel grid-strides), so per-thread data that
 does not depend on the row (a layer-norm weight) is loaded once per thread.
 
+Rows too long for a block's registers are split over a thread-block cluster of 2-8 blocks of 256
+threads on sm_90, each holding its share in registers and combining through distributed shared
+memory: the row is still read once.
 Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
 reduction through a workspace), until the grid covers every SM twice.
 
 Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY (powers of two),
 $PYFUSER_RED_UNROLL, $PYFUSER_RED_STEPS (0 turns persistence off, any other value forces it),
-$PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS.
+$PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cluster, forcing
+one); $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thre
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
 STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
+CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 
 
@@ -79,7 +84,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
     per_step = _regs_per_step(p, accesses, g, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
-                                                           "waves", "splits")}
+                                                           "waves", "splits", "cluster")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
@@ -103,16 +108,48 @@ def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> N
         p.persistent, p.steps, p.unroll = True, steps, 1
 
 
+def cluster_capable() -> bool:
+    """Thread-block clusters: a GPU of compute capability 9.0 or later (no GPU: the sm_90 the
+    kernels are compiled for); $PYFUSER_CLUSTERS=0 turns them off."""
+    if os.environ.get("PYFUSER_CLUSTERS") == "0":
+        return False
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
+    except Exception:  # noqa: BLE001 - a device query is best effort
+        pass
+    return True
+
+
+def _cluster(p, nv: int, per_step: float, knobs) -> None:
+    """A row too long for one block's registers is split over a cluster of C blocks of
+    CLUSTER_BLOCK threads (C <= 8, the portable cluster size), each holding its share in
+    registers: the smallest C giving at most STEPS_TARGET vectors a thread within the budget
+    (fewer registers: more blocks an SM to overlap one row's reductions with another's loads)."""
+    if not cluster_capable():
+        return
+    for c in (knobs["cluster"],) if knobs["cluster"] else (2, 4, 8):
+        steps = -(-nv // (c * CLUSTER_BLOCK))
+        fits = steps * per_step <= _budget(CLUSTER_BLOCK) and (steps <= STEPS_TARGET or c == 8)
+        if fits or knobs["cluster"]:
+            p.persistent, p.steps, p.unroll = True, steps, 1
+            p.bdimx, p.cluster = CLUSTER_BLOCK, c
+            return
+
+
 def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
-    nv = max(1, -(-rlen // p.vec))
+    nv = nro * max(1, -(-rlen // p.vec))      # outer reduced groups share one linear index
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
     target = max(2, min(STEPS_TARGET, int(STEP_REGS // max(per_step, 1))))
     p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
-    if normalization and nro == 1:
+    if normalization:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
+        if (not p.persistent or knobs["cluster"]) and knobs["steps"] != 0 and not knobs["bdimx"]:
+            _cluster(p, nv, per_step, knobs)
     if not p.persistent and not knobs["bdimx"]:
         # streamed: about STREAM_VECTORS vectors a thread (unroll-wide steps, several loads in
         # flight each); a wider team only when the rows are too few to fill the GPU
@@ -123,6 +160,8 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     p.bdimy = knobs["bdimy"] or max(1, min(MIN_BLOCK // p.bdimx, _pow2ceil(rows)))
     while p.bdimx > 1 and p.bdimx * p.bdimy < 32:     # shuffles name the full warp
         p.bdimy *= 2
+    if p.cluster > 1:
+        p.bdimy = 1                                   # a cluster per row
     p.reason = (f"inner: {rows} rows of {rlen} x {nro}, {nv} vectors a row, "
                 + (f"persistent ({p.steps} vectors a thread)" if p.persistent else "streamed"))
 

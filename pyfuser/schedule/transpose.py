@@ -48,8 +48,6 @@ def can_schedule(fusion) -> tuple[bool, str]:
     if not isinstance(inp, TensorView) or inp not in fusion.inputs or \
             fusion.outputs != [e.output]:
         return False, "the copy must read a fusion input and be the only output"
-    if getattr(fusion, "aliases", None):
-        return False, "in-place aliases"
     if inp.dtype.is_complex:
         return False, f"complex dtype {inp.dtype.name}"
     if inp.stride_order is None or sorted(range(inp.ndim), key=lambda a: -inp.stride_order[a]) \

@@ -48,7 +48,8 @@ def _clone_graph(fusion):
 
 def _attr_scalars(e) -> list:
     """Scalars an expr reads through attributes rather than operands."""
-    return [s for s in getattr(e, "sizes", []) + getattr(e, "shape", []) if isinstance(s, Scalar)]
+    return [s for s in getattr(e, "sizes", []) + getattr(e, "shape", []) +
+            list(getattr(e, "new_shape", [])) if isinstance(s, Scalar)]
 
 
 def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
@@ -68,8 +69,9 @@ def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
             _as_input(v, orders.get(id(orig)))
     bound = {id(d.extent) for v in sub_inputs if isinstance(v, TensorView) for d in v.logical}
     for e in sub.exprs:
-        if isinstance(e, E.ViewOp):
-            bound.update(id(d.extent) for d in e.output.root)
+        if isinstance(e, E.ViewOp):      # extents the view computes, not the ones it is given
+            given = {id(s) for s in e.new_shape if isinstance(s, Scalar)}
+            bound.update(id(d.extent) for d in e.output.root if id(d.extent) not in given)
         bound.update(id(o) for o in e.outputs)
     scalar_inputs, orig_of = [], {id(c): o for o in fusion.vals if (c := memo.get(id(o)))}
     for e in sub.exprs:

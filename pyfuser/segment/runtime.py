@@ -13,7 +13,9 @@ program, or None when there is none (the evaluator runs it then).
   fusion's Bindings (computed once per input-shape key; they also validate the inputs).
 
 Invariants: an output that is a fusion input is returned as the very same tensor object; outputs
-of host segments are views of the tensors they come from (torch decides, as eager would).
+of host segments are views of the tensors they come from (torch decides, as eager would); an
+in-place output (fusion.aliases) is its input, written after every segment has run (or by the
+kernel that computes it, when the plan allows) and returned.
 
 `record` (a dict, from dispatch) asks for what a cached replay needs: "kernels" = [(the kernel
 executor's _Fast, env slots of its tensor inputs, executor)], "outputs" = [(slot, None or
@@ -58,8 +60,9 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     env = {id(v): x for v, x in zip(fusion.inputs, inputs)}
     slot = {id(v): k for k, v in enumerate(fusion.inputs)}   # replay slots (see `record`)
     base: dict = {}                                          # host value -> the slot it views
-    ok = record is not None
+    ok = record is not None and not fusion.aliases      # in-place copies: no replay program
     kernels: list = []
+    device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
     for seg in sf.segments:
         names = [e.op_name for e in seg.exprs]
         if seg.kind == "host":
@@ -84,9 +87,9 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
                 if ex.last_run.get("fallback"):
                     used = "evaluator"
             else:
-                outs = evaluate(seg.fusion, args)
+                outs = evaluate(seg.fusion, args, device)
         else:
-            outs = evaluate(seg.fusion, args)
+            outs = evaluate(seg.fusion, args, device)
         if ok:
             ok = used == "cuda" and _record_kernel(kernels, ex, seg, args, env, slot, base)
         for o, x in zip(seg.outputs, outs):
@@ -97,7 +100,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
         else:
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))
-    results = [env[id(o)] for o in fusion.outputs]
+    results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs])
     if ok:
         outputs = []
         for o, t in zip(fusion.outputs, results):
@@ -110,6 +113,23 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     if record is not None:
         record["ok"] = ok
     return results, report
+
+
+def apply_aliases(fusion, inputs, outs) -> list:
+    """In-place outputs (fusion.aliases): an output a kernel did not write into its input itself
+    is copied into it now, after every segment has read the input; the input is returned."""
+    if not fusion.aliases:
+        return outs
+    outs = list(outs)
+    for k, o in enumerate(fusion.outputs):
+        target = fusion.aliases.get(o)
+        if target is None:
+            continue
+        x = inputs[fusion.inputs.index(target)]
+        if outs[k] is not x:
+            x.copy_(outs[k])
+            outs[k] = x
+    return outs
 
 
 def _root(v, env, slot, base):

@@ -16,6 +16,8 @@ Invariants:
   of an earlier segment;
 - every Expr the fusion outputs need is in exactly one segment (scalar-only exprs are computed on
   the host by `bind`, in no segment).
+`cuts` lists, when the compute exprs did not fit one scheduler (`split_reason` says why), each
+tensor passed between two kernel / eager segments and why those two stayed apart (`Cut`).
 `RunReport` (what `fs.last_run` shows) lists per run the segments in order with their kind and
 scheduler, and how many kernels ran and how (cuda / interpret / evaluator).
 """
@@ -54,9 +56,25 @@ def _expr_text(e) -> str:
 
 
 @dataclass(eq=False)
+class Cut:
+    """A tensor that crosses from one segment's exprs to another's (it goes through memory)."""
+    tensor: object        # the TensorView of the original Fusion
+    producer: list        # exprs of the segment that writes it
+    consumer: list        # exprs of the segment that reads it
+    nbytes: int           # the segmenter's estimate (an unknown extent counts as 1024)
+    reason: str           # why the two segments were not joined
+
+    def describe(self) -> str:
+        ops = lambda es: ", ".join(e.op_name for e in es)  # noqa: E731
+        return f"  cut {self.tensor.name}: [{ops(self.producer)}] -> [{ops(self.consumer)}]: {self.reason}"
+
+
+@dataclass(eq=False)
 class SegmentedFusion:
     fusion: object
     segments: list
+    cuts: list = field(default_factory=list)
+    split_reason: str = ""      # why the compute exprs are not one segment ("" when they are)
 
     @property
     def num_kernels(self) -> int:
@@ -69,6 +87,7 @@ class SegmentedFusion:
         lines = [f"SegmentedFusion: {len(self.segments)} segment(s), {self.num_kernels} kernel(s)"]
         for i, s in enumerate(self.segments):
             lines.append(f" segment {i}:\n{s.describe()}")
+        lines += [c.describe() for c in self.cuts]
         return "\n".join(lines)
 
 

@@ -16,6 +16,9 @@
    (`_merge_siblings`).
 4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
    joined into one host segment.
+5. What was cut is kept for `pyfuser explain`: `sf.split_reason` (why no scheduler took the
+   compute exprs as one group) and `sf.cuts`, one `Cut` per tensor between two final groups
+   with the reason they stay apart (the last merge pass tried every remaining edge).
 
 `PYFUSER_DUMP=segmenter_logging` prints each scheduler's verdict on each group offered;
 `PYFUSER_DUMP=segmented_fusion` prints the result.
@@ -31,7 +34,7 @@ from .. import dump as D
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import host_exprs, host_layout
-from .segmented_fusion import Segment, SegmentedFusion
+from .segmented_fusion import Cut, Segment, SegmentedFusion
 
 _ATTR = "_pyfuser_segmented"
 _segmented: "weakref.WeakSet" = weakref.WeakSet()   # fusions holding a cached segmentation
@@ -151,36 +154,43 @@ def _bytes(tv) -> int:
     return n
 
 
-def _partition(fusion, compute, all_exprs, orders) -> list:
-    """[(exprs, scheduler or None, Extracted or reason)] covering `compute`."""
+CYCLE_REASON = "joining them would make a cycle (a path between them runs through another segment)"
+
+
+def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
+    """[(exprs, scheduler or None, Extracted or reason)] covering `compute`; `notes` gets
+    "split_reason" and "cuts" (see the module docstring) when the exprs are cut."""
     groups = _Groups(fusion, compute, all_exprs)
     sched, res = _offer(fusion, groups, compute, orders)
     if sched is not None:
         return [(compute, sched, res)]
+    notes["split_reason"] = res
     verdict = {}
     for g, members in groups.members.items():
         verdict[g] = _offer(fusion, groups, members, orders)
     changed = True
     while changed:
         changed = False
-        edges = []
+        edges, apart = [], {}             # apart: (a, b) -> why they stayed apart in this pass
         for g in list(groups.members):
             for e in groups.members[g]:
                 for o in e.outputs:
                     for u in getattr(o, "uses", []):
                         h = groups.of.get(id(u))
                         if h is not None and h != g:
-                            edges.append((-_bytes(o), g, h))
-        for _, a, b in sorted(edges, key=lambda t: (t[0], t[1], t[2])):
+                            edges.append((-_bytes(o), g, h, o))
+        for _, a, b, _ in sorted(edges, key=lambda t: (t[0], t[1], t[2])):
             if a not in groups.members or b not in groups.members:
                 continue
             kernel_a, kernel_b = verdict[a][0] is not None, verdict[b][0] is not None
             if groups.reaches(a, b, True) or groups.reaches(b, a, True):
+                apart[(a, b)] = CYCLE_REASON
                 continue
             union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
             if kernel_a or kernel_b:      # a kernel takes what it can: the union must schedule
                 result = _offer(fusion, groups, union, orders)
                 if result[0] is None:
+                    apart[(a, b)] = "no scheduler takes them together: " + result[1]
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
@@ -188,7 +198,16 @@ def _partition(fusion, compute, all_exprs, orders) -> list:
             verdict[a] = result
             verdict.pop(b)
             changed = True
+    first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
+    seen = set()                          # the last pass merged nothing: its edges are the cuts
+    for nb, a, b, o in edges:
+        why = apart.get((a, b), "")
+        # siblings joined since: a group is found again through its first expr
+        a, b = groups.of[id(first[a])], groups.of[id(first[b])]
+        if (id(o), a, b) not in seen:
+            seen.add((id(o), a, b))
+            notes["cuts"].append(Cut(o, groups.members[a], groups.members[b], -nb, why))
     out = []
     for g, members in groups.members.items():
         sched, res = verdict[g]
@@ -232,16 +251,13 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
 def _segment(fusion) -> SegmentedFusion:
     all_exprs = [e for e in fusion.used_exprs()
                  if any(isinstance(o, TensorView) for o in e.outputs)]
-    if getattr(fusion, "aliases", None):
-        seg = Segment("eager", all_exprs, fusion.inputs, fusion.outputs, fusion=fusion,
-                      sub_inputs=list(fusion.inputs), reason="in-place output aliases")
-        return SegmentedFusion(fusion, [seg])
     host = host_exprs(fusion, all_exprs)
     orders = host_layout(fusion, all_exprs, host)
     compute = [e for e in all_exprs if id(e) not in host]
     units = [("host", [e], None, None) for e in all_exprs if id(e) in host]
+    notes = {"split_reason": "", "cuts": []}
     if compute:
-        for members, sched, res in _partition(fusion, compute, all_exprs, orders):
+        for members, sched, res in _partition(fusion, compute, all_exprs, orders, notes):
             units.append(("kernel" if sched else "eager", members, sched, res))
     from ..runtime.executor import note_fallback
     segments = []
@@ -272,7 +288,28 @@ def _segment(fusion) -> SegmentedFusion:
         kernels[0].fusion, kernels[0].sub_inputs = fusion, list(fusion.inputs)
         kernels[0].inputs = list(fusion.inputs)
         fusion.kernel_scheduler = kernels[0].scheduler
-    return SegmentedFusion(fusion, segments)
+    elif getattr(fusion, "aliases", None):
+        _kernel_aliases(fusion, segments)
+    return SegmentedFusion(fusion, segments, notes["cuts"], notes["split_reason"])
+
+
+def _kernel_aliases(fusion, segments) -> None:
+    """In-place outputs (fusion.aliases, output -> input) a kernel segment may write into their
+    input itself: the segment computes the output and is the only segment that reads the input.
+    They become aliases of the segment's own Fusion, which its kernel plan may honour
+    (codegen.api: KernelPlan.inplace); every other one, and any the plan declines, is copied into
+    its input after the last segment (segment/runtime.apply_aliases)."""
+    for out, inp in fusion.aliases.items():
+        writer = next((s for s in segments if s.kind == "kernel" and
+                       any(o is out for o in s.outputs)), None)
+        if writer is None or any(s is not writer and any(v is inp for v in s.inputs)
+                                 for s in segments):
+            continue
+        k = next((i for i, v in enumerate(writer.inputs) if v is inp), None)
+        if k is None:
+            continue
+        j = next(i for i, o in enumerate(writer.outputs) if o is out)
+        writer.fusion.aliases[writer.fusion.outputs[j]] = writer.fusion.inputs[k]
 
 
 def _host_boundary(seg: Segment, fusion) -> None:

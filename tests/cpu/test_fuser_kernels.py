@@ -66,15 +66,20 @@ def test_view_only_group_is_a_view_like_eager():
     assert f.last_run.kernels == 0
 
 
-def test_guard_failure_counts_no_kernel():
+def test_eager_group_counts_no_kernel():
     f = jit(torch.jit.script(view_at_end))
     f(torch.randn(3, 4))
     assert f.last_run.kernels == 1
-    x = torch.randn(3, 4, dtype=torch.float64)
-    out = f(x)
-    assert out.dtype == torch.float64 and torch.equal(out, view_at_end(x))
-    assert f.last_run.kernels == 0 and f.last_run.host_segments == 0
-    assert f.last_run.eager_groups == 1
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)    # autograd: eager
+    for _ in range(2):                                                # checked, then the plan
+        out = f(x)
+        assert out.dtype == torch.float64 and torch.equal(out, view_at_end(x))
+        assert out.requires_grad
+        assert f.last_run.kernels == 0 and f.last_run.host_segments == 0
+        assert f.last_run.eager_groups == 1
+    with torch.no_grad():
+        f(x)
+    assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
 
 
 def test_cuda_counts_launched_cpu_counts_kernel_segments():

@@ -140,3 +140,37 @@ def test_atomic_counter_finds_the_last_block():
     src = full_source(k)
     assert "atomicAdd(sem + 0" in src and "__threadfence();" in src
     compiles(k)
+
+
+def cluster_sum_kernel(with_barriers=True):
+    """Blocks of a cluster of 2: each puts a value in its shared memory, then every thread adds
+    its partner block's value read through distributed shared memory."""
+    rank = K.Special("cluster_rank")
+    body = [K.Alloc("sm", F, (), "shared"), K.Alloc("v", F, ()),
+            K.If(K.Bin("==", tx, C(0)), [K.Load("v", (), "x", bx, 1), K.Assign("sm", (), K.ArrayRef("v", ()))])]
+    if with_barriers:
+        body.append(K.ClusterSync())
+    other = K.Bin("-", C(1), rank)
+    body += [K.Assign("v", (), K.Op("add", (K.RemoteRef("sm", (), rank), K.RemoteRef("sm", (), other)), F))]
+    if with_barriers:
+        body.append(K.ClusterSync())
+    body.append(K.If(K.Bin("==", tx, C(0)), [K.Store("out", bx, "v", (), 1)]))
+    k = kernel("pf_test_cluster", body, (32, 1, 1), [("x", F, False), ("out", F, True)])
+    k.cluster = 2
+    return k
+
+
+def test_cluster_distributed_shared_memory():
+    k = cluster_sum_kernel()
+    x = torch.arange(6, dtype=torch.float32)
+    out = torch.full((6,), float("nan"))
+    interpret(k, [x, out], (6, 1, 1))
+    assert torch.equal(out, (x.view(3, 2).sum(1, keepdim=True)).expand(3, 2).reshape(6))
+    src = full_source(k)
+    assert "__cluster_dims__(2, 1, 1)" in src and "pf_dsmem_load(&sm, " in src
+    compiles(k)
+
+
+def test_remote_read_without_cluster_barrier_is_a_race():
+    with pytest.raises(KernelRaceError, match="cluster barrier"):
+        interpret(cluster_sum_kernel(with_barriers=False), [torch.randn(4), torch.empty(4)], (4, 1, 1))

@@ -80,6 +80,19 @@ def ce_mean(x, t):
     return F.cross_entropy(x, t)
 
 
+def group_norm_silu(x, w, b):
+    return F.silu(F.group_norm(x, 4, w, b, 1e-5))
+
+
+def group_norm_plain(x):
+    return F.group_norm(x, 3)
+
+
+def native_group_norm(x, w, b):
+    return torch.native_group_norm(x, w, b, x.shape[0], x.shape[1], x.shape[2] * x.shape[3],
+                                   2, 1e-6)
+
+
 def ce_none(x, t):
     return F.cross_entropy(x, t, reduction="none", ignore_index=2)
 
@@ -126,6 +139,14 @@ CASES = [
     ("cross_entropy_probs", ce_probs,
      lambda: [torch.randn(13, 77), torch.softmax(torch.randn(13, 77), 1)], 1e-5),
     ("residual_layer_norm_symbolic_shape", residual_layer_norm, _rows(params=3), 1e-5),
+    ("group_norm_silu", group_norm_silu,
+     lambda: [torch.randn(3, 8, 5, 7), torch.randn(8), torch.randn(8)], 1e-5),
+    ("group_norm_bf16", group_norm_silu,
+     lambda: [torch.randn(2, 8, 6).bfloat16(), torch.randn(8).bfloat16(),
+              torch.randn(8).bfloat16()], 1.6e-2),
+    ("group_norm_5d_no_affine", group_norm_plain, lambda: [torch.randn(2, 6, 3, 4, 5)], 1e-5),
+    ("native_group_norm_stats", native_group_norm,
+     lambda: [torch.randn(2, 6, 4, 5), torch.randn(6), torch.randn(6)], 1e-5),
 ]
 
 
@@ -143,11 +164,26 @@ def test_fused_and_equal_to_eager(name, fn, make, tol, mode):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol, equal_nan=True)
     st = f.last_run
     tensor_fallbacks = [fb for fb in st.fallbacks if "an output is not a tensor" not in fb["reason"]]
-    if name == "residual_layer_norm_symbolic_shape":
-        pytest.xfail("layer_norm over a shape read at run time: its size list is built outside "
-                     "the group (issue 13 lets such lists enter groups)")
     assert not tensor_fallbacks and st.eager_groups == 0 and st.eager_segments == 0, st
     assert st.groups == 1 and st.kernels >= 1
+
+
+def test_grid_reduction_through_the_executor():
+    """sum over the rows of a tall, narrow tensor: blocks split the rows (a grid reduction with
+    workspaces), through pyfuser.jit's executor in both CPU modes."""
+    def colsum(x):
+        return x.sum(0) * 2
+    x = torch.randn(4096, 64)
+    for mode in MODES:
+        f = pyfuser.jit(torch.jit.script(colsum), cpu_executor=mode)
+        torch.testing.assert_close(f(x), colsum(x), rtol=1e-5, atol=1e-4)
+    from pyfuser.codegen import api
+    from pyfuser.segment.segmenter import segment
+    from pyfuser.frontend.lowering import lower_graph
+    from pyfuser.frontend.torchscript.from_torch import graph_from_function
+    fusion = lower_graph(graph_from_function(torch.jit.script(colsum)), [x]).fusion
+    seg = next(s for s in segment(fusion).segments if s.kind == "kernel")
+    assert api.plan_kernel(seg.fusion, [x]).params.splits > 1
 
 
 def test_cross_entropy_out_of_range_class_is_nan():
@@ -156,3 +192,90 @@ def test_cross_entropy_out_of_range_class_is_nan():
     x, t = torch.randn(3, 5), torch.tensor([1, 7, 2])
     out = f(x, t)
     assert torch.isnan(out[1]) and out[2] == 0 and not torch.isnan(out[0])
+
+
+def bn_train_running(x, w, b, rm, rv):
+    return torch.relu(F.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape,dt,channels_last", [
+    ((4, 6, 5, 7), torch.float32, False), ((3, 5, 4, 4), torch.float32, True),
+    ((2, 8, 3), torch.float32, False), ((4, 6, 5, 7), torch.bfloat16, False),
+    ((4, 6, 5, 7), torch.float64, False)])
+def test_batch_norm_training_updates_running_statistics(shape, dt, channels_last, mode):
+    """Training batch norm with running statistics is one kernel that also updates the running
+    mean and (unbiased) variance in place, as eager does; half / bfloat16 inputs with float
+    statistics (mixed precision). Per-channel statistics are written by the kernel itself."""
+    torch.manual_seed(3)
+    x = torch.randn(*shape).to(dt)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    C = shape[1]
+    pdt = torch.float32 if dt == torch.bfloat16 else dt
+    w, b = torch.randn(C, dtype=pdt), torch.randn(C, dtype=pdt)
+    rm, rv = torch.randn(C, dtype=pdt), torch.rand(C, dtype=pdt) + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    f = pyfuser.jit(torch.jit.script(bn_train_running), cpu_executor=mode)
+    got, want = f(x, w, b, rm, rv), bn_train_running(x, w, b, rm2, rv2)
+    tol = 1.6e-2 if dt == torch.bfloat16 else 1e-5
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(rm, rm2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rv, rv2, rtol=1e-5, atol=1e-6)
+    st = f.last_run
+    assert st.groups == 1 and st.kernels == 1 and not st.fallbacks and st.eager_groups == 0, st
+
+
+def test_running_statistics_written_by_the_kernel_itself():
+    """The per-channel running statistics of an NCHW batch norm are stores of the kernel into
+    the running tensors (no copy afterwards): the plan says so and the pointers drop restrict."""
+    from pyfuser.codegen import api
+    from pyfuser.frontend.lowering import lower_graph
+    from pyfuser.frontend.torchscript import parse_ir
+    x, w, b = torch.randn(4, 6, 5, 7), torch.randn(6), torch.randn(6)
+    rm, rv = torch.zeros(6), torch.ones(6)
+    graph = parse_ir("""graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor):
+  %t : bool = prim::Constant[value=1]()
+  %m : float = prim::Constant[value=0.1]()
+  %e : float = prim::Constant[value=1.0000000000000001e-05]()
+  %y : Tensor = aten::batch_norm(%x, %w, %b, %rm, %rv, %t, %m, %e, %t)
+  return (%y)""")
+    fusion = lower_graph(graph, [x, w, b, rm, rv]).fusion
+    assert len(fusion.aliases) == 2
+    plan = api.plan_kernel(fusion, [x, w, b, rm, rv])
+    assert sorted(plan.inplace.values()) == [3, 4] and "__restrict__" in plan.kernel.source
+    src = plan.kernel.source[plan.kernel.source.index('extern "C"'):]
+    for j in (3, 4):
+        assert f"const float* T{fusion.inputs[j].number}," in src.replace("\n", "")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from pyfuser.runtime import nvrtc
+    nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90", use_disk_cache=False)
+
+
+class _BN(torch.nn.Module):
+    def __init__(self, momentum):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(6, momentum=momentum)
+
+    def forward(self, x):
+        return self.bn(x) * 2
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_module_in_training(momentum):
+    """nn.BatchNorm2d in train mode, scripted: the momentum (or the cumulative average factor
+    1 / num_batches_tracked, computed on the host) reaches the kernel as a scalar."""
+    m = _BN(momentum).train()
+    ref = _BN(momentum).train()
+    ref.load_state_dict(m.state_dict())
+    f = pyfuser.jit(torch.jit.script(m), cpu_executor="interpret")
+    for step in range(3):
+        x = torch.randn(4, 6, 5, 5) + step
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), ref(x), rtol=1e-5, atol=1e-5)
+        for (name, a), (_, e) in zip(m.named_buffers(), ref.named_buffers()):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6, msg=name)
+    st = f.last_run
+    assert st.eager_groups == 0 and not [fb for fb in st.fallbacks
+                                         if "batch_norm" in fb.get("kind", "")], st

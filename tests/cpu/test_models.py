@@ -1,8 +1,13 @@
 """The model corpus (model_corpus.py) through pyfuser.jit on the CPU: each model's torch object
 parses (what torch prints of it too), fuses, runs through the CPU interpreter of the generated
 kernels and matches eager: every output, and for train-mode batch norm the running statistics.
-Reductions and normalizations may run eagerly or as kernels: the comparison is with eager
-either way; no fusion group may fall back to eager."""
+Reductions and normalizations run as kernels; no fusion group may fall back to eager.
+
+Train-mode batch norm over a batch of 2 at 1x1 spatial size (ResNet-18's last stage at 32x32)
+normalizes two values a channel: an ill-conditioned function of its input, so any two float32
+summation orders drift apart there. Where pyfuser and eager differ by more than rtol 1e-4, both
+are compared with the model run in float64: pyfuser must be as accurate as eager (within 4x its
+error)."""
 from __future__ import annotations
 
 import copy
@@ -28,19 +33,35 @@ def test_model_fuses_and_matches_eager(case):
     obj = M.compile_case(case, model, inputs)
     parse_ir(str(obj.inlined_graph))               # the text parser reads what torch prints
     ref_model = copy.deepcopy(model)               # same state as the compiled object now
+    model64 = copy.deepcopy(model).double()
     f = pyfuser.jit(obj, cpu_executor="interpret")
     with torch.no_grad():
         got = M.tensors(f(*inputs))
         want = M.tensors(ref_model(*inputs))
+        exact = M.tensors(model64(*[x.double() if x.is_floating_point() else x for x in inputs]))
     assert len(got) == len(want) >= 1
-    for g, w in zip(got, want):
+    for g, w, x in zip(got, want, exact):
         assert g.shape == w.shape and g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    for (name, b), (_, rb) in zip(model.named_buffers(), ref_model.named_buffers()):
-        torch.testing.assert_close(b, rb, rtol=1e-4, atol=1e-5, msg=name)
+        _as_close_as_eager(g, w, x, "output")
+    for (name, b), (_, rb), (_, xb) in zip(model.named_buffers(), ref_model.named_buffers(),
+                                           model64.named_buffers()):
+        _as_close_as_eager(b, rb, xb, name)
     run = f.last_run
     assert run.groups >= 1 and run.kernels >= 1, str(f.graph)
     assert run.eager_groups == 0, [fb for fb in run.fallbacks if fb["kind"] == "prim::PyfuserGroup"]
+
+
+def _as_close_as_eager(got, want, exact, what):
+    try:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=what)
+        return
+    except AssertionError:
+        if not got.is_floating_point():
+            raise
+    err = (got.double() - exact).abs().max().item()
+    eager_err = (want.double() - exact).abs().max().item()
+    assert err <= 4 * eager_err + 1e-5, \
+        f"{what}: pyfuser is {err:.3g} from the float64 result, eager {eager_err:.3g}"
 
 
 def test_model_under_autograd_keeps_requires_grad():

@@ -330,6 +330,31 @@ def test_alias_input_writes_the_input_and_is_not_returned():
             fd.add_output(t * 2, alias_input=t * 3)
 
 
+def test_alias_input_runs_as_a_kernel():
+    """An in-place output is computed by a kernel (no eager segment) and written into its input;
+    a per-row one of a reduction kernel (a running mean) by the kernel itself."""
+    x, rm = torch.randn(6, 40), torch.randn(6)
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        t = fd.from_pytorch(x)
+        r = fd.from_pytorch(rm)
+        fd.add_output(fd.ops.sum(t, [1]))
+        fd.add_output(r * 0.9 + fd.ops.mean(t, [1]) * 0.1, alias_input=r)
+    want_rm = rm * 0.9 + x.mean(1) * 0.1
+    (s,) = fs.execute([x, rm])
+    torch.testing.assert_close(s, x.sum(1))
+    torch.testing.assert_close(rm, want_rm)
+    assert fs.last_run.kernels == 1 and fs.last_run.eager_segments == 0, fs.last_run
+    y = torch.randn(5, 7)
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        t = fd.from_pytorch(y)
+        fd.add_output(fd.ops.relu(t) + 1, alias_input=t)
+    want = torch.relu(y) + 1
+    assert fs.execute([y]) == [] and torch.equal(y, want)
+    assert fs.last_run.kernels == 1 and fs.last_run.eager_segments == 0, fs.last_run
+
+
 def test_handles_shape_ndim_methods_and_identity():
     with FusionDefinition() as fd:
         t = fd.define_tensor(symbolic_sizes=[-1, 1, 5], dtype=DataType.Float)

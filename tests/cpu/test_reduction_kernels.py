@@ -114,6 +114,39 @@ def test_schedule_knobs(builder, shape, axes, knobs, monkeypatch):
         assert not plan.params.persistent
 
 
+@pytest.mark.parametrize("cluster", ["2", "4"])
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.rms_norm, RC.welford,
+                                     RC.log_softmax], ids=lambda b: b.__name__)
+def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
+    """A row held by a cluster of blocks (each its share in registers, partials combined through
+    distributed shared memory): the same results; long rows pick clusters by themselves."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "1")            # a normalization is persistent then
+    shape = (3, 2 * 256 * 4 * int(cluster) + 44)
+    if builder is RC.welford:
+        monkeypatch.delenv("PYFUSER_RED_STEPS")
+    plan = run(builder, shape, [1], torch.float32, "contiguous")
+    if builder is not RC.welford:
+        assert plan.params.cluster == int(cluster) and "__cluster_dims__" in plan.kernel.source
+    monkeypatch.delenv("PYFUSER_RED_CLUSTER")
+    monkeypatch.delenv("PYFUSER_RED_STEPS", raising=False)
+    if builder is not RC.welford:
+        assert run(builder, (2, 40000), [1], torch.float32, "contiguous").params.cluster > 1
+
+
+@pytest.mark.parametrize("cluster", [None, "2"])
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.welford], ids=lambda b: b.__name__)
+def test_persistent_row_over_outer_reduced_groups(builder, cluster, monkeypatch):
+    """Batch-norm-like rows (reduced axes on both sides of a kept one) held in registers: the
+    linear index over the reduced groups is split per vector, alone or over a cluster."""
+    if cluster:
+        monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    plan = run(builder, (5, 3, 2 * 256 * 4 + 8), [0, 2], torch.float32, "contiguous")
+    if builder is not RC.welford:
+        assert plan.params.persistent and plan.params.kind == "inner"
+        assert len(plan.params.groups) == 3 and plan.params.cluster == int(cluster or 1)
+
+
 def test_schedules_are_what_the_layout_says():
     p = run(RC.softmax, (37, 300), [1], torch.float32, "contiguous")
     assert (p.scheduler, p.params.kind, p.params.persistent, p.params.vec) == \

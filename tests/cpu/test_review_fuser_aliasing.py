@@ -123,8 +123,10 @@ graph(%x : Tensor, %rm : Tensor, %rv : Tensor):
 
 
 def test_unused_training_batch_norm_is_not_dead_code():
+    """Its running statistics are written: kept (fused, the group writes them, or eager)."""
     f = jit(_BN_IR)
-    assert any(n.kind == "aten::batch_norm" for n in f.graph.nodes())
+    assert any(n.kind == "aten::batch_norm" or (n.kind == "prim::PyfuserGroup" and any(
+        m.kind == "aten::batch_norm" for m in n.g("Subgraph").nodes())) for n in f.graph.nodes())
     x, rm, rv = r(4, 3), torch.zeros(3), torch.ones(3)
     rm2, rv2 = rm.clone(), rv.clone()
     F.batch_norm(x, rm2, rv2, None, None, True, 0.1, 1e-5)
@@ -324,3 +326,23 @@ def test_regressions_already_right():
     check(_horiz_dep, (r(3, 3),))
     check(_loop_group, (r(3), 3), (r(3), 0))
     check(_to_same_then_inplace, (r(3),))
+
+
+def _min_of_two(a, b):
+    return torch.min(a * 2, b) + 1
+
+
+def test_overload_torch_matched_decides_what_a_node_writes():
+    """torch.min(a, b) (aten::min.other) read from a torch object is the pure overload: it
+    fuses (T5's relative-position buckets). From IR text `aten::min(%a, %b)` could also be
+    `min(a, out=b)`: it stays out of groups, as a writer."""
+    import pyfuser
+    a, b = torch.randint(0, 9, (4, 5)), torch.randint(0, 9, (4, 5))
+    f = pyfuser.jit(torch.jit.script(_min_of_two))
+    assert torch.equal(f(a, b), _min_of_two(a, b))
+    assert f.last_run.groups == 1 and f.last_run.fallbacks == [], f.last_run
+    g = jit("""graph(%a : Tensor, %b : Tensor):
+  %m : Tensor = aten::min(%a, %b)
+  return (%m)""")
+    assert torch.equal(g(a, b), torch.min(a, b))
+    assert any("writes a tensor in place" in fb["reason"] for fb in g.last_run.fallbacks)

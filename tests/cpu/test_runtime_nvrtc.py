@@ -115,3 +115,19 @@ def test_forged_entry_for_a_kernel_is_recompiled():
     again = nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90")
     assert not again.from_disk and again.cubin == good.cubin
     assert nvrtc.compile_cuda(ADD, "pf_test_add", arch="sm_90").from_disk
+
+
+def test_nvrtc_version_is_kept_in_the_disk_cache(monkeypatch, tmp_path):
+    """A process whose kernels come from the disk cache does not load NVRTC to learn its
+    version: it is kept under the identity of the wheel's libnvrtc."""
+    from pyfuser.runtime import nvrtc
+    if nvrtc._library_identity() is None:
+        pytest.skip("NVRTC is not a pip wheel here")
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYFUSER_DISABLE_DISK_CACHE", raising=False)
+    want = nvrtc.nvrtc_version.__wrapped__()             # loads NVRTC, stores the answer
+    monkeypatch.setattr(nvrtc, "_nvrtc", lambda: (_ for _ in ()).throw(AssertionError("loaded")))
+    assert nvrtc.nvrtc_version.__wrapped__() == want
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    with pytest.raises(AssertionError, match="loaded"):
+        nvrtc.nvrtc_version.__wrapped__()

@@ -116,6 +116,24 @@ def test_overload_resolution_by_runtime_types():
     assert isinstance(e, float)
 
 
+def test_overload_whose_name_ends_in_out_is_not_an_out_variant():
+    """Regression: `aten::to.dtype_layout` (what traced HF models call, `x.to(dtype=...)` with
+    every keyword) was dropped as if it were an `out=` overload because its name ends in
+    "out", so the eager runner could not run it."""
+    g = parse_ir("""graph(%x : Tensor):
+  %dt : int = prim::Constant[value=11]()
+  %lay : int = prim::Constant[value=0]()
+  %dev : Device = prim::Constant[value="cpu"]()
+  %none : NoneType = prim::Constant()
+  %f : bool = prim::Constant[value=0]()
+  %y : Tensor = aten::to(%x, %dt, %lay, %dev, %none, %f, %f, %none)
+  return (%y)
+""")
+    x = torch.tensor([0.0, 2.0, -1.0])
+    (y,) = run_graph(g, [x])
+    assert y.dtype == torch.bool and torch.equal(y, x.to(torch.bool))
+
+
 def test_device_mapping_runs_cuda_graph_on_cpu():
     g = parse_ir((EXAMPLES / "seed000_mul.ir").read_text())
     ins = make_inputs(g, device="cpu", seed=1, size_override=8)

@@ -111,3 +111,46 @@ def test_torchscript_normalizations_are_one_kernel_each(dtype):
     st = f.last_run
     assert st.eager_groups == 0 and st.eager_segments == 0, st
     assert st.kernels <= 3, st          # layer_norm, softmax, RMSNorm(+ residual): at most one each
+
+
+def _bn_train(x, w, b, rm, rv):
+    return torch.relu(torch.nn.functional.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+
+
+@pytest.mark.parametrize("shape,channels_last", [((32, 64, 28, 28), False), ((8, 256, 7, 7), False),
+                                                 ((16, 32, 14, 14), True), ((4, 512, 1, 1), False)])
+def test_batch_norm_training_updates_running_statistics(shape, channels_last):
+    """One kernel computes y and writes the running statistics in place (per-channel stores of
+    the kernel, or copies after it), the same as eager's cuDNN / native kernels within rounding;
+    three calls in a row (the running statistics feed the next call)."""
+    import pyfuser
+    torch.manual_seed(0)
+    C = shape[1]
+    w, b = torch.randn(C, device="cuda"), torch.randn(C, device="cuda")
+    rm, rv = torch.randn(C, device="cuda"), torch.rand(C, device="cuda") + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    f = pyfuser.jit(torch.jit.script(_bn_train))
+    for _ in range(3):
+        x = torch.randn(*shape, device="cuda")
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        torch.testing.assert_close(f(x, w, b, rm, rv), _bn_train(x, w, b, rm2, rv2),
+                                   rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(rm, rm2, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(rv, rv2, rtol=1e-5, atol=1e-5)
+        assert f.last_run.kernels == 1 and not f.last_run.fallbacks, f.last_run
+
+
+def _gn_silu(x, w, b):
+    return torch.nn.functional.silu(torch.nn.functional.group_norm(x, 32, w, b, 1e-5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_norm(dtype):
+    import pyfuser
+    x = torch.randn(4, 128, 32, 32, device="cuda", dtype=dtype)
+    w, b = (torch.randn(128, device="cuda", dtype=dtype) for _ in range(2))
+    f = pyfuser.jit(torch.jit.script(_gn_silu))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(f(x, w, b), _gn_silu(x, w, b), rtol=tol, atol=tol)
+    assert f.last_run.eager_groups == 0 and f.last_run.eager_segments == 0, f.last_run

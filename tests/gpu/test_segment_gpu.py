@@ -80,8 +80,8 @@ def test_views_only_and_reduction():
     assert _cuda_kernels(lambda: execute_fusion(f, [x])) == 0
     f = C.reduction_then_pointwise()
     x = torch.randn(1000, 513, device="cuda")
-    for o, r in zip(execute_fusion(f, [x]), C.reduction_eager(x)):
-        torch.testing.assert_close(o, r)
+    for o, r in zip(execute_fusion(f, [x]), C.reduction_eager(x)):   # within a 513-sum's rounding
+        torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-4)
 
 
 def test_cached_calls_with_fresh_tensors():

@@ -155,6 +155,9 @@ def lower_region(region, plan=None) -> LoweredRegion:
                 scalar_inputs.append(k)
         for n in region.nodes:
             env[n] = _lower_node(n, env)
+            if fusion.aliases:
+                # a functional graph's region writes nothing: in-place lowerings stay out
+                raise RegionLoweringError(n, "its lowering writes an input in place")
         outs = []
         for o in region.outputs:
             val = env[o]

@@ -1,8 +1,8 @@
-"""Lowerings of the aten ops backward graphs call (AOTAutograd's derivatives of the forward ops),
-and of the training-mode forms of normalizations: gelu / tanh / sigmoid / silu / threshold /
-dropout backward, softmax and log_softmax backward, layer_norm and batch_norm backward,
-`_safe_softmax` (softmax whose all -inf rows are 0), and batch norm in training mode with its
-running statistics returned as new tensors (`_native_batch_norm_legit_functional`).
+"""Lowerings of the aten ops backward graphs call (AOTAutograd's derivatives of the forward ops):
+gelu / tanh / sigmoid / silu / threshold / dropout backward, softmax and log_softmax backward,
+layer_norm and batch_norm backward, and `_safe_softmax` (softmax whose all -inf rows are 0).
+(Batch norm in training mode, its running statistics in place or as new tensors, is
+aten_reduction.py's `_batch_norm_training`.)
 
 Each is written with the builder's elementwise ops and reductions in the order of operations of
 eager's kernels where that order matters for rounding (half / bfloat16 computed in float and
@@ -21,7 +21,7 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .aten_reduction import _affine, _channel_param, _float_compute
+from .aten_reduction import _channel_param, _float_compute
 from .registry import NORMALIZATION, lowers
 
 ew = B.elementwise
@@ -166,45 +166,6 @@ def _layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask):
 # ---- batch norm -----------------------------------------------------------------------------------
 def _channel_dims(x):
     return [i for i in range(x.ndim) if i != 1]
-
-
-@lowers("aten::_native_batch_norm_legit_functional", op_class=NORMALIZATION, n_args=(8,),
-        const_args=(5, 6, 7))
-def _batch_norm_functional(x, w, b, rmean, rvar, training, momentum, eps):
-    """(y, save_mean, save_invstd, new_running_mean, new_running_var) of a training batch norm:
-    statistics of this batch (one Welford pass over all axes but the channels), the running
-    ones updated as eager does: momentum * batch + (1 - momentum) * running, the variance
-    unbiased (times n / (n - 1))."""
-    if not training:
-        raise UnsupportedOpError("_native_batch_norm_legit_functional in eval mode")
-    _floating("batch_norm", x)
-    dims = _channel_dims(x)
-    xc = _float_compute(x)
-    var, mean = B.var_mean(xc, dims, correction=0, keepdim=True)
-    invstd = ew("rsqrt", ew("add", var, float(eps)))
-    y = _out(_affine(ew("mul", ew("sub", xc, mean), invstd), w, b, xc), x)
-    mean_c, var_c = B.squeeze(mean, dims), B.squeeze(var, dims)
-    n = B.num_elements(xc, dims)
-    unbiased = ew("div", ew("mul", var_c, n), ew("sub", n, 1))
-    m = float(momentum)
-    new_mean = ew("add", ew("mul", mean_c, m), ew("mul", _float_compute(rmean), 1.0 - m))
-    new_var = ew("add", ew("mul", unbiased, m), ew("mul", _float_compute(rvar), 1.0 - m))
-    return (y, mean_c, B.squeeze(invstd, dims), _out(new_mean, rmean), _out(new_var, rvar))
-
-
-@lowers("aten::_native_batch_norm_legit", op_class=NORMALIZATION, n_args=(6,),
-        const_args=(3, 4, 5))
-def _batch_norm_no_stats(x, w, b, training, momentum, eps):
-    """The `no_stats` overload (no running statistics): (y, save_mean, save_invstd)."""
-    if not training:
-        raise UnsupportedOpError("batch_norm without running statistics in eval mode")
-    _floating("batch_norm", x)
-    dims = _channel_dims(x)
-    xc = _float_compute(x)
-    var, mean = B.var_mean(xc, dims, correction=0, keepdim=True)
-    invstd = ew("rsqrt", ew("add", var, float(eps)))
-    y = _out(_affine(ew("mul", ew("sub", xc, mean), invstd), w, b, xc), x)
-    return y, B.squeeze(mean, dims), B.squeeze(invstd, dims)
 
 
 @lowers("aten::native_batch_norm_backward", op_class=NORMALIZATION, n_args=(10,),

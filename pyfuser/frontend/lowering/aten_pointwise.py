@@ -13,7 +13,7 @@ from ...ir.dtypes import DataType, Operand, result_type
 from ...ir.ops import OPS
 from ...ir.tensor import TensorView
 from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
-from .registry import lowers
+from .registry import POINTWISE, lowers
 
 ew = B.elementwise
 
@@ -265,8 +265,20 @@ def _copy(x, memory_format=None):
     return B.set_(x)
 
 
-@lowers("aten::dropout", "aten::feature_dropout", n_args=(3,), const_args=(1, 2))
+def _dropout_class(node) -> str:
+    """Dropout is the identity (eager returns its input) in eval mode or with p = 0; in
+    training it draws random numbers: not grouped (a group it joined could not lower)."""
+    from .lower import constant_value, is_constant
+    p, train = node.inputs[1], node.inputs[2]
+    if is_constant(train) and (constant_value(train) in (False, 0) or
+                               (is_constant(p) and constant_value(p) == 0)):
+        return POINTWISE
+    return "random"
+
+
+@lowers("aten::dropout", "aten::feature_dropout", n_args=(3,), const_args=(1, 2),
+        classify=_dropout_class)
 def _dropout(x, p, train):
-    if train:
+    if train and p != 0:
         raise UnsupportedOpError("dropout in training mode is random; left to eager")
     return x

@@ -222,19 +222,19 @@ def _batch_norm_class(node) -> str:
     return NORMALIZATION
 
 
-@lowers("aten::batch_norm", op_class=NORMALIZATION, n_args=(9,), const_args=(5, 6, 7, 8),
+@lowers("aten::batch_norm", op_class=NORMALIZATION, n_args=(9,), const_args=(5, 7, 8),
         classify=_batch_norm_class)
 def _batch_norm(x, w, b, rmean, rvar, training, momentum, eps, cudnn_enabled):
     return _native_batch_norm(x, w, b, rmean, rvar, training, momentum, eps)[0]
 
 
 @lowers("aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training",
-        op_class=NORMALIZATION, n_args=(8, 6), const_args=(5, 6, 7), classify=_batch_norm_class)
+        op_class=NORMALIZATION, n_args=(8, 6), const_args=(5, 7), classify=_batch_norm_class)
 def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     if eps is None:              # _native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
         training, momentum, eps = False, training, momentum
     if training:
-        return _batch_norm_training(x, w, b, rmean, rvar, eps)
+        return _batch_norm_training(x, w, b, rmean, rvar, momentum, eps)
     if rmean is None or rvar is None:
         raise UnsupportedOpError("batch_norm in inference mode needs running_mean and running_var")
     out_dtype = _inference_dtypes(x, (w, b, rmean, rvar))
@@ -256,21 +256,117 @@ def _affine(y, w, b, x):
     return y
 
 
-def _batch_norm_training(x, w, b, rmean, rvar, eps):
-    """Statistics of this batch (Welford over every axis but the channels, in float for
-    half / bfloat16): y = (x - mean) * invstd * w + b; (y, mean, invstd)."""
-    if rmean is not None or rvar is not None:
-        raise UnsupportedOpError("batch_norm in training mode updates running stats in place; "
-                                 "left to eager")
+def _batch_norm_training(x, w, b, rmean, rvar, momentum, eps, in_place=True):
+    """Statistics of this batch (one Welford pass over every axis but the channels, in float
+    for half / bfloat16): y = (x - mean) * invstd * w + b; (y, mean, invstd). Running
+    statistics, when given, are updated as eager does: running = momentum * batch +
+    (1 - momentum) * running, with the unbiased variance m2 / (n - 1); `in_place`: written into
+    the running tensors (in-place outputs of the fusion, `Fusion.aliases`: TorchScript's
+    native_batch_norm), else returned as two more results, None where a running statistic is
+    not given (the functional overload of AOTAutograd's graphs)."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"batch_norm of a {x.dtype.name} input (eager raises)")
     dims = [i for i in range(x.ndim) if i != 1]
+    flags = [i != 1 for i in range(x.ndim)]
     xc = _float_compute(x)
-    var, mean = B.var_mean(xc, dims, correction=0, keepdim=True)
-    invstd = ew("rsqrt", ew("add", var, float(eps)))
-    y = ew("mul", ew("sub", xc, mean), invstd)
+    avg, m2, _ = B.welford(xc, dims)
+    n = B.num_elements(xc, dims)
+    invstd = ew("rsqrt", ew("add", ew("div", m2, n), float(eps)))
+    y = ew("mul", ew("sub", xc, B.broadcast(avg, flags)), B.broadcast(invstd, flags))
     y = _affine(y, w, b, xc)
-    return B.cast(y, x.dtype), B.squeeze(mean, dims), B.squeeze(invstd, dims)
+    updated = []
+    for running, batch in ((rmean, avg), (rvar, None)):
+        if running is None:
+            updated.append(None)
+            continue
+        if batch is None:
+            batch = ew("div", m2, ew("sub", n, B.constant(1)))
+        updated.append(_update_running(running, batch, momentum, in_place))
+    y = B.cast(y, x.dtype)
+    return (y, avg, invstd) if in_place else (y, avg, invstd, *updated)
+
+
+def _update_running(running, batch, momentum, in_place=True):
+    """running <- momentum * batch + (1 - momentum) * running, computed in float for half /
+    bfloat16 statistics; written into the running tensor (an in-place output) when `in_place`.
+    Returns the new value."""
+    from ...ir.fusion import Fusion
+    fusion = Fusion.current()
+    if in_place and (not isinstance(running, TensorView) or running not in fusion.inputs):
+        raise UnsupportedOpError("batch_norm: a running statistic computed in the group cannot "
+                                 "be updated in place")
+    if not isinstance(running, TensorView):
+        raise UnsupportedOpError("batch_norm: a running statistic is not a tensor")
+    if not running.dtype.is_floating or running.ndim != 1:
+        raise UnsupportedOpError(f"batch_norm: running statistic of {running.dtype.name}, rank "
+                                 f"{running.ndim}")
+    if momentum is None:
+        raise UnsupportedOpError("batch_norm: momentum None with running statistics")
+    keep = ew("sub", B.constant(1.0), momentum) if not isinstance(momentum, (int, float)) \
+        else 1.0 - float(momentum)
+    new = ew("add", ew("mul", B.cast(batch, running.dtype.compute), momentum),
+             ew("mul", _float_compute(running), keep))
+    new = B.cast(new, running.dtype)
+    if in_place:
+        fusion.add_output(new)
+        fusion.aliases[new] = running
+    return new
+
+
+@lowers("aten::_native_batch_norm_legit_functional", op_class=NORMALIZATION, n_args=(8,),
+        const_args=(5, 6, 7))
+def _batch_norm_functional(x, w, b, rmean, rvar, training, momentum, eps):
+    """AOTAutograd's functional training batch norm: (y, save_mean, save_invstd,
+    new_running_mean, new_running_var), the running statistics new tensors (the graph copies
+    them into the buffers)."""
+    if not training:
+        raise UnsupportedOpError("_native_batch_norm_legit_functional in eval mode")
+    return _batch_norm_training(x, w, b, rmean, rvar, momentum, eps, in_place=False)
+
+
+@lowers("aten::_native_batch_norm_legit", op_class=NORMALIZATION, n_args=(6,),
+        const_args=(3, 4, 5))
+def _batch_norm_no_stats(x, w, b, training, momentum, eps):
+    """The `no_stats` overload (no running statistics): (y, save_mean, save_invstd)."""
+    if not training:
+        raise UnsupportedOpError("batch_norm without running statistics in eval mode")
+    return _batch_norm_training(x, w, b, None, None, momentum, eps)
+
+
+@lowers("aten::group_norm", op_class=NORMALIZATION, n_args=(6,), const_args=(1, 4, 5))
+def _group_norm(x, groups, w, b, eps, cudnn_enabled):
+    return _native_group_norm(x, w, b, None, None, None, groups, eps)[0]
+
+
+@lowers("aten::native_group_norm", op_class=NORMALIZATION, n_args=(8,), const_args=(6, 7))
+def _native_group_norm(x, w, b, n, c, hw, groups, eps):
+    """x [N, C, *] seen as [N, G, C / G, prod(*)] (views of the input and of the output: host
+    segments, no copy); one Welford pass per (n, g) row, in float for half / bfloat16; the
+    per-channel weight and bias seen as [1, G, C / G, 1]. (out, mean [N, G], rstd [N, G])."""
+    if not x.dtype.is_floating:
+        raise UnsupportedOpError(f"group_norm of a {x.dtype.name} input (eager raises)")
+    if x.ndim < 2:
+        raise UnsupportedOpError(f"group_norm of a rank-{x.ndim} input (eager raises)")
+    G = int(groups)
+    ch = x.logical[1].extent
+    if G <= 0 or (ch.is_const and ch.value % G):
+        raise UnsupportedOpError(f"group_norm: {G} groups do not divide the channels (eager raises)")
+    out_dtype = _inference_dtypes(x, (w, b))
+    shape = [d.extent for d in x.logical]
+    spatial = B.num_elements(x, range(2, x.ndim))
+    x4 = _float_compute(B.reshape(x, [shape[0], G, -1, spatial]))
+    avg, m2, _ = B.welford(x4, [2, 3])
+    var = ew("div", m2, B.num_elements(x4, [2, 3]))
+    rstd = ew("rsqrt", ew("add", var, float(eps)))
+    rows = [False, False, True, True]
+    y = ew("mul", ew("sub", x4, B.broadcast(avg, rows)), B.broadcast(rstd, rows))
+    for p, op in ((w, "mul"), (b, "add")):
+        if p is not None:
+            p4 = B.broadcast(B.cast(B.reshape(p, [G, -1]), out_dtype.compute),
+                             [True, False, False, True])
+            y = ew(op, y, p4)
+    y = B.reshape(B.cast(y, out_dtype), shape)
+    return y, B.cast(avg, x.dtype), B.cast(rstd, x.dtype)
 
 
 def _inference_dtypes(x: TensorView, params) -> DataType:

@@ -57,9 +57,15 @@ class LoweredGraph:
     input_indices: list = None
     # Graph inputs whose example values were folded in as constants (specialised_inputs).
     specialised: tuple = ()
+    # Graph inputs (0-dim CPU tensors beside CUDA ones) that enter as scalars by value.
+    by_value: tuple = ()
 
     def fusion_args(self, args) -> list:
-        """The fusion's inputs among a call's graph inputs."""
+        """The fusion's inputs among a call's graph inputs (a by-value input as its Python
+        number: `.item()` of a CPU tensor reads host memory, no copy to the device)."""
+        if self.by_value:
+            return [args[i].item() if i in self.by_value else args[i]
+                    for i in self.input_indices]
         return args if self.input_indices is None else [args[i] for i in self.input_indices]
 
     @property
@@ -165,14 +171,18 @@ def _as_declared(value, t):
     return value
 
 
-def lower_graph(graph, example_inputs=None) -> LoweredGraph:
+def lower_graph(graph, example_inputs=None, by_value=()) -> LoweredGraph:
     """Build a Fusion from `graph`; raises UnsupportedOpError naming the node that cannot lower.
     Inputs in specialised_inputs(graph) take their example value as a constant (they must be
-    given); the others become fusion inputs (`input_indices`)."""
+    given); the others become fusion inputs (`input_indices`). Inputs in `by_value` (0-dim
+    tensors, e.g. on the CPU beside CUDA tensors) become scalar fusion inputs made into a 0-dim
+    tensor of their dtype inside the fusion (`full`), so promotion ranks them as 0-dim tensors,
+    as eager does, while the value reaches the kernel as a parameter (no copy to the device)."""
     fusion = Fusion()
     env: dict = {}
     special = specialised_inputs(graph)
     indices = []
+    by_value = tuple(i for i in by_value if i not in special)
     with fusion:
         for i, v in enumerate(graph.inputs):
             example = example_inputs[i] if example_inputs is not None else None
@@ -182,7 +192,7 @@ def lower_graph(graph, example_inputs=None) -> LoweredGraph:
                                              "constant argument; lower with example inputs")
                 env[v] = _host_constant(v, example)
                 continue
-            env[v] = _lower_input(v, example)
+            env[v] = _by_value_input(v, example) if i in by_value else _lower_input(v, example)
             indices.append(i)
         for node in graph.nodes():
             _lower_node(node, env)
@@ -197,7 +207,24 @@ def lower_graph(graph, example_inputs=None) -> LoweredGraph:
             if val not in fusion.outputs:
                 fusion.add_output(val)
             output_map.append(fusion.outputs.index(val))
-    return LoweredGraph(fusion, output_map, indices, special)
+    return LoweredGraph(fusion, output_map, indices, special, by_value)
+
+
+def _by_value_input(v, example):
+    """A 0-dim tensor input passed as a scalar: a scalar fusion input of its category (int64,
+    double, bool or complex double: every value of the tensor's dtype fits exactly) and a 0-dim
+    tensor of the tensor's own dtype made from it."""
+    if not isinstance(example, torch.Tensor) or example.dim() != 0:
+        raise UnsupportedOpError(f"graph input %{v.debug_name}: only a 0-dim tensor can be "
+                                 "passed by value")
+    try:
+        dt = DataType.from_torch(example.dtype)
+    except ValueError:
+        raise UnsupportedOpError(f"graph input %{v.debug_name}: dtype {example.dtype} is not "
+                                 "supported") from None
+    s = B.symbolic_scalar(DataType.from_python(example.item()))
+    Fusion.current().add_input(s)
+    return B.full([], s, dt)
 
 
 def _host_constant(v, value):

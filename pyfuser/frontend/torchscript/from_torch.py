@@ -48,6 +48,18 @@ def graph_from_torch(ts_graph) -> Graph:
     return g
 
 
+def _overload(tn):
+    """The overload name of the schema torch matched for this node, or None."""
+    try:
+        s = tn.schema()
+    except Exception:  # noqa: BLE001 - nodes without a schema
+        return None
+    if not s or s.startswith("(no schema)") or "(" not in s:
+        return None
+    name = s[:s.index("(")].split("::", 1)[-1]
+    return name.split(".", 1)[1] if "." in name else ""
+
+
 def _name(v):
     name = v.debugName()
     return name if _VALID_NAME.match(name) else None
@@ -63,6 +75,7 @@ def _copy_block(ts_block, block, g: Graph, env: dict) -> None:
             n.set_attr(name, kind, value)
         n.scope = tn.scopeName() or None
         n.source = _source(tn)
+        n.overload = _overload(tn)
         block.append_node(n)
         for o in tn.outputs():
             env[o.unique()] = n.add_output(from_torch_type(o.type()), _name(o))

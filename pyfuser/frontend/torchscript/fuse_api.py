@@ -58,15 +58,19 @@ def to_graph(obj, api: str = "pyfuser.jit"):
     return _torch_graph(obj, api)[:2]
 
 
-def jit(obj, *, arg_limit: int = 128, cpu_executor=None) -> CompiledGraph:
-    """Compile `obj` into a callable whose results equal eager's (see jit.CompiledGraph)."""
+def jit(obj, *, arg_limit: int = 128, cpu_executor=None, cuda_graphs: bool = False
+        ) -> CompiledGraph:
+    """Compile `obj` into a callable whose results equal eager's (see jit.CompiledGraph).
+    `cuda_graphs=True` replays each input signature's call plan from a CUDA graph from its
+    second call on (cuda_graphs.py: inputs copied in, fresh outputs)."""
     if isinstance(obj, (Graph, str, os.PathLike)):
         graph, module = to_graph(obj, "pyfuser.jit")
-        return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor)
+        return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor,
+                             cuda_graphs=cuda_graphs)
     graph, module, guards = _torch_graph(obj, "pyfuser.jit", flags=True)
     rebuild = (lambda: _torch_graph(module, "pyfuser.jit", flags=True)[::2]) if guards else None
     return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor,
-                         flag_guards=guards, rebuild=rebuild)
+                         flag_guards=guards, rebuild=rebuild, cuda_graphs=cuda_graphs)
 
 
 def fuse_graph(graph, arg_limit: int = 128) -> Graph:

@@ -247,7 +247,7 @@ class Graph:
             n.attributes[name] = (kind, _copy_attr(kind, val))
         n.source, n.scope = node.source, node.scope
         n.src_line, n.src_col = node.src_line, node.src_col
-        n.value_object = node.value_object
+        n.value_object, n.overload = node.value_object, node.overload
         for v in node.inputs:
             n.add_input(value_map(v))
         for o in node.outputs:

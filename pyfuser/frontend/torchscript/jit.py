@@ -1,30 +1,31 @@
-"""Running a fused graph: groups through pyfuser, everything else through the eager runner.
+"""Running a fused graph: call plans per input signature, groups through pyfuser, the rest
+through PyTorch.
 
-`CompiledGraph(graph, module=None, arg_limit=128, cpu_executor=None)` fuses a copy of
-`graph` (passes.run_pipeline) and is called like the original function. Each
-`prim::PyfuserGroup` node gets a GroupRunner that:
-  * on its first call lowers the subgraph with those inputs as examples (`lower_graph`) and
-    remembers their guard signature (passes/guards.py);
-  * on later calls runs the Fusion through `runtime.dispatch.execute_fusion` when the
-    signature matches (new sizes, same rank/layout: no re-lowering, no recompilation), and
-    else runs the unfused subgraph eagerly, logging the reason once. Inputs whose dtypes,
-    sizes, strides and devices (per other value: type) passed the guard before pass it again
-    without recomputing the signature, which is a function of exactly those (`_guard_key`);
-  * is specialised on the values of inputs the lowering needs as constants (view sizes made
-    of `aten::size` results, dims: `lowering.specialised_inputs`); new values of those are
-    lowered again (at most MAX_VARIANTS per group, then eagerly);
-  * runs eagerly, under autograd, when grad mode is on and an input requires grad (pyfuser's
-    kernels have no backward): outputs require grad exactly when eager's do, never a
-    silently detached result. The rest of the graph runs in the caller's grad mode;
-  * when lowering or running fails with a PyfuserError, runs eagerly from then on (reason
-    logged once); an ExecuteError (these inputs' sizes do not fit the fusion, e.g. an axis
-    of size 1 the fusion did not take as broadcast) runs that call eagerly. Never a silent
-    wrong result: every fallback is the eager subgraph.
+`CompiledGraph(graph, module=None, arg_limit=128, cpu_executor=None)` fuses a copy of `graph`
+(passes.run_pipeline) and is called like the original function. Each `prim::PyfuserGroup` node
+gets a GroupRunner (group_runner.py: lowering per input signature, guards, eager fallback, the
+group's fast call).
+
+A call (`f(*args)`) computes one key over the top-level inputs (plan.key_function: grad mode;
+per tensor dtype, sizes, strides, data_ptr % 16, device, requires_grad; ints, bools, strings
+and number lists by value; other inputs by type) and looks it up among the call plans
+(plan.py): straight-line Python for the whole graph with constants, submodules, aten
+overloads and the groups' recorded programs bound. A miss runs the graph checked through the
+eager runner while recording it, and makes the plan for that key (at most MAX_PLANS per fused
+graph, oldest dropped); every signature gets its own fused kernels (its groups are lowered for
+it), never a permanent eager fallback. The checked path also runs, without a plan, when
+PYFUSER_DUMP or PYFUSER_POISON_OUTPUTS is set or the inputs are not of the declared kinds.
+Plans are dropped when anything they bound is (clear_caches, a group that stops being fused,
+a module flag that changed).
+
+`run(inputs, device=None)` is the checked path alone (the `pyfuser run` command, tests): the
+eager runner walks the graph node by node.
+
 `prim::add_optional` and `prim::*_copy` nodes left outside groups run eagerly here (EAGER).
 `last_run` (RunStats) describes the last call: groups, kernels launched, host segments,
-fallbacks. Counts come from the dispatcher's RunReport (`last_report(fusion)`) of each group call, i.e. from
-the segments the segmenter split the group into (a group of views only is host segments and 0
-kernels; views peeled off a group's edges cost no kernel):
+fallbacks. Counts come from the dispatcher's RunReport (`last_report(fusion)`) of each group
+call, i.e. from the segments the segmenter split the group into (a group of views only is host
+segments and 0 kernels; views peeled off a group's edges cost no kernel):
   * `kernels`: on CUDA, the kernels actually launched (`launched`); on the CPU, the kernel
     segments run (what a GPU run would launch, whichever CPU executor ran them);
   * `host_segments` / `eager_segments`: segments run as views on the host / on the evaluator.
@@ -38,23 +39,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...dump import dump
-from ...errors import ExecuteError, PyfuserError
-from ...ir.shapes import bind
-from ...runtime import dispatch
-from ..lowering import lower_graph
-from ..lowering.lower import HostValue, specialised_inputs
 from ..lowering.aten_pointwise import check_inplace_cast
+from .group_runner import GRAD_REASON, MAX_VARIANTS, GroupRunner  # noqa: F401 (re-exported)
+from .module_flags import guards_hold
 from .ops import call_op
 from .passes import run_pipeline
 from .passes.alias_copy import FROM_COPY
 from .passes.groups import GROUP_KIND
-from .passes.guards import mismatch, signature
-from .module_flags import guards_hold
 from .passes.report import describe
 from .runner import run_graph
 
 log = logging.getLogger("pyfuser")
+MAX_PLANS = 32             # call plans kept per fused graph (input signatures)
 
 
 def _add_optional(node, args, ctx):
@@ -99,131 +95,9 @@ class RunStats:
         self.host_segments += report.host_segments
         self.eager_segments += report.eager_segments
 
-
-_MAX_PASSED = 256
-GRAD_REASON = ("an input requires grad and grad mode is on: pyfuser's kernels have no "
-               "backward, so this group runs eagerly with autograd (call under torch.no_grad() "
-               "or torch.inference_mode() to fuse)")
-MAX_VARIANTS = 8           # value specialisations (sizes from the host) kept per group
-
-
-def _freeze(a):
-    return tuple(_freeze(e) for e in a) if isinstance(a, (list, tuple)) else a
-
-
-def _guard_key(args) -> tuple:
-    """What the guard signature is a function of, cheap to build and hash: per tensor its dtype,
-    sizes, strides and device; per other value its type."""
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor)
-                 else type(a) for a in args)
-
-
-class GroupRunner:
-    def __init__(self, node, index: int):
-        self.node, self.index = node, index
-        self.subgraph = node.g("Subgraph")
-        self.special = specialised_inputs(self.subgraph)
-        self.lowered = None           # the first call's lowering (its fusion: dumps, tests)
-        self.variants: dict = {}      # values of the specialised inputs -> LoweredGraph or reason
-        self.spec = None
-        self.dead = None              # reason this group runs eagerly for good
-        self._logged: set = set()
-        self._passed: dict = {}       # _guard_key of inputs that passed -> (lowered, on CUDA)
-        self._host: dict = {}         # (_guard_key, variant) -> host-answered outputs
-
-    @property
-    def name(self) -> str:
-        return f"{GROUP_KIND}_{self.index} -> " + ", ".join("%" + v.debug_name for v in self.node.outputs)
-
-    def _fallback(self, reason, args, ctx, stats):
-        stats.fallbacks.append({"node": self.name, "kind": GROUP_KIND, "reason": reason})
-        stats.eager_groups += 1
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.info("pyfuser: %s runs eagerly: %s", self.name, reason)
-            dump("fallback", self.name, reason)
-        return ctx.run_graph(self.subgraph, args)
-
-    def _variant(self, args):
-        """The LoweredGraph for these inputs' specialised values (lowered on first sight), or
-        the reason they run eagerly."""
-        vkey = tuple(_freeze(args[i]) for i in self.special)
-        lowered = self.variants.get(vkey)
-        if lowered is not None:
-            return lowered
-        if len(self.variants) >= MAX_VARIANTS:
-            return (f"more than {MAX_VARIANTS} specialisations on the values of "
-                    + ", ".join(f"%{self.subgraph.inputs[i].debug_name}" for i in self.special))
-        try:
-            lowered = lower_graph(self.subgraph, args)
-        except PyfuserError as e:
-            lowered = f"lowering failed: {e}"
-        self.variants[vkey] = lowered
-        if self.lowered is None and not isinstance(lowered, str):
-            self.lowered = lowered
-            dump("fusion_ir", self.name, lambda: str(lowered.fusion))
-        return lowered
-
-    def _admit(self, args):
-        """(LoweredGraph, on CUDA) for inputs not seen before, or why they run eagerly."""
-        sig = signature(args)
-        if self.spec is None:
-            self.spec = sig
-        elif sig != self.spec:
-            return f"guard failed: {mismatch(self.spec, sig)}"
-        lowered = self._variant(args)
-        if isinstance(lowered, str):
-            if not self.special:          # no other specialisation can lower: for good
-                self.dead = lowered
-            return lowered
-        return lowered, any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-
-    def run(self, args, ctx, stats, cpu_mode):
-        if self.dead is not None:
-            return self._fallback(self.dead, args, ctx, stats)
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                           for a in args):
-            return self._fallback(GRAD_REASON, args, ctx, stats)
-        key = _guard_key(args)
-        if self.special:                 # and the values the group is specialised on
-            key = (key, tuple(_freeze(args[i]) for i in self.special))
-        hit = self._passed.get(key)
-        if hit is None:                  # not seen yet: the full guard signature
-            hit = self._admit(args)
-            if isinstance(hit, str):
-                return self._fallback(hit, args, ctx, stats)
-            if len(self._passed) >= _MAX_PASSED:
-                self._passed.clear()
-            self._passed[key] = hit
-        lowered, on_cuda = hit
-        fusion = lowered.fusion
-        fargs = lowered.fusion_args(args)
-        try:
-            outs = dispatch.execute_fusion(fusion, fargs, None if on_cuda else cpu_mode) \
-                if fusion.outputs else []
-            host = self._host_values(key, lowered, fargs) if lowered.host_values else None
-        except ExecuteError as e:        # these inputs only (a size the fusion cannot take)
-            return self._fallback(f"inputs not accepted: {e}", args, ctx, stats)
-        except PyfuserError as e:
-            self.dead = f"execution failed: {type(e).__name__}: {e}"
-            return self._fallback(self.dead, args, ctx, stats)
-        stats.add_run(dispatch.last_report(fusion) if fusion.outputs else None, on_cuda)
-        if host is None:
-            return [outs[i] for i in lowered.output_map]
-        return [outs[m] if h is None else (list(h) if isinstance(h, list) else h)
-                for m, h in zip(lowered.output_map, host)]
-
-    def _host_values(self, key, lowered, fargs) -> list:
-        """Per graph output, its HostValue's value (None for kernel outputs); the sizes are fixed
-        by the guard key, so they are computed once per key."""
-        host = self._host.get((key, id(lowered)))
-        if host is None:
-            b = bind(lowered.fusion, fargs)
-            if len(self._host) >= _MAX_PASSED:
-                self._host.clear()
-            host = self._host[(key, id(lowered))] = [
-                m.value(b) if isinstance(m, HostValue) else None for m in lowered.output_map]
-        return host
+    def copy(self) -> "RunStats":
+        return RunStats(self.groups, self.kernels, list(self.fallbacks), self.eager_groups,
+                        self.executor, self.host_segments, self.eager_segments)
 
 
 MAX_FLAG_VARIANTS = 4
@@ -231,12 +105,18 @@ MAX_FLAG_VARIANTS = 4
 
 @dataclass
 class _Variant:
-    """One fused graph of a CompiledGraph (one per set of module flag values)."""
+    """One fused graph of a CompiledGraph (one per set of module flag values), with its plans."""
     original: object
     graph: object
     report: object
     runners: dict
     guards: list
+    plans: dict = field(default_factory=dict)
+    key_of: object = None
+    call: object = None
+    entry: object = None              # what a call runs: `call`, or the native runner's `run`
+    native: object = None             # the native Runner of its direct plans (plan.Plan.direct)
+    no_graphs: object = None          # why its plans are not captured (cuda_graphs=True)
 
 
 class CompiledGraph:
@@ -245,29 +125,48 @@ class CompiledGraph:
     is built again by `rebuild()` -> (graph, guards) for the new values (a few kept)."""
 
     def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None,
-                 flag_guards=(), rebuild=None):
+                 flag_guards=(), rebuild=None, cuda_graphs: bool = False, graph_backend=None):
         self.module = module
         self.arg_limit = arg_limit
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graph_backend = graph_backend
+        self._graphed: list = []          # GraphedPlans holding a captured graph, oldest first
         self.cpu_mode = cpu_executor or os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret"
         self._rebuild = rebuild
         self._variants: list = []
         self._use(self._make_variant(graph, list(flag_guards)))
 
     def _make_variant(self, graph, guards) -> _Variant:
+        from .plan import key_function
         fused = graph.copy()
         report = run_pipeline(fused, self.arg_limit)
         groups = [n for n in fused.all_nodes() if n.kind == GROUP_KIND]
         v = _Variant(graph, fused, report, {n: GroupRunner(n, i) for i, n in enumerate(groups)},
                      guards)
+        for runner in v.runners.values():
+            runner.listeners.append(lambda v=v: self._drop_plans(v))
+        v.key_of = key_function(fused, 1 if self.module is not None else 0)
+        v.call = v.entry = _dispatcher(self, v)
+        if self.cuda_graphs:
+            from .cuda_graphs import graphable
+            v.no_graphs = graphable(fused, 1 if self.module is not None else 0)
+            if v.no_graphs is not None:
+                log.info("pyfuser: no CUDA graphs for this function: %s", v.no_graphs)
         if len(self._variants) >= MAX_FLAG_VARIANTS:
-            self._variants.pop(0)
+            self._drop_plans(self._variants.pop(0))
         self._variants.append(v)
         return v
 
     def _use(self, v: _Variant) -> None:
         self._variant = v
+        self._entry = v.entry if self._rebuild is None else self._flagged
         self.original, self.graph, self.report, self.runners = v.original, v.graph, v.report, v.runners
-        self.last_run = RunStats(groups=len(v.runners), fallbacks=v.report.fallbacks())
+        self.last_run = self._new_stats()
+
+    def _new_stats(self) -> RunStats:
+        v = self._variant
+        return RunStats(groups=len(v.runners), fallbacks=v.report.fallbacks(),
+                        executor=self.cpu_mode)
 
     def _check_flags(self) -> None:
         """Switch to (or build) the variant whose folded module flags hold now."""
@@ -285,32 +184,149 @@ class CompiledGraph:
     def num_groups(self) -> int:
         return len(self.runners)
 
+    @property
+    def plans(self) -> dict:
+        """The call plans of the current fused graph: plan key -> plan.Plan (None where no plan
+        could be made for that key: those calls run checked)."""
+        return self._variant.plans
+
     def _handler(self, stats):
+        runners, cpu_mode = self.runners, self.cpu_mode
+
         def handle(node, args, ctx):
-            runner = self.runners.get(node)
+            runner = runners.get(node)
             if runner is not None:
-                return runner.run(args, ctx, stats, self.cpu_mode)
+                return runner.run(args, stats, cpu_mode, ctx)
             fn = EAGER.get(node.kind)
             return fn(node, args, ctx) if fn is not None else None
         return handle
 
     def run(self, inputs: list, device=None) -> list:
-        """Run on the graph's inputs (the module first for `%self` graphs); all outputs."""
-        stats = RunStats(groups=len(self.runners), fallbacks=self.report.fallbacks(),
-                         executor=self.cpu_mode)
+        """Run on the graph's inputs (the module first for `%self` graphs), checked, node by
+        node; all outputs as a list."""
+        stats = self._new_stats()
         self.last_run = stats
         return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats),
                          no_grad=False)
 
     def __call__(self, *args):
-        if self._rebuild is not None:
-            self._check_flags()
+        return self._entry(args)
+
+    def _flagged(self, args):
+        self._check_flags()
+        return self._variant.entry(args)
+
+    def _checked(self, args):
         inputs = ([self.module] if self.module is not None else []) + list(args)
         outs = self.run(inputs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _miss(self, variant, args, key):
+        """No plan for this key: run checked, and make the plan from that run."""
+        from ...runtime.executor import slow_env
+        if key is None or slow_env():
+            return self._checked(args)
+        from .plan import build_plan
+        stats = self.last_run = self._new_stats()
+        outs, plan = build_plan(self, variant, args, stats, self._new_stats)
+        if plan is not None and self.cuda_graphs and variant.no_graphs is None:
+            from .cuda_graphs import Backend, GraphedPlan
+            plan = GraphedPlan(plan, self, self._graph_backend or Backend())
+        plans = variant.plans
+        if len(plans) >= MAX_PLANS:
+            old = plans.pop(next(iter(plans)))
+            if hasattr(old, "release"):
+                old.release()
+                if old in self._graphed:
+                    self._graphed.remove(old)
+        plans[key] = plan
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _go_native(self, variant, plan, args) -> None:
+        """A direct plan (one fusion on the graph's inputs), on its first hit: its call is the
+        fusion's recorded program, handed to a native Runner (where built) that answers the
+        whole call: key, lookup, allocation, launch in C++; a miss (or grad mode on) calls the
+        Python path."""
+        from ...runtime import native
+        from ...runtime.executor import _RAW_ENV
+        plan.native_tried = True
+        if self._rebuild is not None or self.cuda_graphs:
+            return
+        progs, key = plan.direct
+        progs.handoff(args, key)
+        data = progs.native_data.get(key)
+        mod = native.runner_module() if data is not None else None
+        if mod is None:
+            return
+        if variant.native is None:
+            unpack = 1 if len(variant.graph.outputs) == 1 else 2
+            variant.native = mod.Runner(len(args), variant.call, _RAW_ENV,
+                                        (b"PYFUSER_DUMP", b"PYFUSER_POISON_OUTPUTS"),
+                                        grad_check=True, unpack=unpack)
+        steps, results, effects, device = data
+        variant.native.add(list(args), steps, results,
+                           list(effects) + [("setattr", self, "last_run", plan.stats)], device)
+        variant.entry = variant.native.run
+        if self._variant is variant and self._rebuild is None:
+            self._entry = variant.entry
+
+    def _drop_plans(self, variant) -> None:
+        """Forget a fused graph's plans (something they bound changed), their graphs too."""
+        if variant.native is not None:
+            variant.native.clear()                # its misses go to the Python dispatcher
+        for plan in list(variant.plans.values()):
+            if hasattr(plan, "release"):
+                plan.release()
+                if plan in self._graphed:
+                    self._graphed.remove(plan)
+        variant.plans.clear()
+
+    def _note_graph(self, graphed) -> None:
+        """A GraphedPlan is capturing: keep at most MAX_GRAPHS graphs (the oldest released)."""
+        from .cuda_graphs import MAX_GRAPHS
+        if graphed in self._graphed:
+            self._graphed.remove(graphed)
+        self._graphed.append(graphed)
+        while len(self._graphed) > MAX_GRAPHS:
+            self._graphed.pop(0).release()
+
     def __str__(self) -> str:
         return str(self.graph)
+
+
+def _dispatcher(compiled, variant):
+    """`call(args)`: the plan key, one lookup, the plan (a plan error names its node); a miss,
+    a key that fails (inputs not of the declared kinds) or a debugging environment runs
+    checked."""
+    from ...runtime.executor import _RAW_ENV, slow_env
+    key_of, plans, miss = variant.key_of, variant.plans, compiled._miss
+    get = plans.get
+    if _RAW_ENV is not None:
+        env = _RAW_ENV
+
+        def quiet():
+            return b"PYFUSER_DUMP" not in env and b"PYFUSER_POISON_OUTPUTS" not in env
+    else:
+        def quiet():
+            return not slow_env()
+
+    def call(args):
+        try:
+            key = key_of(args)
+            plan = get(key)
+        except Exception:  # noqa: BLE001 - not the declared kinds of input: the checked path
+            key = plan = None
+        if plan is not None and quiet():
+            if plan.direct is not None and not plan.native_tried:   # its first hit
+                compiled._go_native(variant, plan, args)
+            try:
+                return plan.fn(*args)
+            except Exception as e:
+                raise plan.error(e) from e
+        if key is not None and key in plans:      # no plan could be made for this key
+            return compiled._checked(args)
+        return miss(variant, args, key)
+    return call
 
 
 def eager_handler(node, args, ctx):
@@ -319,4 +335,5 @@ def eager_handler(node, args, ctx):
     return fn(node, args, ctx) if fn is not None else None
 
 
-__all__ = ["CompiledGraph", "RunStats", "GroupRunner", "EAGER", "eager_handler", "describe"]
+__all__ = ["CompiledGraph", "RunStats", "GroupRunner", "EAGER", "eager_handler", "describe",
+           "MAX_PLANS"]

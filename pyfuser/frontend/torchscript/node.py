@@ -89,6 +89,10 @@ class Node:
         # A constant's value that IR text cannot spell (a function, a script object), when the
         # graph was built from a torch object (from_torch.py); never printed.
         self.value_object: Any = None
+        # The overload torch matched (`"other"` of aten::min.other, "" for the plain one) when
+        # the graph was read from a torch object; None from IR text, where `min(a, b)` and
+        # `min(a, out=b)` look alike (alias analysis then assumes either).
+        self.overload: Optional[str] = None
 
     # ----- inputs / outputs -------------------------------------------------------------
     @property

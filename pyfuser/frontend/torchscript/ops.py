@@ -24,7 +24,7 @@ def schemas(kind: str) -> tuple:
     except Exception:
         return ()
     return tuple(s for s in found if not any(a.is_out for a in s.arguments)
-                 and not s.overload_name.endswith("out"))
+                 and s.overload_name != "out" and not s.overload_name.endswith("_out"))
 
 
 def _fit(v: Any, t) -> int:
@@ -104,9 +104,9 @@ def resolve(kind: str, args: list):
         # TorchScript passes every argument, defaults included: a schema with exactly as many
         # parameters as arguments is the one the graph was made with (`addmm` with 5, not
         # `addmm.dtype`, whose `out_dtype` an int `beta` would fit better).
-        key = (len(s.arguments) == len(args), sc if sc is not None else -1)
-        if sc is not None and key > best_score:
-            best, best_score = s, key
+        rank = (len(s.arguments) == len(args), sc if sc is not None else -1)
+        if sc is not None and rank > best_score:
+            best, best_score = s, rank
     _CACHE[key] = best
     return best
 
@@ -118,30 +118,55 @@ def _is_device_param(t) -> bool:
     return k == "DeviceObjType"
 
 
-def call_op(kind: str, args: list, map_device: Callable) -> list:
-    """Run `kind` through torch.ops; raises LookupError when no overload fits."""
-    schema = resolve(kind, args)
+def call_op(kind: str, args: list, map_device: Callable, schema=None) -> list:
+    """Run `kind` through torch.ops (with `schema` when the caller resolved it already); raises
+    LookupError when no overload fits."""
+    if schema is None:
+        schema = resolve(kind, args)
     if schema is None:
         sigs = "; ".join(str(s) for s in schemas(kind)[:6]) or "no schemas known"
         types = ", ".join(_describe(a) for a in args)
         raise LookupError(f"no overload of {kind} takes ({types}); candidates: {sigs}")
-    ns, name = kind.split("::", 1)
-    packet = getattr(getattr(torch.ops, ns), name)
-    op = getattr(packet, schema.overload_name or "default")
+    op, params, one, none = _layout(kind, schema)
     pos, kw = [], {}
-    for v, p in zip(args, schema.arguments):
-        if v is not None and _is_device_param(p.type):
+    for v, (name, kw_only, device) in zip(args, params):
+        if device and v is not None:
             v = map_device(torch.device(v))
-        if p.kwarg_only:
-            kw[p.name] = v
+        if kw_only:
+            kw[name] = v
         else:
             pos.append(v)
     result = op(*pos, **kw)
-    if isinstance(result, (tuple, list)) and len(schema.returns) != 1:
+    if isinstance(result, (tuple, list)) and not one:
         return list(result)
-    if result is None and not schema.returns:
+    if result is None and none:
         return []
     return [result]
+
+
+_LAYOUTS: dict = {}
+
+
+def _layout(kind: str, schema):
+    """(OpOverload, per parameter (name, keyword-only, a Device), one return, no return); cached
+    by the schema's identity (schemas() hands out the same objects; they do not all hash)."""
+    got = _LAYOUTS.get(id(schema))
+    if got is None or got[0] is not schema:
+        params = tuple((p.name, p.kwarg_only, _is_device_param(p.type)) for p in schema.arguments)
+        got = _LAYOUTS[id(schema)] = (schema, overload(kind, schema), params,
+                                      len(schema.returns) == 1, not schema.returns)
+    return got[1:]
+
+
+def overload(kind: str, schema):
+    """The torch.ops OpOverload of `kind` for `schema`."""
+    ns, name = kind.split("::", 1)
+    packet = getattr(getattr(torch.ops, ns), name)
+    return getattr(packet, schema.overload_name or "default")
+
+
+def is_device_param(t) -> bool:
+    return _is_device_param(t)
 
 
 def _describe(v: Any) -> str:

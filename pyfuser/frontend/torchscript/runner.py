@@ -26,7 +26,7 @@ from pyfuser.errors import PyfuserError, RunnerError
 
 from .graph import Block, Graph
 from .node import Node
-from .ops import call_op
+from .ops import call_op, resolve
 from .prim_ops import PRIM_HANDLERS
 from .scalar_ops import try_python_op
 
@@ -86,25 +86,32 @@ class RunContext:
             env[v] = o
 
     def _dispatch(self, node: Node, args: list) -> list:
+        return self.route(node, args)[1]
+
+    def route(self, node: Node, args: list) -> tuple:
+        """(how, outputs): how the node ran ("handler", "subgraph", "prim", "python", or the
+        torch.ops schema it was called with) and its outputs (None: the handler declined and
+        nothing else runs it, which _eval reports)."""
         if self.node_handler is not None:
             outs = self.node_handler(node, args, self)
             if outs is not None:
-                return list(outs)
+                return "handler", list(outs)
         sub = node.attributes.get("Subgraph")
         if sub is not None and sub[0] == "g":
             if sub[1] is None:
                 raise RunnerError("its subgraph was not printed (`Subgraph=<Graph>`)")
-            return self.run_graph(sub[1], args)[:len(node.outputs)]
+            return "subgraph", self.run_graph(sub[1], args)[:len(node.outputs)]
         handler = PRIM_HANDLERS.get(node.kind)
         if handler is not None:
-            return handler(self, node, args)
+            return "prim", handler(self, node, args)
         if node.kind.startswith("prim::") or "::" not in node.kind:
             raise RunnerError("no eager implementation of this node kind")
         res = try_python_op(self, node.kind, args)
         if res is not NotImplemented:
-            return [] if not node.outputs and res is None else [res]
+            return "python", [] if not node.outputs and res is None else [res]
         try:
-            return call_op(node.kind, args, self.map_device)
+            schema = resolve(node.kind, args)
+            return schema, call_op(node.kind, args, self.map_device, schema)
         except LookupError as e:
             raise RunnerError(str(e)) from None
 

@@ -15,6 +15,9 @@
 //   and the result is [slots[r] for r in results].
 // A miss (another key, an input that is not a strided tensor, a wrong count, or PYFUSER_DUMP /
 // PYFUSER_POISON_OUTPUTS in the environment dict) calls `slow(inputs)` and returns its result.
+// Two options of the Runner: `grad_check` (grad mode on is a miss: the TorchScript call plans
+// run groups under autograd eagerly) and `unpack` (0: the results as a list; 1: the only
+// result itself; 2: a tuple), so a runner can stand for a whole function.
 //
 // The key is what executor.key_function's key fixes, per input: dtype, rank, sizes, strides,
 // data_ptr % 16, device type and index. Every kernel parameter other than the tensor pointers is
@@ -33,6 +36,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/as_strided.h>
 #include <ATen/ops/empty_strided.h>
 
@@ -147,6 +151,8 @@ struct Runner {
   PyObject* env_keys;   // tuple of bytes: any present means "take the slow path"
   ProgramMap* programs;
   std::vector<int64_t>* scratch;
+  int grad_check;       // grad mode on: call slow
+  int unpack;           // 0 list, 1 the only result, 2 tuple
 };
 
 // ---- keys -----------------------------------------------------------------------------------
@@ -282,7 +288,7 @@ bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream) {
   END_HANDLE_TH_ERRORS_RET(false)
 }
 
-PyObject* replay(Program& p, PyObject* inputs) {
+PyObject* replay(Program& p, PyObject* inputs, int unpack) {
   PyObject** items;
   Py_ssize_t n;
   items_of(inputs, &items, &n);
@@ -305,6 +311,12 @@ PyObject* replay(Program& p, PyObject* inputs) {
     PyList_SET_ITEM(out.p, static_cast<Py_ssize_t>(k), t);
   }
   if (!apply_effects(p)) return nullptr;
+  if (unpack == 1 && p.results.size() == 1) {
+    PyObject* only = PyList_GET_ITEM(out.p, 0);
+    Py_INCREF(only);
+    return only;
+  }
+  if (unpack == 2) return PyList_AsTuple(out.p);
   PyObject* r = out.p;
   out.p = nullptr;
   return r;
@@ -468,10 +480,17 @@ bool parse_effects(PyObject* effects, Program& p) {
 PyObject* runner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   Py_ssize_t n_inputs;
   PyObject *slow, *env = Py_None, *env_keys = nullptr;
-  static const char* names[] = {"n_inputs", "slow", "env", "env_keys", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nO|OO!", const_cast<char**>(names), &n_inputs,
-                                   &slow, &env, &PyTuple_Type, &env_keys))
+  int grad_check = 0, unpack = 0;
+  static const char* names[] = {"n_inputs", "slow", "env", "env_keys", "grad_check", "unpack",
+                                nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nO|OO!pi", const_cast<char**>(names),
+                                   &n_inputs, &slow, &env, &PyTuple_Type, &env_keys, &grad_check,
+                                   &unpack))
     return nullptr;
+  if (unpack < 0 || unpack > 2) {
+    PyErr_SetString(PyExc_ValueError, "Runner: unpack is 0 (list), 1 (one result) or 2 (tuple)");
+    return nullptr;
+  }
   if (!PyCallable_Check(slow)) {
     PyErr_SetString(PyExc_TypeError, "Runner: slow must be callable");
     return nullptr;
@@ -488,6 +507,8 @@ PyObject* runner_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->env_keys = env_keys ? Py_NewRef(env_keys) : PyTuple_New(0);
   self->programs = new ProgramMap();
   self->scratch = new std::vector<int64_t>();
+  self->grad_check = grad_check;
+  self->unpack = unpack;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -534,6 +555,7 @@ PyObject* runner_run(Runner* self, PyObject* inputs) {
     return nullptr;
   }
   if (env_says_slow(self)) return call_slow(self, inputs);
+  if (self->grad_check && at::GradMode::is_enabled()) return call_slow(self, inputs);
   bool ok;
   try {
     ok = make_key(self->n_inputs, inputs, *self->scratch);
@@ -544,7 +566,7 @@ PyObject* runner_run(Runner* self, PyObject* inputs) {
   auto it = self->programs->find(*self->scratch);
   if (it == self->programs->end()) return call_slow(self, inputs);
   std::shared_ptr<Program> program = it->second;
-  return replay(*program, inputs);
+  return replay(*program, inputs, self->unpack);
 }
 
 PyObject* runner_add(Runner* self, PyObject* args) {

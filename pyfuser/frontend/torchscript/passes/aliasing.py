@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ..ops import schemas
 
 WILDCARD = "*"
+GROUP_KIND = "prim::PyfuserGroup"
 # Ops whose schema says "fresh" but whose eager implementation may hand back `self`.
 MAY_RETURN_SELF = {"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
                    "aten::type_as", "aten::reshape_as", "aten::view_as"}
@@ -83,8 +84,13 @@ def _takes(s, tensor_args: tuple) -> bool:
 
 def node_effects(node) -> Effects:
     """Effects of this node: its kind's overloads that fit its argument count (out= ones
-    included), plus undeclared running-statistics writes."""
-    e = op_effects(node.kind, tuple(_may_hold_tensor(v) for v in node.inputs))
+    included), plus undeclared running-statistics writes; a fusion group writes the inputs
+    its nodes write (a training batch norm's running statistics)."""
+    if node.kind == GROUP_KIND:
+        return _group_effects(node)
+    overload = getattr(node, "overload", None)
+    e = op_effects(node.kind, tuple(_may_hold_tensor(v) for v in node.inputs)) \
+        if overload is None else overload_effects(node.kind, overload)
     spec = RUNNING_STATS.get(node.kind)
     if spec is not None and not e.opaque:
         flag, written = spec
@@ -93,6 +99,19 @@ def node_effects(node) -> Effects:
         if written and (flag >= len(node.inputs) or not _const_false(node.inputs[flag])):
             e = Effects(e.writes | written, e.aliases, e.opaque, e.escapes)
     return e
+
+
+def _group_effects(group) -> Effects:
+    sg = group.g("Subgraph")
+    pos = {v: i for i, v in enumerate(sg.inputs)}
+    writes = set()
+    for n in sg.nodes():
+        e = node_effects(n)
+        if e.opaque:
+            return Effects(frozenset(), (), opaque=True)
+        writes.update(pos[n.inputs[i]] for i in e.writes
+                      if i < len(n.inputs) and n.inputs[i] in pos)
+    return Effects(frozenset(writes), ())
 
 
 def _const_none(v) -> bool:
@@ -122,6 +141,19 @@ def op_effects(kind: str, tensor_args: tuple | None = None) -> Effects:
     if tensor_args is not None:
         every = _all_schemas(kind)
         found = tuple(s for s in every if _takes(s, tensor_args)) or every
+    return _effects_of(kind, found)
+
+
+@functools.lru_cache(maxsize=None)
+def overload_effects(kind: str, overload: str) -> Effects:
+    """Effects of the one overload torch matched (graphs read from torch objects)."""
+    if kind.startswith("prim::") or kind == GROUP_KIND:
+        return op_effects(kind)
+    found = tuple(s for s in _all_schemas(kind) if s.overload_name == overload)
+    return _effects_of(kind, found) if found else op_effects(kind)
+
+
+def _effects_of(kind: str, found: tuple) -> Effects:
     if not found:
         return Effects(frozenset(), (), opaque=True)
     writes, aliases, escapes = set(), {}, set()
@@ -268,6 +300,15 @@ class AliasInfo:
         if WILDCARD in w:
             return any(_may_hold_tensor(v) for v in values)
         return any(self.find(v) in w for v in values)
+
+    def order_matters(self, moved, other) -> bool:
+        """`moved` may not pass `other`: other writes what moved reads, or moved writes what
+        other reads or writes (nested blocks included)."""
+        if self.conflicts(other, moved.inputs):
+            return True
+        if not self.writes(moved):
+            return False
+        return any(self.conflicts(moved, n.inputs + n.outputs) for n in other.walk())
 
 
 def _may_hold_tensor(v) -> bool:

@@ -64,7 +64,7 @@ class FusionScan:
                 top = _ancestor_in(u.user, block)
                 if top is not None and top is not c and top.is_before(c):
                     return False
-        return not any(self.info.conflicts(m, p.inputs) for m in self._between(p, c))
+        return not any(self.info.order_matters(p, m) for m in self._between(p, c))
 
     def _can_lift(self, p, c) -> bool:
         """C may move up to just after P."""
@@ -73,7 +73,7 @@ class FusionScan:
             top = _ancestor_in(v.node, block)
             if top is not None and top is not p and top.is_after(p) and top.is_before(c):
                 return False
-        return not any(self.info.conflicts(m, c.inputs) for m in self._between(p, c))
+        return not any(self.info.order_matters(c, m) for m in self._between(p, c))
 
     def _make_adjacent(self, p, c) -> bool:
         if p.next is c:

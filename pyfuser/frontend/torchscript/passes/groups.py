@@ -52,11 +52,20 @@ def fusible_reason(node, info):
     if not node.outputs or not all(isinstance(o.type, TensorType) for o in node.outputs):
         return "an output is not a tensor"
     e = node_effects(node)
-    if e.writes or e.opaque:
-        return "it writes a tensor in place (e.g. running statistics)"
+    if e.opaque or (e.writes and not _running_stats_only(node, e)):
+        return "it writes a tensor in place"
     if e.aliases and any(info.is_mutated(o) for o in node.outputs):
         return "its output may alias a tensor that is written in place"
     return None
+
+
+def _running_stats_only(node, e) -> bool:
+    """A training batch norm writes only its running statistics, which its lowering updates
+    in place (in-place outputs of the group's Fusion); the group then writes them."""
+    from .aliasing import RUNNING_STATS
+    spec = RUNNING_STATS.get(node.kind)
+    return node.kind in ("aten::batch_norm", "aten::native_batch_norm") and spec is not None \
+        and e.writes <= spec[1]
 
 
 def is_shape_arithmetic(node) -> bool:

@@ -1,7 +1,8 @@
 """The fuser's pass pipeline: `run_pipeline(graph, arg_limit=128) -> FuseReport`.
 
 Order (each pass in its own module): inplace (functionalize) -> decompose (bias split) ->
-alias_copy (views to copies) -> fusion_scan (groups) -> alias_copy.revert (copies left
+alias_copy (views to copies) -> fusion_scan (groups) -> bias_join (groups of bias adds only go
+back into their linear / conv) -> alias_copy.revert (copies left
 outside groups back to views) -> shape_reads (size/dtype reads of group outputs move into the
 group) -> cleanup (DCE/CSE, group outputs) -> candidates (every
 unfused op the lowering table knows gets a reason in the report). With
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from ....dump import dump
 from ...lowering import LOWERINGS
-from . import alias_copy, cleanup, decompose, fusion_scan, inplace, shape_reads
+from . import alias_copy, bias_join, cleanup, decompose, fusion_scan, inplace, shape_reads
 from .aliasing import AliasInfo
 from .groups import fusible_reason, is_group
 from .report import FuseReport
@@ -53,6 +54,7 @@ def run_pipeline(graph, arg_limit: int = fusion_scan.DEFAULT_ARG_LIMIT,
         ("decompose", lambda: decompose.split_bias(graph)),
         ("alias_copy", lambda: alias_copy.to_copies(graph, report)),
         ("fusion_scan", lambda: fusion_scan.fuse_groups(graph, report, arg_limit)),
+        ("bias_join", lambda: bias_join.join_bias(graph)),
         ("alias_copy.revert", lambda: alias_copy.revert(graph)),
         ("shape_reads", lambda: shape_reads.sink_shape_reads(graph)),
         ("cleanup", lambda: cleanup.cleanup(graph)),

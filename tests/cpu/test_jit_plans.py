@@ -1,0 +1,284 @@
+"""Call plans of pyfuser.jit (frontend/torchscript/plan.py) on the fake CUDA of fake_cuda.py,
+whose launches run the kernels through the CPU interpreter: plan reuse with new tensors, one
+plan (and one lowering, with its own kernels) per input signature, bound group programs (no
+key per group), no host-to-device copy per call (0-dim CPU tensors by value), grid-reduction
+workspaces through a plan, errors naming the node, the plan bound, invalidation; and plans on
+the CPU executors over the whole fuser corpus."""
+import torch
+import pytest
+
+import fake_cuda
+import pyfuser
+from fuser_corpus import CASES
+from pyfuser.frontend.torchscript import group_runner as GR
+from pyfuser.frontend.torchscript import jit as J
+from pyfuser.frontend.torchscript import plan as P
+from pyfuser.runtime import dispatch
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    f = fake_cuda.install(monkeypatch, tmp_path)
+    yield f
+    dispatch.clear_caches()
+
+
+def _abc(a, b, c):
+    return (a + b) * c
+
+
+def _recordings(monkeypatch):
+    made = []
+    real = P.build_plan
+
+    def counting(*a, **k):
+        made.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(P, "build_plan", counting)
+    return made
+
+
+def _sites(f):
+    (plan,) = [p for p in f.plans.values()]
+    return list(plan.sites.values())
+
+
+def test_a_plan_is_reused_with_new_tensors(fake, monkeypatch):
+    made = _recordings(monkeypatch)
+    f = pyfuser.jit(torch.jit.script(_abc))
+    keys = []
+    monkeypatch.setattr(GR.GroupRunner, "fast", lambda self, args: keys.append(1))
+    for i in range(4):
+        xs = [torch.randn(40, 50) for _ in range(3)]
+        n = len(fake.launches)
+        out = f(*xs)
+        torch.testing.assert_close(out, _abc(*xs))
+        assert len(fake.launches) == n + 1 and f.last_run.kernels == 1
+        _, grid, _, params = fake.launches[-1]
+        ptrs = [v for k, v in params.items() if k.startswith("T")]
+        assert ptrs == [x.data_ptr() for x in xs] + [out.data_ptr()]     # this call's tensors
+    assert len(made) == 1 and len(f.plans) == 1
+    assert _sites(f) == ["bound"] and not keys                         # no key per group
+
+
+def test_a_second_signature_gets_its_own_plan_and_kernel(fake):
+    f = pyfuser.jit(torch.jit.script(_abc))
+    names = []
+    for dtype in (torch.float32, torch.float64, torch.float32, torch.float64):
+        xs = [torch.randn(8, 16, dtype=dtype) for _ in range(3)]
+        for _ in range(2):
+            out = f(*xs)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out, _abc(*xs))
+            assert f.last_run.eager_groups == 0 and f.last_run.kernels == 1
+            names.append(fake.launches[-1][0])
+    assert len(f.plans) == 2 and all(p is not None for p in f.plans.values())
+    (runner,) = f.runners.values()
+    assert len(runner.variants) == 2
+    assert names[0] == names[4] and names[2] == names[6]
+    assert len(fake.launches) == 8
+
+
+def test_new_sizes_make_a_new_plan_but_no_new_lowering(fake):
+    f = pyfuser.jit(torch.jit.script(_abc))
+    for n in (10, 20, 10):
+        xs = [torch.randn(n) for _ in range(3)]
+        torch.testing.assert_close(f(*xs), _abc(*xs))
+        torch.testing.assert_close(f(*xs), _abc(*xs))
+    assert len(f.plans) == 2
+    (runner,) = f.runners.values()
+    assert len(runner.variants) == 1
+
+
+def _scale(x, s):
+    return x * s + 1.0
+
+
+def test_zero_dim_cpu_tensors_travel_by_value(fake):
+    """A 0-dim CPU tensor beside CUDA tensors is a kernel parameter (no copy to the device),
+    with eager's promotion: a float64 0-dim tensor does not make a float32 result float64."""
+    f = pyfuser.jit(torch.jit.trace(_scale, (torch.randn(4, 5), torch.tensor(2.0))))
+    for v in (2.0, -3.5, 2.0):
+        x = torch.randn(4, 5)
+        s = fake.host(torch.tensor(v, dtype=torch.float64))
+        for _ in range(2):
+            out = f(x, s)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, _scale(x, torch.tensor(v, dtype=torch.float64)))
+            assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
+    assert fake.h2d == []
+    (runner,) = f.runners.values()
+    (lowered,) = [v for v in runner.variants.values()]
+    assert lowered.by_value == (1,)
+
+
+def _colsum(x):
+    return x.sum(0) * 2.0
+
+
+def test_a_grid_reduction_keeps_its_workspaces_in_a_plan(fake):
+    """A sum over axis 0 of [8192, 64] is one kernel with a grid reduction: its partials and
+    semaphores are allocated per launch through the bound program too."""
+    from pyfuser.runtime import executor as X
+    f = pyfuser.jit(torch.jit.script(_colsum))
+    for _ in range(3):
+        x = torch.randn(8192, 64)
+        with torch.no_grad():
+            out = f(x)
+        torch.testing.assert_close(out, _colsum(x), rtol=1e-4, atol=1e-3)
+        assert f.last_run.kernels == 1
+    (runner,) = f.runners.values()
+    ex = dispatch.get_executor(runner.lowered.fusion)
+    fast = next(iter(ex._fast.values()))
+    assert fast.workspaces and any(k == "semaphores" for _, _, k in fast.workspaces)
+    assert isinstance(ex, X.FusionExecutor) and _sites(f) == ["bound"]
+
+
+def _with_linear(x, w, b):
+    y = torch.nn.functional.linear(x, w, b)
+    return torch.relu(y) * 2.0, y.shape[0]
+
+
+def test_plan_with_aten_ops_and_host_values(fake):
+    f = pyfuser.jit(torch.jit.script(_with_linear))
+    for _ in range(3):
+        x, w, b = torch.randn(5, 7), torch.randn(3, 7), torch.randn(3)
+        got, n = f(x, w, b)
+        want, m = _with_linear(x, w, b)
+        torch.testing.assert_close(got, want)
+        assert n == m == 5
+
+
+def _boom(x, i: int):
+    y = x * 2
+    return y[i] + 1
+
+
+def test_an_error_in_a_plan_names_the_node(fake):
+    from pyfuser.errors import RunnerError
+    f = pyfuser.jit(torch.jit.script(_boom))
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(f(x, 1), _boom(x, 1))
+    with pytest.raises(RunnerError, match="aten::select"):
+        f(x, 7)                                 # another key: the checked run names it
+    torch.testing.assert_close(f(x, 2), _boom(x, 2))
+    torch.testing.assert_close(f(x, 2), _boom(x, 2))
+    f._variant.plans[next(k for k in f.plans if 2 in k)] = next(iter(f.plans.values()))
+    with pytest.raises(RunnerError, match="aten::select"):
+        f(torch.randn(1, 4), 2)                 # a plan raising: named from its line
+
+
+def test_plans_are_bounded(fake, monkeypatch):
+    monkeypatch.setattr(J, "MAX_PLANS", 3)
+    f = pyfuser.jit(torch.jit.script(_abc))
+    for n in range(1, 7):
+        xs = [torch.randn(n) for _ in range(3)]
+        torch.testing.assert_close(f(*xs), _abc(*xs))
+        assert len(f.plans) <= 3
+
+
+def test_clear_caches_drops_the_plans(fake):
+    f = pyfuser.jit(torch.jit.script(_abc))
+    xs = [torch.randn(40) for _ in range(3)]
+    f(*xs)
+    f(*xs)
+    assert len(f.plans) == 1
+    dispatch.clear_caches()
+    assert len(f.plans) == 0
+    torch.testing.assert_close(f(*xs), _abc(*xs))
+    torch.testing.assert_close(f(*xs), _abc(*xs))
+    assert _sites(f) == ["bound"]
+
+
+def test_under_autograd_groups_run_eagerly_and_outputs_require_grad(fake):
+    f = pyfuser.jit(torch.jit.script(_abc))
+    xs = [torch.randn(6, requires_grad=True) for _ in range(3)]
+    for _ in range(3):
+        out = f(*xs)
+        assert out.requires_grad and f.last_run.eager_groups == 1 and f.last_run.kernels == 0
+    out.sum().backward()
+    torch.testing.assert_close(xs[2].grad, (xs[0] + xs[1]).detach())
+    ys = [x.detach() for x in xs]
+    for _ in range(2):                          # grad mode on, nothing requires grad: fused
+        torch.testing.assert_close(f(*ys), _abc(*ys))
+        assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
+
+
+def _views_only(x):
+    return x.t().float()
+
+
+def test_identity_group_is_no_call(fake):
+    f = pyfuser.jit(torch.jit.script(_views_only))
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        out = f(x)
+        assert torch.equal(out, x.t()) and out.data_ptr() == x.data_ptr()
+    (plan,) = f.plans.values()
+    body = plan.source.splitlines()[2:-2]            # between `st = S` and `CG.last_run = st`
+    assert len(body) == 1 and body[0].strip().startswith("v0 = x0.as_strided(")
+    assert len(fake.launches) == 0
+
+
+@pytest.mark.parametrize("mode", ["evaluator", "interpret"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_corpus_through_plans_matches_eager(case, mode):
+    obj = torch.jit.trace(case.fn, tuple(case.inputs())) if case.traced \
+        else torch.jit.script(case.fn)
+    f = pyfuser.jit(obj, cpu_executor=mode)
+    for _ in range(3):
+        ref_in, got_in = case.inputs(), case.inputs()
+        ref, got = case.fn(*ref_in), f(*got_in)
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(ref) == len(got)
+        for r, g in zip(ref, got):
+            if isinstance(r, torch.Tensor):
+                assert r.dtype == g.dtype and r.shape == g.shape
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6, equal_nan=True)
+            else:
+                assert r == g
+        for r, g in zip(ref_in, got_in):        # inputs written as eager writes them
+            if isinstance(r, torch.Tensor):
+                torch.testing.assert_close(g, r)
+        assert f.last_run.eager_groups == 0, f.last_run.fallbacks
+    assert f.plans and all(p is not None for p in f.plans.values())
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_a_one_group_function_is_its_fusion_program(monkeypatch, tmp_path, native):
+    """A graph that is one fusion on its own inputs: its call is the fusion's recorded program,
+    which the native runner (where built) answers whole; a miss, grad mode on, or a debugging
+    variable take the Python path."""
+    fake = fake_cuda.install(monkeypatch, tmp_path, native=native)
+    try:
+        f = pyfuser.jit(torch.jit.script(_abc))
+        with torch.no_grad():
+            for n in (30, 30, 30, 50, 50):
+                xs = [torch.randn(n) for _ in range(3)]
+                out = f(*xs)
+                torch.testing.assert_close(out, _abc(*xs))
+                assert f.last_run.kernels == 1
+        assert all(p.direct is not None for p in f.plans.values())
+        runner = f._variant.native
+        if native:
+            assert runner is not None and len(runner) == 2 and f._entry == runner.run
+        else:
+            assert runner is None
+        xs = [torch.randn(30) for _ in range(3)]
+        n = len(fake.launches)
+        torch.testing.assert_close(f(*xs), _abc(*xs))     # grad mode on: the Python path
+        with torch.no_grad():
+            monkeypatch.setenv("PYFUSER_DUMP", "launch_params")
+            torch.testing.assert_close(f(*xs), _abc(*xs))
+            monkeypatch.delenv("PYFUSER_DUMP")
+            torch.testing.assert_close(f(*xs), _abc(*xs))
+        assert len(fake.launches) == n + 3
+        dispatch.clear_caches()
+        assert not f.plans and (runner is None or len(runner) == 0)
+        with torch.no_grad():
+            torch.testing.assert_close(f(*xs), _abc(*xs))
+            torch.testing.assert_close(f(*xs), _abc(*xs))
+        assert not fake.callback_errors
+    finally:
+        dispatch.clear_caches()
