@@ -14,6 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# bytecode ahead of the first import (an editable install does not compile it)
+	-$(PY) -m compileall -q pyfuser
 	# the native cached-call runner, built once here (never on a call); optional
 	-$(PY) -m pyfuser.runtime.native
 	touch $@

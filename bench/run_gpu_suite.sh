@@ -27,7 +27,7 @@ start=$(date +%s)
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
     echo "GPU tests skipped (SKIP_TESTS=1)" >"$OUT/gpu_tests.log"; tests_rc=0
 else
-    timeout 200 $PY -m pytest tests -m gpu -rfEs -p no:cacheprovider --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
+    timeout ${TESTS_TIMEOUT:-400} $PY -m pytest tests -m gpu -rfEs -p no:cacheprovider --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
     tests_rc=$?
 fi
 tail -n 60 "$OUT/gpu_tests.log"

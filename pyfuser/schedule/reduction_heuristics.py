@@ -17,7 +17,8 @@ Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
 Grid: at most `waves` x SMs x resident blocks (the kernel grid-strides), so per-thread data that
-does not depend on the row (a layer-norm weight) is loaded once per thread.
+does not depend on the row (a layer-norm weight) is loaded once per thread; cluster plans take a
+cluster per row (no cap).
 
 Rows too long for a block's registers are split over a thread-block cluster of 2-8 blocks of 256
 threads on sm_90, each holding its share in registers and combining through distributed shared
@@ -93,7 +94,10 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         if d & (d - 1):
             raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")
     w = knobs["waves"]
-    waves = 1 if w is None else w
+    # a row's cluster takes one row: clusters then start as others finish, so one cluster's
+    # loads overlap another's combine (grid-striding clusters run in lockstep; H100: +10% on
+    # layer norm of 65536-long rows)
+    waves = (0 if p.cluster > 1 else 1) if w is None else w
     p.max_blocks = waves * sm_count() * max(1, 2048 // (p.bdimx * p.bdimy)) if waves > 0 else 0
 
 

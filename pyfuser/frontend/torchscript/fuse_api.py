@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from ...errors import PyfuserError
+from .call_args import Binder
 from .from_torch import graph_from_torch, torch_graph_of
 from .module_flags import fold_module_flags
 from .graph import Graph
@@ -69,8 +70,12 @@ def jit(obj, *, arg_limit: int = 128, cpu_executor=None, cuda_graphs: bool = Fal
                              cuda_graphs=cuda_graphs)
     graph, module, guards = _torch_graph(obj, "pyfuser.jit", flags=True)
     rebuild = (lambda: _torch_graph(module, "pyfuser.jit", flags=True)[::2]) if guards else None
+    binder = Binder.from_object(obj, module)
+    if binder is not None and binder.count != len(graph.inputs) - (module is not None):
+        binder = None                       # parameters not the graph's inputs: positional only
     return CompiledGraph(graph, module=module, arg_limit=arg_limit, cpu_executor=cpu_executor,
-                         flag_guards=guards, rebuild=rebuild, cuda_graphs=cuda_graphs)
+                         flag_guards=guards, rebuild=rebuild, cuda_graphs=cuda_graphs,
+                         binder=binder)
 
 
 def fuse_graph(graph, arg_limit: int = 128) -> Graph:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...errors import PyfuserError
 from ..lowering.aten_pointwise import check_inplace_cast
 from .group_runner import GRAD_REASON, MAX_VARIANTS, GroupRunner  # noqa: F401 (re-exported)
 from .module_flags import guards_hold
@@ -125,8 +126,10 @@ class CompiledGraph:
     is built again by `rebuild()` -> (graph, guards) for the new values (a few kept)."""
 
     def __init__(self, graph, module=None, arg_limit: int = 128, cpu_executor=None,
-                 flag_guards=(), rebuild=None, cuda_graphs: bool = False, graph_backend=None):
+                 flag_guards=(), rebuild=None, cuda_graphs: bool = False, graph_backend=None,
+                 binder=None):
         self.module = module
+        self.binder = binder                # call_args.Binder: keywords and defaults, or None
         self.arg_limit = arg_limit
         self.cuda_graphs = bool(cuda_graphs)
         self._graph_backend = graph_backend
@@ -209,7 +212,13 @@ class CompiledGraph:
         return run_graph(self.graph, inputs, device=device, node_handler=self._handler(stats),
                          no_grad=False)
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        b = self.binder
+        if kwargs or (b is not None and len(args) != b.count):
+            if b is None:
+                raise PyfuserError("this compiled graph takes positional arguments only "
+                                   "(it was not made from a Python or TorchScript function)")
+            args = b.bind(args, kwargs)
         return self._entry(args)
 
     def _flagged(self, args):
