@@ -14,8 +14,10 @@
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
    (`_merge_siblings`).
-4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
-   joined into one host segment.
+4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
+   bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
+   (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
+   ties by first expr), neighbouring host exprs are joined into one host segment.
 5. What was cut is kept for `pyfuser explain`: `sf.split_reason` (why no scheduler took the
    compute exprs as one group) and `sf.cuts`, one `Cut` per tensor between two final groups
    with the reason they stay apart (the last merge pass tried every remaining edge).
@@ -33,7 +35,7 @@ import weakref
 from .. import dump as D
 from ..ir.tensor import TensorView
 from .extract import extract
-from .host import host_exprs, host_layout
+from .host import HOST_RUNNERS, host_exprs, host_layout
 from .segmented_fusion import Cut, Segment, SegmentedFusion
 
 _ATTR = "_pyfuser_segmented"
@@ -258,6 +260,9 @@ def _segment(fusion) -> SegmentedFusion:
     notes = {"split_reason": "", "cuts": []}
     if compute:
         for members, sched, res in _partition(fusion, compute, all_exprs, orders, notes):
+            if _views_on_host(sched, members):
+                units += [("host", [e], None, None) for e in members]
+                continue
             units.append(("kernel" if sched else "eager", members, sched, res))
     from ..runtime.executor import note_fallback
     segments = []
@@ -291,6 +296,13 @@ def _segment(fusion) -> SegmentedFusion:
     elif getattr(fusion, "aliases", None):
         _kernel_aliases(fusion, segments)
     return SegmentedFusion(fusion, segments, notes["cuts"], notes["split_reason"])
+
+
+def _views_on_host(sched, members) -> bool:
+    """A group no scheduler took whose exprs are all metadata (views, permutes, broadcasts,
+    squeezes, expands): torch runs them as views of the kernel output they read, as the
+    evaluator would, and a host segment keeps the fusion's calls replayable."""
+    return sched is None and all(type(e) in HOST_RUNNERS for e in members)
 
 
 def _kernel_aliases(fusion, segments) -> None:
