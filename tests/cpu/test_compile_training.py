@@ -6,6 +6,7 @@ eager in float64: pyfuser's error is at most a few times eager's own float32 err
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -184,3 +185,44 @@ def test_training_step_matches_eager(name):
     regions = [r for g in fw + bw for r in g.regions]
     assert sum(len(g.regions) for g in bw) >= 5
     assert all(r.eager_calls == 0 for r in regions)     # every region ran fused
+    assert_ran_as_sm90_kernels(regions)
+
+
+def assert_ran_as_sm90_kernels(regions):
+    """Every region's last call ran kernels only (no eager segment, no evaluator fallback), on
+    the CPU interpreter, whose executor first compiles each kernel's CUDA source with NVRTC for
+    the default arch: sm_90 on a machine without a GPU (the GPU tests run them on the GPU)."""
+    from pyfuser.runtime import dispatch, nvrtc
+    if not torch.cuda.is_available() and not os.environ.get("PYFUSER_ARCH"):
+        assert nvrtc.default_arch() == "sm_90"
+    for r in regions:
+        report = dispatch.last_report(r.fusion)
+        assert report is not None and report.eager_segments == 0, (r, report)
+        kernels = [s for s in report.segments if s.kind == "kernel"]
+        assert kernels and all(s.backend == "interpret" for s in kernels), (r, report)
+
+
+def test_in_place_lowerings_stay_out_of_regions():
+    """A graph calling native_batch_norm in training mode (which writes its running statistics,
+    though its schema does not say so) keeps that node an aten call: the shared lowering would
+    write the inputs in place (Fusion.aliases, TorchScript's form), which a region of a
+    functional graph must not do. The ops after it still fuse, and the statistics are eager's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from pyfuser.frontend.fx.compile_graph import compile_graph
+
+    def f(x, w, b, rm, rv):
+        y = torch.ops.aten.native_batch_norm.default(x, w, b, rm, rv, True, 0.1, 1e-5)[0]
+        return (y * 2 + 1,)
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=gen) for s in ((4, 3, 5), (3,), (3,)))
+    stats, ref_stats = [torch.zeros(3), torch.ones(3)], [torch.zeros(3), torch.ones(3)]
+    gm = make_fx(f)(x, w, b, *[s.clone() for s in stats])
+    cg = compile_graph(gm, None, "inference")
+    got = cg([x, w, b, *stats])[0]
+    want = f(x, w, b, *ref_stats)[0]
+    torch.testing.assert_close(got, want)
+    for s, r in zip(stats, ref_stats):
+        torch.testing.assert_close(s, r)
+    assert cg.unsupported == {"native_batch_norm": "its lowering writes an input in place"}
+    assert [r.ops for r in cg.regions] == [["aten.mul.Tensor", "aten.add.Tensor"]]
+    assert all(r.calls == 1 and r.eager_calls == 0 for r in cg.regions)
