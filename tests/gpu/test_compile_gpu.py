@@ -59,7 +59,10 @@ def test_training_step_on_cuda_matches_eager(name):
         assert_as_close_as_eager(grads[0][k], grads[1][k], grads[2][k], k, factor=8)
     regions = [r for g in compiled_graphs() for r in g.regions]
     assert regions and all(r.eager_calls == 0 for r in regions)
-    assert sum(r.kernels() for r in regions) >= len(regions) // 2     # launched on the GPU
+    for r in regions:                   # every region's kernels launched on the GPU
+        report = dispatch.last_report(r.fusion)
+        assert report is not None and report.eager_segments == 0, (r, report)
+        assert all(s.backend == "cuda" for s in report.segments if s.kind == "kernel"), report
 
 
 @pytest.mark.gpu
@@ -109,6 +112,31 @@ def test_gpu_kernel_draws_the_cpu_interpreters_bits(shape):
             cpu = dispatch.execute_fusion(g, [x])
         for a, b in zip(gpu, cpu):
             assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.gpu
+def test_dropout_backward_uses_the_forwards_mask_on_cuda():
+    """The mask drawn in the forward kernel is the one the backward applies: x.grad is the
+    output's nonzero pattern times 1 / (1 - p); torch.manual_seed repeats the run exactly."""
+    def f(x):
+        return F.dropout(torch.tanh(x), 0.3, True) * 1.5
+    cf = pyfuser.compile(f)
+    x0 = torch.randn(256, 1000, device="cuda") + 3.0          # tanh(x) != 0 everywhere
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(1234)
+        x = x0.clone().requires_grad_()
+        y = cf(x)
+        y.backward(torch.ones_like(y))
+        runs.append((y.detach(), x.grad))
+    (y, g), (y2, g2) = runs
+    assert torch.equal(y, y2) and torch.equal(g, g2)
+    keep = y != 0
+    want = keep * (1.5 / 0.7) * (1 - torch.tanh(x0) ** 2)
+    torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+    assert abs(keep.float().mean().item() - 0.7) < 5 * math.sqrt(0.21 / keep.numel())
+    fused = {op for gr in compiled_graphs() for r in gr.regions for op in r.ops}
+    assert {"aten.native_dropout.default", "aten.native_dropout_backward.default"} <= fused
 
 
 @pytest.mark.gpu
