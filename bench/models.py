@@ -22,7 +22,10 @@ running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`
   both compilers emptied (both compilers were warmed up on a tiny function first, so imports
   and worker pools are not counted);
 - `warm_s`: the same again after emptying the in-memory caches and torch._dynamo.reset(), the
-  disk caches kept: what a new process pays with a warm disk cache;
+  disk caches kept: what a new process pays with a warm disk cache (`--warm-dtypes`, default
+  float32 rows only: it doubles a row's compile time). Inductor's compile workers keep the
+  Triton cache directory they started with, so its cold rows may find Triton kernels an earlier
+  row compiled (its FX graph cache is fresh);
 - `check`: the compiled forward's largest error relative to eager's largest logit, and the
   first training loss next to eager's (their dropout masks differ); `error` marks a result off
   eager by more than float tolerance, or the exception a row ended with;
@@ -30,8 +33,9 @@ running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`
   several f / b: Dynamo graph breaks, which come from the model's code).
 Output: a markdown table and pyfuser / Inductor ratios on stdout; under `--out` (default $OUT)
 `bench_models.md`, `bench_models.json` (rows and run facts) and `bench_models_speed.svg` (speed
-relative to eager per model, dtype and step; bench/plot.py). New cases stop starting after
-`--budget` seconds (default 270); the rows not run say so.
+relative to eager per model, dtype and step; bench/plot.py), the first two rewritten after each
+row. Float32 rows come first; new rows stop starting after `--budget` seconds (default 270); the
+rows not run say so.
 """
 from __future__ import annotations
 
@@ -239,7 +243,7 @@ def run_case(TC, args, name, dtype, mode, size, device, base_dir) -> dict:
         graphs = compiled_graphs()[n_graphs:]
         row["regions"] = "+".join(f"{len(g.regions)}{g.kind[0]}" for g in graphs)
     del model, fn, opt
-    if args.compile_times and mode != "eager":
+    if args.compile_times and mode != "eager" and dtype in args.warm_dtypes:
         clear_in_memory()
         row["warm_s"] = _first_calls(case, mode)[0]
     return row
@@ -297,7 +301,7 @@ def speed_rows(rows) -> list:
     return out
 
 
-def write_outputs(out_dir: str, text: str, rows, facts: dict) -> list:
+def write_outputs(out_dir: str, text: str, rows, facts: dict, with_plot: bool = True) -> list:
     os.makedirs(out_dir, exist_ok=True)
     written = []
     path = os.path.join(out_dir, "bench_models.md")
@@ -308,7 +312,7 @@ def write_outputs(out_dir: str, text: str, rows, facts: dict) -> list:
     with open(path, "w", encoding="utf-8") as f:
         json.dump({"facts": facts, "rows": rows}, f, indent=1)
     written.append(path)
-    plot_rows = speed_rows(rows)
+    plot_rows = speed_rows(rows) if with_plot else []
     if plot_rows:
         try:
             from bench.common import _plot_module
@@ -335,6 +339,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3, CPU 1)")
     p.add_argument("--no-compile-times", dest="compile_times", action="store_false",
                    help="skip the warm compile")
+    p.add_argument("--warm-dtypes", default="float32",
+                   help="dtypes whose rows measure the warm compile too (default float32)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU (kernel interpreter), small sizes, float32, no Inductor")
     p.add_argument("--budget", type=float, default=270.0, help="seconds; no new case after")
@@ -353,6 +359,7 @@ def main(argv=None) -> int:
         size = dataclasses.replace(size, batch=b, seq=s, hidden=h, layers=n)
     args.reps = args.reps or (20 if device == "cuda" else 2)
     args.warmup = args.warmup if args.warmup is not None else (3 if device == "cuda" else 1)
+    args.warm_dtypes = set(args.warm_dtypes.split(","))
     modes = [m for m in args.modes.split(",") if m]
     dtypes = [d for d in args.dtypes.split(",") if d]
     bad = [x for x in modes if x not in MODES] + [x for x in dtypes if x not in DTYPES]
@@ -382,6 +389,20 @@ def main(argv=None) -> int:
                                  "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                                  if str(e) else type(e).__name__})
                 print(rows[-1], flush=True)
+                if args.out:           # as it goes: a run stopped from outside keeps its rows
+                    text, facts = _report(rows, args, size, device, start)
+                    write_outputs(args.out, text, rows, facts, with_plot=False)
+    text, facts = _report(rows, args, size, device, start)
+    print(text)
+    if args.out:
+        for path in write_outputs(args.out, text, rows, facts):
+            print("wrote", path)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _report(rows, args, size, device, start) -> tuple:
+    """(markdown text, run facts) of the rows so far."""
+    import torch
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (kernel interpreter)"
     facts = {"device": gpu, "torch": torch.__version__, "batch": size.batch, "seq": size.seq,
              "hidden": size.hidden, "layers": size.layers, "reps": args.reps,
@@ -390,11 +411,7 @@ def main(argv=None) -> int:
             f"{size.batch} x {size.seq}, hidden {size.hidden}, {size.layers} layers (ResNet-18: "
             f"batch {size.batch}, {'224' if device == 'cuda' else '32'} px); median of "
             f"{args.reps}; {facts['seconds']:.0f} s\n\n{table(rows)}\n\n{ratios(rows)}\n")
-    print(text)
-    if args.out:
-        for path in write_outputs(args.out, text, rows, facts):
-            print("wrote", path)
-    return 1 if any("error" in r for r in rows) else 0
+    return text, facts
 
 
 if __name__ == "__main__":
