@@ -1,9 +1,10 @@
-"""On-disk cache of compiled kernels, private to the user who writes it.
+"""On-disk cache of compiled kernels, private to the user who writes it, shared by every process
+of that user (the ranks of a torchrun job on one host included).
 
 Location: `$PYFUSER_CACHE_DIR` (default `~/.cache/pyfuser`), one file `<key>.bin` per entry, where
 the key is sha256 over everything that determines the binary (source, arch, full option list,
 NVRTC version, kernel name: see `make_key`). `PYFUSER_DISABLE_DISK_CACHE=1` turns the cache off
-(no reads, no writes).
+(no reads, no writes, no locks: every process compiles for itself).
 
 Entry layout: MAGIC (8 bytes) | key length (u16 LE) | name length (u16 LE) | payload length
 (u64 LE) | sha256(key | name | payload) (32 bytes) | key | name | payload. The entry carries the
@@ -11,16 +12,38 @@ full key it was written for and the kernel's name, and a load checks both agains
 for: a file copied or renamed from another entry, or forged with a valid checksum for another
 kernel, is rejected (deleted, recompiled).
 
+Several processes compiling the same kernel (`key_lock`): the first to take the key's lock file
+`<key>.lock` (`fcntl.flock`, exclusive) compiles and stores the entry, then releases; the others
+wait for the lock (polling, up to `$PYFUSER_CACHE_LOCK_TIMEOUT` seconds, default 120), then
+look again and load what it stored. A waiter that times out compiles by itself (and stores the
+same bytes). The caller's protocol is: load; on a miss take the lock; load again; compile and
+store only if still missing; release (runtime/nvrtc.py `compile_cuda`).
+
 Invariants:
 - The cache directory is private: created with mode 0700; one that is group/other accessible is
-  repaired to 0700 when this user owns it, and refused (no reads, no writes, logged once) when
-  another user does. Entries are created 0600 (mkstemp).
-- Writers never expose a partial file: they write a temp file in the same directory and
-  `os.replace` it over the entry (atomic on POSIX), so concurrent writers of one key are safe and
-  the last one wins with identical content.
-- A damaged or foreign entry (bad magic, wrong lengths, checksum mismatch, another key or kernel
-  name, unreadable) is treated as a miss: it is deleted and the caller recompiles. Nothing here
-  ever raises for a cache problem; an unwritable directory only disables writing (logged once).
+  repaired to 0700 when this user owns it, and refused (no reads, no writes, no locks, logged
+  once) when another user does. Entries and lock files are created 0600.
+- Writers never expose a partial file: they write a temp file in the same directory, fsync it and
+  `os.replace` it over the entry (atomic on POSIX), so a reader sees the old entry, no entry or
+  the whole new one, and concurrent writers of one key are safe (identical content, last wins).
+  A crash leaves at most a stray `.tmp` file (never read; `clear()` removes it).
+- Every load checks the checksum, key and name: a damaged or foreign entry (bad magic, wrong
+  lengths, checksum mismatch, another key or kernel name, unreadable) is a miss; it is deleted
+  (only if the file at the path is still the one read, so a good entry another process has just
+  written over it survives) and the caller recompiles and overwrites it.
+- Correctness never depends on the locks: they only keep N processes from compiling one kernel
+  N times. The lock is the kernel's `flock` on an open file, so a process that dies (killed,
+  crashed) releases it at once: a stale lock file never blocks anyone. The holder deletes the
+  lock file before releasing it; a waiter that then wins the lock of a deleted file (checked by
+  inode) opens the path again, so two processes never both believe they hold one key's lock
+  (except after `clear()` removed a held lock file, which costs at most one extra compile).
+  Where flock is unavailable (no fcntl, a file system without locks) or the cache is off, no
+  lock is taken and each process compiles for itself.
+- Nothing here ever raises for a cache problem; an unwritable directory only disables writing
+  (logged once).
+- Counters (`stats`, per process): hits, misses, stores, corrupt, foreign, errors, refused;
+  lock_waits (a lock taken after waiting for another process), lock_timeouts (gave up waiting),
+  lock_errors (locking unavailable).
 """
 from __future__ import annotations
 
@@ -29,16 +52,24 @@ import logging
 import os
 import struct
 import tempfile
+import time
+
+try:
+    import fcntl
+except ImportError:          # not POSIX: no locks, each process compiles for itself
+    fcntl = None
 
 log = logging.getLogger("pyfuser")
 
 MAGIC = b"PFCUBIN2"
 _HEADER = struct.Struct("<8sHHQ32s")
 SUFFIX = ".bin"
+LOCK_SUFFIX = ".lock"
+DEFAULT_LOCK_TIMEOUT_S = 120.0
 
 # Counters for tests and the benchmark (process-wide).
 stats = {"hits": 0, "misses": 0, "stores": 0, "corrupt": 0, "errors": 0, "foreign": 0,
-         "refused": 0}
+         "refused": 0, "lock_waits": 0, "lock_timeouts": 0, "lock_errors": 0}
 _warned: set[str] = set()
 _private: dict = {}       # directory -> True (private, or made so) / False (refused)
 
@@ -157,6 +188,7 @@ def load(key: str, name: str = "") -> bytes | None:
     try:
         with open(path, "rb") as f:
             blob = f.read()
+            read_id = _file_id(os.fstat(f.fileno()))
     except FileNotFoundError:
         stats["misses"] += 1
         return None
@@ -171,13 +203,24 @@ def load(key: str, name: str = "") -> bytes | None:
         what = "damaged entry" if entry is None else \
             f"entry written for another {'key' if entry[0] != key else 'kernel'}"
         log.info("pyfuser disk cache: %s %s ignored and removed", what, path)
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+        _remove_if_same(path, read_id)
         return None
     stats["hits"] += 1
     return payload
+
+
+def _file_id(st) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remove_if_same(path: str, file_id: tuple) -> None:
+    """Delete `path` unless another process has replaced it since it was read (a good entry
+    written over a damaged one must survive the reader that saw the damaged one)."""
+    try:
+        if _file_id(os.stat(path)) == file_id:
+            os.remove(path)
+    except OSError:
+        pass
 
 
 def store(key: str, payload: bytes, name: str = "") -> bool:
@@ -193,6 +236,8 @@ def store(key: str, payload: bytes, name: str = "") -> bool:
         fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=d)
         with os.fdopen(fd, "wb") as f:
             f.write(encode(payload, key, name))
+            f.flush()
+            os.fsync(f.fileno())          # the bytes are on disk before the name points at them
         os.replace(tmp, entry_path(key))
         tmp = None
         stats["stores"] += 1
@@ -213,17 +258,123 @@ def store(key: str, payload: bytes, name: str = "") -> bool:
 
 
 def clear() -> int:
-    """Remove every entry (and stray temp files); returns how many files were removed."""
+    """Remove every entry (and stray temp and lock files); returns how many files were removed."""
     d, n = cache_dir(), 0
     try:
         names = os.listdir(d)
     except OSError:
         return 0
     for name in names:
-        if name.endswith(SUFFIX) or name.endswith(".tmp"):
+        if name.endswith((SUFFIX, ".tmp", LOCK_SUFFIX)):
             try:
                 os.remove(os.path.join(d, name))
                 n += 1
             except OSError:
                 pass
     return n
+
+
+# ---- one compiler per key across processes -------------------------------------------------------
+def lock_path(key: str) -> str:
+    return os.path.join(cache_dir(), key + LOCK_SUFFIX)
+
+
+def lock_timeout() -> float:
+    """Seconds a process waits for another one compiling the same key
+    (`$PYFUSER_CACHE_LOCK_TIMEOUT`, default 120; 0: never wait)."""
+    raw = os.environ.get("PYFUSER_CACHE_LOCK_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT_S
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        _warn_once("PYFUSER_CACHE_LOCK_TIMEOUT", f"pyfuser disk cache: PYFUSER_CACHE_LOCK_TIMEOUT="
+                   f"{raw!r} is not a number of seconds; using {DEFAULT_LOCK_TIMEOUT_S:g}")
+        return DEFAULT_LOCK_TIMEOUT_S
+
+
+class key_lock:
+    """`with key_lock(key) as lock:` holds `key`'s lock file against other processes (and other
+    threads: each opens its own file description) for the body. `lock.held` says whether it is
+    held: False when the cache is off or refused, locking is unavailable, or `timeout` seconds
+    (default `lock_timeout()`) passed while another process held it; the body runs either way
+    (without the lock the caller just may duplicate work). `lock.waited_s`: time spent waiting."""
+
+    def __init__(self, key: str, timeout: float | None = None, poll_s: float = 0.002):
+        self.key, self.timeout, self.poll_s = key, timeout, poll_s
+        self.held, self.timed_out, self.waited_s = False, False, 0.0
+        self._fd, self._path, self._id = None, None, None
+
+    def __enter__(self) -> "key_lock":
+        if fcntl is None or not enabled() or not ensure_private(cache_dir(), create=True):
+            return self
+        if self.timeout is None:
+            self.timeout = lock_timeout()
+        self._path = lock_path(self.key)
+        t0 = time.monotonic()
+        try:
+            self._acquire(t0 + self.timeout)
+        except OSError as e:          # no locks on this file system, or the directory went away
+            stats["lock_errors"] += 1
+            self._close()
+            _warn_once("lock:" + cache_dir(), f"pyfuser disk cache: cannot lock {self._path} "
+                       f"({e}); processes may compile the same kernel more than once")
+        self.waited_s = time.monotonic() - t0
+        return self
+
+    def _acquire(self, deadline: float) -> None:
+        delay, waited = self.poll_s, False
+        while True:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                               0o600)
+            while True:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    waited = True
+                    if time.monotonic() >= deadline:
+                        stats["lock_timeouts"] += 1
+                        log.log(logging.WARNING if self.timeout > 0 else logging.DEBUG,
+                                "pyfuser disk cache: waited %.1f s for another process "
+                                "compiling %s; compiling it here too", self.timeout, self._path)
+                        self._close()
+                        self.timed_out = True
+                        return
+                    time.sleep(delay)
+                    delay = min(2 * delay, 0.05)
+            mine = os.fstat(self._fd)
+            try:
+                now = os.stat(self._path)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                self._id = (mine.st_dev, mine.st_ino)
+                self.held = True
+                stats["lock_waits"] += int(waited)
+                return
+            # the previous holder deleted this file before releasing it: take the path's new one
+            self._close()
+
+    def __exit__(self, *exc) -> None:
+        if self.held:
+            try:                      # delete our lock file (only ours), then release it
+                st = os.stat(self._path)
+                if (st.st_dev, st.st_ino) == self._id:
+                    os.remove(self._path)
+            except OSError:
+                pass
+            try:                      # explicitly: a child forked meanwhile shares the open file
+                fcntl.flock(self._fd, fcntl.LOCK_UN)   # and would keep it locked for waiters
+            except OSError:                           # already blocked on it
+                pass
+        self._close()
+        self.held = False
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)    # releases the flock
+            except OSError:
+                pass
+            self._fd = None

@@ -13,6 +13,11 @@ Invariants:
 - A failed compile raises CompileError carrying the kernel's name and the full NVRTC log; with the
   `cuda_to_file` dump on, the source is written to the dump dir first.
 - Works without a GPU (the arch then defaults to sm_90, or $PYFUSER_ARCH).
+- Processes sharing a cache directory compile each kernel once: a miss takes the key's lock
+  (disk_cache.key_lock), looks again, and only then compiles and stores; the others wait for the
+  lock and load the entry (a waiter that times out compiles by itself).
+- `stats` (per process): `nvrtc` kernels compiled here, `disk` kernels loaded from the disk
+  cache, `waited_s` time spent waiting for other processes' compiles, `compile_time_s` NVRTC time.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from ..errors import CompileError
 from . import disk_cache
 
 DEFAULT_ARCH = "sm_90"
+stats = {"nvrtc": 0, "disk": 0, "waited_s": 0.0, "compile_time_s": 0.0}
 BASE_OPTIONS = ("--std=c++17", "-default-device")
 
 
@@ -77,6 +83,19 @@ def nvrtc_version() -> tuple[int, int]:
     if key is not None:
         disk_cache.store(key, f"{int(major)}.{int(minor)}".encode(), "nvrtc-version")
     return int(major), int(minor)
+
+
+def kernel_entries(directory: str | None = None) -> int:
+    """How many compiled kernels a disk-cache directory (default: the current one) holds: its
+    entries but the NVRTC-version one (for tests and benchmarks of cache sharing)."""
+    directory = directory or disk_cache.cache_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    ident = _library_identity()
+    version = disk_cache.make_key("nvrtc-version", ident) + disk_cache.SUFFIX if ident else None
+    return sum(1 for n in names if n.endswith(disk_cache.SUFFIX) and n != version)
 
 
 def _library_identity():
@@ -196,15 +215,37 @@ def compile_cuda(source: str, name: str, arch: str | None = None, options=(),
         options = tuple(options) + ("--ptxas-options=-v",)
     opts = build_options(arch, options)
     key = disk_cache.make_key(source, arch, opts, nvrtc_version(), name)
-    if use_disk_cache:
-        hit = disk_cache.load(key, name)
+    if not use_disk_cache:
+        return _compiled(_compile(source, name, arch, opts, key))
+    hit = _from_disk(key, name, arch)
+    if hit is not None:
+        return hit
+    with disk_cache.key_lock(key) as lock:
+        stats["waited_s"] += lock.waited_s
+        # another process may have stored it since the miss (we waited for it, or it finished
+        # just before we took the lock): look again before compiling
+        hit = _from_disk(key, name, arch)
         if hit is not None:
-            lowered, sep, cubin = hit.partition(b"\0")
-            if sep and cubin:
-                return CompiledBinary(name, lowered.decode(), arch, cubin, "", 0.0, key, True)
-    binary = _compile(source, name, arch, opts, key)
-    if use_disk_cache:
+            return hit
+        binary = _compiled(_compile(source, name, arch, opts, key))
         disk_cache.store(key, binary.lowered_name.encode() + b"\0" + binary.cubin, name)
+    return binary
+
+
+def _from_disk(key: str, name: str, arch: str) -> CompiledBinary | None:
+    hit = disk_cache.load(key, name)
+    if hit is None:
+        return None
+    lowered, sep, cubin = hit.partition(b"\0")
+    if not (sep and cubin):
+        return None
+    stats["disk"] += 1
+    return CompiledBinary(name, lowered.decode(), arch, cubin, "", 0.0, key, True)
+
+
+def _compiled(binary: CompiledBinary) -> CompiledBinary:
+    stats["nvrtc"] += 1
+    stats["compile_time_s"] += binary.compile_time_s
     return binary
 
 

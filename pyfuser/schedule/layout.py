@@ -152,7 +152,15 @@ def _meta_expr(e, env, bindings):
     x = arg(e.inputs[0]) if e.inputs else None
     out = e.outputs[0]
     if isinstance(e, E.ElementwiseOp):
-        r = OPS[e.op_name].ref(*[arg(v) for v in e.inputs])
+        args = [arg(v) for v in e.inputs]
+        try:
+            r = OPS[e.op_name].ref(*args)
+        except (TypeError, RuntimeError):
+            # a scalar where torch wants a tensor (`eq(0.0, t)`): as a 0-dim tensor, which
+            # takes no part in the layout
+            args = [a if isinstance(a, torch.Tensor) else torch.tensor(a, device="meta")
+                    for a in args]
+            r = OPS[e.op_name].ref(*args)
         if not isinstance(r, torch.Tensor) or list(r.shape) != bindings.shape(out):
             r = torch.empty(bindings.shape(out), device="meta")
         return r

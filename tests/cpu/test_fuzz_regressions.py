@@ -68,6 +68,23 @@ def test_bfloat16_pow_3_rounds_each_product(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_float16_pow_float_3_rounds_each_product_on_both_executors(mode):
+    """Fuzz seed 3079: `pow(x, 3.0)` of a float16 tensor follows eager's CUDA rounding (products
+    in float16, each rounded) through both CPU executors, while eager's CPU kernel rounds once;
+    the fuzzer's reference for the evaluator now runs the GPU rule as the interpreter's does."""
+    text = """graph(%x : Tensor):
+  %c : float = prim::Constant[value=3.0]()
+  %v : Tensor = aten::pow(%x, %c)
+  %w : Tensor = aten::frac(%v)
+  return (%w)
+"""
+    x = (torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 3).half()
+    out = CompiledGraph(parse_ir(text), cpu_executor=mode).run([x])[0]
+    assert torch.equal(out, torch.frac((x * x) * x))
+    assert not torch.equal(torch.frac((x * x) * x), torch.frac(torch.pow(x, 3.0)))
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ["add", "sub", "rsub"])
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.int64), (torch.float16, torch.int8),
                                     (torch.float32, torch.float64)])

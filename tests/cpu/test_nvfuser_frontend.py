@@ -467,3 +467,28 @@ def test_version_contiguity_dtypes_and_module_names():
     with pytest.raises(FusionDefinitionError, match="no DataType for"):
         torch_dtype_to_nvfuser_dtype(torch.uint16)
     assert DataType.Null is None
+
+
+def test_scalar_first_comparison_on_a_sliced_input_with_a_reduction():
+    """`fd.ops.eq(S, T)` with the scalar first, on a slice (a non-contiguous kernel input), in a
+    fusion with a reduction: the output-layout pass ran `torch.eq(0.0, tensor)` on meta tensors,
+    which torch rejects (found by nvFuser's test_nanogpt_mha_dpa)."""
+    x = torch.randn(2, 3, 4, 4)
+    mask = torch.randint(0, 2, (1, 1, 8, 8)).float()
+
+    def fusion_func(fd):
+        t0 = fd.define_tensor(symbolic_sizes=[-1, -1, -1, -1], contiguous=[True] * 4,
+                              dtype=DataType.Float)
+        t1 = fd.define_tensor(symbolic_sizes=[1, 1, -1, -1], contiguous=[None, None, True, True],
+                              dtype=DataType.Float)
+        t2 = fd.ops.slice(t1, start_indices=[0, 0, 0, 0], end_indices=[1, 1, 4, 4],
+                          strides=[1, 1, 1, 1])
+        t3 = fd.ops.eq(fd.define_constant(0.0), t2)
+        t4 = fd.ops.broadcast_in_dim(t3, output_shape=[2, 3, 4, 4], broadcast_dims=[0, 1, 2, 3])
+        t5 = fd.ops.where(t4, fd.define_constant(float("-inf")), t0)
+        t6 = fd.ops.max(t5, axes=[3], keepdim=False, dtype=DataType.Null)
+        fd.add_output(t6)
+
+    out, _ = exec_nvfuser(fusion_func, [x, mask])
+    want = torch.where(mask[:, :, :4, :4] == 0.0, float("-inf"), x).amax(3)
+    torch.testing.assert_close(out[0], want)
