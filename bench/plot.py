@@ -144,8 +144,12 @@ def load(path: str, tables=None, match=None, wanted=SERIES) -> tuple:
     return chosen[0].title, rows_from_tables(chosen, wanted), series
 
 
-def plot(rows, out_path: str, title: str = "", series=SERIES) -> str:
-    """Draw `rows` ([{"workload", series: % or None}]) into out_path (.png or .svg)."""
+COPY_RATE = "% of the copy rate (bytes that must move / time, over a copy's)"
+
+
+def plot(rows, out_path: str, title: str = "", series=SERIES, xlabel: str = COPY_RATE) -> str:
+    """Draw `rows` ([{"workload", series: % or None}]) into out_path (.png or .svg); `xlabel`
+    says what the % is of (the dashed line is at 100%)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -169,7 +173,7 @@ def plot(rows, out_path: str, title: str = "", series=SERIES) -> str:
     ax.set_yticklabels([r["workload"] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.12)
-    ax.set_xlabel("% of the copy rate (bytes that must move / time, over a copy's)")
+    ax.set_xlabel(xlabel)
     if title:
         ax.set_title(title, fontsize=9, pad=22)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=k, fontsize=8, frameon=False)

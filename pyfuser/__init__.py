@@ -1,4 +1,8 @@
-"""pyfuser: a fusion compiler for PyTorch (TorchScript IR / FusionDefinition in, CUDA kernels out).
+"""pyfuser: a fusion compiler for PyTorch (torch.compile graphs, TorchScript IR, FusionDefinition
+in; CUDA kernels out).
+
+`torch.compile(model, backend="pyfuser")` (or `pyfuser.compile(model)`) fuses the aten graphs of
+forward and backward passes (pyfuser.frontend.fx).
 
 `from pyfuser import Fusion, FusionDefinition, FusionCache, DataType, ...` gives nvFuser's Python
 frontend; programs for it run with the module name changed (`nvfuser`, `nvfuser._C` and
@@ -19,10 +23,13 @@ _LAZY = {
     "version": ("pyfuser.nvfuser_version", "version"),
     "jit": ("pyfuser.frontend.torchscript.fuse_api", "jit"),
     "fuse_graph": ("pyfuser.frontend.torchscript.fuse_api", "fuse_graph"),
+    "compile": ("pyfuser.frontend.fx.backend", "compile"),
+    "backend": ("pyfuser.frontend.fx.backend", "pyfuser_backend"),
     "explain": ("pyfuser.explainer", "explain"),
 }
 __all__ = ["Fusion", "FusionDefinition", "FusionCache", "Tensor", "Scalar", "DataType",
-           "compute_contiguity", "version", "jit", "fuse_graph", "explain", "__version__"]
+           "compute_contiguity", "version", "jit", "fuse_graph", "compile", "backend", "explain",
+           "__version__"]
 
 
 def _dump_help() -> None:

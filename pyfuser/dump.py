@@ -23,6 +23,7 @@ import sys
 DUMP_NAMES = {
     "graph_passes": "TorchScript graph after each fuser pass",
     "fusion_groups": "each fusion group and why neighbours were not merged",
+    "fx_graph": "each aten FX graph the torch.compile backend gets, and the graph it makes",
     "fusion_ir": "Fusion IR of each fusion, before scheduling",
     "fusion_ir_scheduled": "Fusion IR with the scheduler's transforms applied",
     "segmenter_logging": "which scheduler took or refused which segment, and why",

@@ -169,6 +169,9 @@ def plan_kernel(fusion, inputs) -> KernelPlan:
     return plan
 
 
-def interpret(plan: KernelPlan, inputs, outputs, bindings) -> None:
+def interpret(plan: KernelPlan, inputs, outputs, bindings, params=None, workspaces=None) -> None:
+    """Run the plan's kernel IR on the CPU. `params`: the launch's packed parameter values (the
+    runtime's; random-number seeds and offsets come from there), `workspaces`: the buffers
+    they point to (made here when not given)."""
     from .interpreter import run
-    run(plan, list(inputs), list(outputs), bindings)
+    run(plan, list(inputs), list(outputs), bindings, params, workspaces)

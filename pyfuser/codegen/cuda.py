@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..ir.dtypes import DataType
-from ..ir.ops import OPS
+from ..ir.ops import kernel_op
 from . import kernel_ir as K
 from .prelude import PRELUDE
 
@@ -85,7 +85,7 @@ class Printer:
                 return f"pf_unpack_{kind}({word}, ({self.e(lane)}) & 1)"
             return x.name + "".join(f"[{self.e(i)}]" for i in x.index)
         if isinstance(x, K.Op):
-            return OPS[x.name].cuda.format(*(self.e(a) for a in x.args))
+            return kernel_op(x.name).cuda.format(*(self.e(a) for a in x.args))
         if isinstance(x, K.Convert):
             return self.convert(x)
         if isinstance(x, K.Shfl):
@@ -247,6 +247,8 @@ def kernel_body(k: K.Kernel) -> str:
 
 
 def full_source(k: K.Kernel, header: str = "") -> str:
+    from .prelude_random import PHILOX_CPP, needs_random
     body = kernel_body(k)
     typedef = f"typedef {k.index_type} nidx_t;\n"
-    return f"{header}{PRELUDE}\n{typedef}\n{body}\n"
+    extra = PHILOX_CPP if needs_random(k) else ""
+    return f"{header}{PRELUDE}{extra}\n{typedef}\n{body}\n"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ir.ops import OPS
+from ..ir.ops import kernel_op
 from . import kernel_ir as K
 
 ELEMENT_BUDGET = 1 << 22          # elements (threads x per-thread data) per chunk
@@ -86,12 +86,15 @@ class _Shared:
 
 
 class Interpreter:
-    def __init__(self, plan, tensors, bindings):
+    def __init__(self, plan, tensors, bindings, params=None):
         self.k: K.Kernel = plan.kernel_ir
         self.values = {}
-        for p in self.k.params:
+        for i, p in enumerate(self.k.params):
             src = p.source
-            if src[0] in ("ptr", "workspace"):
+            if src[0] == "philox":
+                assert params is not None, "random-number parameters come from the runtime"
+                self.values[p.name] = params[i]
+            elif src[0] in ("ptr", "workspace"):
                 self.values[p.name] = _flat(tensors[src[1]])
             elif src[0] == "size":
                 self.values[p.name] = int(tensors[src[1]].shape[src[2]])
@@ -467,7 +470,7 @@ class Interpreter:
 
     @staticmethod
     def op(x: K.Op, args):
-        info = OPS[x.name]
+        info = kernel_op(x.name)
         reg = x.compute.compute.torch
         if not any(isinstance(a, torch.Tensor) for a in args):
             targs = [torch.tensor(a, dtype=torch.bool if i == 0 and x.name == "where" else reg)
@@ -512,12 +515,15 @@ _BIN = {
 }
 
 
-def run(plan, inputs, outputs, bindings) -> None:
+def run(plan, inputs, outputs, bindings, params=None, workspaces=None) -> None:
     """Interpret `plan`'s kernel on the tensors of `inputs` (the fusion's, scalars skipped) and
-    `outputs`, plus the workspaces the plan asks for."""
+    `outputs`, plus the workspaces the plan asks for (`workspaces`, or fresh ones). `params`:
+    the packed values of the kernel's parameters, where the runtime made them (the values of
+    sources only the runtime knows, such as random-number seeds, come from there)."""
     tensors = plan.kernel_tensors(inputs, outputs)
     cfg = plan.kernel.launch_config(bindings, tensors)
     if 0 in cfg.grid:
         return
-    tensors = tensors + plan.workspaces(bindings, tensors, torch.device("cpu"))
-    Interpreter(plan, tensors, bindings).run(cfg)
+    if workspaces is None:
+        workspaces = plan.workspaces(bindings, tensors, torch.device("cpu"))
+    Interpreter(plan, tensors + list(workspaces), bindings, params).run(cfg)

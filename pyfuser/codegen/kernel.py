@@ -11,6 +11,9 @@ Param sources:
   ("size", i, axis)       size of segment tensor i on logical axis `axis`
   ("scalar", scalar)      value of a fusion Scalar from the Bindings (scalar inputs, extents)
   ("numel", i)            number of elements of segment tensor i
+  ("philox", "seed")      the launch's random-number seed (int64_t, its bit pattern)
+  ("philox", "offset", n) the launch's generator offset; the launch reserves n (4 per random op)
+                          of it (runtime/rng.py draws both once per launch)
 
 Invariant: `ctype` is one of CTYPES; values are converted to it exactly (no silent narrowing:
 the codegen picks int32 only when every index fits, see `index_type`).

@@ -8,6 +8,9 @@ Kernel shape (T threads, V lanes, U unrolled vectors / rows per thread):
          row-invariant loads (bias-like operands) once;
          for u < U: o = by*U + u; if (o < e_outer): outer group indices from o; loads [u]
          for u < U: same; lanes: compute; stores
+Random numbers (PhiloxUniformOp) are computed where a load would be, from the element's row-major
+index in the random op's shape (its access's offset, as if it were a dense tensor) and the
+launch's seed and offset (kernel parameters pf_seed, pf_offset).
 All loads of one thread are issued before its first use (bytes in flight), indices are div/mod
 free except the decomposition of the linear (1-D) or row (2-D) index into collapsed groups, done
 once per vector or row. Values are computed op by op exactly as the Fusion says (no reassociation);
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from ..ir import exprs as E
 from ..ir.base import Scalar
+from ..ir.dtypes import DataType
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
@@ -26,7 +30,8 @@ THREAD, STEP, LANE = 0, 1, 2      # where a node's value is computed (see Loweri
 def kernel_name(fusion) -> str:
     names = []
     for e in fusion.used_exprs():
-        if isinstance(e, (E.ElementwiseOp, E.CastOp, E.FullOp, E.ReductionOp, E.WelfordOp)) \
+        if isinstance(e, (E.ElementwiseOp, E.CastOp, E.FullOp, E.ReductionOp, E.WelfordOp,
+                          E.PhiloxUniformOp)) \
                 and e.op_name not in names:
             names.append(e.op_name)
     if not names:
@@ -39,6 +44,9 @@ class Lowering(Emitter):
         super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
         self.need_r = any(not a.affine for a in sched.accesses)
+        # random numbers: per graph node its access (a dense row-major index, no memory)
+        self.rng_access = {id(a.node): a for a in sched.accesses if a.rng is not None}
+        self.n_rng = len({a.rng for a in self.rng_access.values()})
 
     def extent(self, k: int):
         return self._param(self.size_params, f"n{k}", self.it, ("size", self.ref_seg, k))
@@ -80,6 +88,34 @@ class Lowering(Emitter):
                 off = K.add(off, K.mul(self.key_index(c), self.stride(a, j)))
         return off
 
+    def stride(self, a, j):
+        """A random op's index is row-major over its shape: the stride of its axis j is the
+        product of its later extents (no parameter); any other access's is the Emitter's."""
+        if a.rng is None or isinstance(j, tuple):
+            return super().stride(a, j)
+        st = self.const(1)
+        for d in a.tv.logical[j + 1:]:
+            st = K.mul(st, self.extent_expr(d))
+        return st
+
+    def rng_value(self, a, gvars):
+        """The random number of access `a` at the current lane: the op table's philox_uniform
+        of the launch's seed and offset (kernel parameters), the op's number in the launch and
+        the element's row-major index (offset of lane 0 plus the lane's step)."""
+        seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
+        offset = self._param(self.scalar_params, "pf_offset", "int64_t",
+                             ("philox", "offset", 4 * self.n_rng))
+        index = self.offset(a, gvars)
+        if a.mode == "vector":
+            index = K.add(index, K.Var("v"))
+        elif a.mode == "strided" and self.p.vec > 1:
+            inner = self.p.groups[-1][-1]
+            index = K.add(index, K.mul(K.Var("v"), self.stride(a, a.eff[inner][1])))
+        digits = a.node.expr.digits
+        value = K.Op("philox_uniform", (seed, offset, K.Const(a.rng, "int"), index,
+                                        K.Const(digits, "int")), DataType.Int)
+        return value
+
     def group_extent(self, gi):
         g = self.p.groups[gi]
         e = self.extent(g[0])
@@ -119,8 +155,8 @@ class Lowering(Emitter):
         in a row) or LANE (per element). A node's level is the finest of its arguments'."""
         levels = {}
         for node in self.s.graph.nodes:
-            if node.kind == "load":
-                a = arrays[id(node)][1]
+            if node.kind in ("load", "rng"):
+                a = arrays[id(node)][1] if node.kind == "load" else self.rng_access[id(node)]
                 lvl = LANE if a.mode != "bcast" else (THREAD if a.row_invariant else STEP)
             elif node.kind == "full":
                 lvl = THREAD
@@ -156,6 +192,11 @@ class Lowering(Emitter):
                 idx = () if a.row_invariant else (u,)
                 idx = idx + ((self.const(0),) if a.mode == "bcast" else (lane,))
                 expr = K.Convert("load", K.ArrayRef(arr, idx), dt, dt)
+            elif node.kind == "rng":
+                gvars = [K.Var(f"g{gi}") for gi in range(len(self.p.groups))]
+                expr = self.rng_value(self.rng_access[id(node)], gvars)
+                if dt is DataType.Double:
+                    expr = K.Convert("cast", expr, DataType.Float, dt)
             else:
                 expr = self.node_expr(node, lambda a: vals[id(a)])
             out.append(K.Let(name, K.REGISTER_CTYPE[dt], expr))
@@ -208,11 +249,12 @@ class Lowering(Emitter):
     def build(self, name: str) -> K.Kernel:
         p, G = self.p, len(self.p.groups)
         for a in sorted(self.s.accesses, key=lambda a: a.seg):
-            self.ptr(a)
+            if a.rng is None:
+                self.ptr(a)
         for gi in range(G):
             self.prologue.append(K.Let(f"e{gi}", "nidx_t", self.group_extent(gi)))
         gvars = [K.Var(f"g{gi}") for gi in range(G)]
-        loads = [a for a in self.s.accesses if not a.is_store]
+        loads = [a for a in self.s.accesses if not a.is_store and a.rng is None]
         arrays, seen = {}, {}
         for a in loads:
             n = seen.get(a.tv.number, 0)

@@ -643,3 +643,25 @@ def random(kind: str, a: Operandish, b: Operandish, shape: Sequence,
     out = TensorView(root, dtype, fusion)
     E.RandomOp(kind, out, params, exts)
     return out
+
+
+def rand(shape: Sequence, dtype: DataType = DataType.Float) -> TensorView:
+    """A tensor of `shape` of uniform numbers in [0, 1) drawn in the kernel (Philox4x32-10 from
+    the launch's seed and offset: exprs.PhiloxUniformOp); float32, half or bfloat16."""
+    from .philox import DIGITS
+    if not isinstance(dtype, DataType) or dtype.torch not in DIGITS:
+        raise FusionDefinitionError(f"rand: dtype must be Float, Half or BFloat16, got {dtype!r}")
+    fusion = Fusion.current()
+    exts = []
+    for i, s in enumerate(shape):
+        if isinstance(s, Scalar) and s.dtype.is_integral:
+            exts.append(s)
+        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+            exts.append(Scalar(DataType.Int, s, fusion))
+        else:
+            raise FusionDefinitionError(f"rand: size {i} is {s!r}, not a size or an Int scalar")
+    root = [IterDomain(e, IterType.Broadcast) if e.is_const and e.value == 1 else IterDomain(e)
+            for e in exts]
+    out = TensorView(root, dtype, fusion)
+    E.PhiloxUniformOp(out, exts)
+    return out

@@ -25,8 +25,9 @@ from .tensor import TensorView
 class _Env:
     """Values computed so far: tensors by Val identity, scalars from the Bindings."""
 
-    def __init__(self, bindings: Bindings, device):
+    def __init__(self, bindings: Bindings, device, used=()):
         self.b, self.tensors, self.device = bindings, {}, device
+        self.used, self.rng = used, None        # (launch state, op numbers) once drawn
 
     def __getitem__(self, v):
         if isinstance(v, TensorView):
@@ -174,6 +175,24 @@ def _random(e, env):
     return out.uniform_(a, b) if e.kind == "uniform" else out.normal_(a, b)
 
 
+def _philox(e, env):
+    """The kernel's random numbers (ir/philox.py) at every element's row-major index: one draw
+    of the launch state per evaluate, each random op numbered in expr order, as a kernel does."""
+    from .philox import uniform
+    if env.rng is None:
+        from ..runtime.rng import launch_state
+        ops = [x for x in env.used if isinstance(x, E.PhiloxUniformOp)]
+        env.rng = (launch_state(env.device, 4 * len(ops)), {id(x): k for k, x in enumerate(ops)})
+    (seed, offset), number = env.rng
+    shape = [int(env.b.value(s)) for s in e.shape]
+    n = 1
+    for s in shape:
+        n *= s
+    index = torch.arange(n, dtype=torch.int64).view(shape)
+    u = uniform(seed, offset, number[id(e)], index, e.digits)
+    return u.to(device=env.device, dtype=e.output.dtype.torch)
+
+
 def _scalar(e, env):
     return None  # scalar results are in the Bindings
 
@@ -196,6 +215,7 @@ HANDLERS = {
     E.SliceOp: _slice,
     E.CatOp: _cat,
     E.RandomOp: _random,
+    E.PhiloxUniformOp: _philox,
     E.ScalarCast: _scalar,
 }
 
@@ -215,11 +235,12 @@ def evaluate(fusion, inputs, device=None) -> list:
     bindings = bind(fusion, inputs)
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None) or \
         device or torch.get_default_device()
-    env = _Env(bindings, device)
+    used = fusion.used_exprs()
+    env = _Env(bindings, device, used)
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):
             env[v] = x
-    needed = {id(e) for e in fusion.used_exprs()}
+    needed = {id(e) for e in used}
     for e in fusion.exprs:
         if id(e) not in needed:
             continue

@@ -6,8 +6,9 @@ movement and metadata exprs (broadcast, expand, squeeze, view, permute, set, cas
 attributes the evaluator and the codegen need. Reductions name a ReductionInfo.
 
 Indexing and data-dependent exprs (gather, index_select, slice, cat) and random number exprs
-(RandomOp) are taken by no kernel scheduler yet: the segmenter runs them on the reference
-evaluator (an "eager" segment), as it does reductions.
+drawn from torch's generator (RandomOp) are taken by no kernel scheduler yet: the segmenter runs
+them on the reference evaluator (an "eager" segment). PhiloxUniformOp draws in the kernel
+itself (the pointwise scheduler takes it), from the launch's seed and offset (ir/philox.py).
 
 Invariant: the constructors only record; the builder (builder.py) checks arguments and creates
 output TensorViews, so every Expr in a Fusion is well-formed.
@@ -202,3 +203,22 @@ class RandomOp(Expr):
     @property
     def op_name(self) -> str:
         return self.kind
+
+
+class PhiloxUniformOp(Expr):
+    """A tensor of `shape` (Scalars) of numbers in [0, 1) from Philox4x32-10: element i (its
+    row-major linear index) of the k-th such op of a launch is ir/philox.py's
+    uniform(seed, offset, k, i, digits), the launch's seed and offset drawn from the generator
+    of the device it runs on (runtime/rng.py), `digits` the output dtype's (24 float32, 11 half,
+    8 bfloat16: exact in it, never rounded up to 1). A pure function of the element's index, so
+    a kernel may compute it at any index, any number of times."""
+    op_name = "rand"
+
+    def __init__(self, out, shape: list):
+        self.shape = list(shape)
+        super().__init__([], [out])
+
+    @property
+    def digits(self) -> int:
+        from .philox import DIGITS
+        return DIGITS[self.output.dtype.torch]

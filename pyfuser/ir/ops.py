@@ -3,7 +3,10 @@
 Each OpInfo row gives the op's name, arity, PyTorch's type-promotion kind, which dtype categories
 it accepts, its PyTorch reference (used by the reference evaluator and by tests) and its CUDA
 expression. Nothing else in pyfuser branches on op names: frontends look ops up here, the
-evaluator calls `ref`, the codegen formats `cuda`.
+evaluator calls `ref`, the codegen formats `cuda`. Reductions (REDUCTIONS) and random-number
+generators (RANDOM_OPS: Philox4x32-10 draws, which read a launch's seed and offset and an
+element's index rather than operand values) have tables of their own; `kernel_op(name)` finds
+the row a kernel IR Op names in either of OPS and RANDOM_OPS.
 
 CUDA expressions are templates over the operands `{0}`, `{1}`, `{2}`, already converted to the
 op's computation type (half and bfloat16 compute in float). Functions named `pf_*` are defined in
@@ -208,3 +211,32 @@ def _prod(x, dims, keepdim):
     for d in sorted(dims, reverse=True):
         x = torch.prod(x, d, keepdim=keepdim)
     return x
+
+
+# ---- random numbers ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RandomInfo:
+    """A random-number generator a kernel evaluates per element: `ref(seed, offset, k, index,
+    digits)` (torch ops, ir/philox.py) and `cuda` (a prelude function) give the same bits for
+    the same launch seed / offset, random op number `k` of the launch and element index."""
+    name: str
+    arity: int
+    ref: Callable
+    cuda: str
+
+
+def _philox_uniform(seed, offset, k, index, digits):
+    from .philox import uniform
+    return uniform(seed, offset, k, index, digits)
+
+
+RANDOM_OPS: dict[str, RandomInfo] = {
+    "philox_uniform": RandomInfo("philox_uniform", 5, _philox_uniform,
+                                 "pf_philox_uniform({0}, {1}, {2}, {3}, {4})"),
+}
+
+
+def kernel_op(name: str):
+    """The OpInfo or RandomInfo a kernel IR Op names."""
+    info = OPS.get(name)
+    return info if info is not None else RANDOM_OPS[name]

@@ -263,16 +263,25 @@ class FusionExecutor:
                 fast.workspaces = tuple(specs)
                 tensors = tensors + [_workspace(fast, n, dt, kind) for n, dt, kind in specs]
         if self.mode == "interpret":
+            # the workspaces a grid reduction asks for are parameters too; every parameter is
+            # checked to fit its C type, and the interpreter runs with the packed values
             work = entry.plan.workspaces(bindings, tensors, device) \
                 if hasattr(entry.plan, "workspaces") else []
-            entry.packer.pack(tensors + work, bindings)  # checks every parameter fits its C type
-            _api().interpret(entry.plan, inputs, outputs, bindings)
+            values = entry.packer.checked_values(tensors + work, bindings)
+            if work or entry.packer.has_philox:
+                _api().interpret(entry.plan, inputs, outputs, bindings, params=values,
+                                 workspaces=work)
+            else:
+                _api().interpret(entry.plan, inputs, outputs, bindings)
             info["kernels"] = 1
         elif _nonempty(cfg):
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda" and not inplace:   # in place: no replay
+        if fast.call is None and self.mode == "cuda" and not inplace \
+                and not entry.packer.has_philox:
+            # no replay for in-place outputs, nor for a kernel drawing random numbers (it packs
+            # a new seed / offset every call)
             fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
 

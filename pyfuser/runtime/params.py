@@ -4,7 +4,8 @@
 - the C layout of the parameters (each aligned to its size, as the CUDA ABI lays out kernel
   parameters) as one `struct.Struct` with explicit padding (`fmt`, `offsets`, `size`),
 - a generated Python function `values(tensors, bindings) -> tuple` that reads every parameter's
-  value in order with no per-call interpretation of Param sources,
+  value in order with no per-call interpretation of Param sources (a kernel that draws random
+  numbers takes its seed and offset from runtime/rng.py, once per call: `has_philox`),
 - the ctypes types of the parameters (for cuda-python's (values, types) launch form).
 
 `tensors` are the segment tensors: tensor inputs in fusion.inputs order, then outputs.
@@ -68,14 +69,26 @@ class ParamPacker:
         self.sizes = [CTYPES[p.ctype][1] for p in self.params]
         self.struct = struct.Struct(self.fmt)
         self.ctypes = tuple(CTYPES_CTYPES[p.ctype] for p in self.params)
+        self.has_philox = any(p.source[0] == "philox" for p in self.params)
         self.values = self._build_getter()
 
     def _build_getter(self):
         """Generate `def values(t, b): return (...)` over the Param sources."""
         env, items = {"int": int, "float": float, "bool": bool}, []
+        draw = ""
         for k, p in enumerate(self.params):
             src = p.source
             kind = src[0]
+            if kind == "philox":
+                # the launch's seed and offset, drawn once per call (runtime/rng.py)
+                if not draw:
+                    from . import rng
+                    env.update(_draw=rng.launch_state, _dev=rng.device_of)
+                    inc = next(q.source[2] for q in self.params
+                               if q.source[0] == "philox" and q.source[1] == "offset")
+                    draw = f"    R = _draw(_dev(t), {int(inc)})\n"
+                items.append("R[0]" if src[1] == "seed" else "R[1]")
+                continue
             if kind == "ptr":
                 expr = f"t[{int(src[1])}].data_ptr()"
             elif kind == "stride":
@@ -97,7 +110,7 @@ class ParamPacker:
             conv = _CONVERT[p.ctype]
             # data_ptr/stride/size/numel are ints already; only scalars need converting.
             items.append(expr if kind != "scalar" else f"{conv}({expr})")
-        body = "def values(t, b):\n    return (" + "".join(f"{e}, " for e in items) + ")\n"
+        body = "def values(t, b):\n" + draw + "    return (" + "".join(f"{e}, " for e in items) + ")\n"
         exec(compile(body, "<pyfuser packer>", "exec"), env)  # noqa: S102 - generated from Params
         return env["values"]
 
@@ -109,6 +122,16 @@ class ParamPacker:
         except (struct.error, OverflowError):
             self._explain(vals)
             raise
+
+    def checked_values(self, tensors, bindings) -> tuple:
+        """The parameter values of one launch, each checked to fit its C type (ExecuteError)."""
+        vals = self.values(tensors, bindings)
+        try:
+            self.struct.pack(*vals)
+        except (struct.error, OverflowError):
+            self._explain(vals)
+            raise
+        return vals
 
     def pack_into(self, buf, tensors, bindings, offset: int = 0) -> None:
         vals = self.values(tensors, bindings)

@@ -182,7 +182,7 @@ def _meta_expr(e, env, bindings):
         return x.reshape(bindings.shape(out))
     if isinstance(e, E.PermuteOp):
         return x.permute(e.dims)
-    if isinstance(e, E.FullOp):
+    if isinstance(e, (E.FullOp, E.PhiloxUniformOp)):
         return torch.empty(bindings.shape(out), device="meta")
     if isinstance(e, (E.ReductionOp, E.WelfordOp)):   # every reduction lays out as sum does
         return x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))

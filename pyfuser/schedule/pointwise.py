@@ -1,8 +1,11 @@
 """The pointwise scheduler: which Fusions it takes, and how it maps them onto a CUDA grid.
 
 `can_schedule(fusion)` accepts fusions of elementwise / cast / set / broadcast / expand / squeeze /
-view / permute / full exprs (no reductions), with at least one output, no complex dtypes, every
-output computed (not an input or a pure view of one) and all outputs of one shape.
+view / permute / full exprs and random numbers drawn in the kernel (PhiloxUniformOp; no
+reductions), with at least one output, no complex dtypes, every output computed (not an input
+or a pure view of one) and all outputs of one shape. A random op is indexed as a dense row-major
+tensor of its shape would be (an access without memory), so it collapses and vectorizes with the
+others.
 
 `schedule(fusion, inputs)` works on a deep copy of the fusion (the user's Fusion is never
 touched) and returns a `PointwiseSchedule`:
@@ -109,6 +112,8 @@ class Access:
     mode: str = "general"       # "vector" / "bcast" / "strided" / "general"
     row_invariant: bool = False  # 2-D: offset does not depend on the row
     ptr_align: int = 16         # byte alignment of the data pointer (capped at 16)
+    rng: int | None = None      # a random op's numbers (no memory): its number k in the kernel;
+                                # indexed as a dense row-major tensor of its shape would be
 
     @property
     def affine(self) -> bool:
@@ -179,7 +184,7 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
         return (int(bindings.value(orig)) if orig is not None else None), \
             orig is not None and id(orig) in known
 
-    accesses = _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent)
+    accesses = _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent, orig_of)
     params = PointwiseParams(dropped=dropped)
     params.groups = _collapse(order, shape, accesses)
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
@@ -216,13 +221,14 @@ def _describe(s: PointwiseSchedule) -> str:
              f"max_blocks={p.max_blocks} load_cache={p.load_cache or 'plain'} store_cache={p.store_cache or 'plain'}",
              f"groups={p.groups} dropped={p.dropped} ({p.reason})"]
     for a in s.accesses:
-        lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode}"
+        what = "store" if a.is_store else ("rng  " if a.rng is not None else "load ")
+        lines.append(f"  {what} {a.tv.name}: mode={a.mode}"
                      f"{' row-invariant' if a.row_invariant else ''}"
                      f"{' (through a view, linear)' if a.linear else ''}")
     return "\n".join(lines)
 
 
-def _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent) -> list[Access]:
+def _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent, orig_of) -> list[Access]:
     tensor_inputs = clone.tensor_inputs()
     actual = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
     out = []
@@ -236,12 +242,33 @@ def _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent) -> li
             if eff is not None:
                 a.eff, a.linear = eff, True
         out.append(a)
+    # random ops numbered in expr order (as the evaluator numbers them)
+    exprs = {id(n.expr) for n in graph.rngs}
+    numbers = {i: k for k, i in enumerate(id(e) for e in clone.exprs if id(e) in exprs)}
+    for node in graph.rngs:
+        # random numbers at an element's row-major index: indexed like a dense row-major
+        # tensor of their shape, so they collapse and vectorize with the other accesses
+        k = numbers[id(node.expr)]
+        sizes = tuple(_extent(d, orig_of, bindings) for d in node.tv.logical)
+        a = _access(node, -1 - k, node.tv, False, 1, sizes, L.strides_for(sizes, range(len(sizes))))
+        if not node.affine:
+            eff = _linear_view(node.key, a.sizes, a.strides, view_extent)
+            if eff is not None:
+                a.eff, a.linear = eff, True
+        a.rng = k
+        out.append(a)
     nin = len(tensor_inputs)
     for oi, (o, node) in enumerate(zip(clone.outputs, graph.outputs)):
         sizes = tuple(bindings.shape(fusion.outputs[oi]))
         strides = L.strides_for(sizes, orders[oi])
         out.append(_access(node, nin + oi, o, True, o.dtype.itemsize, sizes, strides))
     return out
+
+
+def _extent(d, orig_of, bindings) -> int:
+    """The run-time size of an axis of the clone."""
+    s = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return int(s.value) if s.is_const else int(bindings.value(orig_of[id(s)]))
 
 
 def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:

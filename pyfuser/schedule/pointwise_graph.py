@@ -24,13 +24,14 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 
 METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
-COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp)
+COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp)
 ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + (E.ScalarCast,)
 
 
 @dataclass(eq=False)
 class Node:
-    kind: str                 # "load", "op", "cast", "set", "full", "alias" (metadata: same value)
+    kind: str                 # "load", "op", "cast", "set", "full", "rng" (random numbers drawn
+                              # at the node's index), "alias" (metadata: same value)
     tv: TensorView
     key: tuple
     expr: object = None
@@ -81,6 +82,7 @@ class Graph:
         self.fusion = fusion
         self.nodes: list[Node] = []
         self.loads: list[Node] = []
+        self.rngs: list[Node] = []
         self._memo: dict = {}
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, 20000))
@@ -100,6 +102,9 @@ class Graph:
             self.loads.append(node)
         elif isinstance(e, E.FullOp):
             node = Node("full", tv, key, e, [e.inputs[0]])
+        elif isinstance(e, E.PhiloxUniformOp):
+            node = Node("rng", tv, key, e, [])
+            self.rngs.append(node)
         else:
             args = []
             for v in e.inputs:

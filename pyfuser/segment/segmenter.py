@@ -11,9 +11,13 @@
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
    group graph stays acyclic; so what remains cut are the lightest edges. A group no scheduler
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
-   takes the union; eager groups merge with eager groups.
-4. Groups are put in a dependency order (Kahn, ties by first expr), neighbouring host exprs are
-   joined into one host segment.
+   takes the union; eager groups merge with eager groups. Then kernel groups that read a
+   common tensor and do not depend on each other join when one scheduler takes the union
+   (`_merge_siblings`).
+4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
+   bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
+   (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
+   ties by first expr), neighbouring host exprs are joined into one host segment.
 5. What was cut is kept for `pyfuser explain`: `sf.split_reason` (why no scheduler took the
    compute exprs as one group) and `sf.cuts`, one `Cut` per tensor between two final groups
    with the reason they stay apart (the last merge pass tried every remaining edge).
@@ -31,7 +35,7 @@ import weakref
 from .. import dump as D
 from ..ir.tensor import TensorView
 from .extract import extract
-from .host import host_exprs, host_layout
+from .host import HOST_RUNNERS, host_exprs, host_layout
 from .segmented_fusion import Cut, Segment, SegmentedFusion
 
 _ATTR = "_pyfuser_segmented"
@@ -196,12 +200,16 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             verdict[a] = result
             verdict.pop(b)
             changed = True
+    first = {g: members[0] for g, members in groups.members.items()}
+    _merge_siblings(fusion, groups, verdict, orders)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
+        why = apart.get((a, b), "")
+        # siblings joined since: a group is found again through its first expr
+        a, b = groups.of[id(first[a])], groups.of[id(first[b])]
         if (id(o), a, b) not in seen:
             seen.add((id(o), a, b))
-            notes["cuts"].append(Cut(o, groups.members[a], groups.members[b], -nb,
-                                     apart.get((a, b), "")))
+            notes["cuts"].append(Cut(o, groups.members[a], groups.members[b], -nb, why))
     out = []
     for g, members in groups.members.items():
         sched, res = verdict[g]
@@ -210,6 +218,35 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             res = (extract(fusion, members, ins, outs, orders), res)
         out.append((members, sched, res))
     return out
+
+
+def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
+    """Join kernel groups that read a common tensor and neither needs the other (a layer
+    norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
+    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first."""
+    readers: dict = {}
+    for g, members in groups.members.items():
+        if verdict[g][0] is None:
+            continue
+        for e in members:
+            for v in e.inputs:
+                if isinstance(v, TensorView) and groups.of.get(id(v.definition)) != g:
+                    readers.setdefault(id(v), (v, set()))[1].add(g)
+    pairs = []
+    for v, gs in readers.values():
+        gs = sorted(gs)
+        pairs += [(-_bytes(v), a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
+    for _, a, b in sorted(pairs, key=lambda t: (t[0], t[1], t[2])):
+        if a not in groups.members or b not in groups.members:
+            continue
+        if groups.reaches(a, b, False) or groups.reaches(b, a, False):
+            continue
+        union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
+        result = _offer(fusion, groups, union, orders)
+        if result[0] is not None:
+            groups.merge(a, b)
+            verdict[a] = result
+            verdict.pop(b)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------
@@ -223,6 +260,9 @@ def _segment(fusion) -> SegmentedFusion:
     notes = {"split_reason": "", "cuts": []}
     if compute:
         for members, sched, res in _partition(fusion, compute, all_exprs, orders, notes):
+            if _views_on_host(sched, members):
+                units += [("host", [e], None, None) for e in members]
+                continue
             units.append(("kernel" if sched else "eager", members, sched, res))
     from ..runtime.executor import note_fallback
     segments = []
@@ -256,6 +296,13 @@ def _segment(fusion) -> SegmentedFusion:
     elif getattr(fusion, "aliases", None):
         _kernel_aliases(fusion, segments)
     return SegmentedFusion(fusion, segments, notes["cuts"], notes["split_reason"])
+
+
+def _views_on_host(sched, members) -> bool:
+    """A group no scheduler took whose exprs are all metadata (views, permutes, broadcasts,
+    squeezes, expands): torch runs them as views of the kernel output they read, as the
+    evaluator would, and a host segment keeps the fusion's calls replayable."""
+    return sched is None and all(type(e) in HOST_RUNNERS for e in members)
 
 
 def _kernel_aliases(fusion, segments) -> None:

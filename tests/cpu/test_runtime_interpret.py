@@ -67,3 +67,15 @@ def test_reuse_across_sizes_and_dispatch(monkeypatch):
         xs = C.inputs("add", specs, shape=shape)
         C.assert_same(dispatch.execute_fusion(fusion, xs), evaluate(fusion, xs), str(shape))
     dispatch.clear_caches()
+
+
+def test_interpret_executor_runs_grid_reductions_with_workspaces():
+    """Regression: a column sum over many rows is split over blockIdx.z and combined through
+    workspace buffers; the CPU executor packed the parameters without them (IndexError)."""
+    from pyfuser import DataType, FusionDefinition
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        fd.add_output(fd.ops.sum(x, [0], False, DataType.Float))
+    t = torch.randn(8192, 32)
+    out, = fd.execute([t])
+    torch.testing.assert_close(out, t.sum(0), rtol=1e-5, atol=1e-4)

@@ -192,3 +192,29 @@ def test_view_between_ops_is_one_vectorized_kernel():
     assert plan.schedule.params.vec == 4 and any(a.linear for a in plan.schedule.accesses)
     (out,) = fs.execute([x])
     torch.testing.assert_close(out, C.gelu_mid_view_eager(x))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_view_between_two_kernels_runs_on_the_host(mode, monkeypatch):
+    """A normalization's output reshaped and summed over its rows (a bias gradient): the view
+    no kernel takes with either side runs as a torch view between the two kernels (a host
+    segment), not as an eager segment, so the call stays replayable."""
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1, -1], DataType.Float)
+        t = B.elementwise("mul", x, 2.0)
+        u = B.elementwise("sub", t, B.reduction("sum", t, [2], keepdim=True))
+        f.add_output(u)
+        f.add_output(B.reduction("sum", B.reshape(u, [-1, u.logical[2].extent]), [0]))
+    assert [(s.kind, s.scheduler) for s in segment(f).segments] == \
+        [("kernel", "inner_persistent"), ("host", None), ("kernel", "reduction")]
+    x = torch.randn(4, 6, 8)
+    u, s = dispatch.execute_fusion(f, [x])
+    want = x * 2 - (x * 2).sum(2, keepdim=True)
+    torch.testing.assert_close(u, want)
+    torch.testing.assert_close(s, want.reshape(-1, 8).sum(0))
+    assert dispatch.last_report(f).eager_segments == 0

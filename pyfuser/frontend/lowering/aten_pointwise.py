@@ -19,8 +19,16 @@ ew = B.elementwise
 
 
 def _dtype(code) -> DataType:
+    """A dtype argument as TorchScript gives it (ScalarType's int code) or as an aten call in an
+    FX graph does (a torch.dtype)."""
+    import torch
     if isinstance(code, DataType):
         return code
+    if isinstance(code, torch.dtype):
+        try:
+            return DataType.from_torch(code)
+        except ValueError:
+            raise UnsupportedOpError(f"dtype {code} is not supported") from None
     try:
         return DataType.from_torch(CODE_TO_DTYPE[code])
     except (KeyError, ValueError):

@@ -256,12 +256,14 @@ def _affine(y, w, b, x):
     return y
 
 
-def _batch_norm_training(x, w, b, rmean, rvar, momentum, eps):
+def _batch_norm_training(x, w, b, rmean, rvar, momentum, eps, in_place=True):
     """Statistics of this batch (one Welford pass over every axis but the channels, in float
     for half / bfloat16): y = (x - mean) * invstd * w + b; (y, mean, invstd). Running
-    statistics, when given, are updated in place as eager does (in-place outputs of the
-    fusion, `Fusion.aliases`): running = momentum * batch + (1 - momentum) * running, with
-    the unbiased variance m2 / (n - 1)."""
+    statistics, when given, are updated as eager does: running = momentum * batch +
+    (1 - momentum) * running, with the unbiased variance m2 / (n - 1); `in_place`: written into
+    the running tensors (in-place outputs of the fusion, `Fusion.aliases`: TorchScript's
+    native_batch_norm), else returned as two more results, None where a running statistic is
+    not given (the functional overload of AOTAutograd's graphs)."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"batch_norm of a {x.dtype.name} input (eager raises)")
     dims = [i for i in range(x.ndim) if i != 1]
@@ -272,23 +274,29 @@ def _batch_norm_training(x, w, b, rmean, rvar, momentum, eps):
     invstd = ew("rsqrt", ew("add", ew("div", m2, n), float(eps)))
     y = ew("mul", ew("sub", xc, B.broadcast(avg, flags)), B.broadcast(invstd, flags))
     y = _affine(y, w, b, xc)
+    updated = []
     for running, batch in ((rmean, avg), (rvar, None)):
         if running is None:
+            updated.append(None)
             continue
         if batch is None:
             batch = ew("div", m2, ew("sub", n, B.constant(1)))
-        _update_running(running, batch, momentum)
-    return B.cast(y, x.dtype), avg, invstd
+        updated.append(_update_running(running, batch, momentum, in_place))
+    y = B.cast(y, x.dtype)
+    return (y, avg, invstd) if in_place else (y, avg, invstd, *updated)
 
 
-def _update_running(running, batch, momentum) -> None:
+def _update_running(running, batch, momentum, in_place=True):
     """running <- momentum * batch + (1 - momentum) * running, computed in float for half /
-    bfloat16 statistics, written into the running tensor (an in-place output)."""
+    bfloat16 statistics; written into the running tensor (an in-place output) when `in_place`.
+    Returns the new value."""
     from ...ir.fusion import Fusion
     fusion = Fusion.current()
-    if not isinstance(running, TensorView) or running not in fusion.inputs:
+    if in_place and (not isinstance(running, TensorView) or running not in fusion.inputs):
         raise UnsupportedOpError("batch_norm: a running statistic computed in the group cannot "
                                  "be updated in place")
+    if not isinstance(running, TensorView):
+        raise UnsupportedOpError("batch_norm: a running statistic is not a tensor")
     if not running.dtype.is_floating or running.ndim != 1:
         raise UnsupportedOpError(f"batch_norm: running statistic of {running.dtype.name}, rank "
                                  f"{running.ndim}")
@@ -299,8 +307,30 @@ def _update_running(running, batch, momentum) -> None:
     new = ew("add", ew("mul", B.cast(batch, running.dtype.compute), momentum),
              ew("mul", _float_compute(running), keep))
     new = B.cast(new, running.dtype)
-    fusion.add_output(new)
-    fusion.aliases[new] = running
+    if in_place:
+        fusion.add_output(new)
+        fusion.aliases[new] = running
+    return new
+
+
+@lowers("aten::_native_batch_norm_legit_functional", op_class=NORMALIZATION, n_args=(8,),
+        const_args=(5, 6, 7))
+def _batch_norm_functional(x, w, b, rmean, rvar, training, momentum, eps):
+    """AOTAutograd's functional training batch norm: (y, save_mean, save_invstd,
+    new_running_mean, new_running_var), the running statistics new tensors (the graph copies
+    them into the buffers)."""
+    if not training:
+        raise UnsupportedOpError("_native_batch_norm_legit_functional in eval mode")
+    return _batch_norm_training(x, w, b, rmean, rvar, momentum, eps, in_place=False)
+
+
+@lowers("aten::_native_batch_norm_legit", op_class=NORMALIZATION, n_args=(6,),
+        const_args=(3, 4, 5))
+def _batch_norm_no_stats(x, w, b, training, momentum, eps):
+    """The `no_stats` overload (no running statistics): (y, save_mean, save_invstd)."""
+    if not training:
+        raise UnsupportedOpError("batch_norm without running statistics in eval mode")
+    return _batch_norm_training(x, w, b, None, None, momentum, eps)
 
 
 @lowers("aten::group_norm", op_class=NORMALIZATION, n_args=(6,), const_args=(1, 4, 5))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
+from ...ir.base import Scalar
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
 
@@ -23,9 +24,19 @@ def _ints(values, what: str) -> list[int]:
     return [int(v) for v in values]
 
 
-@lowers(*_kinds("view"), *_kinds("reshape"), op_class=METADATA, n_args=(2,), const_args=(1,))
+def _sizes(values, what: str) -> list:
+    """A size list: constant ints, or symbolic Int Scalars of the fusion (an FX graph's SymInt
+    sizes under dynamic shapes, lowered to extents or host-computed scalars)."""
+    if isinstance(values, (list, tuple)) and all(
+            isinstance(v, Scalar) and v.dtype.is_integral for v in values if not isinstance(v, int)):
+        return [v if isinstance(v, Scalar) else int(v) for v in values]
+    raise UnsupportedOpError(f"{what} must be a list of ints or symbolic sizes, got {values!r}")
+
+
+@lowers(*_kinds("view"), *_kinds("reshape"), "aten::_unsafe_view", op_class=METADATA,
+        n_args=(2,), const_args=(1,))
 def _view(x, shape):
-    return B.reshape(x, _ints(shape, "view size"))
+    return B.reshape(x, _sizes(shape, "view size"))
 
 
 @lowers(*_kinds("flatten"), op_class=METADATA, n_args=(1, 2, 3), const_args=(1, 2))
@@ -122,9 +133,13 @@ def _moves_only_size_one(x, dims) -> bool:
 
 @lowers(*_kinds("expand"), op_class=METADATA, n_args=(2, 3), const_args=(1, 2))
 def _expand(x, sizes, implicit=False):
-    sizes = _ints(sizes, "expand size")
+    sizes = _sizes(sizes, "expand size")
     if len(sizes) > x.ndim:
         x = B.broadcast(x, [True] * (len(sizes) - x.ndim) + [False] * x.ndim)
+    # a symbolic size of a full axis is that axis' own size (eager checked it when the graph
+    # was traced): kept as it is
+    sizes = [-1 if isinstance(s, Scalar) and not d.is_broadcast else s
+             for s, d in zip(sizes, x.logical)]
     return B.expand(x, sizes)
 
 

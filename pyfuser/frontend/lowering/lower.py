@@ -23,7 +23,7 @@ from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
 from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
                                  TensorType)
-from . import aten_pointwise, aten_reduction, aten_shape  # noqa: F401  (fill the table)
+from . import aten_backward, aten_pointwise, aten_random, aten_reduction, aten_shape  # noqa: F401  (fill the table)
 from .registry import LOWERINGS
 
 _LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
@@ -293,10 +293,17 @@ def axis_order(sizes, strides) -> list:
 
 
 def _tensor_input(dtype, sizes, strides, v):
+    return tensor_input(dtype, sizes, strides, f"graph input %{v.debug_name}")
+
+
+def tensor_input(dtype, sizes, strides, what: str):
+    """A fusion input for a tensor of this dtype and layout (sizes may be -1 where unknown):
+    size-1 axes are broadcast axes, the others symbolic extents; contiguity and stride order
+    come from the strides (axis_order). `what` names the input in errors."""
     try:
         dt = DataType.from_torch(dtype)
     except ValueError:
-        raise UnsupportedOpError(f"graph input %{v.debug_name}: dtype {dtype} is not supported") from None
+        raise UnsupportedOpError(f"{what}: dtype {dtype} is not supported") from None
     sizes = [1 if s == 1 else s for s in sizes]
     stride_order = None
     contiguity = None

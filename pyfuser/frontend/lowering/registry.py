@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 POINTWISE, METADATA, REDUCTION, NORMALIZATION = "pointwise", "metadata", "reduction", "normalization"
+# random numbers drawn in the kernel (Philox): the torch.compile backend fuses them; the
+# TorchScript fuser does not group this class (its graphs keep eager's generator)
+RANDOM = "random"
 
 
 @dataclass(frozen=True)

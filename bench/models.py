@@ -1,0 +1,418 @@
+"""Models through torch.compile: eager, Inductor and pyfuser, forward and training step, one run.
+
+    PYTHONPATH=. python3 bench/models.py                        # GPU: everything the budget allows
+    PYTHONPATH=. python3 bench/models.py --models bert,resnet18 --dtypes bfloat16 --modes eager,pyfuser
+    PYTHONPATH=. python3 bench/models.py --no-compile-times     # timings only (no warm compile)
+    PYTHONPATH=. python3 bench/models.py --dry-run              # CPU: small sizes, every step checked
+
+Models (tests/cpu/train_corpus.py, random weights, never a download): HF BERT (masked LM), GPT-2
+and Llama (causal LM) at batch 8 x 512 tokens, hidden 768, 4 layers, 12 heads (`--size`
+batch,seq,hidden,layers), and a ResNet-18 (batch 8, 224 x 224, train mode: batch norm with
+running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`, `inductor`
+(torch.compile's default backend) and `pyfuser` (torch.compile(backend="pyfuser")). Columns:
+- `fwd_ms`: an inference forward (eval mode, torch.no_grad()); `train_ms`: a training step
+  (train mode with the configs' own dropout, `--dropout` to override; the loss, backward and an
+  SGD step, the optimizer eager in every mode). Median of `--reps` calls timed by CUDA events
+  (wall clock on the CPU), after warm-up calls;
+- `fwd_kernels`, `train_kernels`: CUDA kernels one call launches (torch.profiler; memcpy and
+  memset not counted);
+- `cold_s`: the first forward plus the first training step (Dynamo, AOTAutograd, the backend's
+  compilation, the first runs) with empty caches: every compile cache directory (Inductor's,
+  Triton's, pyfuser's PYFUSER_CACHE_DIR) a fresh one for this row and every in-memory cache of
+  both compilers emptied (both compilers were warmed up on a tiny function first, so imports
+  and worker pools are not counted);
+- `warm_s`: the same again after emptying the in-memory caches and torch._dynamo.reset(), the
+  disk caches kept: what a new process pays with a warm disk cache (`--warm-dtypes`, default
+  float32 rows only: it doubles a row's compile time). Inductor's compile workers keep the
+  Triton cache directory they started with, so its cold rows may find Triton kernels an earlier
+  row compiled (its FX graph cache is fresh);
+- `check`: the compiled forward's largest error relative to eager's largest logit, and the
+  first training loss next to eager's (their dropout masks differ); `error` marks a result off
+  eager by more than float tolerance, or the exception a row ended with;
+- `regions`: pyfuser's fused regions per graph it compiled (i inference, f forward, b backward;
+  several f / b: Dynamo graph breaks, which come from the model's code).
+Output: a markdown table and pyfuser / Inductor ratios on stdout; under `--out` (default $OUT)
+`bench_models.md`, `bench_models.json` (rows and run facts) and `bench_models_speed.svg` (speed
+relative to eager per model, dtype and step; bench/plot.py), the first two rewritten after each
+row. Float32 rows come first; new rows stop starting after `--budget` seconds (default 270); the
+rows not run say so.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+MODELS = ("bert", "gpt2", "llama", "resnet18")
+DTYPES = ("float32", "bfloat16")
+MODES = ("eager", "inductor", "pyfuser")
+CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYFUSER_CACHE_DIR")
+
+
+def load_corpus():
+    """tests/cpu/train_corpus.py (the models of the training tests), loaded by path."""
+    if "train_corpus" in sys.modules:
+        return sys.modules["train_corpus"]
+    sys.path.insert(0, os.path.join(ROOT, "tests", "cpu"))       # its model_corpus import
+    spec = importlib.util.spec_from_file_location(
+        "train_corpus", os.path.join(ROOT, "tests", "cpu", "train_corpus.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["train_corpus"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- caches --------------------------------------------------------------------------------------
+def fresh_cache_dirs(base: str, tag: str) -> None:
+    """Point every compile cache at new, empty directories under `base`."""
+    d = tempfile.mkdtemp(prefix=f"{tag}_", dir=base)
+    for var in CACHE_VARS:
+        os.environ[var] = os.path.join(d, var.split("_")[0].lower())
+
+
+def clear_in_memory() -> None:
+    """Forget what both compilers hold in memory (the disk caches stay)."""
+    import torch
+    torch._dynamo.reset()
+    from pyfuser.frontend.fx.compile_graph import clear_cache
+    from pyfuser.runtime import dispatch
+    clear_cache()
+    dispatch.clear_caches()
+    try:
+        import torch._inductor.utils as iu
+        clear = getattr(iu, "clear_caches", None) or getattr(iu, "clear_inductor_caches", None)
+        if clear is not None:
+            clear()
+        from torch._inductor.codecache import PyCodeCache
+        PyCodeCache.cache_clear()
+    except Exception:  # noqa: BLE001 - best effort across torch versions (no Inductor on CPU runs)
+        pass
+
+
+def warm_up_compilers(modes, device: str, base: str) -> None:
+    """Compile a tiny function with each compiler (in a throwaway cache) so that the first row's
+    cold compile does not pay for imports and worker pools."""
+    import torch
+    fresh_cache_dirs(base, "warmup")
+    x = torch.randn(64, 64, device=device, requires_grad=True)
+    for mode in modes:
+        if mode == "eager":
+            continue
+        fn = torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum(-1),
+                           backend=_backend(mode))
+        fn(x).sum().backward()
+        with torch.no_grad():
+            fn(x)
+    clear_in_memory()
+
+
+def _backend(mode: str):
+    if mode == "inductor":
+        return "inductor"
+    import pyfuser                 # installed, backend="pyfuser" names the same (entry point)
+    return pyfuser.backend
+
+
+# ---- one model in one dtype ----------------------------------------------------------------------
+class Case:
+    """A model of the corpus in one dtype: fresh copies per mode, its inputs, its two steps."""
+
+    def __init__(self, TC, name: str, dtype: str, size, device: str, dropout):
+        import torch
+        self.torch, self.device, self.name = torch, device, name
+        self.autocast = dtype == "bfloat16"
+        if name == "resnet18" and device == "cuda":
+            size = dataclasses.replace(size, seq=224)
+        self.base = TC.TRAIN_CASES[name](device, size, dropout=dropout)
+        self.inputs = self.base.inputs
+        self.fwd_inputs = {k: v for k, v in self.inputs.items() if k != "labels"}
+
+    def _ctx(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device, dtype=self.torch.bfloat16)
+
+    def make(self, mode: str):
+        model = copy.deepcopy(self.base.model)
+        fn = model if mode == "eager" else self.torch.compile(model, backend=_backend(mode))
+        return model, fn, self.torch.optim.SGD(model.parameters(), lr=1e-4)
+
+    def forward(self, model, fn):
+        model.eval()
+        with self.torch.no_grad(), self._ctx():
+            return fn(**self.fwd_inputs)
+
+    def train_step(self, model, fn, opt):
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        with self._ctx():
+            loss = self.base.loss(fn(**self.inputs))
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+
+def _logits(out):
+    if hasattr(out, "logits"):
+        return out.logits
+    return out if not isinstance(out, (tuple, list)) else out[0]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device: str, reps: int, warmup: int) -> float:
+    """Median ms of `reps` calls after `warmup` calls: CUDA events on the GPU, wall clock else."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _first_calls(case, mode) -> tuple:
+    """(seconds, model, fn, opt, forward output, first loss) of a new compile of `mode`."""
+    model, fn, opt = case.make(mode)
+    t0 = time.perf_counter()
+    fwd = case.forward(model, fn)
+    loss = case.train_step(model, fn, opt)
+    _sync(case.device)
+    return time.perf_counter() - t0, model, fn, opt, fwd, loss
+
+
+def run_case(TC, args, name, dtype, mode, size, device, base_dir) -> dict:
+    row = {"model": name, "dtype": dtype, "mode": mode}
+    case = Case(TC, name, dtype, size, device, args.dropout)
+    from pyfuser.frontend.fx import compiled_graphs
+    n_graphs = len(compiled_graphs())
+    if mode != "eager":
+        fresh_cache_dirs(base_dir, f"{name}_{dtype}_{mode}")
+        clear_in_memory()
+    cold, model, fn, opt, fwd, loss = _first_calls(case, mode)
+    if mode != "eager":
+        row["cold_s"] = cold
+    # correctness: the eval forward and the first training loss against eager's
+    ref_model, ref_fn, ref_opt = case.make("eager")
+    want = case.forward(ref_model, ref_fn)
+    got, exp = _logits(fwd).float(), _logits(want).float()
+    rel = ((got - exp).abs().max() / exp.abs().max().clamp_min(1e-6)).item()
+    ref_loss = case.train_step(ref_model, ref_fn, ref_opt)
+    row["check"] = f"fwd {rel:.1e}, loss {loss.item():.4f}/{ref_loss.item():.4f}"
+    tol = 5e-2 if dtype == "bfloat16" else 5e-3
+    if not (rel < tol and abs(loss.item() - ref_loss.item()) < 0.05 * abs(ref_loss.item())):
+        row["error"] = "differs from eager"
+    del ref_model, ref_fn, ref_opt
+    row["fwd_ms"] = time_ms(lambda: case.forward(model, fn), device, args.reps, args.warmup)
+    row["train_ms"] = time_ms(lambda: case.train_step(model, fn, opt), device, args.reps,
+                              args.warmup)
+    if device == "cuda":
+        from bench.common import count_kernels
+        row["fwd_kernels"] = count_kernels(lambda: case.forward(model, fn))
+        row["train_kernels"] = count_kernels(lambda: case.train_step(model, fn, opt))
+    if mode == "pyfuser":
+        graphs = compiled_graphs()[n_graphs:]
+        row["regions"] = "+".join(f"{len(g.regions)}{g.kind[0]}" for g in graphs)
+    del model, fn, opt
+    if args.compile_times and mode != "eager" and dtype in args.warm_dtypes:
+        clear_in_memory()
+        row["warm_s"] = _first_calls(case, mode)[0]
+    return row
+
+
+# ---- output --------------------------------------------------------------------------------------
+COLUMNS = ["model", "dtype", "mode", "fwd_ms", "train_ms", "fwd_kernels", "train_kernels",
+           "cold_s", "warm_s", "regions", "check", "error"]
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def table(rows) -> str:
+    used = [c for c in COLUMNS if any(c in r for r in rows)]
+    lines = ["| " + " | ".join(used) + " |", "|" + "|".join("---" for _ in used) + "|"]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in used) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def ratios(rows) -> str:
+    """pyfuser / Inductor per model and dtype (fwd, train, cold, warm): below 1 is faster."""
+    by = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
+    lines = []
+    for (m, d, mode), r in by.items():
+        ind = by.get((m, d, "inductor"))
+        if mode != "pyfuser" or ind is None:
+            continue
+        parts = [f"{k} {r[k] / ind[k]:.2f}" for k in ("fwd_ms", "train_ms", "cold_s", "warm_s")
+                 if r.get(k) and ind.get(k)]
+        if parts:
+            lines.append(f"- {m} {d}: pyfuser / inductor " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def speed_rows(rows) -> list:
+    """Plot rows: per model, dtype and step, each mode's speed as % of eager's (eager = 100)."""
+    by = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
+    series = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser"}
+    out = []
+    for (m, d, mode), r in by.items():
+        if mode != "eager":
+            continue
+        for step in ("fwd_ms", "train_ms"):
+            if not r.get(step):
+                continue
+            row = {"workload": f"{m} {d} {step[:-3]}"}
+            for mo, label in series.items():
+                t = by.get((m, d, mo), {}).get(step)
+                row[label] = 100.0 * r[step] / t if t else None
+            out.append(row)
+    return out
+
+
+def write_outputs(out_dir: str, text: str, rows, facts: dict, with_plot: bool = True) -> list:
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    path = os.path.join(out_dir, "bench_models.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    written.append(path)
+    path = os.path.join(out_dir, "bench_models.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"facts": facts, "rows": rows}, f, indent=1)
+    written.append(path)
+    plot_rows = speed_rows(rows) if with_plot else []
+    if plot_rows:
+        try:
+            from bench.common import _plot_module
+            plot = _plot_module()
+            written.append(plot.plot(
+                plot_rows, os.path.join(out_dir, "bench_models_speed.svg"),
+                f"bench/models.py on {facts['device']}",
+                xlabel="speed as % of eager's (eager's time / the mode's time)"))
+        except Exception as e:  # noqa: BLE001 - the table and JSON are the record
+            print(f"bench/models.py: no plot: {type(e).__name__}: {e}")
+    return written
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--size", default="", help="batch,seq,hidden,layers (default 8,512,768,4)")
+    p.add_argument("--dropout", type=float, default=None,
+                   help="every dropout probability of the HF configs (default: their own)")
+    p.add_argument("--reps", type=int, default=None, help="timed calls (default 20, CPU 2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default 3, CPU 1)")
+    p.add_argument("--no-compile-times", dest="compile_times", action="store_false",
+                   help="skip the warm compile")
+    p.add_argument("--warm-dtypes", default="float32",
+                   help="dtypes whose rows measure the warm compile too (default float32)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="on the CPU (kernel interpreter), small sizes, float32, no Inductor")
+    p.add_argument("--budget", type=float, default=270.0, help="seconds; no new case after")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="output directory (default $OUT)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    TC = load_corpus()
+    device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
+    size = TC.BENCH if device == "cuda" else TC.SMALL
+    if args.size:
+        b, s, h, n = (int(v) for v in args.size.split(","))
+        size = dataclasses.replace(size, batch=b, seq=s, hidden=h, layers=n)
+    args.reps = args.reps or (20 if device == "cuda" else 2)
+    args.warmup = args.warmup if args.warmup is not None else (3 if device == "cuda" else 1)
+    args.warm_dtypes = set(args.warm_dtypes.split(","))
+    modes = [m for m in args.modes.split(",") if m]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    bad = [x for x in modes if x not in MODES] + [x for x in dtypes if x not in DTYPES]
+    if bad:
+        raise SystemExit(f"bench/models.py: unknown mode or dtype {bad}")
+    if device == "cpu":       # Inductor's CPU code and bf16 on the interpreter: not this benchmark
+        modes = [m for m in modes if m != "inductor"]
+        dtypes = [d for d in dtypes if d != "bfloat16"]
+    base_dir = tempfile.mkdtemp(prefix="bench_models_")
+    if device == "cuda":
+        from pyfuser.runtime import native
+        native.build()                 # an install step (make setup): loaded before any row
+    warm_up_compilers(modes, device, base_dir)
+    start, rows = time.perf_counter(), []
+    for dtype in dtypes:
+        for name in filter(None, args.models.split(",")):
+            for mode in modes:
+                if time.perf_counter() - start > args.budget:
+                    rows.append({"model": name, "dtype": dtype, "mode": mode,
+                                 "error": "not run: time budget"})
+                    continue
+                try:
+                    rows.append(run_case(TC, args, name, dtype, mode, size, device, base_dir))
+                except Exception as e:  # noqa: BLE001 - a failure is a row, not the end
+                    traceback.print_exc()
+                    rows.append({"model": name, "dtype": dtype, "mode": mode,
+                                 "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                                 if str(e) else type(e).__name__})
+                print(rows[-1], flush=True)
+                if args.out:           # as it goes: a run stopped from outside keeps its rows
+                    text, facts = _report(rows, args, size, device, start)
+                    write_outputs(args.out, text, rows, facts, with_plot=False)
+    text, facts = _report(rows, args, size, device, start)
+    print(text)
+    if args.out:
+        for path in write_outputs(args.out, text, rows, facts):
+            print("wrote", path)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _report(rows, args, size, device, start) -> tuple:
+    """(markdown text, run facts) of the rows so far."""
+    import torch
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (kernel interpreter)"
+    facts = {"device": gpu, "torch": torch.__version__, "batch": size.batch, "seq": size.seq,
+             "hidden": size.hidden, "layers": size.layers, "reps": args.reps,
+             "seconds": round(time.perf_counter() - start, 1), "date": time.strftime("%Y-%m-%d")}
+    text = (f"bench/models.py on {gpu}, torch {torch.__version__}, {facts['date']}: batch "
+            f"{size.batch} x {size.seq}, hidden {size.hidden}, {size.layers} layers (ResNet-18: "
+            f"batch {size.batch}, {'224' if device == 'cuda' else '32'} px); median of "
+            f"{args.reps}; {facts['seconds']:.0f} s\n\n{table(rows)}\n\n{ratios(rows)}\n")
+    return text, facts
+
+
+if __name__ == "__main__":
+    sys.exit(main())

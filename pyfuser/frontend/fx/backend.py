@@ -1,0 +1,58 @@
+"""`torch.compile(model, backend="pyfuser")` and `pyfuser.compile(model)`.
+
+`pyfuser_backend(gm, example_inputs)` is the Dynamo backend: AOTAutograd (`aot_autograd`)
+traces the graph Dynamo gives into functionalized aten graphs, a forward and a backward one when
+something requires grad (an inference graph otherwise), and hands each to `compile_graph`, which
+fuses what it can into regions run by pyfuser and leaves the rest (matmuls, convolutions,
+attention, embeddings, copies into inputs) as the aten calls they are. The compiled graphs use
+AOTAutograd's boxed calling convention.
+
+The backend is registered under the entry-point group `torch_dynamo_backends` (pyproject.toml),
+so after `pip install` `torch.compile(m, backend="pyfuser")` finds it with no import of pyfuser.
+
+Decompositions: only those a fused kernel wants (`decompositions()`); every other op reaches
+the backend as eager dispatches it, so what stays unfused runs eager's own kernel.
+
+Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
+none yet; unknown options are an error, not silently ignored.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def decompositions() -> dict:
+    """The aten decompositions applied while tracing (see the module docstring)."""
+    return {}
+
+
+def _compiler(kind: str):
+    from .compile_graph import compile_graph
+
+    def compile_fn(gm, example_inputs):
+        return compile_graph(gm, example_inputs, kind)
+    compile_fn.__name__ = f"pyfuser_{kind}_compiler"
+    return compile_fn
+
+
+def pyfuser_backend(gm, example_inputs, **options):
+    """The Dynamo backend (what `backend="pyfuser"` names)."""
+    if options:
+        raise TypeError(f"pyfuser backend: unknown options {sorted(options)}")
+    from torch._dynamo.backends.common import aot_autograd
+    aot = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                       inference_compiler=_compiler("inference"),
+                       decompositions=decompositions(), keep_inference_input_mutations=True)
+    return aot(gm, example_inputs)
+
+
+def compile(model=None, **kwargs):  # noqa: A001 - pyfuser.compile mirrors torch.compile
+    """`torch.compile(model, backend=pyfuser_backend, **kwargs)` (dynamic=, fullgraph=, mode
+    ... as torch.compile takes them). Usable as a decorator, with or without arguments."""
+    if "backend" in kwargs:
+        raise TypeError("pyfuser.compile: the backend is pyfuser's; do not pass backend=")
+    if model is None:
+        return functools.partial(compile, **kwargs)
+    return torch.compile(model, backend=pyfuser_backend, **kwargs)

@@ -1,0 +1,158 @@
+"""Compiling one aten FX graph (a forward, backward or inference graph from AOTAutograd).
+
+`compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
+it with one list of arguments). Steps:
+1. every node is asked `support.node_support` (getitems follow their tuple's node);
+2. `partition.partition` groups supported nodes into convex regions;
+3. each region is lowered to a Fusion (`lower.lower_region`), shared with every region of the
+   same canonical form (`lower.region_key`: the layers of a model, recompiles) through a cache;
+   a node whose lowering fails is marked unsupported with the reason and the graph is
+   partitioned again (a few rounds at most: each round removes at least one node);
+4. a new graph is written with regions and the remaining nodes as units in a topological order
+   (`partition.unit_order`): a region is one call of its `FusedRegion` and a getitem per output,
+   the other nodes are copied as they are (they run as eager aten calls).
+The graph's own inputs, outputs and their order are unchanged, so AOTAutograd's wrappers (input
+mutations, aliased outputs, saved tensors) see what they expect.
+
+`CompiledGraph.report()` says what was fused: regions, the nodes left to FX with their reasons.
+`PYFUSER_DUMP=fx_graph` prints the graph before and after.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+from collections import Counter, OrderedDict
+
+import torch
+
+from ... import dump as D
+from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
+from .partition import Region, partition, unit_order
+from .region import FusedRegion
+from .support import is_getitem, node_support
+
+log = logging.getLogger("pyfuser")
+_MAX_ROUNDS = 64
+_CACHE: "OrderedDict[tuple, object]" = OrderedDict()
+_CACHE_SIZE = 4096
+_counter = [0]
+
+
+def lowered_for(region):
+    """The LoweredRegion of a region, from the cache when an equal one was lowered before."""
+    plan = resolve_symints(region)
+    key = region_key(region, plan)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    lowered = lower_region(region, plan)
+    _CACHE[key] = lowered
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return lowered
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+class CompiledGraph:
+    """The rewritten graph, callable with AOTAutograd's boxed convention (`f(args_list)`)."""
+
+    def __init__(self, kind: str, gm, regions, unsupported: dict, original: str):
+        # an instance attribute: AOTAutograd wraps the backward compiler's result in
+        # torch._dynamo.disable, whose functools.wraps copies the instance's __dict__ only
+        self._boxed_call = True
+        self.__name__ = f"pyfuser_{kind}_graph"
+        self.kind = kind
+        self.gm = gm
+        self.regions = regions
+        self.unsupported = unsupported          # node name -> reason
+        self.original = original
+        self._forward = gm.forward
+
+    def __call__(self, args):
+        return self._forward(*args)
+
+    def kernels(self) -> int:
+        """Kernels the fused regions ran in the last call (aten kernels not counted)."""
+        return sum(r.kernels() for r in self.regions)
+
+    def report(self) -> dict:
+        reasons = Counter(self.unsupported.values())
+        return {"kind": self.kind, "regions": len(self.regions),
+                "fused_nodes": sum(len(r.ops) for r in self.regions),
+                "unfused": dict(reasons.most_common())}
+
+
+_COMPILED: list = []
+
+
+def compiled_graphs() -> list:
+    """Every CompiledGraph made in this process, oldest first (tests and benchmarks read it)."""
+    return list(_COMPILED)
+
+
+def reset_compiled() -> None:
+    _COMPILED.clear()
+
+
+def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGraph:
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    out_node = next(n for n in reversed(nodes) if n.op == "output")
+    graph_outputs = set(out_node.all_input_nodes)
+    unsupported: dict = {}
+    supported = set()
+    for n in nodes:
+        if is_getitem(n):
+            continue
+        ok, why = node_support(n, graph_outputs)
+        if ok:
+            supported.add(n)
+        elif n.op == "call_function":
+            unsupported[n.name] = why
+    supported |= {n for n in nodes if is_getitem(n) and n.args[0] in supported}
+    for _ in range(_MAX_ROUNDS):
+        regions = partition(nodes, supported)
+        try:
+            lowered = [lowered_for(r) for r in regions]
+            break
+        except RegionLoweringError as e:
+            bad = e.node.args[0] if is_getitem(e.node) else e.node
+            drop = {bad} | {u for u in bad.users if is_getitem(u)}
+            supported -= drop
+            unsupported[bad.name] = e.reason
+            log.debug("pyfuser: %s stays unfused: %s", bad.name, e.reason)
+    else:
+        regions, lowered = [], []
+    fused = []
+    new_gm = _rewrite(gm, nodes, regions, lowered, fused, kind)
+    original = str(graph)
+    D.dump("fx_graph", f"{kind} graph", lambda: f"{original}\n--- fused:\n{new_gm.graph}\n"
+                                                f"--- left to FX: {unsupported}")
+    compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
+    _COMPILED.append(compiled)
+    return compiled
+
+
+def _rewrite(gm, nodes, regions, lowered, fused, kind):
+    g = torch.fx.Graph()
+    env: dict = {}
+    by_region = {id(r): lw for r, lw in zip(regions, lowered)}
+    for unit in unit_order(nodes, regions):
+        if isinstance(unit, Region):
+            _counter[0] += 1
+            name = f"pyfuser_{kind[:2]}_region_{_counter[0]}"
+            fr = FusedRegion(name, by_region[id(unit)], unit, gm)
+            fused.append(fr)
+            call = g.call_function(fr, tuple(env[x] for x in unit.inputs))
+            for k, o in enumerate(unit.outputs):
+                item = g.call_function(operator.getitem, (call, k))
+                item.meta = dict(o.meta)
+                env[o] = item
+            continue
+        env[unit] = g.node_copy(unit, lambda a: env[a])
+    new = torch.fx.GraphModule(gm, g)
+    return new

@@ -1,0 +1,253 @@
+"""Lowering a region of an aten FX graph to a Fusion, through the lowering table TorchScript uses.
+
+`lower_region(region) -> LoweredRegion` builds one Fusion whose inputs are, in order, the
+region's tensor inputs (dtype, size-1 axes as broadcast axes, stride order and contiguity from
+the example values) and then the SymInt values it reads that are not an input's extent; its
+outputs are the region's outputs. Each node goes through its table entry's handler
+(`aten_overloads.entry_for`), with its arguments in schema order: FX nodes as the values they
+lowered to, SymInts as the fusion's Scalars, everything else as the constant it is.
+
+SymInts (dynamic shapes): a SymInt that is the size of one of the region's tensor inputs (its
+expression is that axis' symbol) is that axis' extent; any other becomes a scalar input of the
+fusion, passed at run time. A view's size list with one such scalar input and no -1 (a view to
+`[s0 * 512, 768]`) takes -1 there, which the fusion resolves at run time as a signature fact.
+So a Fusion never depends on the values of symbolic sizes: a new batch size reuses its kernels.
+
+`region_key(region, plan)` is the canonical form of a region (ops, arguments, input layouts,
+what its SymInts resolve to): regions with equal keys (the layers of a model, a recompile for
+new sizes) share one LoweredRegion and so one Fusion and its compiled kernels.
+
+Errors: `RegionLoweringError(node, reason)` names the node whose lowering failed; the compiler
+marks it unsupported and partitions again.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from ...errors import PyfuserError, UnsupportedOpError
+from ...ir import builder as B
+from ...ir.base import Scalar
+from ...ir.dtypes import DataType
+from ...ir.fusion import Fusion
+from ...ir.tensor import TensorView
+from ..lowering import aten_backward, aten_pointwise, aten_random, aten_reduction, aten_shape  # noqa: F401,E501 (fill the table)
+from ..lowering.aten_overloads import entry_for, schema_args
+from ..lowering.lower import tensor_input
+from .meta import hint, meta, shape_hints, stride_hints
+
+# Ops whose size-list argument may take a -1 where it has one symbolic entry.
+_SIZE_ARG = {"aten::view": 1, "aten::_unsafe_view": 1, "aten::reshape": 1}
+
+
+class RegionLoweringError(PyfuserError):
+    def __init__(self, node, reason: str):
+        self.node = node
+        super().__init__(f"{node.format_node() if hasattr(node, 'format_node') else node}: {reason}")
+        self.reason = reason
+
+
+@dataclass
+class LoweredRegion:
+    fusion: Fusion
+    n_tensor_inputs: int
+    scalar_inputs: list       # indices into region.inputs of the SymInt nodes passed as scalars
+    outputs: list             # per region output, the index of its fusion output
+    out_layouts: list         # per region output: (axes outermost first, dense?) of eager's value
+
+
+def _sym_expr(x):
+    node = getattr(x, "node", None)
+    return getattr(node, "expr", None)
+
+
+def resolve_symints(region) -> list:
+    """Per region input: None for a tensor, ("extent", k, axis) for a SymInt that is the size of
+    tensor input k's axis, ("scalar",) for another SymInt (a fusion scalar input)."""
+    sizes = {}
+    for k, x in enumerate(region.inputs):
+        v = meta(x)
+        if isinstance(v, torch.Tensor):
+            for axis, s in enumerate(v.shape):
+                e = _sym_expr(s)
+                if e is not None and getattr(e, "is_Symbol", False) and e not in sizes:
+                    sizes[e] = (k, axis)
+    plan = []
+    for x in region.inputs:
+        v = meta(x)
+        if isinstance(v, torch.Tensor):
+            plan.append(None)
+            continue
+        e = _sym_expr(v)
+        hit = sizes.get(e) if e is not None else None
+        plan.append(("extent", *hit) if hit is not None else ("scalar",))
+    return plan
+
+
+def _input_sig(v) -> tuple:
+    if isinstance(v, torch.Tensor):
+        sizes, strides = shape_hints(v), stride_hints(v)
+        ones = tuple(s == 1 for s in sizes)
+        order = tuple(sorted(range(len(sizes)), key=lambda i: (-strides[i], i)))
+        return ("t", str(v.dtype), v.device.type, ones, order,
+                tuple(st for s, st in zip(sizes, strides) if s != 1 and st in (0, 1)),
+                _dense_sig(sizes, strides))
+    return ("s", type(v).__name__)
+
+
+def _dense_sig(sizes, strides) -> tuple:
+    """Which axes' strides are the product of the sizes inner to them (by stride)."""
+    order = sorted(range(len(sizes)), key=lambda i: (strides[i], i))
+    out, expected = [], 1
+    for a in order:
+        if sizes[a] == 1:
+            continue
+        out.append(strides[a] == expected)
+        expected = strides[a] * sizes[a]
+    return tuple(out)
+
+
+def region_key(region, plan) -> tuple:
+    index = {x: ("i", k) for k, x in enumerate(region.inputs)}
+    for j, n in enumerate(region.nodes):
+        index[n] = ("n", j)
+
+    def canon(a):
+        if isinstance(a, torch.fx.Node):
+            return index[a]
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(canon(x) for x in a))
+        if isinstance(a, dict):
+            return tuple(sorted((k, canon(v)) for k, v in a.items()))
+        if isinstance(a, float):
+            return ("f", repr(a))
+        return (type(a).__name__, str(a))
+
+    key = [("in", _input_sig(meta(x)), plan[k]) for k, x in enumerate(region.inputs)]
+    for n in region.nodes:
+        key.append((str(n.target), canon(n.args), canon(n.kwargs)))
+    key.append(("out", tuple(index[o] for o in region.outputs)))
+    return tuple(key)
+
+
+def lower_region(region, plan=None) -> LoweredRegion:
+    plan = resolve_symints(region) if plan is None else plan
+    fusion = Fusion()
+    env: dict = {}
+    scalar_inputs = []
+    with fusion:
+        tensors = [(k, x) for k, x in enumerate(region.inputs) if plan[k] is None]
+        for k, x in tensors:
+            v = meta(x)
+            env[x] = tensor_input(v.dtype, shape_hints(v), stride_hints(v), f"region input {x.name}")
+        for k, x in enumerate(region.inputs):
+            p = plan[k]
+            if p is None:
+                continue
+            if p[0] == "extent":
+                env[x] = env[region.inputs[p[1]]].logical[p[2]].extent
+            else:
+                s = B.symbolic_scalar(_scalar_dtype(meta(x)))
+                fusion.add_input(s)
+                env[x] = s
+                scalar_inputs.append(k)
+        for n in region.nodes:
+            env[n] = _lower_node(n, env)
+            if fusion.aliases:
+                # a functional graph's region writes nothing: in-place lowerings stay out
+                raise RegionLoweringError(n, "its lowering writes an input in place")
+        outs = []
+        for o in region.outputs:
+            val = env[o]
+            if not isinstance(val, TensorView):
+                raise RegionLoweringError(o, "its result is not a tensor the fusion computes")
+            if val not in fusion.outputs:
+                fusion.add_output(val)
+            outs.append(fusion.outputs.index(val))
+    layouts = [_layout(meta(o)) for o in region.outputs]
+    return LoweredRegion(fusion, len(tensors), scalar_inputs, outs, layouts)
+
+
+def _layout(v):
+    from .meta import layout
+    return layout(v) if isinstance(v, torch.Tensor) else (None, False)
+
+
+def _scalar_dtype(v) -> DataType:
+    if isinstance(v, torch.SymFloat):
+        return DataType.Double
+    if isinstance(v, torch.SymBool):
+        return DataType.Bool
+    return DataType.Int
+
+
+def _lower_node(n, env):
+    if n.target is operator.getitem:
+        src, idx = n.args
+        vals = env[src]
+        val = vals[idx] if isinstance(vals, (tuple, list)) and idx < len(vals) else None
+        if not isinstance(val, TensorView):
+            raise RegionLoweringError(n, f"output {idx} of {src.name} is not produced by its lowering")
+        return val
+    entry = entry_for(n.target)
+    args = schema_args(n.target, n.args, n.kwargs)
+    lowered = [_arg(a, env) for a in args]
+    pos = _SIZE_ARG.get(entry.kind)
+    if pos is not None:
+        lowered[pos] = _one_symbolic_as_minus_one(lowered[pos])
+    try:
+        result = entry.handler(*lowered)
+    except PyfuserError as e:
+        raise RegionLoweringError(n, str(e)) from None
+    if isinstance(result, tuple):
+        outs = meta(n)
+        if isinstance(outs, (tuple, list)):
+            for i, (r, m) in enumerate(zip(result, outs)):
+                if r is not None and m is not None and not _matches(r, m):
+                    raise RegionLoweringError(n, f"output {i}: the lowering gives {r.dtype.name} "
+                                                 f"rank {r.ndim}, eager {m.dtype} rank {m.dim()}")
+        return result
+    if not isinstance(result, TensorView):
+        raise RegionLoweringError(n, "its lowering does not give a tensor")
+    m = meta(n)
+    if isinstance(m, torch.Tensor) and not _matches(result, m):
+        raise RegionLoweringError(n, f"the lowering gives {result.dtype.name} rank {result.ndim}, "
+                                     f"eager {m.dtype} rank {m.dim()}")
+    return result
+
+
+def _matches(tv, m) -> bool:
+    return isinstance(tv, TensorView) and tv.dtype.torch == m.dtype and tv.ndim == m.dim()
+
+
+def _arg(a, env):
+    if isinstance(a, torch.fx.Node):
+        if a not in env:
+            raise UnsupportedOpError(f"{a.name} is not available to the region")
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return [_arg(x, env) for x in a]
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise UnsupportedOpError(f"a symbolic value {a} that is not an FX node")
+    if isinstance(a, torch.device):
+        return str(a)
+    return a
+
+
+def _one_symbolic_as_minus_one(sizes):
+    """A size list whose one entry is a scalar input (not an extent the fusion knows) takes -1
+    there instead: an extent the binding infers, which the kernel signature knows about."""
+    if not isinstance(sizes, list):
+        return sizes
+    inputs = Fusion.current().inputs
+    sym = [i for i, s in enumerate(sizes) if isinstance(s, Scalar) and any(s is v for v in inputs)]
+    if len(sym) == 1 and -1 not in sizes:
+        sizes = list(sizes)
+        sizes[sym[0]] = -1
+    return sizes
+
+
+__all__ = ["LoweredRegion", "RegionLoweringError", "lower_region", "region_key",
+           "resolve_symints", "hint"]

@@ -1,0 +1,200 @@
+"""Partitioning an FX graph into fusible regions (the torch.compile backend's fusion groups).
+
+`partition(nodes, supported) -> list[Region]` walks the graph in its (topological) order once.
+A supported node joins the region of one of its operands when that keeps the region *convex*
+(no path leaves the region and comes back into it, so the region can run as one call between
+the nodes it needs and the nodes that need it); otherwise it starts a region of its own. A
+getitem of a node's tuple result follows that node. Convexity is checked with, per node, the
+set of regions among its ancestors (a bitset over region ids) and, per region, the regions it
+needs (transitively, as a unit): joining region G is valid iff no operand outside G needs G.
+Two regions n reads from merge when neither needs the other (a path from one to the other
+through other units would make one need the other): siblings become one region.
+
+Afterwards each region is trimmed and kept only when worth a call:
+- views at its ends (metadata nodes whose results only nodes outside the region read, and views
+  of the region's inputs) are left to FX, as are getitems of nodes left out;
+- a region without a compute node (views only) is dissolved: eager views cost nothing.
+
+Invariants: regions are disjoint, convex and in graph order; every node of a region is
+supported; the regions and the remaining nodes, topologically ordered as units, are a DAG.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .support import is_compute, is_getitem
+from ..lowering.registry import METADATA
+from .support import op_class
+
+
+@dataclass
+class Region:
+    nodes: list                                  # in graph order
+    inputs: list = field(default_factory=list)   # FX nodes read from outside, first-use order
+    outputs: list = field(default_factory=list)  # region nodes read outside (or returned)
+
+    def boundary(self) -> None:
+        members = set(self.nodes)
+        ins, seen = [], set()
+        for n in self.nodes:
+            for a in n.all_input_nodes:
+                if a not in members and a not in seen:
+                    seen.add(a)
+                    ins.append(a)
+        self.inputs = ins
+        self.outputs = [n for n in self.nodes if any(u not in members for u in n.users)]
+
+
+def partition(nodes, supported: set) -> list[Region]:
+    group: dict = {}                 # node -> region id
+    anc: dict = {}                   # node -> bitset of the regions of its strict ancestors
+    rdep: dict = {}                  # region id -> bitset of the regions it needs, transitively
+    members: dict = {}               # region id -> nodes
+    position = {n: i for i, n in enumerate(nodes)}
+    next_id = 0
+
+    def closure(bits: int) -> int:
+        out, rest = bits, bits
+        while rest:
+            low = rest & -rest
+            out |= rdep[low.bit_length() - 1]
+            rest ^= low
+        return out
+
+    def unit_deps(y) -> int:
+        """Regions the unit holding y (its region, or y alone) needs, transitively."""
+        g = group.get(y)
+        return (1 << g) | rdep[g] if g is not None else closure(anc.get(y, 0))
+
+    for n in nodes:
+        a = 0
+        for x in n.all_input_nodes:
+            a |= anc.get(x, 0)
+            g = group.get(x)
+            if g is not None:
+                a |= 1 << g
+        anc[n] = a
+        if n not in supported:
+            continue
+        ins = n.all_input_nodes
+        chosen = None
+        if is_getitem(n):
+            chosen = group.get(n.args[0])
+        else:
+            for x in reversed(ins):
+                g = group.get(x)
+                if g is None or g == chosen:
+                    continue
+                # joining g keeps the units acyclic: no operand outside g needs g
+                if all(group.get(y) == g or not (unit_deps(y) >> g) & 1 for y in ins):
+                    chosen = g
+                    break
+        if chosen is None:
+            if is_getitem(n):
+                continue
+            chosen = next_id
+            next_id += 1
+            members[chosen] = []
+            rdep[chosen] = 0
+        group[n] = chosen
+        members[chosen].append(n)
+        if not is_getitem(n):
+            # an operand's region that neither needs nor is needed by the chosen one (siblings
+            # n joins) merges into it: one region call, one kernel where the shapes agree
+            for x in ins:
+                h = group.get(x)
+                if h is None or h == chosen or (rdep[chosen] >> h) & 1 or \
+                        (rdep[h] >> chosen) & 1 or any(
+                            (unit_deps(y) >> h) & 1 for y in ins if group.get(y) not in (h, chosen)):
+                    continue
+                for m in members.pop(h):
+                    group[m] = chosen
+                    members[chosen].append(m)
+                rdep[chosen] |= rdep[h]
+                rdep[h] = rdep[chosen] | (1 << chosen)      # h's dependents now need chosen
+                for r in rdep:
+                    if (rdep[r] >> h) & 1:
+                        rdep[r] |= (1 << chosen) | rdep[chosen]
+            members[chosen].sort(key=position.__getitem__)
+        need = 0
+        for y in ins:
+            if group.get(y) != chosen:
+                need |= unit_deps(y)
+        need &= ~(1 << chosen)
+        if need & ~rdep[chosen]:
+            rdep[chosen] |= need
+            bit = 1 << chosen
+            for r in rdep:                      # regions needing this one need its needs too
+                if rdep[r] & bit:
+                    rdep[r] |= rdep[chosen]
+    regions = []
+    for g in sorted(members):
+        kept = _trim(sorted(members[g], key=position.__getitem__))
+        if any(is_compute(n) for n in kept):
+            r = Region(kept)
+            r.boundary()
+            regions.append(r)
+    return regions
+
+
+def _trim(nodes: list) -> list:
+    """Drop views at either end (and getitems whose source is dropped) until none is left:
+    views only nodes outside the region read, and views of the region's inputs (eager views
+    cost nothing whatever the strides, where a fusion takes a view of an input on the host only
+    when the input is row-major)."""
+    kept = list(nodes)
+    while True:
+        members = set(kept)
+        drop = {n for n in kept if op_class(n) == METADATA and
+                (all(u not in members for u in n.users) or
+                 all(a not in members for a in n.all_input_nodes))}
+        drop |= {n for n in kept if is_getitem(n) and n.args[0] not in members}
+        if not drop:
+            return kept
+        kept = [n for n in kept if n not in drop]
+
+
+def unit_order(nodes, regions) -> list:
+    """Graph nodes and regions in one topological order (each region as one unit, placed
+    where its last input is available; ties keep graph order)."""
+    owner = {n: r for r in regions for n in r.nodes}
+    pos = {n: i for i, n in enumerate(nodes)}
+    units, key = [], {}
+    for n in nodes:
+        r = owner.get(n)
+        u = n if r is None else r
+        if id(u) not in key:
+            key[id(u)] = len(units)
+            units.append(u)
+    deps = []
+    for u in units:
+        inner = u.nodes if not isinstance(u, torch.fx.Node) else [u]
+        d = set()
+        for n in inner:
+            for x in n.all_input_nodes:
+                ux = owner.get(x, x)
+                if ux is not u:
+                    d.add(key[id(ux)])
+        deps.append(d)
+    first = [min(pos[n] for n in (u.nodes if not isinstance(u, torch.fx.Node) else [u]))
+             for u in units]
+    import heapq
+    indeg = [len(d) for d in deps]
+    users: list = [[] for _ in units]
+    for k, d in enumerate(deps):
+        for j in d:
+            users[j].append(k)
+    ready = [(first[k], k) for k in range(len(units)) if indeg[k] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, k = heapq.heappop(ready)
+        out.append(units[k])
+        for j in users[k]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, (first[j], j))
+    assert len(out) == len(units), "the regions make the graph cyclic"
+    return out

@@ -1,0 +1,111 @@
+"""A fused region at run time: the callable the rewritten FX graph calls in the region's place.
+
+`FusedRegion(name, lowered, region, root)` is called with the region's inputs (its FX inputs'
+values, in `Region.inputs` order: tensors and SymInt values) and returns the tuple of its
+outputs. It runs the region's Fusion through `runtime.dispatch.execute_fusion` (the single entry
+point: segmentation, kernels, their caches), with the fusion's inputs picked from the call's
+(tensors first, then the SymInts the fusion takes as scalars).
+
+Results are eager's: values and dtypes by construction of the lowering; layouts are checked
+against eager's (the example values FX recorded): an output that should be dense in some stride
+order and is not (a copy that eager makes contiguous, say) is copied into that layout, so the
+views downstream in the graph see eager's strides. Inputs a fusion cannot take (an ExecuteError:
+a size 1 where the fusion has a full axis, say) run the region's own nodes eagerly for that call,
+logged once per region and reason; so does a region whose lowering failed when it was compiled.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ...errors import ExecuteError
+from ...runtime import dispatch
+from .meta import dense_strides
+
+log = logging.getLogger("pyfuser")
+
+
+def eager_module(region, root):
+    """A GraphModule running the region's own nodes (the eager fallback)."""
+    g = torch.fx.Graph()
+    env = {}
+    for x in region.inputs:
+        env[x] = g.placeholder(x.name)
+    for n in region.nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[o] for o in region.outputs))
+    return torch.fx.GraphModule(root, g)
+
+
+class FusedRegion:
+    def __init__(self, name: str, lowered, region, root):
+        self.__name__ = name
+        self.__qualname__ = name
+        self.lowered = lowered
+        self.fusion = lowered.fusion
+        tensors = [k for k, x in enumerate(region.inputs) if k not in lowered.scalar_inputs
+                   and isinstance(x.meta.get("val"), torch.Tensor)]
+        self.picks = tensors + list(lowered.scalar_inputs)
+        self.identity = self.picks == list(range(len(region.inputs)))
+        self.outputs = list(lowered.outputs)
+        self.single = self.outputs == [0] and len(self.fusion.outputs) == 1
+        self.layouts = [(order, order == list(range(len(order)))) if dense else None
+                        for order, dense in lowered.out_layouts]
+        self.node_names = [n.name for n in region.nodes]
+        vals = [x.meta.get("val") for x in list(region.inputs) + list(region.outputs)]
+        self.on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in vals)
+        self.ops = [str(n.target) for n in region.nodes]
+        self._eager = None
+        self._region, self._root = region, root
+        self.calls = 0
+        self.eager_calls = 0
+        self._logged: set = set()
+
+    def eager(self, *args):
+        if self._eager is None:
+            self._eager = eager_module(self._region, self._root)
+        return self._eager(*args)
+
+    def __call__(self, *args):
+        inputs = args if self.identity else [args[k] for k in self.picks]
+        try:
+            outs = dispatch.execute_fusion(self.fusion, inputs)
+        except ExecuteError as e:
+            self._note(str(e))
+            self.eager_calls += 1
+            return self.eager(*args)
+        self.calls += 1
+        result = tuple(outs[i] for i in self.outputs)
+        for k, want in enumerate(self.layouts):
+            if want is not None:
+                t = result[k]
+                if not (t.is_contiguous() if want[1] else _dense_in(t, want[0])):
+                    result = result[:k] + (_relayout(t, want[0]),) + result[k + 1:]
+        return result
+
+    def _note(self, reason: str) -> None:
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.info("pyfuser: region %s runs eagerly for these inputs: %s", self.__name__, reason)
+
+    def kernels(self) -> int:
+        """Kernels the last call ran (launched on CUDA; kernel segments run on the CPU)."""
+        r = dispatch.last_report(self.fusion)
+        if r is None:
+            return 0
+        return r.launched if self.on_cuda else r.kernels
+
+    def __repr__(self) -> str:
+        return f"FusedRegion({self.__name__}: {len(self.ops)} nodes)"
+
+
+def _dense_in(t: torch.Tensor, order) -> bool:
+    want = dense_strides(t.shape, order)
+    return all(s == w or n == 1 for s, w, n in zip(t.stride(), want, t.shape))
+
+
+def _relayout(t: torch.Tensor, order) -> torch.Tensor:
+    out = torch.empty_strided(t.shape, dense_strides(t.shape, order), dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out

@@ -1,0 +1,147 @@
+"""Which nodes of an aten FX graph may enter a fused region, and why the others may not.
+
+`node_support(node, graph_outputs)` answers (True, "") or (False, reason) from the node alone:
+- a call of an aten OpOverload with an entry in the lowering table (the one TorchScript uses,
+  through lowering/aten_overloads.py) of a class some scheduler runs (pointwise, metadata,
+  reductions, normalizations; random numbers, which pointwise kernels generate);
+- not an overload that writes an argument (in-place, out=): the functionalized graphs
+  AOTAutograd hands over have none but `copy_` of inputs, which stays an FX node;
+- tensor outputs (a tuple of them, or None where the op leaves an optional one out) and tensor
+  operands of dtypes pyfuser has (complex excluded), every tensor on one device (CUDA or CPU);
+- other arguments: numbers, None, dtypes, devices, layouts, memory formats, strings, lists of
+  them, and SymInts (FX nodes or values): sizes known at run time under dynamic shapes;
+- what eager does differently from a kernel writing a fresh tensor in eager's layout stays out:
+  `_to_copy` to another device, a copy into a memory format its input is not in, a random op
+  given its own generator, and a view op whose result the graph returns (a view stays a view);
+- `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
+
+The lowering can still refuse a node (a handler raising UnsupportedOpError on these particular
+arguments): the compiler then marks it unsupported with that reason and partitions again.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ...ir.dtypes import DataType
+from .meta import has_format, meta
+from ..lowering.aten_overloads import argument_names, entry_for, is_mutable, schema_args
+from ..lowering.registry import METADATA, NORMALIZATION, POINTWISE, RANDOM, REDUCTION
+
+FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RANDOM})
+_PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+               torch.memory_format, type(None))
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def tensor_metas(value) -> list | None:
+    """The tensors of a node's value (a tensor or a tuple/list of tensors and Nones); None when
+    it holds anything else."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and all(isinstance(v, torch.Tensor) or v is None
+                                                for v in value):
+        return [v for v in value if v is not None]
+    return None
+
+
+def is_getitem(node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def op_class(node) -> str | None:
+    if node.op != "call_function":
+        return None
+    entry = entry_for(node.target)
+    return entry.op_class if entry is not None else None
+
+
+def is_compute(node) -> bool:
+    """A fusible node that computes values (not a view and not a getitem)."""
+    cls = op_class(node)
+    return cls is not None and cls != METADATA
+
+
+def _dtype_ok(t: torch.Tensor) -> bool:
+    if t.dtype.is_complex:
+        return False
+    try:
+        DataType.from_torch(t.dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def _arg_ok(a) -> bool:
+    if isinstance(a, torch.fx.Node):
+        v = meta(a)
+        return isinstance(v, (torch.Tensor,) + _SYM)
+    if isinstance(a, (list, tuple)):
+        return all(_arg_ok(x) for x in a)
+    return isinstance(a, _PLAIN_ARGS + _SYM)
+
+
+def _tensor_args(args) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, torch.fx.Node) and isinstance(meta(a), torch.Tensor):
+            out.append(meta(a))
+        elif isinstance(a, (list, tuple)):
+            if any(isinstance(x, torch.fx.Node) and isinstance(meta(x), torch.Tensor) for x in a):
+                return None                                    # a tensor list (cat, stack...)
+    return out
+
+
+def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
+    if node.op != "call_function":
+        return False, f"{node.op} node"
+    target = node.target
+    entry = entry_for(target)
+    if entry is None:
+        return False, f"{target} has no lowering"
+    if entry.op_class not in FUSIBLE_CLASSES:
+        return False, f"{entry.op_class} ops are not fused"
+    if is_mutable(target):
+        return False, f"{target} writes an argument"
+    try:
+        args = schema_args(target, node.args, node.kwargs)
+    except ValueError as e:
+        return False, str(e)
+    if entry.n_args and len(args) not in entry.n_args:
+        return False, f"{target} with {len(args)} arguments is not lowered"
+    if not all(_arg_ok(a) for a in args):
+        return False, f"{target}: an argument is neither a tensor, a number nor a size"
+    outs = tensor_metas(meta(node))
+    if not outs:
+        return False, f"{target}: its result is not a tensor (or a tuple of tensors)"
+    ins = _tensor_args(args)
+    if ins is None:
+        return False, f"{target} takes a list of tensors"
+    tensors = ins + outs
+    if not all(_dtype_ok(t) for t in tensors):
+        return False, f"{target}: a dtype pyfuser does not have ({sorted({str(t.dtype) for t in tensors})})"
+    devices = {t.device for t in tensors if t.dim() > 0 or t.device.type != "cpu"}
+    devices = devices or {t.device for t in tensors}
+    if len(devices) != 1 or next(iter(devices)).type not in ("cuda", "cpu"):
+        return False, f"{target}: tensors on {sorted(map(str, devices))} (one CUDA or CPU device)"
+    if entry.op_class == METADATA and node in graph_outputs:
+        return False, "a view the graph returns stays a view"
+    why = _special(target, dict(zip(argument_names(target), args)), ins, outs)
+    if why:
+        return False, why
+    return True, ""
+
+
+def _special(target, named, ins, outs) -> str:
+    """Reasons particular to an op's arguments (see the module docstring)."""
+    device = named.get("device")
+    if device is not None and torch.device(device) != outs[0].device and ins:
+        return f"{target}: a copy to another device"
+    fmt = named.get("memory_format")
+    if fmt is not None and fmt is not torch.preserve_format and ins and \
+            not has_format(ins[0], fmt):
+        return f"{target}: a copy into {fmt}, which its input is not in"
+    if named.get("generator") is not None:
+        return f"{target}: a random op with its own generator"
+    return ""

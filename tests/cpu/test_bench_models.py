@@ -1,0 +1,66 @@
+"""bench/models.py's CPU smoke mode (--dry-run): a tiny Llama through eager and pyfuser's
+torch.compile backend on the kernel interpreter, every step of a GPU run taken (cold and warm
+compile, the check against eager, timings, the table, JSON and plot), so the GPU run does not
+fail on something a CPU could have caught."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_models", os.path.join(ROOT, "bench",
+                                                                               "models.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    m = _bench()
+    for var in m.CACHE_VARS:          # the run points them at its own directories: put them back
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    yield m
+    import torch
+    torch._dynamo.reset()
+
+
+def test_dry_run_writes_table_json_and_plot(bench, tmp_path):
+    rc = bench.main(["--dry-run", "--models", "llama", "--size", "2,8,32,1", "--reps", "1",
+                     "--warmup", "0", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "bench_models.json").read_text())
+    rows = {r["mode"]: r for r in data["rows"]}
+    assert set(rows) == {"eager", "pyfuser"} and data["facts"]["layers"] == 1
+    for r in rows.values():
+        assert "error" not in r and r["fwd_ms"] > 0 and r["train_ms"] > 0
+        assert r["check"].startswith("fwd ")
+    pf = rows["pyfuser"]
+    assert pf["cold_s"] > 0 and pf["warm_s"] > 0
+    assert re.fullmatch(r"\d+i\+\d+f\+\d+b", pf["regions"]), pf["regions"]
+    md = (tmp_path / "bench_models.md").read_text()
+    assert "| llama | float32 | pyfuser |" in md
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "bench_models_speed.svg").stat().st_size > 0
+
+
+def test_ratios_and_speed_rows_compare_with_inductor_and_eager(bench):
+    rows = [{"model": "m", "dtype": "float32", "mode": "eager", "fwd_ms": 4.0, "train_ms": 9.0},
+            {"model": "m", "dtype": "float32", "mode": "inductor", "fwd_ms": 2.0, "train_ms": 6.0,
+             "cold_s": 30.0},
+            {"model": "m", "dtype": "float32", "mode": "pyfuser", "fwd_ms": 1.0, "train_ms": 9.0,
+             "cold_s": 10.0}]
+    assert bench.ratios(rows) == "- m float32: pyfuser / inductor fwd_ms 0.50, train_ms 1.50, " \
+                                 "cold_s 0.33"
+    speed = bench.speed_rows(rows)
+    assert [r["workload"] for r in speed] == ["m float32 fwd", "m float32 train"]
+    assert speed[0] == {"workload": "m float32 fwd", "eager": 100.0, "torch.compile": 200.0,
+                        "pyfuser": 400.0}
+    assert speed[1]["pyfuser"] == 100.0

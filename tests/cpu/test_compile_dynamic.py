@@ -1,0 +1,114 @@
+"""Dynamic shapes through the torch.compile backend: SymInt sizes become symbolic extents of the
+fusions, so a new batch size or sequence length runs the compiled graphs and kernels again
+(no Dynamo recompile, no new kernel), with dynamic=True and after an automatic-dynamic
+recompile. Kernels are specialised on layout facts (schedule/layout.py: which sizes are 1, the
+power of two dividing each size, capped at 16) and, for reductions, on a size class: a column
+sum's grid split follows its number of rows (reduction_heuristics._outer) until the grid fills
+the GPU, and a layer norm's team of threads widens while its rows are too few to fill it. The
+sizes here keep the layout facts; where the test counts kernels, the split and the team are
+fixed (PYFUSER_RED_SPLITS, PYFUSER_RED_BDIMX: speed-only knobs). The first size of a dynamic run has no two
+equal dynamic sizes (Dynamo's duck sizing would guard on that equality)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+import pyfuser.codegen.api as api
+from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+
+import train_corpus as TC
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    reset_compiled()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Counts kernels planned (one per new kernel signature: what compiles a kernel)."""
+    count = [0]
+    orig = api.plan_kernel
+
+    def counting(*a, **k):
+        count[0] += 1
+        return orig(*a, **k)
+    monkeypatch.setattr(api, "plan_kernel", counting)
+    return count
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):                         # x: [batch, seq, d]
+        h = F.gelu(self.up(x))
+        h = h.view(x.shape[0], x.shape[1], 2, -1).sum(2)     # a view with two symbolic sizes
+        return self.norm(self.down(torch.cat([h, h], -1)) + x)
+
+
+def _train_step(model, fn, x):
+    out = fn(x)
+    out.square().mean().backward()
+    return out.detach()
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_new_batch_and_sequence_sizes_reuse_graphs_and_kernels(dynamic, plans, monkeypatch):
+    monkeypatch.setenv("PYFUSER_RED_SPLITS", "1")
+    monkeypatch.setenv("PYFUSER_RED_BDIMX", "8")
+    torch.manual_seed(0)
+    model = Block()
+    ref = copy.deepcopy(model)
+    cm = pyfuser.compile(model, dynamic=dynamic)
+    sizes = [(12, 20), (20, 12), (28, 44), (44, 4)]
+    seen = []
+    for b, s in sizes:
+        x = torch.randn(b, s, 32)
+        got = _train_step(model, cm, x)
+        want = _train_step(ref, ref, x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        seen.append((len(compiled_graphs()), plans[0]))
+    # dynamic=True: a forward and a backward graph from the start; automatic dynamic: the second
+    # size recompiles them once with symbolic sizes; after that nothing is compiled again
+    assert seen[3] == seen[2] == seen[1]
+    if dynamic:
+        assert seen[1] == seen[0]
+    assert seen[-1][0] == (2 if dynamic else 4)
+    graph = compiled_graphs()[-2]
+    assert graph.kind == "forward" and len(graph.regions) >= 2
+    # the regions read symbolic sizes through their inputs' extents or as scalar inputs
+    assert any(ph.meta.get("val") is not None and isinstance(ph.meta["val"], torch.SymInt)
+               for ph in graph.gm.graph.nodes if ph.op == "placeholder")
+
+
+def test_bert_training_with_dynamic_shapes_matches_eager(plans):
+    small = dataclasses.replace(TC.SMALL, layers=1)     # Dynamo traces symbolic sizes slowly
+    base = TC.TRAIN_CASES["bert"]("cpu", dataclasses.replace(small, batch=2, seq=16))
+    ref = copy.deepcopy(base.model)
+    cm = pyfuser.compile(base.model, dynamic=True)
+    counts = []
+    for b, s in ((2, 16), (6, 32)):
+        case = TC.TRAIN_CASES["bert"]("cpu", dataclasses.replace(small, batch=b, seq=s))
+        loss = TC.step(TC.TrainCase("bert", base.model, case.inputs, case.loss), cm)
+        want = TC.step(TC.TrainCase("bert", ref, case.inputs, case.loss), ref)
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        g, rg = TC.grads(base.model), TC.grads(ref)
+        for k in rg:
+            torch.testing.assert_close(g[k], rg[k], rtol=1e-3, atol=1e-5, msg=k)
+        base.model.zero_grad()
+        ref.zero_grad()
+        counts.append(len(compiled_graphs()))
+    assert counts == [2, 2]                         # never recompiled

@@ -1,0 +1,161 @@
+"""Models for training steps through torch.compile: HF transformers BERT (masked LM), GPT-2 and
+Llama (causal LM) with random weights (never a download) and a ResNet-18 in train mode, each
+with seeded inputs and a loss.
+
+`TRAIN_CASES` maps a name to `build(device, size=SMALL, dropout=0.0) -> TrainCase`; `size` is a
+`Size` (batch, sequence length or image size, hidden width, layers, heads): SMALL for the CPU
+tests (the kernel interpreter), BENCH for bench/models.py (8 x 512, hidden 768, 4 layers).
+`dropout` sets every dropout probability of the HF configs (0, the default, for comparisons
+with eager: the masks of fused dropout come from pyfuser's Philox stream, not eager's; None
+keeps the configs' own).
+
+`step(case, model_fn, opt)` runs one training step (forward, loss, backward, optimizer step)
+and returns the loss; `grads(model)` the gradients by parameter name.
+Shared by tests/cpu/test_compile_training.py, tests/gpu/test_compile_gpu.py and bench/models.py.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Size:
+    batch: int
+    seq: int            # tokens (HF models) or image side (ResNet)
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+
+
+SMALL = Size(batch=2, seq=8, hidden=32, layers=2, heads=2, vocab=64)
+BENCH = Size(batch=8, seq=512, hidden=768, layers=4, heads=12, vocab=8192)
+
+
+@dataclass
+class TrainCase:
+    name: str
+    model: torch.nn.Module
+    inputs: dict            # keyword arguments of model(...)
+    loss: Callable          # model output -> scalar loss
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _tokens(size: Size, device):
+    g = _gen()
+    ids = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
+    labels = torch.randint(0, size.vocab, (size.batch, size.seq), generator=g).to(device)
+    return ids, labels
+
+
+def _hf_model(class_name: str, config):
+    import transformers
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, class_name)(config)
+
+
+def _drop(dropout, *names) -> dict:
+    return {} if dropout is None else {n: dropout for n in names}
+
+
+def _bert(device, size=SMALL, dropout=0.0):
+    import transformers as T
+    cfg = T.BertConfig(vocab_size=size.vocab, hidden_size=size.hidden,
+                       num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                       intermediate_size=4 * size.hidden, max_position_embeddings=max(64, size.seq),
+                       **_drop(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
+    model = _hf_model("BertForMaskedLM", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    mask = torch.ones_like(ids)
+    mask[-1, size.seq - 2:] = 0                     # a padded sequence: the mask takes part
+    return TrainCase("bert", model, {"input_ids": ids, "attention_mask": mask, "labels": labels},
+                     lambda out: out.loss)
+
+
+def _gpt2(device, size=SMALL, dropout=0.0):
+    import transformers as T
+    cfg = T.GPT2Config(vocab_size=size.vocab, n_embd=size.hidden, n_layer=size.layers,
+                       n_head=size.heads, n_positions=max(64, size.seq), use_cache=False,
+                       bos_token_id=0, eos_token_id=0,
+                       **_drop(dropout, "resid_pdrop", "embd_pdrop", "attn_pdrop"))
+    model = _hf_model("GPT2LMHeadModel", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    return TrainCase("gpt2", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
+
+
+def _llama(device, size=SMALL, dropout=0.0):
+    import transformers as T
+    cfg = T.LlamaConfig(vocab_size=size.vocab, hidden_size=size.hidden,
+                        intermediate_size=(8 * size.hidden) // 3 // 8 * 8,
+                        num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                        num_key_value_heads=max(1, size.heads // 2),
+                        max_position_embeddings=max(64, size.seq), use_cache=False,
+                        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                        **_drop(dropout, "attention_dropout"))
+    model = _hf_model("LlamaForCausalLM", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    return TrainCase("llama", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
+
+
+def _resnet18(device, size=SMALL, dropout=0.0):
+    import model_corpus as M
+    torch.manual_seed(0)
+    if M._torchvision_ok():
+        import torchvision
+        model = torchvision.models.resnet18(weights=None, num_classes=10)
+    else:
+        model = M.ResNet18(num_classes=10)
+    model = model.to(device).train()
+    side = 32 if size is SMALL else 224
+    g = _gen()
+    x = torch.randn(size.batch, 3, side, side, generator=g).to(device)
+    y = torch.randint(0, 10, (size.batch,), generator=g).to(device)
+    return TrainCase("resnet18", model, {"x": x},
+                     lambda out, y=y: torch.nn.functional.cross_entropy(out, y))
+
+
+TRAIN_CASES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "resnet18": _resnet18}
+
+
+def step(case: TrainCase, model_fn, opt=None):
+    """One training step: forward through `model_fn` (the model, or its compiled form), the
+    loss, backward and (with an optimizer) its step. Returns the loss (detached)."""
+    out = model_fn(**case.inputs)
+    loss = case.loss(out)
+    loss.backward()
+    if opt is not None:
+        opt.step()
+    return loss.detach()
+
+
+def grads(model) -> dict:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def params(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_as_close_as_eager(got, eager, oracle, name: str = "", factor: float = 4.0,
+                             floor: float = 1e-6):
+    """`got` (pyfuser, float32) is as close to `oracle` (eager in float64) as eager's own float32
+    result is, within `factor`, or within `floor` times the oracle's largest magnitude: float
+    tolerance measured, not guessed (a sum that cancels to ~0 has no meaningful relative error)."""
+    o = oracle.detach().double()
+    err_eager = (eager.detach().double() - o).abs().max().item()
+    err_got = (got.detach().double() - o).abs().max().item()
+    scale = max(o.abs().max().item(), 1e-30)
+    assert got.shape == eager.shape and got.dtype == eager.dtype, name
+    assert err_got <= factor * err_eager + floor * scale, (
+        f"{name}: pyfuser's error {err_got:.3g} vs eager's {err_eager:.3g} (oracle max {scale:.3g})")
