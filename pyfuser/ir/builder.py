@@ -630,6 +630,14 @@ def random(kind: str, a: Operandish, b: Operandish, shape: Sequence,
     fusion = Fusion.current()
     if not isinstance(shape, (list, tuple)):
         raise FusionDefinitionError(f"{kind}: shape must be a list of sizes, got {shape!r}")
+    out, exts = _drawn_tensor(kind, shape, dtype, fusion)
+    E.RandomOp(kind, out, params, exts)
+    return out
+
+
+def _drawn_tensor(kind: str, shape: Sequence, dtype: DataType, fusion):
+    """(the output TensorView, its extents) of a tensor drawn in the kernel: sizes as ints or
+    Int scalars, size-1 axes broadcast."""
     exts = []
     for i, s in enumerate(shape):
         if isinstance(s, Scalar) and s.dtype.is_integral:
@@ -640,9 +648,7 @@ def random(kind: str, a: Operandish, b: Operandish, shape: Sequence,
             raise FusionDefinitionError(f"{kind}: size {i} is {s!r}, not a size or an Int scalar")
     root = [IterDomain(e, IterType.Broadcast) if e.is_const and e.value == 1 else IterDomain(e)
             for e in exts]
-    out = TensorView(root, dtype, fusion)
-    E.RandomOp(kind, out, params, exts)
-    return out
+    return TensorView(root, dtype, fusion), exts
 
 
 def rand(shape: Sequence, dtype: DataType = DataType.Float) -> TensorView:
@@ -651,17 +657,6 @@ def rand(shape: Sequence, dtype: DataType = DataType.Float) -> TensorView:
     from .philox import DIGITS
     if not isinstance(dtype, DataType) or dtype.torch not in DIGITS:
         raise FusionDefinitionError(f"rand: dtype must be Float, Half or BFloat16, got {dtype!r}")
-    fusion = Fusion.current()
-    exts = []
-    for i, s in enumerate(shape):
-        if isinstance(s, Scalar) and s.dtype.is_integral:
-            exts.append(s)
-        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
-            exts.append(Scalar(DataType.Int, s, fusion))
-        else:
-            raise FusionDefinitionError(f"rand: size {i} is {s!r}, not a size or an Int scalar")
-    root = [IterDomain(e, IterType.Broadcast) if e.is_const and e.value == 1 else IterDomain(e)
-            for e in exts]
-    out = TensorView(root, dtype, fusion)
+    out, exts = _drawn_tensor("rand", shape, dtype, Fusion.current())
     E.PhiloxUniformOp(out, exts)
     return out
