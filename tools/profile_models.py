@@ -1,0 +1,89 @@
+"""Where a model's forward spends its GPU time: eager vs Inductor vs the pyfuser backend, kernel
+by kernel, from the torch profiler (for finding why a model is slower than Inductor).
+
+    PYTHONPATH=. python3 tools/profile_models.py [--model bert] [--dtype float32] [--top 25]
+    PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
+                                                                 # (nested ops counted in each): a smoke check
+
+Builds the model of bench/models.py (tests/cpu/train_corpus.py, random weights), compiles it
+per mode, warms it up, then profiles a few forwards and prints, per mode: GPU time per forward,
+kernels per forward, and the `--top` kernels by total time (name, calls per forward, µs per
+forward, share). pyfuser's kernels are named after their ops (`pf_..._kernel`), so the rows
+show which fused regions cost what against the aten and Triton kernels of the other modes.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def profile_forward(case, mode: str, reps: int, device: str):
+    """(total µs per forward, kernels per forward, [(name, calls, µs)] per forward)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    model, fn, _ = case.make(mode)
+    for _ in range(3):
+        case.forward(model, fn)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            case.forward(model, fn)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    per = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if device == "cuda":
+            if ev.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            t = ev.device_time
+        else:
+            if not ev.name.startswith("aten::"):
+                continue
+            t = ev.cpu_time
+        per[ev.name][0] += 1
+        per[ev.name][1] += t
+    rows = [(name, calls / reps, us / reps) for name, (calls, us) in per.items()]
+    rows.sort(key=lambda r: -r[2])
+    return sum(r[2] for r in rows), sum(r[1] for r in rows), rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "llama", "resnet18"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--modes", default="eager,inductor,pyfuser")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, CPU op times")
+    args = ap.parse_args(argv)
+    import torch
+    import models as BM
+    device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
+    TC = BM.load_corpus()
+    size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
+    case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
+    modes = [m for m in args.modes.split(",") if m]
+    if device == "cpu":
+        modes = [m for m in modes if m != "inductor"]
+    for mode in modes:
+        torch._dynamo.reset()
+        total, kernels, rows = profile_forward(case, mode, args.reps, device)
+        unit = "GPU" if device == "cuda" else "CPU (aten ops)"
+        print(f"\n== {args.model} {args.dtype} {mode}: {total:.1f} µs {unit} per forward, "
+              f"{kernels:.0f} {'kernels' if device == 'cuda' else 'ops'} per forward")
+        print("| name | calls | µs | share |\n|---|---|---|---|")
+        for name, calls, us in rows[:args.top]:
+            print(f"| {name[:90]} | {calls:.0f} | {us:.1f} | {100 * us / max(total, 1e-9):.1f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
