@@ -17,7 +17,8 @@ A grad-mode program (`generate(seed)` makes one for about every fifth seed) has 
 that require grad and no in-place ops; the check then also runs the backward of the sum of its
 float outputs and compares the inputs' gradients.
 
-Checks: outputs' dtype and shape, values (integers and bools exact, floats within a tolerance
+Checks: outputs' dtype and shape, strides of an output eager returns as a view of an input,
+requires_grad, the inputs after the call, values (integers and bools exact, floats within a tolerance
 per dtype, NaNs equal). A program Dynamo itself rejects (`torch._dynamo.exc.Unsupported`) is
 skipped, not failed.
 """
@@ -59,6 +60,9 @@ class Program:
     grad: bool = False
     input_seed: int = 0
     stats: dict = field(default_factory=dict)
+    # the least precise float dtype any value of the program has: a float32 output computed
+    # through bfloat16 values is held to bfloat16's tolerance
+    loosest: torch.dtype = F32
 
     def make_inputs(self) -> list:
         g = torch.Generator().manual_seed(self.input_seed)
@@ -98,6 +102,7 @@ class _Builder:
         self.owned: set = set()      # names an op produced fresh (no view of anything)
         self.count = 0
         self.ns = {"torch": torch, "F": F}
+        self.loosest = F32
 
     def fresh(self) -> str:
         self.count += 1
@@ -123,6 +128,8 @@ class _Builder:
             if not isinstance(v, torch.Tensor) or v.numel() > 4096:
                 return False
             self.env[out] = v
+            if TOLERANCE.get(v.dtype, (0, 0)) > TOLERANCE[self.loosest]:
+                self.loosest = v.dtype
             if owned:
                 self.owned.add(out)
         self.lines.append(line)
@@ -261,6 +268,10 @@ def _gen_norm(b: _Builder) -> bool:
     else:
         k = b.r.randint(1, min(2, t.dim()))
         norm = tuple(t.shape[-k:])
+        if _numel(norm) < 2:
+            # eager's half-precision layer_norm of one element is ~1e-7, pyfuser's exactly 0:
+            # any op that amplifies that (rsqrt, a division) makes a false failure (seeds 63, 214)
+            return False
         eps = b.r.choice([1e-5, 1e-3])
         line = f"{out} = F.layer_norm({x}, {norm!r}, eps={eps})"
         if b.r.random() < 0.5:
@@ -398,7 +409,9 @@ def generate(seed: int) -> Program:
     params = ", ".join(f"x{i}" for i in range(len(b.inputs)))
     body = "".join(f"    {line}\n" for line in b.lines)
     source = f"def f({params}):\n{body}    return ({', '.join(outs)},)\n"
-    return Program(seed, source, b.inputs, grad, input_seed=seed)
+    loosest = max([b.loosest] + [d for _, d, _ in b.inputs if d in TOLERANCE],
+                  key=lambda d: TOLERANCE[d])
+    return Program(seed, source, b.inputs, grad, input_seed=seed, loosest=loosest)
 
 
 @dataclass
@@ -415,7 +428,7 @@ def _is_dynamo_rejection(e: BaseException) -> bool:
     return isinstance(e, exc.Unsupported) and not isinstance(e, exc.BackendCompilerFailed)
 
 
-def _compare(tag: str, got, want) -> Optional[str]:
+def _compare(tag: str, got, want, loosest=F32, grad=False) -> Optional[str]:
     if want is None or got is None:
         return None if want is None and got is None else f"{tag}: {got!r} vs eager {want!r}"
     if got.dtype != want.dtype:
@@ -428,13 +441,20 @@ def _compare(tag: str, got, want) -> Optional[str]:
             return f"{tag}: values differ at {bad}: {got.flatten()[:8].tolist()} vs " \
                    f"{want.flatten()[:8].tolist()}"
         return None
-    rtol, atol = TOLERANCE[want.dtype]
+    rtol, atol = max(TOLERANCE[want.dtype], TOLERANCE[loosest])
+    if grad:
+        rtol, atol = rtol * 10, atol * 10
     try:
         torch.testing.assert_close(got.detach(), want.detach(), rtol=rtol, atol=atol,
                                    equal_nan=True)
     except AssertionError as e:
         return f"{tag}: {str(e).splitlines()[0]} / " + " ".join(str(e).split("\n")[1:4])
     return None
+
+
+def _views_input(t: torch.Tensor, inputs) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return any(ptr == x.untyped_storage().data_ptr() for x in inputs)
 
 
 def _float_sum(outs):
@@ -488,9 +508,12 @@ def check(p: Program, backend=None) -> Optional[Failure]:
     if len(got) != len(want):
         return Failure(p, f"{len(got)} outputs, eager {len(want)}")
     for i, (g, w) in enumerate(zip(got, want)):
-        bad = _compare(f"output {i}", g, w)
+        bad = _compare(f"output {i}", g, w, p.loosest)
         if bad:
             return Failure(p, bad)
+        if _views_input(w, eager_in) and g.stride() != w.stride():
+            return Failure(p, f"output {i}: a view of an input with strides {g.stride()}, "
+                              f"eager {w.stride()}")
         if g.requires_grad != w.requires_grad:
             return Failure(p, f"output {i}: requires_grad {g.requires_grad}, eager "
                               f"{w.requires_grad}")
@@ -507,7 +530,9 @@ def check(p: Program, backend=None) -> Optional[Failure]:
             except Exception as e:  # noqa: BLE001
                 return Failure(p, f"pyfuser's backward raised {type(e).__name__}: {str(e)[:400]}")
             for i, (a, b) in enumerate(zip(fused_in, eager_in)):
-                bad = _compare(f"grad of x{i}", a.grad, b.grad)
+                # a gradient is a sum of products: cancellation (the gradient of a layer
+                # norm's sum is ~0) leaves a few float32 ulps of the terms (seed 1054)
+                bad = _compare(f"grad of x{i}", a.grad, b.grad, p.loosest, grad=True)
                 if bad:
                     return Failure(p, bad)
     return None
