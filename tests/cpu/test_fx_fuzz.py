@@ -67,3 +67,36 @@ def test_the_checker_catches_a_wrong_backend():
         assert f is not None and "not close" in f.what, p.describe()
         caught += 1
     assert caught >= 3
+
+
+# found by the FX fuzzer's probes (2026-11-25): a reduction of a 0-dim tensor over dim 0 / -1
+# (eager: its one element) built a ReductionOp over a missing axis and the reduction analysis
+# raised IndexError; builder.reduction / mean / var_mean now treat rank 0 as one element
+ZERO_DIM_REDUCTIONS = {
+    "sum(0)": lambda x: (x * 2).sum(0),
+    "sum(-1, keepdim)": lambda x: (x * 2).sum(-1, keepdim=True),
+    "amax(0)": lambda x: (x * 2).amax(0),
+    "mean(0)": lambda x: (x * 2).mean(0),
+    "var(0)": lambda x: (x * 2).var(0),
+    "var(0, correction=0)": lambda x: (x * 2).var(0, correction=0),
+    "long().sum(0)": lambda x: (x * 2).long().sum(0),
+    "half().mean(0)": lambda x: (x * 2).half().mean(0),
+    "sum(0) + ones(3)": lambda x: (x * 2).sum(0) + torch.ones(3),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("name", list(ZERO_DIM_REDUCTIONS))
+def test_reduction_of_a_0_dim_tensor_over_dim_0(name, grad):
+    import pyfuser
+    f = ZERO_DIM_REDUCTIONS[name]
+    x = torch.tensor(1.5, requires_grad=grad)
+    y = x.detach().clone().requires_grad_(grad)
+    got = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x)
+    want = f(y)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+    if grad and want.requires_grad:
+        got.float().sum().backward()
+        want.float().sum().backward()
+        torch.testing.assert_close(x.grad, y.grad, equal_nan=True)
