@@ -235,14 +235,15 @@ def _gen_where_clamp(b: _Builder) -> bool:
 
 
 def _gen_reduction(b: _Builder) -> bool:
-    x = b.pick(lambda u: u.dim() >= 1)
-    if x is None:
-        return False
+    x = b.pick()
     t = b.env[x]
     out = b.fresh()
     op = b.r.choice(["sum", "mean", "amax", "var", "sum"])
-    dims = sorted(b.r.sample(range(t.dim()), b.r.randint(1, t.dim())))
-    neg = [d - t.dim() if b.r.random() < 0.3 else d for d in dims]
+    if t.dim() == 0:  # dim 0 / -1 of a 0-dim tensor is its one element
+        dims = neg = [b.r.choice([0, -1])]
+    else:
+        dims = sorted(b.r.sample(range(t.dim()), b.r.randint(1, t.dim())))
+        neg = [d - t.dim() if b.r.random() < 0.3 else d for d in dims]
     dim = repr(neg[0]) if len(neg) == 1 and b.r.random() < 0.5 else repr(tuple(neg))
     keep = b.r.random() < 0.5
     extra = ""
