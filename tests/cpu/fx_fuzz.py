@@ -18,8 +18,9 @@ that require grad and no in-place ops; the check then also runs the backward of 
 float outputs and compares the inputs' gradients.
 
 Checks: outputs' dtype and shape, strides of an output eager returns as a view of an input,
-requires_grad, the inputs after the call, values (integers and bools exact, floats within a tolerance
-per dtype, NaNs equal). A program Dynamo itself rejects (`torch._dynamo.exc.Unsupported`) is
+requires_grad, the inputs after the call, values (integers and bools exact, floats within the
+tolerance of the least precise float dtype in the program, gradients 10x looser, NaNs equal);
+eager's backward raising means pyfuser's must raise. A program Dynamo itself rejects (`torch._dynamo.exc.Unsupported`) is
 skipped, not failed.
 """
 from __future__ import annotations
