@@ -396,6 +396,10 @@ def reduction(name: str, x: TensorView, axes: Sequence[int] | None, keepdim: boo
         x = cast(x, dtype)
     elif name in ("sum", "prod") and category(x.dtype) in ("bool", "int"):
         x = cast(x, DataType.Int)
+    if x.ndim == 0:
+        # a rank-0 tensor's dim 0 (or -1) is its one element, as eager reads it: no axis to
+        # reduce (a ReductionOp over a missing axis broke the reduction analysis)
+        return set_(x)
     fusion = Fusion.current()
     root = [IterDomain(a.extent, IterType.Reduction) if i in axes else _copy_id(a)
             for i, a in enumerate(x.logical)]
@@ -428,6 +432,7 @@ def mean(x: TensorView, axes, keepdim: bool = False, dtype: DataType | None = No
     if dtype is None and not (x.dtype.is_floating or x.dtype.is_complex):
         raise FusionDefinitionError(f"mean: needs a floating input or dtype=, got {x.dtype.name}")
     axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "mean") for a in axes})
+    axes = axes if x.ndim else []            # rank 0: one element, no axis (see reduction)
     if dtype is not None:
         x = cast(x, dtype)
     out_dtype = x.dtype
@@ -446,7 +451,11 @@ def var_mean(x: TensorView, axes, correction: float = 1, keepdim: bool = False):
     axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "var") for a in axes})
     out_dtype = x.dtype
     xc = cast(x, out_dtype.compute) if out_dtype.is_reduced_float else x
-    avg, m2, _ = welford(xc, axes)
+    if x.ndim == 0:                          # one element, no axis (see reduction)
+        axes = []
+        avg, m2 = set_(xc), full([], 0.0, xc.dtype)
+    else:
+        avg, m2, _ = welford(xc, axes)
     n = num_elements(x, axes)
     denom = elementwise("sub", n, constant(correction)) if correction else n
     denom = elementwise("maximum", denom, constant(0)) if correction else denom

@@ -1,0 +1,102 @@
+"""Differential fuzzing of the torch.compile backend (tests/cpu/fx_fuzz.py): random Python
+programs compiled with backend=pyfuser against eager on the CPU. PYFUSER_FX_FUZZ_PROGRAMS=N runs
+another count; bench/fuzz_fx.py is the long run."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import fx_fuzz as FZ
+
+N_PROGRAMS = int(os.environ.get("PYFUSER_FX_FUZZ_PROGRAMS", "40"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_random_programs_match_eager(chunk):
+    seeds = [s for s in range(N_PROGRAMS) if s % 4 == chunk]
+    failures = [str(f) for _, f in FZ.run_many(seeds)]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_programs_are_reproducible_from_their_seed():
+    for s in (3, 17):
+        a, b = FZ.generate(s), FZ.generate(s)
+        assert a.source == b.source and a.inputs == b.inputs
+        for x, y in zip(a.make_inputs(), b.make_inputs()):
+            assert torch.equal(x, y) and x.stride() == y.stride()
+    assert FZ.generate(3).source != FZ.generate(4).source
+
+
+def test_programs_cover_the_op_families_and_grad_mode():
+    programs = [FZ.generate(s) for s in range(60)]
+    text = "\n".join(p.source for p in programs)
+    for needle in (".to(torch.", "torch.where(", "torch.clamp(", "keepdim=", "softmax(",
+                   "F.layer_norm(", ".reshape(", ".permute(", ".expand(", "_(", "torch.var("):
+        assert needle in text, needle
+    assert any(p.grad for p in programs) and not all(p.grad for p in programs)
+    assert not any("_(" in p.source for p in programs if p.grad)
+
+
+def _off_by_a_bit(gm, example_inputs):
+    """A backend that returns wrong float outputs: the checker must notice."""
+    def run(*args):
+        return [o + 0.25 if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                for o in gm(*args)]
+    return run
+
+
+def test_the_checker_catches_a_wrong_backend():
+    caught = 0
+    for s in range(8):
+        p = FZ.generate(s)
+        with torch.no_grad():
+            outs = p.function()(*p.make_inputs())
+        if not any(o.is_floating_point() for o in outs):
+            continue
+        p.grad = False
+        f = FZ.check(p, backend=_off_by_a_bit)
+        assert f is not None and "not close" in f.what, p.describe()
+        caught += 1
+    assert caught >= 3
+
+
+# found by the FX fuzzer's probes (2026-11-25): a reduction of a 0-dim tensor over dim 0 / -1
+# (eager: its one element) built a ReductionOp over a missing axis and the reduction analysis
+# raised IndexError; builder.reduction / mean / var_mean now treat rank 0 as one element
+ZERO_DIM_REDUCTIONS = {
+    "sum(0)": lambda x: (x * 2).sum(0),
+    "sum(-1, keepdim)": lambda x: (x * 2).sum(-1, keepdim=True),
+    "amax(0)": lambda x: (x * 2).amax(0),
+    "mean(0)": lambda x: (x * 2).mean(0),
+    "var(0)": lambda x: (x * 2).var(0),
+    "var(0, correction=0)": lambda x: (x * 2).var(0, correction=0),
+    "long().sum(0)": lambda x: (x * 2).long().sum(0),
+    "half().mean(0)": lambda x: (x * 2).half().mean(0),
+    "sum(0) + ones(3)": lambda x: (x * 2).sum(0) + torch.ones(3),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("name", list(ZERO_DIM_REDUCTIONS))
+def test_reduction_of_a_0_dim_tensor_over_dim_0(name, grad):
+    import pyfuser
+    f = ZERO_DIM_REDUCTIONS[name]
+    x = torch.tensor(1.5, requires_grad=grad)
+    y = x.detach().clone().requires_grad_(grad)
+    got = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x)
+    want = f(y)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+    if grad and want.requires_grad:
+        got.float().sum().backward()
+        want.float().sum().backward()
+        torch.testing.assert_close(x.grad, y.grad, equal_nan=True)
