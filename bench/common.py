@@ -31,6 +31,24 @@ import time
 import torch
 
 
+
+def load_test_module(name: str):
+    """tests/cpu/<name>.py loaded by path (the fuzzers' and the training corpus's code), once
+    per process; tests/cpu goes on sys.path for its own imports (model_corpus)."""
+    import importlib.util
+    import sys
+    if name in sys.modules:
+        return sys.modules[name]
+    cpu = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cpu")
+    if cpu not in sys.path:
+        sys.path.insert(0, cpu)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(cpu, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def bench_us(fn, warmup_ms: float = 25, rep_ms: float = 100, flush: str = "write") -> float:
     fn()
     torch.cuda.synchronize()

@@ -13,7 +13,6 @@ calls fell back to eager and why nodes stayed unfused.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -26,12 +25,9 @@ sys.path.insert(0, ROOT)
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location(
-        "fx_fuzz", os.path.join(ROOT, "tests", "cpu", "fx_fuzz.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fx_fuzz"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, HERE)
+    from common import load_test_module
+    return load_test_module("fx_fuzz")
 
 
 def main(argv=None) -> int:

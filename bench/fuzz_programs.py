@@ -19,7 +19,6 @@ A CI run uses 300 programs (tests/cpu/test_diff_fuzz.py, PYFUSER_FUZZ_PROGRAMS t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import multiprocessing as mp
 import os
 import sys
@@ -31,12 +30,9 @@ sys.path.insert(0, ROOT)
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location(
-        "program_fuzz", os.path.join(ROOT, "tests", "cpu", "program_fuzz.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["program_fuzz"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    sys.path.insert(0, HERE)
+    from common import load_test_module
+    return load_test_module("program_fuzz")
 
 
 def _chunk(args):

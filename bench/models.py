@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
@@ -65,15 +64,10 @@ CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYFUSER_CACHE_DIR"
 
 def load_corpus():
     """tests/cpu/train_corpus.py (the models of the training tests), loaded by path."""
-    if "train_corpus" in sys.modules:
-        return sys.modules["train_corpus"]
-    sys.path.insert(0, os.path.join(ROOT, "tests", "cpu"))       # its model_corpus import
-    spec = importlib.util.spec_from_file_location(
-        "train_corpus", os.path.join(ROOT, "tests", "cpu", "train_corpus.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_corpus"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from common import load_test_module
+    return load_test_module("train_corpus")
 
 
 # ---- caches --------------------------------------------------------------------------------------

@@ -158,14 +158,8 @@ def test_training_step_matches_eager(name):
     """forward, loss, backward and an SGD step: the loss, every gradient and every updated
     parameter as close to eager in float64 as eager in float32 is (within a factor 4)."""
     case = TC.TRAIN_CASES[name]("cpu")
-    m32, m64 = copy.deepcopy(case.model), copy.deepcopy(case.model).double()
-    inputs64 = {k: v.double() if v.is_floating_point() else v for k, v in case.inputs.items()}
-    runs = [(case.model, pyfuser.compile(case.model), case.inputs), (m32, m32, case.inputs),
-            (m64, m64, inputs64)]
-    losses = []
-    for model, fn, inputs in runs:
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses.append(TC.step(TC.TrainCase(name, model, inputs, case.loss), fn, opt))
+    runs, losses = TC.steps_beside_eager(name, case, pyfuser.compile(case.model))
+    m32, m64 = runs[1][0], runs[2][0]
     assert_as_close_as_eager(*losses, "loss")
     grads = [TC.grads(m) for m, _, _ in runs]
     assert grads[0].keys() == grads[1].keys() and grads[0]

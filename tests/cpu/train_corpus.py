@@ -15,6 +15,7 @@ Shared by tests/cpu/test_compile_training.py, tests/gpu/test_compile_gpu.py and 
 """
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from dataclasses import dataclass
@@ -137,6 +138,20 @@ def step(case: TrainCase, model_fn, opt=None):
     if opt is not None:
         opt.step()
     return loss.detach()
+
+
+def steps_beside_eager(name: str, case: TrainCase, model_fn):
+    """One SGD step (lr 0.05, momentum 0.9) of the case's model through `model_fn` (its compiled
+    form), of a float32 copy run eagerly and of a float64 copy (the oracle): the runs, as
+    [(model, fn, inputs)] in that order, and their losses."""
+    m32, m64 = copy.deepcopy(case.model), copy.deepcopy(case.model).double()
+    inputs64 = {k: v.double() if v.is_floating_point() else v for k, v in case.inputs.items()}
+    runs = [(case.model, model_fn, case.inputs), (m32, m32, case.inputs), (m64, m64, inputs64)]
+    losses = []
+    for model, fn, inputs in runs:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses.append(step(TrainCase(name, model, inputs, case.loss), fn, opt))
+    return runs, losses
 
 
 def grads(model) -> dict:

@@ -44,14 +44,7 @@ def _fresh():
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18"])
 def test_training_step_on_cuda_matches_eager(name):
     case = TC.TRAIN_CASES[name]("cuda", GPU_SIZE if name != "resnet18" else TC.SMALL)
-    m32, m64 = copy.deepcopy(case.model), copy.deepcopy(case.model).double()
-    inputs64 = {k: v.double() if v.is_floating_point() else v for k, v in case.inputs.items()}
-    runs = [(case.model, pyfuser.compile(case.model), case.inputs), (m32, m32, case.inputs),
-            (m64, m64, inputs64)]
-    losses = []
-    for model, fn, inputs in runs:
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        losses.append(TC.step(TC.TrainCase(name, model, inputs, case.loss), fn, opt))
+    runs, losses = TC.steps_beside_eager(name, case, pyfuser.compile(case.model))
     assert_as_close_as_eager(*losses, "loss")
     grads = [TC.grads(m) for m, _, _ in runs]
     for k in grads[1]:
