@@ -2,6 +2,8 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
+0. `rewrites.sink_views` moves dtype casts above the views they read (so they fuse with their
+   producer);
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
 2. `partition.partition` groups supported nodes into convex regions;
 3. each region is lowered to a Fusion (`lower.lower_region`), shared with every region of the
@@ -29,6 +31,7 @@ from ... import dump as D
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
+from .rewrites import sink_views
 from .support import is_getitem, node_support
 
 log = logging.getLogger("pyfuser")
@@ -100,6 +103,8 @@ def reset_compiled() -> None:
 
 def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGraph:
     graph = gm.graph
+    if sink_views(graph):
+        gm.recompile()
     nodes = list(graph.nodes)
     out_node = next(n for n in reversed(nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)

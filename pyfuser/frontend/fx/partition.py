@@ -15,6 +15,13 @@ Afterwards each region is trimmed and kept only when worth a call:
   of the region's inputs) are left to FX, as are getitems of nodes left out;
 - a region without a compute node (views only) is dissolved: eager views cost nothing.
 
+Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
+autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
+are joined into one region per device (`_join_input_regions`): they need no other unit, so the
+joined region runs first, as one call; the segmenter hands its independent parts to one
+horizontal kernel where a scheduler takes them. Their results then live from the graph's start,
+as eager autocast's cast cache keeps its casts for the whole autocast region.
+
 Invariants: regions are disjoint, convex and in graph order; every node of a region is
 supported; the regions and the remaining nodes, topologically ordered as units, are a DAG.
 """
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .support import is_compute, is_getitem
-from ..lowering.registry import METADATA
+from ..lowering.registry import METADATA, POINTWISE
 from .support import op_class
 
 
@@ -136,7 +143,39 @@ def partition(nodes, supported: set) -> list[Region]:
             r = Region(kept)
             r.boundary()
             regions.append(r)
-    return regions
+    return _join_input_regions(regions, position)
+
+
+def _reads_inputs_only(region: Region):
+    """The device of a region that reads only graph inputs and computes pointwise values, else
+    None."""
+    if not all(x.op in ("placeholder", "get_attr") for x in region.inputs):
+        return None
+    if not all(is_getitem(n) or op_class(n) in (POINTWISE, METADATA) for n in region.nodes):
+        return None
+    devices = {v.device for v in (n.meta.get("val") for n in region.nodes)
+               if isinstance(v, torch.Tensor)}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _join_input_regions(regions: list, position: dict) -> list:
+    """One region per device for all regions `_reads_inputs_only` accepts (two or more)."""
+    by_device: dict = {}
+    for r in regions:
+        d = _reads_inputs_only(r)
+        if d is not None:
+            by_device.setdefault(d, []).append(r)
+    joined = {id(r) for rs in by_device.values() if len(rs) > 1 for r in rs}
+    if not joined:
+        return regions
+    out = [r for r in regions if id(r) not in joined]
+    for rs in by_device.values():
+        if len(rs) > 1:
+            r = Region(sorted((n for x in rs for n in x.nodes), key=position.__getitem__))
+            r.boundary()
+            out.append(r)
+    out.sort(key=lambda r: position[r.nodes[0]])
+    return out
 
 
 def _trim(nodes: list) -> list:

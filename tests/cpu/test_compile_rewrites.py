@@ -1,0 +1,145 @@
+"""The torch.compile backend's graph shaping for autocast graphs: the casts of graph inputs
+joined into one region (partition._join_input_regions) and casts moved above views
+(rewrites.sink_views). Results are compared with eager; region and kernel counts are asserted."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx.rewrites import sink_views
+
+bf16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    reset_compiled()
+    yield
+    torch._dynamo.reset()
+
+
+def _regions():
+    return [r for g in compiled_graphs() for r in g.regions]
+
+
+def test_casts_of_graph_inputs_are_one_region_that_runs_first():
+    def f(x, w1, b1, w2, b2):
+        h = torch.addmm(b1.to(bf16), x, w1.to(bf16).t())
+        return torch.addmm(b2.to(bf16), h, w2.to(bf16).t())
+    torch.manual_seed(0)
+    args = (torch.randn(4, 8, dtype=bf16), torch.randn(6, 8), torch.randn(6), torch.randn(3, 6),
+            torch.randn(3))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    want = f(*args)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    regions = _regions()
+    assert len(regions) == 1
+    assert sorted(regions[0].ops) == ["aten._to_copy.default"] * 4
+    graph = compiled_graphs()[0].gm.graph
+    calls = [n for n in graph.nodes if n.op == "call_function"]
+    assert calls[0].target is regions[0]            # before the first matmul
+
+
+def test_a_region_reading_inputs_with_a_reduction_or_other_regions_is_not_joined():
+    def f(x, w, b):
+        s = w.sum(1)                                # reads an input, but reduces
+        y = torch.mm(x, w.to(torch.float64).t())    # the cast joins nothing else
+        return s, y, (y * 2) + b                    # reads the mm: not inputs only
+    args = (torch.randn(4, 8, dtype=torch.float64), torch.randn(6, 8), torch.randn(6))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    for g, w in zip(got, f(*args)):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+    ops = sorted(tuple(r.ops) for r in _regions())
+    assert ("aten._to_copy.default",) in ops
+    assert any("aten.sum.dim_IntList" in o for o in ops)
+    assert len(ops) == 3
+
+
+def test_layer_norm_then_view_then_cast_is_one_kernel():
+    """GPT-2 under autocast: layer_norm(x + r).view(-1, H).to(bf16) feeds a matmul."""
+    def f(x, r, w, b):
+        h = x + r
+        y = F.layer_norm(h, (32,), w, b)
+        return h, y.view(-1, 32).to(bf16)
+    torch.manual_seed(0)
+    args = (torch.randn(2, 8, 32), torch.randn(2, 8, 32), torch.randn(32), torch.randn(32))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    want = f(*args)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-2)
+    (region,) = _regions()
+    assert "aten.view.default" not in region.ops
+    assert region.kernels() == 1
+
+
+def _aten_graph(f, *args):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
+    FakeTensorProp(gm, FakeTensorMode()).propagate(*args)
+    return gm
+
+
+def test_sink_views_keeps_values_and_strides_and_skips_what_it_cannot_prove():
+    def moved(x):
+        return (x * 2).view(4, 6).to(bf16)
+
+    def kept(x):                          # a view of a non-contiguous tensor: left as it is
+        return x.t().view(6, 4).to(bf16), x.view(24).to(bf16, memory_format=torch.preserve_format)
+    x = torch.randn(4, 6)
+    gm = _aten_graph(moved, x)
+    assert sink_views(gm.graph) == 1
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.index(torch.ops.aten._to_copy.default) < targets.index(torch.ops.aten.view.default)
+    got, want = gm(x), moved(x)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+    x2 = torch.randn(4, 6)
+    gm2 = _aten_graph(kept, x2)
+    before = [n.target for n in gm2.graph.nodes]
+    assert sink_views(gm2.graph) == 1                    # only the contiguous source's view
+    after = [n.target for n in gm2.graph.nodes]
+    assert len(after) == len(before)
+    gm2.recompile()
+    for g, w in zip(gm2(x2), kept(x2)):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+
+
+def test_autocast_training_step_with_joined_casts_matches_eager():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 32)
+            self.norm = torch.nn.LayerNorm(32)
+            self.b = torch.nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.b(self.norm(F.gelu(self.a(x))).view(-1, 32))
+
+    torch.manual_seed(0)
+    model = Net()
+    ref = Net()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(2, 5, 16)
+    compiled = pyfuser.compile(model)
+    for m, fn in ((ref, ref), (model, compiled)):
+        with torch.autocast("cpu", dtype=bf16):
+            loss = fn(x).float().pow(2).mean()
+        loss.backward()
+        m.loss = loss.detach()
+    torch.testing.assert_close(model.loss, ref.loss, rtol=2e-2, atol=2e-2)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.grad.dtype == q.grad.dtype
+        torch.testing.assert_close(p.grad, q.grad, rtol=5e-2, atol=5e-2)
+    fwd = [g for g in compiled_graphs() if g.kind == "forward"][0]
+    joined = [r for r in fwd.regions if set(r.ops) == {"aten._to_copy.default"}]
+    assert len(joined) == 1 and len(joined[0].ops) == 5        # x, two weights, two biases

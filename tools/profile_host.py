@@ -1,0 +1,182 @@
+"""Where a model's forward spends its *host* time under the pyfuser backend (for finding why a
+model's step is slower than Inductor's when the GPU is not the bottleneck).
+
+    PYTHONPATH=. python3 tools/profile_host.py [--model bert] [--dtype bfloat16] [--top 35]
+
+Builds the model of bench/models.py (random weights), compiles it per mode, warms it up, then
+prints per mode the host time of a forward (the call returning, no synchronization; median of
+`--reps`) beside the wall time of a synchronized forward, and finally a cProfile of pyfuser's
+forwards: the `--top` functions by own time and by cumulative time. Runs on the CPU too (the
+kernels then run in the interpreter, so only the ratios between Python layers mean anything).
+With `--nodes`, pyfuser's rewritten graphs are run node by node (an FX interpreter that times
+each node's call, no synchronization): host µs per fused region and per aten op left in the
+graph, per forward — what the graph's glue costs beside the regions. With `--regions`, each
+distinct fused region is called alone in a loop with the arguments of its last call, through
+each layer of the call path (the region object, `execute_fusion`, the fusion's program `run`)
+and as its own nodes run eagerly: host µs per call of each.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def _times(case, model, fn, reps: int, sync) -> tuple[float, float]:
+    host, wall = [], []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        case.forward(model, fn)
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        host.append(t1 - t0)
+        wall.append(t2 - t0)
+    return statistics.median(host) * 1e3, statistics.median(wall) * 1e3
+
+
+def time_nodes(case, model, fn, reps: int, sync) -> list:
+    """[(what, calls per forward, µs per call)] of every node of pyfuser's compiled graphs."""
+    import torch
+    from pyfuser.frontend.fx import compile_graph as CG
+    from pyfuser.frontend.fx.region import FusedRegion
+    acc = collections.defaultdict(lambda: [0, 0.0])
+
+    class Timed(torch.fx.Interpreter):
+        def run_node(self, n):
+            if n.op != "call_function":
+                return super().run_node(n)
+            t = time.perf_counter()
+            r = super().run_node(n)
+            what = "fused region" if isinstance(n.target, FusedRegion) else str(n.target)
+            a = acc[what]
+            a[0] += 1
+            a[1] += time.perf_counter() - t
+            return r
+
+    graphs = CG.compiled_graphs()
+    for g in graphs:
+        g._forward = lambda *args, _g=g: Timed(_g.gm).run(*args)
+    for _ in range(reps):
+        case.forward(model, fn)
+    sync()
+    rows = [(w, c / reps, 1e6 * t / c) for w, (c, t) in acc.items()]
+    rows.sort(key=lambda r: -r[1] * r[2])
+    return rows
+
+
+def time_regions(case, model, fn, reps: int, sync) -> list:
+    """[(ops, kernels, {path: µs per call})] per distinct fused region of pyfuser's graphs."""
+    from pyfuser.frontend.fx import compile_graph as CG
+    from pyfuser.runtime import dispatch
+    last = {}
+    regions = [r for g in CG.compiled_graphs() for r in g.regions]
+    seen = {}
+    for r in regions:
+        key = (tuple(r.ops), id(r.fusion))
+        seen.setdefault(key, r)
+    import pyfuser.frontend.fx.region as R
+    real = R.FusedRegion.__call__
+    R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), a), real(self, *a))[1]
+    try:
+        case.forward(model, fn)
+    finally:
+        R.FusedRegion.__call__ = real
+    sync()
+    out = []
+    for r in seen.values():
+        args = last.get(id(r))
+        if args is None:
+            continue
+        inputs = args if r.identity else [args[k] for k in r.picks]
+        progs = dispatch.programs(r.fusion)
+        paths = {"region": lambda: r(*args),
+                 "execute_fusion": lambda: dispatch.execute_fusion(r.fusion, inputs),
+                 "progs.run": lambda: progs.run(inputs),
+                 "eager nodes": lambda: r.eager(*args)}
+        res = {}
+        for name, f in paths.items():
+            for _ in range(5):
+                f()
+            sync()
+            t = time.perf_counter()
+            for _ in range(reps):
+                f()
+            res[name] = 1e6 * (time.perf_counter() - t) / reps
+            sync()
+        out.append((r.ops, r.kernels(), res))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "llama", "resnet18"))
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    ap.add_argument("--modes", default="eager,inductor,pyfuser")
+    ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--nodes", action="store_true", help="host time per node of pyfuser's graphs")
+    ap.add_argument("--regions", action="store_true", help="host time per call path of each region")
+    args = ap.parse_args(argv)
+    import dataclasses
+
+    import torch
+    import models as BM
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    TC = BM.load_corpus()
+    size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
+    case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    modes = [m for m in args.modes.split(",") if m and (device == "cuda" or m != "inductor")]
+    for mode in modes:
+        torch._dynamo.reset()
+        model, fn, _ = case.make(mode)
+        for _ in range(3):
+            case.forward(model, fn)
+        host, wall = _times(case, model, fn, args.reps, sync)
+        print(f"{args.model} {args.dtype} {mode}: host {host:.2f} ms, wall {wall:.2f} ms per forward")
+        if mode != "pyfuser":
+            continue
+        if args.regions:
+            print("| ops | kernels | region µs | execute_fusion µs | progs.run µs | eager nodes µs |")
+            print("|---|---|---|---|---|---|")
+            for ops, k, res in time_regions(case, model, fn, 200, sync):
+                short = ",".join(o.split(".")[1] if o.startswith("aten.") else o for o in ops)
+                print(f"| {short[:70]} | {k} | " + " | ".join(f"{v:.1f}" for v in res.values()) + " |")
+            if not args.nodes:
+                continue
+        if args.nodes:
+            rows = time_nodes(case, model, fn, args.reps, sync)
+            total = sum(c * us for _, c, us in rows)
+            print(f"--- pyfuser graph nodes: {total / 1e3:.2f} ms per forward inside nodes")
+            print("| node | calls per forward | µs per call | µs per forward |\n|---|---|---|---|")
+            for w, c, us in rows[:args.top]:
+                print(f"| {w} | {c:.1f} | {us:.1f} | {c * us:.0f} |")
+            continue
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.reps):
+            case.forward(model, fn)
+        sync()
+        prof.disable()
+        for key in ("tottime", "cumulative"):
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
+            text = s.getvalue()
+            print(f"--- pyfuser, {args.reps} forwards, by {key}")
+            print(text[text.find("ncalls"):])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
