@@ -143,3 +143,34 @@ def test_autocast_training_step_with_joined_casts_matches_eager():
     fwd = [g for g in compiled_graphs() if g.kind == "forward"][0]
     joined = [r for r in fwd.regions if set(r.ops) == {"aten._to_copy.default"}]
     assert len(joined) == 1 and len(joined[0].ops) == 5        # x, two weights, two biases
+
+
+def test_fast_calls_bind_the_same_ops_and_give_eagers_views():
+    from pyfuser.frontend.fx.rewrites import fast_calls
+
+    def f(x, w, b):
+        y = torch.addmm(b, x.view(6, 4), w.t())             # view, t, addmm
+        z = y.unsqueeze(0).transpose(1, 2).expand(2, 5, 6)
+        return z.permute(2, 0, 1).select(0, 1), y.view(2, 3, 5).squeeze(0), torch.mm(x.view(6, 4), w.t())
+    args = (torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5))
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
+    before = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    changed = fast_calls(gm.graph)
+    gm.recompile()
+    assert changed == len(before)                 # every one of these ops has a fast binding
+    assert not any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                   for n in gm.graph.nodes)
+    for got, want in zip(gm(*args), f(*args)):
+        assert torch.equal(got, want)
+        assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+        assert got._base is not None or want._base is None
+
+
+def test_fast_calls_leave_keyword_calls_alone():
+    from pyfuser.frontend.fx.rewrites import fast_calls
+
+    def f(b, x, w):
+        return torch.addmm(b, x, w, beta=0.5)
+    args = (torch.randn(3), torch.randn(2, 4), torch.randn(4, 3))
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
+    assert fast_calls(gm.graph) == 0

@@ -12,7 +12,8 @@ it with one list of arguments). Steps:
    partitioned again (a few rounds at most: each round removes at least one node);
 4. a new graph is written with regions and the remaining nodes as units in a topological order
    (`partition.unit_order`): a region is one call of its `FusedRegion` and a getitem per output,
-   the other nodes are copied as they are (they run as eager aten calls).
+   the other nodes are copied as they are (they run as eager aten calls; views and matmuls
+   through the tensor method or torch function of the same op, `rewrites.fast_calls`).
 The graph's own inputs, outputs and their order are unchanged, so AOTAutograd's wrappers (input
 mutations, aliased outputs, saved tensors) see what they expect.
 
@@ -31,7 +32,7 @@ from ... import dump as D
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
-from .rewrites import sink_views
+from .rewrites import fast_calls, sink_views
 from .support import is_getitem, node_support
 
 log = logging.getLogger("pyfuser")
@@ -159,5 +160,6 @@ def _rewrite(gm, nodes, regions, lowered, fused, kind):
                 env[o] = item
             continue
         env[unit] = g.node_copy(unit, lambda a: env[a])
+    fast_calls(g)
     new = torch.fx.GraphModule(gm, g)
     return new
