@@ -174,3 +174,52 @@ def test_fast_calls_leave_keyword_calls_alone():
     args = (torch.randn(3), torch.randn(2, 4), torch.randn(4, 3))
     gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
     assert fast_calls(gm.graph) == 0
+
+
+def _targets(g):
+    return [n.target for n in g.gm.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_float32_bias_add_joins_the_region_of_its_fused_readers():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(16, 16)          # read by a matmul: keeps its addmm
+            self.o = torch.nn.Linear(16, 16)          # view, residual add, layer norm
+            self.f = torch.nn.Linear(16, 32)          # gelu
+            self.n = torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            q = self.q(x)
+            h = self.o(q @ q.transpose(1, 2) @ x)
+            return self.n(h + x), F.gelu(self.f(x))
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        got = pyfuser.compile(m)(x)
+        want = m(x)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+    (graph,) = compiled_graphs()
+    targets = _targets(graph)
+    assert targets.count(torch.addmm) == 1               # q's
+    assert targets.count(torch.mm) >= 2                  # o's and f's (and q @ ... as bmm)
+    ops = sorted(tuple(r.ops) for r in graph.regions)
+    assert ("aten.add.Tensor", "aten.gelu.default") in ops
+    assert any(o.count("aten.add.Tensor") == 2 and "aten.native_layer_norm.default" in o for o in ops)
+    assert all(r.kernels() == 1 for r in graph.regions)
+
+
+def test_bfloat16_and_unfused_readers_keep_the_addmm():
+    def f(b, x, w, b16, x16, w16):
+        return torch.addmm(b, x, w).sum(), torch.relu(torch.addmm(b16, x16, w16))
+    args = (torch.randn(3), torch.randn(2, 4), torch.randn(4, 3))
+    args = args + tuple(a.to(bf16) for a in args)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    for g, w in zip(got, f(*args)):
+        torch.testing.assert_close(g, w)
+    targets = _targets(compiled_graphs()[0])
+    assert targets.count(torch.addmm) == 1               # the bf16 one; the f32 sum's is split
+    assert targets.count(torch.mm) == 1

@@ -10,6 +10,16 @@ view. Only where `x` is contiguous (the cast of a contiguous tensor is contiguou
 is valid and both orders give the same contiguous result) and the cast changes nothing but the
 dtype.
 
+`unfuse_bias(graph, fusible)`: a float32 `addmm(b, x, w)` whose result (through views that keep
+its last axis) only fused ops read becomes `mm(x, w)`, the same views, and `add(view, b)`: the
+bias add joins the region of its readers (an activation, a residual add and layer norm), where
+it costs no memory traffic, and cuBLAS runs a plain matmul, for which it picks faster tiles on
+an H100 than for the matmul with a bias epilogue (BERT's attention output and FFN projections:
+docs/benchmarks.md). The sum is the same float32 rounding of the same product (not bit-equal:
+another tile order). Where a reader is not fused (Q/K/V projections read by attention) the
+addmm stays as it is: an add kernel of its own would cost more than the tile gains. bfloat16
+keeps cuBLAS's bias epilogue (measured as fast as Inductor's).
+
 `fast_calls(graph)`, on the graph the backend writes (after partitioning): the aten views and
 matmuls left to FX are called through the tensor method or torch function that binds the same
 aten op (`x.view(shape)` for `aten.view.default(x, shape)`, `torch.addmm` for
@@ -27,6 +37,7 @@ import torch
 _aten = torch.ops.aten
 _VIEWS = (_aten.view.default, _aten._unsafe_view.default)
 _CAST = _aten._to_copy.default
+_ADDMM = _aten.addmm.default
 
 
 def _dtype_only_cast(node) -> bool:
@@ -76,6 +87,53 @@ def sink_views(graph: torch.fx.Graph) -> int:
         if not view.users:
             graph.erase_node(view)
     return moved
+
+
+def _view_chain(node):
+    """The single-reader views after `node` that keep its last axis, and the last of them."""
+    chain, last = [], node
+    width = node.meta["val"].shape[-1]
+    while len(last.users) == 1:
+        (u,) = last.users
+        val = u.meta.get("val")
+        if u.op != "call_function" or u.target not in _VIEWS or u.args[0] is not last or \
+                not isinstance(val, torch.Tensor) or val.dim() == 0 or val.shape[-1] != width:
+            break
+        chain.append(u)
+        last = u
+    return chain, last
+
+
+def unfuse_bias(graph: torch.fx.Graph, fusible) -> int:
+    """Apply the rewrite of the module docstring (`fusible(node)`: a compute node (not a view)
+    that will be fused);
+    returns how many addmms it split."""
+    split = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not _ADDMM or n.kwargs or len(n.args) != 3:
+            continue
+        b, x, w = n.args
+        val = n.meta.get("val")
+        bval = b.meta.get("val") if isinstance(b, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not isinstance(bval, torch.Tensor) or \
+                val.dtype != torch.float32 or bval.dtype != torch.float32 or bval.dim() != 1:
+            continue
+        chain, last = _view_chain(n)
+        readers = list(last.users)
+        if not readers or not all(fusible(r) for r in readers):
+            continue
+        with graph.inserting_before(n):
+            mm = graph.call_function(_aten.mm.default, (x, w))
+        mm.meta = dict(n.meta)
+        n.replace_all_uses_with(mm)
+        graph.erase_node(n)
+        with graph.inserting_after(last if chain else mm):
+            add = graph.call_function(_aten.add.Tensor, (last if chain else mm, b))
+        add.meta = dict((last if chain else mm).meta)
+        for r in readers:
+            r.replace_input_with(last if chain else mm, add)
+        split += 1
+    return split
 
 
 # overload -> (FX op, target, positional arguments the node may have): the method / function
