@@ -146,12 +146,14 @@ class Case:
         return model, fn, self.torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def forward(self, model, fn):
-        model.eval()
+        if model.training:                  # a module-tree walk: not part of a timed forward
+            model.eval()
         with self.torch.no_grad(), self._ctx():
             return fn(**self.fwd_inputs)
 
     def train_step(self, model, fn, opt):
-        model.train()
+        if not model.training:
+            model.train()
         opt.zero_grad(set_to_none=True)
         with self._ctx():
             loss = self.base.loss(fn(**self.inputs))
