@@ -223,3 +223,33 @@ def test_bfloat16_and_unfused_readers_keep_the_addmm():
     targets = _targets(compiled_graphs()[0])
     assert targets.count(torch.addmm) == 1               # the bf16 one; the f32 sum's is split
     assert targets.count(torch.mm) == 1
+
+
+def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
+    """A fusion runs on its inputs' device; `rand(..., device="cuda") * 2` has none (found while
+    adding factory ops: the region would have run on the CPU)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.partition import partition
+    from pyfuser.frontend.fx.support import node_support
+
+    def f(x):
+        return torch.ops.aten.rand.default([4, 4], device=torch.device("cuda")) * 2, x + 1
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.ops.aten.rand.default, ([4, 4],), {"device": torch.device("cuda")})
+    m = g.call_function(torch.ops.aten.mul.Tensor, (r, 2))
+    a = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, a))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake_x = torch.empty(3, device="cuda")
+    FakeTensorProp(gm, mode).propagate(fake_x)
+    nodes = list(gm.graph.nodes)
+    outs = set(nodes[-1].all_input_nodes)
+    supported = {n for n in nodes if node_support(n, outs)[0]}
+    assert {r, m, a} <= supported
+    regions = partition(nodes, supported)
+    assert [reg.nodes for reg in regions] == [[a]]          # the rand region is dissolved
+    del f

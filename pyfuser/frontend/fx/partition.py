@@ -13,7 +13,9 @@ through other units would make one need the other): siblings become one region.
 Afterwards each region is trimmed and kept only when worth a call:
 - views at its ends (metadata nodes whose results only nodes outside the region read, and views
   of the region's inputs) are left to FX, as are getitems of nodes left out;
-- a region without a compute node (views only) is dissolved: eager views cost nothing.
+- a region without a compute node (views only) is dissolved: eager views cost nothing;
+- so is a region computing CUDA values from no CUDA tensor input (factory ops such as
+  `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are.
 
 Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
 autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
@@ -142,8 +144,21 @@ def partition(nodes, supported: set) -> list[Region]:
         if any(is_compute(n) for n in kept):
             r = Region(kept)
             r.boundary()
-            regions.append(r)
+            if _runs_where_it_computes(r):
+                regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _runs_where_it_computes(region: Region) -> bool:
+    """A fusion runs on the device of its tensor inputs: a region computing CUDA values from no
+    CUDA tensor (`torch.rand(n, device="cuda") * 2`) is left to eager, which makes them there."""
+    devices = {v.device for v in (n.meta.get("val") for n in region.nodes)
+               if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
+    if not devices:
+        return True
+    ins = {v.device for v in (x.meta.get("val") for x in region.inputs)
+           if isinstance(v, torch.Tensor)}
+    return devices <= ins
 
 
 def _reads_inputs_only(region: Region):
