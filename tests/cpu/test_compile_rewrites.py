@@ -253,3 +253,23 @@ def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
     regions = partition(nodes, supported)
     assert [reg.nodes for reg in regions] == [[a]]          # the rand region is dissolved
     del f
+
+
+def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
+    """The attention-mask pattern of HF models: where(mask, scalar_tensor(0), scalar_tensor(-inf))."""
+    def f(m, x):
+        zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=bf16)
+        ninf = torch.ops.aten.scalar_tensor.default(float("-inf"), dtype=bf16)
+        return torch.where(m, zero, ninf), x + torch.full((3,), 2.5, dtype=torch.float64), \
+            torch.full((2,), 7)                    # no dtype: eager infers int64, left to eager
+    m, x = torch.rand(3) > 0.5, torch.randn(3)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(m, x)
+    for g, w in zip(got, f(m, x)):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    ops = sorted(tuple(r.ops) for r in graph.regions)
+    assert ops == [("aten.full.default", "aten.add.Tensor"),
+                   ("aten.scalar_tensor.default", "aten.scalar_tensor.default", "aten.where.self")]
+    assert list(graph.unsupported.values()) == [
+        "full without a dtype (eager infers it from the value; left to eager)"]

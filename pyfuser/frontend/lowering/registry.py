@@ -16,6 +16,10 @@ POINTWISE, METADATA, REDUCTION, NORMALIZATION = "pointwise", "metadata", "reduct
 # random numbers drawn in the kernel (Philox): the torch.compile backend fuses them; the
 # TorchScript fuser does not group this class (its graphs keep eager's generator)
 RANDOM = "random"
+# tensors made from numbers alone (scalar_tensor, full): the torch.compile backend fuses them
+# into regions that also read a tensor on their device; the TorchScript fuser does not group
+# this class
+FACTORY = "factory"
 
 
 @dataclass(frozen=True)
