@@ -13,7 +13,10 @@
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
-   (`_merge_siblings`).
+   (`_merge_siblings`); last, pointwise groups that do not depend on each other join into
+   horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
+   different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
+   exceeds one kernel's capacity).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -202,6 +205,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             changed = True
     first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
+    _merge_horizontal(fusion, groups, verdict, orders)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -247,6 +251,32 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
             groups.merge(a, b)
             verdict[a] = result
             verdict.pop(b)
+
+
+def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
+    """Join pointwise kernel groups that neither needs the other into one kernel (the horizontal
+    scheduler, schedule/horizontal.py: a bf16 autocast's casts of the weights beside a
+    reduction). In order of their first expr, each group not yet joined starts a set; each later
+    one joins it when the registry takes the union (refusals are logged under
+    segmenter_logging); a capacity refusal closes the set."""
+    from ..schedule.horizontal import CAPACITY
+    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
+    cands = sorted((g for g in groups.members if verdict[g][0] == "pointwise"), key=first)
+    while len(cands) > 1:
+        cur = cands.pop(0)
+        for h in list(cands):
+            if groups.reaches(cur, h, False) or groups.reaches(h, cur, False):
+                continue
+            union = sorted(groups.members[cur] + groups.members[h],
+                           key=lambda e: groups.order[id(e)])
+            result = _offer(fusion, groups, union, orders)
+            if result[0] in ("horizontal", "pointwise"):
+                groups.merge(cur, h)
+                verdict[cur] = result
+                verdict.pop(h)
+                cands.remove(h)
+            elif CAPACITY in result[1]:
+                break
 
 
 # ---- the whole pass ---------------------------------------------------------------------------
