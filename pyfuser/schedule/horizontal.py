@@ -64,7 +64,22 @@ class _Holder:
 class Component:
     exprs: list                 # the fusion's exprs of this component, topological order
     outputs: list               # indices into fusion.outputs of the outputs it computes
-    sub: object = None          # segment.extract.Extracted: its own Fusion, original inputs
+    inputs: list                # the fusion's tensors it reads (its tensor inputs), in order
+    sub: object = None          # segment.extract.Extracted: its own Fusion (made at plan time)
+
+
+class _View:
+    """A component seen as a Fusion by the schedulers' compile checks (exprs, inputs, outputs
+    of the fusion itself: no copy). Only for checks that read the graph, never for planning."""
+
+    def __init__(self, exprs, inputs, outputs):
+        self.exprs, self.inputs, self.outputs = exprs, inputs, outputs
+
+    def used_exprs(self):
+        return self.exprs
+
+    def tensor_inputs(self):
+        return self.inputs
 
 
 # ---- components ------------------------------------------------------------------------------
@@ -95,19 +110,30 @@ def connected_components(fusion) -> list[list]:
     return [groups[k] for k in sorted(groups)]
 
 
-def _param_bytes_bound(sub_fusion) -> int:
+def param_bytes_bound(inputs, outputs, n_scalars: int = 0) -> int:
     """An upper bound of the bytes of a component's kernel parameters: a pointer and a stride
-    per axis of every tensor, a size per axis of the reference output, every scalar input;
+    per axis of every tensor, a size per axis of the reference output, every scalar it reads;
     all 8 bytes (64-bit indexing)."""
-    tensors = sub_fusion.tensor_inputs() + list(sub_fusion.outputs)
-    n = sum(1 + t.ndim for t in tensors) + sub_fusion.outputs[0].ndim
-    n += sum(1 for v in sub_fusion.inputs if isinstance(v, Scalar))
-    return 8 * n
+    tensors = list(inputs) + list(outputs)
+    return 8 * (sum(1 + t.ndim for t in tensors) + outputs[0].ndim + n_scalars)
+
+
+def scalars_read(exprs) -> int:
+    """How many non-constant scalars the exprs read (kernel parameters)."""
+    return len({id(v) for e in exprs for v in e.inputs
+                if isinstance(v, Scalar) and not v.is_const})
+
+
+EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp)
+
+
+def excluded(exprs):
+    """The first expr the horizontal scheduler never takes in a component, or None."""
+    return next((e for e in exprs if isinstance(e, EXCLUDED)), None)
 
 
 def _analyse(fusion):
-    """(components, "") or (None, why not)."""
-    from ..segment.extract import extract
+    """(components, "") or (None, why not); a function of the Fusion's graph alone."""
     from . import pointwise, transpose
     if not fusion.outputs:
         return None, "the fusion has no outputs"
@@ -117,7 +143,7 @@ def _analyse(fusion):
     if len(groups) > MAX_COMPONENTS:
         return None, f"{CAPACITY}{len(groups)} components, more than {MAX_COMPONENTS} in one kernel"
     of = {id(o): k for k, g in enumerate(groups) for e in g for o in e.outputs}
-    comps = [Component(g, []) for g in groups]
+    comps = [Component(g, [], []) for g in groups]
     for oi, o in enumerate(fusion.outputs):
         k = of.get(id(o))
         if k is None:
@@ -125,25 +151,24 @@ def _analyse(fusion):
         comps[k].outputs.append(oi)
     total = 0
     for k, c in enumerate(comps):
-        bad = next((e for e in c.exprs if isinstance(e, (E.ViewOp, E.PermuteOp,
-                                                            E.PhiloxUniformOp))), None)
+        bad = excluded(c.exprs)
         if bad is not None:
             return None, f"component {k}: {bad.op_name} ({type(bad).__name__}) is not taken " \
                          "(views, permutes and random numbers stay in their own kernels)"
         produced = {id(o) for e in c.exprs for o in e.outputs}
-        ins, seen = [], set()
+        seen = set()
         for e in c.exprs:
             for v in e.inputs:
                 if isinstance(v, TensorView) and id(v) not in produced and id(v) not in seen:
                     seen.add(id(v))
-                    ins.append(v)
-        c.sub = extract(fusion, c.exprs, ins, [fusion.outputs[i] for i in c.outputs])
-        ok, why = pointwise.can_schedule(c.sub.fusion)
+                    c.inputs.append(v)
+        view = _View(c.exprs, c.inputs, [fusion.outputs[i] for i in c.outputs])
+        ok, why = pointwise.can_schedule(view)
         if not ok:
             return None, f"component {k}: pointwise refuses it: {why}"
-        if transpose.can_schedule(c.sub.fusion)[0]:
+        if transpose.can_schedule(view)[0]:
             return None, f"component {k} is a transpose (the transpose scheduler's)"
-        total += _param_bytes_bound(c.sub.fusion)
+        total += param_bytes_bound(view.inputs, view.outputs, scalars_read(c.exprs))
     if total > MAX_PARAM_BYTES:
         return None, f"{CAPACITY}kernel parameters may take {total} bytes, more than " \
                      f"{MAX_PARAM_BYTES}"
@@ -157,6 +182,14 @@ def components(fusion):
         holder = _Holder(_analyse(fusion))
         fusion.__dict__[_CACHE] = holder
     return holder.value
+
+
+def _extracted(fusion, comps) -> None:
+    """Each component cut out as its own Fusion (segment/extract.py), once per Fusion."""
+    from ..segment.extract import extract
+    for c in comps:
+        if c.sub is None:
+            c.sub = extract(fusion, c.exprs, c.inputs, [fusion.outputs[i] for i in c.outputs])
 
 
 def can_schedule(fusion) -> tuple[bool, str]:
@@ -233,6 +266,7 @@ def schedule(fusion, inputs) -> HorizontalSchedule:
         raise SchedulerError(f"horizontal scheduler: {why}")
     inputs = list(inputs)
     b = bind(fusion, inputs)
+    _extracted(fusion, comps)
     scheds = [pointwise.schedule(c.sub.fusion, _component_inputs(fusion, c, inputs, b), kind="1d")
               for c in comps]
     blocks = {s.params.block for s in scheds}

@@ -254,29 +254,50 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
 
 
 def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
-    """Join pointwise kernel groups that neither needs the other into one kernel (the horizontal
-    scheduler, schedule/horizontal.py: a bf16 autocast's casts of the weights beside a
-    reduction). In order of their first expr, each group not yet joined starts a set; each later
-    one joins it when the registry takes the union (refusals are logged under
-    segmenter_logging); a capacity refusal closes the set."""
-    from ..schedule.horizontal import CAPACITY
+    """Join pointwise kernel groups that neither needs the other into horizontal kernels
+    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction). In
+    order of their first expr, each group not yet joined starts a set; each later group joins
+    it while the set stays within one kernel's capacity (components, parameter bytes) and the
+    group reads no tensor of the set (else the two would be one component) and neither reaches
+    the other; the set is then offered to the registry (verdicts logged under
+    segmenter_logging) and becomes one group when accepted."""
+    from ..schedule import horizontal as H
     first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
-    cands = sorted((g for g in groups.members if verdict[g][0] == "pointwise"), key=first)
+    cands = [g for g in sorted(groups.members, key=first)
+             if verdict[g][0] == "pointwise" and H.excluded(groups.members[g]) is None]
+
+    def cost(g):
+        sub = verdict[g][1].fusion
+        return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
+                                   H.scalars_read(groups.members[g]))
+
+    def reads(g):
+        return {id(v) for v in verdict[g][1].inputs if isinstance(v, TensorView)}
+
     while len(cands) > 1:
-        cur = cands.pop(0)
+        chosen = [cands.pop(0)]
+        seen, used = reads(chosen[0]), cost(chosen[0])
         for h in list(cands):
-            if groups.reaches(cur, h, False) or groups.reaches(h, cur, False):
-                continue
-            union = sorted(groups.members[cur] + groups.members[h],
-                           key=lambda e: groups.order[id(e)])
-            result = _offer(fusion, groups, union, orders)
-            if result[0] in ("horizontal", "pointwise"):
-                groups.merge(cur, h)
-                verdict[cur] = result
-                verdict.pop(h)
-                cands.remove(h)
-            elif CAPACITY in result[1]:
+            if len(chosen) == H.MAX_COMPONENTS:
                 break
+            r, c = reads(h), cost(h)
+            if r & seen or used + c > H.MAX_PARAM_BYTES or any(
+                    groups.reaches(g, h, False) or groups.reaches(h, g, False) for g in chosen):
+                continue
+            chosen.append(h)
+            seen |= r
+            used += c
+            cands.remove(h)
+        if len(chosen) < 2:
+            continue
+        union = sorted((e for g in chosen for e in groups.members[g]),
+                       key=lambda e: groups.order[id(e)])
+        result = _offer(fusion, groups, union, orders)
+        if result[0] in ("horizontal", "pointwise"):
+            for h in chosen[1:]:
+                groups.merge(chosen[0], h)
+                verdict.pop(h)
+            verdict[chosen[0]] = result
 
 
 # ---- the whole pass ---------------------------------------------------------------------------
