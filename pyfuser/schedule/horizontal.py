@@ -36,7 +36,7 @@ from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
 
-MAX_COMPONENTS = 64
+MAX_COMPONENTS = 128
 MAX_PARAM_BYTES = 4096 - 256      # CUDA's classic kernel-parameter limit, less some slack
 CAPACITY = "capacity: "           # prefix of the refusals that more kernels would fix
 MAX_GRID_X = 2 ** 31 - 1

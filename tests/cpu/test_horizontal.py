@@ -253,3 +253,15 @@ def test_analysis_is_dropped_when_the_fusion_changes():
         f.add_output(B.cast(z, DataType.Half))
     comps, _ = H.components(f)
     assert len(comps) == 3
+
+
+def test_components_on_several_devices_never_share_a_kernel(monkeypatch):
+    """Tensors on two devices: the horizontal segment runs on the evaluator (eager casts, each
+    on its tensor's device) instead of one kernel. Simulated with a stand-in device check (one
+    CPU here); the GPU test with two devices is tests/gpu/test_horizontal_gpu.py."""
+    from pyfuser.segment import runtime as R
+    fs, inputs, eager = HC.casts(3, 0, layouts=("dense",))
+    monkeypatch.setattr(R, "_split_devices", lambda seg, args: seg.scheduler == "horizontal")
+    outs = fs.execute(inputs)
+    HC.check_against_eager(outs, eager(*inputs))
+    assert fs.last_run.segments[0].backend == "evaluator" and fs.last_run.launched == 0
