@@ -11,8 +11,10 @@ running that component's pointwise body (codegen/horizontal_lowering.py).
 most MAX_COMPONENTS, an upper bound of the kernel's parameter bytes within MAX_PARAM_BYTES
 (CUDA's 4 KB limit; refusals for these two start with CAPACITY, the segmenter then packs the
 components into several horizontal kernels), every fusion output computed by some expr, and each
-component, cut out as its own Fusion, taken by the pointwise scheduler alone, refused by the
-transpose scheduler, with no view, permute or random op.
+component, seen as a Fusion of its own (its exprs, the tensors it reads, the outputs it computes:
+no copy), taken by the pointwise scheduler alone, refused by the transpose scheduler, with no
+view, permute or random op. Components are cut out as Fusions (segment/extract.py) once per
+Fusion, when the first plan is made.
 
 `schedule(fusion, inputs)`: each component is planned by the pointwise scheduler
 (schedule/pointwise.py, its vector width, collapsing, heuristics) on its own sub-Fusion, as a
