@@ -154,9 +154,14 @@ def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
     return plan
 
 
+def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
+    from .horizontal_lowering import plan_horizontal
+    return plan_horizontal(fusion, inputs, sched)
+
+
 LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,
              "reduction": _plan_reduction, "inner_persistent": _plan_reduction,
-             "outer_persistent": _plan_reduction}
+             "outer_persistent": _plan_reduction, "horizontal": _plan_horizontal}
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:

@@ -215,8 +215,9 @@ def _execute_slow(fusion, inputs, mode):
 
 
 def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
+    from ..segment.runtime import _split_devices
     ex = None
-    if backend != "evaluator":
+    if backend != "evaluator" and not _split_devices(seg, inputs):
         ex = _segment_executor(fusion, backend)
     if ex is None:
         outs, used, launched = _evaluate(fusion, inputs), "evaluator", 0

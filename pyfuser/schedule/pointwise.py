@@ -155,7 +155,9 @@ def _known_extent_ids(fusion) -> set:
     return out
 
 
-def schedule(fusion, inputs) -> PointwiseSchedule:
+def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
+    """`kind`: "1d" / "2d" forces the kernel shape (speed only; the horizontal scheduler
+    wants 1-D), else the heuristics (and $PYFUSER_PW_KIND) choose."""
     ok, why = can_schedule(fusion)
     if not ok:
         raise SchedulerError(f"pointwise scheduler: {why}")
@@ -195,7 +197,7 @@ def schedule(fusion, inputs) -> PointwiseSchedule:
     _classify(params, accesses)
     vec_bytes = params.vec * max((a.itemsize for a in accesses if a.mode == "vector"), default=0) \
         if params.vec > 1 else 0
-    choose(params, ext, 0, vec_bytes)
+    choose(params, ext, 0, vec_bytes, kind)
     _classify(params, accesses)
     if params.kind == "2d":
         n = sum(a.row_invariant for a in accesses if not a.is_store)

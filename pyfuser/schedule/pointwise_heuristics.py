@@ -82,7 +82,7 @@ def _overrides(params: PointwiseParams, sms: int) -> None:
 
 
 def choose(params: PointwiseParams, group_extents: list[int], row_invariant_loads: int,
-           vec_bytes: int = 0) -> None:
+           vec_bytes: int = 0, kind: str | None = None) -> None:
     """Fill kind, block and unroll of `params` from the collapsed extents seen at planning.
 
     `vec_bytes`: bytes of the widest vectorized access (16 = full 16-byte vectors). Measured on
@@ -96,7 +96,7 @@ def choose(params: PointwiseParams, group_extents: list[int], row_invariant_load
         numel *= e
     vec = params.vec
     inner = group_extents[-1] if group_extents else 1
-    force = os.environ.get("PYFUSER_PW_KIND")     # tuning knob: "1d" / "2d" (speed only)
+    force = kind or os.environ.get("PYFUSER_PW_KIND")   # "1d" / "2d" (speed only)
     if force != "1d" and len(group_extents) >= 2 and (inner >= 64 * vec or force == "2d"):
         params.kind = "2d"
         outer = numel // inner if inner else 0

@@ -50,9 +50,15 @@ def _pointwise():
     return Scheduler("pointwise", pointwise.can_schedule, pointwise.schedule)
 
 
+def _horizontal():
+    from . import horizontal
+    return Scheduler("horizontal", horizontal.can_schedule, horizontal.schedule,
+                     horizontal.run_check, horizontal.size_class)
+
+
 def _build() -> list:
     from . import reduction
-    return [_transpose(), *reduction.schedulers(), _pointwise()]
+    return [_transpose(), *reduction.schedulers(), _pointwise(), _horizontal()]
 
 
 SCHEDULERS: list = _build()

@@ -78,7 +78,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
                 (env[id(v)] if id(v) in env else b.value(v)) for v in seg.sub_inputs]
         used = "evaluator"
         ex = None
-        if seg.kind == "kernel" and backend != "evaluator":
+        if seg.kind == "kernel" and backend != "evaluator" and not _split_devices(seg, args):
             ex = executor_for(seg.fusion, backend)
             if ex is not None:
                 outs = ex.run(args)
@@ -113,6 +113,15 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     if record is not None:
         record["ok"] = ok
     return results, report
+
+
+def _split_devices(seg, args) -> bool:
+    """A horizontal kernel's independent computations whose tensors are on several devices:
+    they never share a kernel; the segment runs on the evaluator (eager ops, each on its
+    tensor's device), as eager would run them."""
+    if seg.scheduler != "horizontal":
+        return False
+    return len({x.device for x in args if isinstance(x, torch.Tensor) and x.dim()}) > 1
 
 
 def apply_aliases(fusion, inputs, outs) -> list:

@@ -13,7 +13,10 @@
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
-   (`_merge_siblings`).
+   (`_merge_siblings`); last, pointwise groups that do not depend on each other join into
+   horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
+   different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
+   exceeds one kernel's capacity).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -202,6 +205,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             changed = True
     first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
+    _merge_horizontal(fusion, groups, verdict, orders)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -247,6 +251,53 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
             groups.merge(a, b)
             verdict[a] = result
             verdict.pop(b)
+
+
+def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
+    """Join pointwise kernel groups that neither needs the other into horizontal kernels
+    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction). In
+    order of their first expr, each group not yet joined starts a set; each later group joins
+    it while the set stays within one kernel's capacity (components, parameter bytes) and the
+    group reads no tensor of the set (else the two would be one component) and neither reaches
+    the other; the set is then offered to the registry (verdicts logged under
+    segmenter_logging) and becomes one group when accepted."""
+    from ..schedule import horizontal as H
+    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
+    cands = [g for g in sorted(groups.members, key=first)
+             if verdict[g][0] == "pointwise" and H.excluded(groups.members[g]) is None]
+
+    def cost(g):
+        sub = verdict[g][1].fusion
+        return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
+                                   H.scalars_read(groups.members[g]))
+
+    def reads(g):
+        return {id(v) for v in verdict[g][1].inputs if isinstance(v, TensorView)}
+
+    while len(cands) > 1:
+        chosen = [cands.pop(0)]
+        seen, used = reads(chosen[0]), cost(chosen[0])
+        for h in list(cands):
+            if len(chosen) == H.MAX_COMPONENTS:
+                break
+            r, c = reads(h), cost(h)
+            if r & seen or used + c > H.MAX_PARAM_BYTES or any(
+                    groups.reaches(g, h, False) or groups.reaches(h, g, False) for g in chosen):
+                continue
+            chosen.append(h)
+            seen |= r
+            used += c
+            cands.remove(h)
+        if len(chosen) < 2:
+            continue
+        union = sorted((e for g in chosen for e in groups.members[g]),
+                       key=lambda e: groups.order[id(e)])
+        result = _offer(fusion, groups, union, orders)
+        if result[0] in ("horizontal", "pointwise"):
+            for h in chosen[1:]:
+                groups.merge(chosen[0], h)
+                verdict.pop(h)
+            verdict[chosen[0]] = result
 
 
 # ---- the whole pass ---------------------------------------------------------------------------
