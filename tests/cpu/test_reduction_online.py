@@ -27,26 +27,6 @@ F = torch.nn.functional
 PLANS: list = []
 
 
-def special_rows(n_rows, n, dt, axis=1, gen=None):
-    """Random rows with the edge cases of an online max / sum along `axis` (rows of n)."""
-    x = torch.randn(n_rows, n, generator=gen, dtype=torch.float64)
-    inf, nan = float("inf"), float("nan")
-    cases = [lambda r: r[::3].fill_(-inf),                 # scattered -inf
-             lambda r: r.fill_(-inf),                      # every element -inf
-             lambda r: r[n // 2:n // 2 + 1].fill_(inf),    # one +inf
-             lambda r: r[n - 1:].fill_(nan),               # NaN at the end
-             lambda r: (r.fill_(-inf), r[n - 1:].fill_(2.0)),   # one finite value, last
-             lambda r: r[:(n + 1) // 2].fill_(-inf),       # the first half's threads all -inf
-             lambda r: r[n // 3:].fill_(-inf),             # the last two thirds -inf
-             lambda r: r.copy_(torch.arange(n, dtype=torch.float64) * 0.37),   # rising
-             lambda r: r.mul_(30).add_(1000.0),            # exp(x) overflows without a shift
-             lambda r: (r.fill_(inf), r[:1].fill_(-inf))]  # +inf everywhere but one -inf
-    for i, case in enumerate(cases[:n_rows]):
-        case(x[i])
-    x = x.to(dt)
-    return x if axis == 1 else x.t().contiguous()
-
-
 def run_fusion(f, xs):
     plan = api.plan_kernel(f, xs)
     b = bind(f, xs)
@@ -84,7 +64,7 @@ MODES = {"persistent": {}, "streamed": {"PYFUSER_RED_STEPS": "0"},
 def test_special_rows_inner(builder, n, mode, monkeypatch):
     for k, v in MODES[mode].items():
         monkeypatch.setenv(k, v)
-    x = special_rows(12, n, torch.float32)
+    x = RC.special_rows(12, n, torch.float32)
     plan = check(builder, x, [1], f"{builder.__name__} {tuple(x.shape)} {mode}")
     assert plan.params.passes == 1
     if mode == "streamed" or builder is RC.logsumexp:
@@ -96,13 +76,13 @@ def test_special_rows_inner(builder, n, mode, monkeypatch):
                          ids=lambda b: b.__name__)
 def test_special_rows_outer(builder, n):
     """Reduced axis outside: a (max, sum) pair per column (lane)."""
-    x = special_rows(12, n, torch.float32, axis=0)       # [n, 12]: columns are the rows above
+    x = RC.special_rows(12, n, torch.float32, axis=0)       # [n, 12]: columns are the rows above
     plan = check(builder, x, [0], f"{builder.__name__} {tuple(x.shape)} outer")
     assert plan.params.kind == "outer" and plan.params.passes == 1
 
 
 def test_special_rows_bfloat16():
-    x = special_rows(12, 1031, torch.bfloat16)
+    x = RC.special_rows(12, 1031, torch.bfloat16)
     plan = check(RC.softmax, x, [1], "softmax bfloat16")
     assert plan.params.passes == 1
 
@@ -114,7 +94,7 @@ def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     combine a row (a cluster barrier for the pair, one at the end of the row), not two."""
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
-    x = special_rows(10, 2 * 256 * 4 * int(cluster) + 44, torch.float32)
+    x = RC.special_rows(10, 2 * 256 * 4 * int(cluster) + 44, torch.float32)
     plan = check(builder, x, [1], f"{builder.__name__} cluster {cluster}")
     assert plan.params.cluster == int(cluster) and plan.params.passes == 1
     assert count(plan.kernel_ir, K.ClusterSync) == 2
@@ -230,7 +210,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1.6e-2}
 @pytest.mark.parametrize("fn", [softmax, log_softmax, logsumexp, logsumexp_keep],
                          ids=lambda f: f.__name__)
 def test_jit_special_rows(fn, dt, plans):
-    x = special_rows(10, 203, dt)
+    x = RC.special_rows(10, 203, dt)
     st = jit_check(fn, [x], TOL[dt])
     assert st.kernels == 1
     (plan,) = plans
@@ -247,7 +227,7 @@ def test_cross_entropy_kernels(fn, rows_kernels, dt, plans):
     """Class-index targets: one pass over the logits (a pure reduction: max and sum of exp as a
     pair, the target's logit, the hit count), then, for mean / sum, the sum over the rows."""
     gen = torch.Generator().manual_seed(3)
-    x = special_rows(10, 203, dt, gen=gen)
+    x = RC.special_rows(10, 203, dt, gen=gen)
     x = torch.cat([x, torch.randn(7, 203, generator=gen).to(dt)])
     t = torch.randint(0, 203, (17,), generator=gen)
     t[4] = 3                                              # the ignored class (ce_none)
@@ -262,7 +242,7 @@ def test_cross_entropy_kernels(fn, rows_kernels, dt, plans):
 
 def test_cross_entropy_special_rows_per_row():
     """Per-row losses of rows of -inf, +inf, NaN: eager's (NaN / inf where eager has them)."""
-    x = special_rows(10, 203, torch.float32)
+    x = RC.special_rows(10, 203, torch.float32)
     t = torch.tensor([0, 1, 101, 5, 202, 7, 150, 200, 9, 0])
     jit_check(ce_none, [x, t], 1e-5)
 
