@@ -10,6 +10,14 @@ and the interpreter evaluate exactly the same arithmetic, and the order of combi
 (lanes in order, shuffles by falling xor distance, warps in order): the same inputs give the same
 bits on every run.
 
+An online pair (reduction_graph.OnlinePair: softmax's max and sum of exp(x - max) in one pass)
+has the partial (m, s), s the sum of exp(x - m) over the partial's elements, where an element
+equal to m counts exp(0) = 1 even when it is infinite. Combine: m = max(m1, m2) (NaN as eager),
+s = s1 * exp(d1) + s2 * exp(d2), d_i = 0 where m_i == m, else m_i - m (so two partials of -inf
+elements keep their counts, and the identity (-inf, 0) changes nothing). The sum's value is
+`pair_sum_result`: s when m is finite or s is 0 (no element), else NaN (what the two-pass
+sum(exp(x - m)) gives for a row whose max is infinite or NaN).
+
 Welford's combine (Chan et al.) of (ma, m2a, na) and (mb, m2b, nb): n = na + nb, c = nb / n (0 when
 n is 0), d = mb - ma, mean = ma + d * c, m2 = m2a + m2b + d * d * na * c.
 """
@@ -21,6 +29,7 @@ import torch
 
 from ..ir import exprs as E
 from ..ir.dtypes import DataType
+from ..schedule.reduction_graph import OnlinePair
 from . import kernel_ir as K
 
 I64 = DataType.Int
@@ -29,6 +38,9 @@ COMBINE_OP = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 def acc_dtypes(e, count: DataType = I64) -> list:
     """Accumulator dtypes of a reduce expr's partial (`count`: Welford's n)."""
+    if isinstance(e, OnlinePair):
+        c = e.dtype.compute
+        return [c, c]
     if isinstance(e, E.WelfordOp):
         c = e.inputs[0].dtype.compute
         return [c, c, count]
@@ -38,6 +50,9 @@ def acc_dtypes(e, count: DataType = I64) -> list:
 def identity(e, count: DataType = I64) -> list:
     """The partial of no element."""
     dts = acc_dtypes(e, count)
+    if isinstance(e, OnlinePair):
+        return [K.Const(-math.inf, K.REGISTER_CTYPE[dts[0]], dts[0]),
+                K.Const(0.0, K.REGISTER_CTYPE[dts[1]], dts[1])]
     if isinstance(e, E.WelfordOp):
         return [K.Const(0.0, K.REGISTER_CTYPE[dts[0]], dts[0]),
                 K.Const(0.0, K.REGISTER_CTYPE[dts[1]], dts[1]),
@@ -57,6 +72,21 @@ def identity(e, count: DataType = I64) -> list:
         info = torch.iinfo(dt.torch)
         v = info.min if low else info.max
     return [K.Const(v, K.REGISTER_CTYPE[dt], dt)]
+
+
+def shift_exp(x, m, dt):
+    """exp(x - m) of an online pair's element or partial x under the running max m >= x: 1
+    where x == m (infinite x included: no NaN from inf - inf), NaN where either is NaN."""
+    zero = K.Const(0.0, K.REGISTER_CTYPE[dt], dt)
+    return K.Op("exp", (K.Op("where", (K.Op("eq", (x, m), dt), zero, K.Op("sub", (x, m), dt)),
+                              dt),), dt)
+
+
+def pair_sum_result(m, s, dt):
+    """The value of an online pair's sum: s where m is finite or s is 0, else NaN."""
+    ok = K.Op("logical_or", (K.Op("isfinite", (m,), dt),
+                             K.Op("eq", (s, K.Const(0.0, K.REGISTER_CTYPE[dt], dt)), dt)), dt)
+    return K.Op("where", (ok, s, K.Const(float("nan"), K.REGISTER_CTYPE[dt], dt)), dt)
 
 
 class Combiner:
@@ -79,6 +109,11 @@ class Combiner:
 
     def combine(self, e, a: list, b: list, out: list) -> list:
         """Partial of `a` then `b` (order matters only for rounding; it is fixed)."""
+        if isinstance(e, OnlinePair):
+            dt = acc_dtypes(e)[0]
+            m = self._let(out, "om", dt, K.Op("maximum", (a[0], b[0]), dt))
+            return [m, K.Op("add", (K.Op("mul", (a[1], shift_exp(a[0], m, dt)), dt),
+                                    K.Op("mul", (b[1], shift_exp(b[0], m, dt)), dt)), dt)]
         if not isinstance(e, E.WelfordOp):
             dt = acc_dtypes(e)[0]
             return [K.Op(COMBINE_OP[e.info.name], (a[0], b[0]), dt)]

@@ -124,7 +124,7 @@ class InnerKernel(ReductionLowering):
         return known
 
     def partial_names(self, e) -> list:
-        if isinstance(e, E.WelfordOp):
+        if self.chunked(e):                   # Welford, online pairs: one partial a thread
             return self.acc_names(e)
         return [f"r{self.g.reduces.index(e)}"]
 
@@ -134,7 +134,7 @@ class InnerKernel(ReductionLowering):
         of the team ends with the row's result."""
         p = self.p
         for e in reds:
-            if isinstance(e, E.WelfordOp):
+            if self.chunked(e):
                 continue
             (acc,) = self.acc_names(e)
             (r,) = self.partial_names(e)

@@ -15,6 +15,10 @@ between passes the threads combine their partials (one_pass):
   in that pass; values costly to compute again (schedule.kept: softmax's exp) are kept;
 - a *streamed* kernel reads again in every pass, `unroll` vectors a step, all loads of a step
   issued before the first use.
+Online pairs (reduction_graph.OnlinePair: a max and the sum of exp(x - max) in one pass) are
+accumulated in chunks too: the max of the step loop's values, the running sum rescaled to the new
+max, then the sum of exp(x - max) over the chunk (`pair_chunk`); then (max, sum) partials combine
+once across lanes, threads, warps and cluster ranks.
 Welford statistics are accumulated in chunks: the values of a step loop get their exact mean and
 m2 in registers (computed again from the loaded registers, no copy), and the chunk is merged into
 the running (mean, m2, n) with Chan's formula: a division per chunk, not per element.
@@ -33,7 +37,7 @@ from ..schedule import reduction_graph as RG
 from . import kernel_ir as K
 from .emitter import Emitter
 from .kernel import LaunchConfig
-from .reduction_combine import Combiner
+from .reduction_combine import Combiner, pair_sum_result, shift_exp
 
 MAX_GRID_X = 2 ** 31 - 1
 MAX_GRID_Y = 65535
@@ -147,11 +151,15 @@ class ReductionLowering(Emitter):
     def pass_plan(self, q: int):
         """(reduce exprs accumulated in pass q, (store access, node) of the full outputs written
         in it, full nodes computed, {id(reduce expr): its input node})."""
-        reds, out_nodes, full = RG.pass_nodes(self.g, q)
+        _, out_nodes, full = RG.pass_nodes(self.g, q)
+        reds = RG.pass_reductions(self.g, q)       # an online pair in place of its max and sum
         outs = [(a, a.node) for a in self.stores if any(a.node is n for n in out_nodes)]
         inputs = {}
+        for e in reds:
+            if isinstance(e, RG.OnlinePair):
+                inputs[id(e)] = e.x
         for n in self.g.nodes:
-            if n.kind == "reduce" and n.expr in reds:
+            if n.kind == "reduce" and any(n.expr is e for e in reds):
                 inputs.setdefault(id(n.expr), n.args[0])
         return reds, outs, full, inputs
 
@@ -353,12 +361,20 @@ class ReductionLowering(Emitter):
 
     # ---- accumulators ---------------------------------------------------------------------------
     def acc_names(self, e) -> list:
+        if isinstance(e, RG.OnlinePair):
+            return [f"acc{self.g.reduces.index(x)}_0" for x in (e.max_expr, e.sum_expr)]
         i = self.g.reduces.index(e)
         return [f"acc{i}_{k}" for k in range(len(self.comb.dtypes(e)))]
 
+    @staticmethod
+    def chunked(e) -> bool:
+        """Accumulated by chunks after the step loop (Welford, online pairs), not per element."""
+        return isinstance(e, (E.WelfordOp, RG.OnlinePair))
+
     def lane_accs(self, e) -> bool:
-        """Accumulators per lane ([V]) or one per thread (Welford of an inner kernel)."""
-        return self.LANE_WELFORD or not isinstance(e, E.WelfordOp)
+        """Accumulators per lane ([V]) or one per thread (Welford and online pairs of an inner
+        kernel)."""
+        return self.LANE_WELFORD or not self.chunked(e)
 
     def init_accs(self, reds, out: list) -> None:
         """Allocate every accumulator of `reds` and set it to the identity."""
@@ -385,6 +401,13 @@ class ReductionLowering(Emitter):
         """{id(reduce node): value in the node's dtype} from the final partial of e."""
         dts = self.comb.dtypes(e)
         out = {}
+        if isinstance(e, RG.OnlinePair):
+            vals = {id(e.max_expr): partial[0], id(e.sum_expr): pair_sum_result(*partial, dts[0])}
+            for node in self.g.nodes:
+                if node.kind == "reduce" and id(node.expr) in vals:
+                    x, dt = vals[id(node.expr)], node.tv.dtype
+                    out[id(node)] = x if dt is dts[0] else K.Convert("cast", x, dts[0], dt)
+            return out
         for node in self.g.nodes:
             if node.kind != "reduce" or node.expr is not e:
                 continue
@@ -406,14 +429,17 @@ class ReductionLowering(Emitter):
         if not reds and not outs:
             return self.row_values(q + 1, known, out)
         self.init_accs(reds, out)
-        welford = [e for e in reds if isinstance(e, E.WelfordOp)]
+        chunks = [e for e in reds if self.chunked(e)]
+        steps_needed = len(chunks) < len(reds) or outs or any(
+            first == q for _, first in self.kept.values())
         if self.p.persistent:
             out += self.pass_long_loads(q)
             s = K.Var("s")
-            out.append(self.unroll("s", self.p.steps, self.at_step(
-                self.step_expr(s, False), lambda idx: self.step_body(q, s, idx, known, True))))
-            for e in welford:
-                self.welford_chunk(e, q, known, "s", self.p.steps, False, out)
+            if steps_needed:
+                out.append(self.unroll("s", self.p.steps, self.at_step(
+                    self.step_expr(s, False), lambda idx: self.step_body(q, s, idx, known, True))))
+            for e in chunks:
+                self.chunk(e, q, known, "s", self.p.steps, False, out)
         else:
             u = K.Var("u")
             loads = [a for a in self.loads if any(n is a.node for n in full)]
@@ -421,10 +447,11 @@ class ReductionLowering(Emitter):
             it_body.append(self.unroll("u", self.p.unroll, self.at_step(
                 self.step_expr(u, True), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx))
                                                       for a in loads])))
-            it_body.append(self.unroll("u", self.p.unroll, self.at_step(
-                self.step_expr(u, True), lambda idx: self.step_body(q, u, idx, known, False))))
-            for e in welford:
-                self.welford_chunk(e, q, known, "u", self.p.unroll, True, it_body)
+            if steps_needed:
+                it_body.append(self.unroll("u", self.p.unroll, self.at_step(
+                    self.step_expr(u, True), lambda idx: self.step_body(q, u, idx, known, False))))
+            for e in chunks:
+                self.chunk(e, q, known, "u", self.p.unroll, True, it_body)
             out += self.wrap_streamed(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
                                              "vector steps of the reduced index"))
         partials, out = self.combine(reds, out)
@@ -474,7 +501,7 @@ class ReductionLowering(Emitter):
             if persistent and hit is not None and hit[1] == q:
                 lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
         for e in reds:
-            if not isinstance(e, E.WelfordOp):
+            if not self.chunked(e):
                 self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes)
         after: list = []
         for a, node in outs:
@@ -483,6 +510,71 @@ class ReductionLowering(Emitter):
             lanes += inside
             after += st
         return body + [self.lanes(lanes)] + after
+
+    def chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        (self.pair_chunk if isinstance(e, RG.OnlinePair) else self.welford_chunk)(
+            e, q, known, step_var, nsteps, streamed, out)
+
+    def pair_chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        """Merge the values of online pair e's X over the step loop just run (its loads still
+        in their buffers) into e's (max, sum) accumulators: the chunk's max, the new running
+        max m, the running sum rescaled by exp(old max - m), plus the chunk's sum of
+        exp(x - m) (per lane, then in lane order). Inner kernels: one pair a thread (the
+        chunk's max over every lane); outer: a pair per lane (column)."""
+        xnode = e.x
+        nodes = RG.ancestors(self.g, [xnode], lambda n: self.lvl[id(n)] == "row")
+        nodes = [n for n in nodes if self.lvl[id(n)] == "full"]
+        dt = self.comb.dtypes(e)[0]
+        ct = K.REGISTER_CTYPE[dt]
+        per_lane = self.LANE_WELFORD
+        v = K.Var("v")
+        here = (v,) if per_lane else ()
+        dims = (self.V,) if per_lane else ()
+        acc_m, acc_s = self.acc_names(e)
+        tag = self.comb.fresh("o")
+        cm, cs, mn = f"{tag}_max", f"{tag}_sum", f"{tag}_m"
+        step = K.Var(step_var)
+        pos = self.step_expr(step, streamed)
+        ref = lambda name: K.ArrayRef(name, here)  # noqa: E731
+
+        def value(body, idx, lane):
+            x = self.lane_values(nodes, known, step, lane, body, idx)[id(xnode)]
+            return x if xnode.tv.dtype.compute is dt else K.Convert("cast", x, xnode.tv.dtype, dt)
+
+        def add_max(idx):                                 # per lane: independent chains
+            body: list = []
+            x = value(body, idx, v)
+            body.append(K.Assign(cm, (v,), K.Op("maximum", (K.ArrayRef(cm, (v,)), x), dt)))
+            return [self.lanes(body)]
+
+        def add_exp(idx):
+            body: list = []
+            x = value(body, idx, v)
+            body.append(K.Assign(cs, (v,), K.Op("add", (K.ArrayRef(cs, (v,)),
+                                                          shift_exp(x, ref(mn), dt)), dt)))
+            return [self.lanes(body)]
+
+        ninf, zero = self.comb.identity(e)
+        out += [K.Alloc(cm, dt, (self.V,)), K.Alloc(mn, dt, dims), K.Alloc(cs, dt, (self.V,)),
+                self.lanes([K.Assign(cs, (v,), zero), K.Assign(cm, (v,), ninf)])]
+        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_max)))
+        if per_lane:
+            out.append(self.lanes([K.Assign(mn, here, K.Op("maximum", (ref(acc_m), ref(cm)), dt))]))
+        else:                                             # the lanes' maxima, in lane order
+            top = K.ArrayRef(acc_m, ())
+            for lane in range(self.V):
+                top = K.Op("maximum", (top, K.ArrayRef(cm, (_c(lane),))), dt)
+            out.append(K.Assign(mn, (), top))
+        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))
+        total = K.ArrayRef(cs, (v,))
+        if not per_lane:                                  # the lanes' sums, in lane order
+            total = K.ArrayRef(cs, (_c(0),))
+            for lane in range(1, self.V):
+                total = K.Op("add", (total, K.ArrayRef(cs, (_c(lane),))), dt)
+        fold = [K.Assign(acc_s, here, K.Op("add", (K.Op("mul", (ref(acc_s), shift_exp(
+                    ref(acc_m), ref(mn), dt)), dt), total), dt)),
+                K.Assign(acc_m, here, ref(mn))]
+        out += [self.lanes(fold)] if per_lane else fold
 
     def welford_chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
         """Merge the values of e's input over the step loop just run (its loads still in their

@@ -18,6 +18,14 @@ read at a key over K; its input is read at that key with ("r", k) put back at R.
   combine of its reductions across threads; full outputs are written in their own pass, which
   may be one more (`final_pass`, e.g. softmax's division by the sum).
 
+*Online pairs* (softmax, log_softmax, logsumexp, cross-entropy): a max M = max(X) and a sum
+S = sum(exp(X - M)) of the same X (M broadcast back, float or double) are accumulated together in
+M's pass as one (max, sum) state (`OnlinePair`): each thread takes the max of its chunk, sums
+exp(x - max) and rescales its running sum when the max grows; threads, warps and cluster ranks
+combine pairs (m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)). One combine round instead
+of two; S's value is that of the two-pass form, special values included (NaN when M is not
+finite and the row is not empty). $PYFUSER_RED_ONLINE=0 keeps the two passes.
+
 A fusion is a *pure reduction* when one pass does everything (no full value depends on a
 reduction result), else a *normalization* (softmax, layer_norm: reduced values flow back into
 full-size values, so the row is read again or kept on chip).
@@ -27,6 +35,7 @@ compile checks that call it are size-free.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -54,6 +63,19 @@ def _zero_bcast(tv: TensorView, key) -> tuple:
                  for d, c in zip(tv.logical, key))
 
 
+@dataclass(eq=False)
+class OnlinePair:
+    """A max and a sum of exp(X - max) over the same X, accumulated in one pass (see the module
+    docstring). The lowering treats it as one reduction whose partial is (max, sum)."""
+    max_expr: object             # ReductionOp max(X)
+    sum_expr: object             # ReductionOp sum(exp(X - broadcast(max)))
+    x: object                    # the Node of X (full level)
+
+    @property
+    def dtype(self):
+        return self.max_expr.outputs[0].dtype
+
+
 @dataclass
 class ReductionGraph:
     fusion: object
@@ -69,6 +91,8 @@ class ReductionGraph:
     reduce_pass: dict = field(default_factory=dict)  # id(reduce expr) -> pass accumulating it
     n_passes: int = 0
     final_pass: int = 0          # pass writing the full outputs that need every reduction
+    pairs: list = field(default_factory=list)     # OnlinePair, in the order of their max
+    online: dict = field(default_factory=dict)    # id(max or sum expr) -> its OnlinePair
 
     @property
     def is_pure_reduction(self) -> bool:
@@ -101,8 +125,77 @@ def analyze(fusion) -> ReductionGraph:
                                 f"{list(e.axes)} of rank {e.inputs[0].ndim})")
     g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
     _Builder(g).build()
+    if os.environ.get("PYFUSER_RED_ONLINE") != "0":
+        _find_online_pairs(g)
     _levels_and_passes(g)
     return g
+
+
+def _through_aliases(node):
+    """The node whose value `node` is (broadcasts, squeezes, sets are the same value)."""
+    while node.kind in ("alias", "set") and node.args and isinstance(node.args[0], Node):
+        node = node.args[0]
+    return node
+
+
+ONLINE_DTYPES = ("Float", "Double")
+
+
+def _find_online_pairs(g: ReductionGraph) -> None:
+    """Pair every max M = max(X) with a sum S = sum(exp(sub(X, broadcast(M)))) of the same X
+    node (every value of one float / double dtype; each expr in one pair at most)."""
+    red_nodes: dict = {}
+    for n in g.nodes:
+        if n.kind == "reduce":
+            red_nodes.setdefault(id(n.expr), []).append(n)
+    for s_expr in g.reduces:
+        if not isinstance(s_expr, E.ReductionOp) or s_expr.info.name != "sum" or \
+                id(s_expr) in g.online:
+            continue
+        args = {id(n.args[0]) for n in red_nodes[id(s_expr)]}
+        if len(args) != 1:
+            continue
+        e = red_nodes[id(s_expr)][0].args[0]
+        if e.kind != "op" or e.expr.info.name != "exp" or not isinstance(e.args[0], Node):
+            continue
+        d = e.args[0]
+        if d.kind != "op" or d.expr.info.name != "sub" or \
+                not all(isinstance(a, Node) for a in d.args):
+            continue
+        x, m = d.args[0], _through_aliases(d.args[1])
+        if m.kind != "reduce" or not isinstance(m.expr, E.ReductionOp) or \
+                m.expr.info.name != "max" or id(m.expr) in g.online:
+            continue
+        if any(n.args[0] is not x for n in red_nodes[id(m.expr)]):
+            continue
+        dts = {v.tv.dtype for v in (x, d, e)} | {s_expr.outputs[0].dtype, m.expr.outputs[0].dtype}
+        if len(dts) != 1 or dts.pop().name not in ONLINE_DTYPES:
+            continue
+        pair = OnlinePair(m.expr, s_expr, x)
+        g.pairs.append(pair)
+        g.online[id(m.expr)] = g.online[id(s_expr)] = pair
+
+
+def reduce_input(g: ReductionGraph, node):
+    """The full-size node a reduce node accumulates: its argument, or for the sum of an online
+    pair the pair's X (the sum's own argument exists only after the max)."""
+    pair = g.online.get(id(node.expr))
+    return pair.x if pair is not None else node.args[0]
+
+
+def pass_reductions(g: ReductionGraph, q: int) -> list:
+    """The reductions of pass q as the lowering combines them: an online pair in place of its
+    max and its sum."""
+    out = []
+    for e in g.reduces:
+        if g.reduce_pass[id(e)] != q:
+            continue
+        pair = g.online.get(id(e))
+        if pair is None:
+            out.append(e)
+        elif pair not in out:
+            out.append(pair)
+    return out
 
 
 class _Builder:
@@ -224,7 +317,7 @@ def pass_nodes(g: ReductionGraph, q: int) -> tuple:
     """(reduce exprs accumulated in pass q, full outputs written in it, the full-size nodes it
     computes, in order). A full output is written in the first pass its value exists in."""
     reds = [e for e in g.reduces if g.reduce_pass[id(e)] == q]
-    red_inputs = [n.args[0] for n in g.nodes if n.kind == "reduce" and n.expr in reds]
+    red_inputs = [reduce_input(g, n) for n in g.nodes if n.kind == "reduce" and n.expr in reds]
     outs = [o for o in g.outputs if g.level[id(o)] == "full" and g.avail[id(o)] == q]
     full = ancestors(g, red_inputs + outs, lambda n: g.level[id(n)] == "row")
     return reds, outs, [n for n in full if g.level[id(n)] == "full"]
@@ -266,7 +359,8 @@ def recompute_costly(g: ReductionGraph) -> list:
 def held_loads(g: ReductionGraph) -> dict:
     """{id(load node): first pass} of the full-size loads a persistent kernel holds in registers
     for a whole pass or more: read in several passes, or by a Welford statistic (whose chunk
-    reads them again). The other loads are read step by step in their one pass."""
+    reads them again), or by an online pair (its max, then its sum, read them). The other loads
+    are read step by step in their one pass."""
     passes: dict = {}
     welford: set = set()
     for q in range(total_passes(g)):
@@ -275,8 +369,8 @@ def held_loads(g: ReductionGraph) -> dict:
             if n.kind == "load":
                 passes.setdefault(id(n), []).append(q)
         for e in reds:
-            if isinstance(e, E.WelfordOp):
-                inputs = [n.args[0] for n in g.nodes if n.kind == "reduce" and n.expr is e]
+            if isinstance(e, E.WelfordOp) or id(e) in g.online:
+                inputs = [reduce_input(g, n) for n in g.nodes if n.kind == "reduce" and n.expr is e]
                 welford |= {id(n) for n in ancestors(g, inputs, lambda m: False) if n.kind == "load"}
     return {k: v[0] for k, v in passes.items() if len(v) > 1 or k in welford}
 
@@ -289,7 +383,7 @@ def _levels_and_passes(g: ReductionGraph) -> None:
         if node.kind in ("load", "full", "iota"):
             g.avail[id(node)] = 0
         elif node.kind == "reduce":
-            p = g.avail[id(node.args[0])]
+            p = g.avail[id(reduce_input(g, node))]
             prev = g.reduce_pass.get(id(node.expr))
             assert prev is None or prev == p
             g.reduce_pass[id(node.expr)] = p

@@ -156,6 +156,26 @@ def make(shape, dt, layout="contiguous", gen=None):
     return draw(shape)
 
 
+def special_rows(n_rows, n, dt, axis=1, gen=None):
+    """Random rows with the edge cases of an online max / sum along `axis` (rows of n)."""
+    x = torch.randn(n_rows, n, generator=gen, dtype=torch.float64)
+    inf, nan = float("inf"), float("nan")
+    cases = [lambda r: r[::3].fill_(-inf),                 # scattered -inf
+             lambda r: r.fill_(-inf),                      # every element -inf
+             lambda r: r[n // 2:n // 2 + 1].fill_(inf),    # one +inf
+             lambda r: r[n - 1:].fill_(nan),               # NaN at the end
+             lambda r: (r.fill_(-inf), r[n - 1:].fill_(2.0)),   # one finite value, last
+             lambda r: r[:(n + 1) // 2].fill_(-inf),       # the first half's threads all -inf
+             lambda r: r[n // 3:].fill_(-inf),             # the last two thirds -inf
+             lambda r: r.copy_(torch.arange(n, dtype=torch.float64) * 0.37),   # rising
+             lambda r: r.mul_(30).add_(1000.0),            # exp(x) overflows without a shift
+             lambda r: (r.fill_(inf), r[:1].fill_(-inf))]  # +inf everywhere but one -inf
+    for i, case in enumerate(cases[:n_rows]):
+        case(x[i])
+    x = x.to(dt)
+    return x if axis == 1 else x.t().contiguous()
+
+
 def inputs_for(f, shape, dt, axes, layout, gen=None):
     """Inputs of fusion f: the first tensor input has `shape` in `layout`, others follow their
     declared ranks (reduced-axes shape for weights, kept-axes shape for per-row inputs)."""

@@ -132,15 +132,17 @@ def _std_mean(x, *args):
 
 @lowers("aten::logsumexp", op_class=REDUCTION, n_args=(2, 3), const_args=(1, 2))
 def _logsumexp(x, dims, keepdim=False):
-    """As eager: m = amax(x, keepdim) with infinities replaced by 0 (so a row of -inf gives
-    -inf, not NaN), then log(sum(exp(x - m))) + m."""
+    """As eager: log(sum(exp(x - m))) + m with m = amax(x); where m is infinite, m itself
+    (eager shifts by 0 there: a row of -inf gives -inf, a row holding +inf gives +inf, not NaN).
+    Written with the plain max inside the exp, so the max and the sum are one online pair
+    (reduction_graph): one pass over the row."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"logsumexp of a {x.dtype.name} tensor (left to eager)")
     dims = _dims(dims, x)
     m = B.reduction("max", x, dims, keepdim=True)
-    m = ew("where", ew("eq", ew("abs", m), float("inf")), 0.0, m)
-    s = B.reduction("sum", ew("exp", ew("sub", x, m)), dims, bool(keepdim))
-    return ew("add", ew("log", s), m if keepdim else B.squeeze(m, dims))
+    s = B.reduction("sum", ew("exp", ew("sub", x, m)), dims, True)
+    out = ew("where", ew("eq", ew("abs", m), float("inf")), m, ew("add", ew("log", s), m))
+    return out if keepdim else B.squeeze(out, dims)
 
 
 def _sum_to(x, size):
@@ -436,7 +438,14 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     a row is -lp[target] (picked by comparing the class index with an iota, so the logits are
     read once), 0 for ignore_index, NaN for a class index out of range (eager raises there);
     reduction none / sum / mean (over the rows not ignored). Class weights and label smoothing
-    are left to eager."""
+    are left to eager.
+
+    With class indices, lp[target] is computed per row, not per element: the target's logit
+    (a sum over the row of x where the class is the target: x[target] exactly) minus the max
+    minus log(sum(exp(x - max))), the same operations as eager's log_softmax on that element.
+    Every reduction over the classes (max and sum of exp as an online pair, the target's logit,
+    the hit count) then runs in one pass: one read of the logits, one combine. The mean over
+    the rows is a second reduction domain: its own small kernel."""
     if weight is not None:
         raise UnsupportedOpError("cross_entropy with class weights (left to eager)")
     if label_smoothing:
@@ -448,11 +457,11 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     xc = _float_compute(x)
     m = B.reduction("max", xc, [1], keepdim=True)
     shifted = ew("sub", xc, m)
-    lp = ew("sub", shifted, ew("log", B.reduction("sum", ew("exp", shifted), [1], keepdim=True)))
-    lp = B.cast(B.cast(lp, x.dtype), xc.dtype)             # log_softmax's output, rounded
+    lse = ew("log", B.reduction("sum", ew("exp", shifted), [1], keepdim=True))
     if target.dtype.is_floating:                           # class probabilities
         if target.ndim != 2:
             raise UnsupportedOpError("cross_entropy: probability targets must be [N, C]")
+        lp = B.cast(B.cast(ew("sub", shifted, lse), x.dtype), xc.dtype)   # log_softmax, rounded
         loss = ew("neg", B.reduction("sum", ew("mul", lp, _float_compute(target)), [1]))
         total = B.num_elements(x, [0])
     else:
@@ -460,7 +469,9 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
             raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
         classes = B.broadcast(B.iota(x.logical[1].extent, 0, 1, DataType.Int), [True, False])
         onehot = ew("eq", classes, B.broadcast(target, [False, True]))
-        picked = B.reduction("sum", ew("where", onehot, lp, 0.0), [1])
+        x_t = B.reduction("sum", ew("where", onehot, xc, 0.0), [1])     # x[target] (or 0)
+        lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))
+        picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
         hits = B.reduction("sum", B.cast(onehot, DataType.Int32), [1])
         valid = ew("ne", target, int(ignore_index))
         nan = ew("where", ew("gt", hits, 0), ew("neg", picked), float("nan"))

@@ -1,0 +1,69 @@
+"""Online (max, sum of exp) pairs on the GPU at the benchmark's sizes (bench/normalization.py):
+softmax, log_softmax, logsumexp and cross-entropy through pyfuser.jit against eager, rows of
+-inf / +inf / NaN included; kernel counts (one per normalization, cross-entropy 2 with a mean);
+bit-identical results from run to run."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cpu"))
+import reduction_cases as RC  # noqa: E402
+import pyfuser  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+F = torch.nn.functional
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def log_softmax(x):
+    return torch.log_softmax(x, -1)
+
+
+def logsumexp(x):
+    return torch.logsumexp(x, 1)
+
+
+def ce_mean(x, t):
+    return F.cross_entropy(x, t)
+
+
+def ce_none(x, t):
+    return F.cross_entropy(x, t, reduction="none")
+
+
+def _bits(t):
+    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
+
+
+def _check(fn, args, kernels):
+    f = pyfuser.jit(torch.jit.script(fn))
+    got, want = f(*args), fn(*args)
+    RC.check_close(got.cpu(), want.cpu(), fn.__name__, args[0].shape[-1], fn.__name__)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got == float("inf"), want == float("inf"))
+    assert f.last_run.kernels == kernels and not f.last_run.fallbacks
+    assert torch.equal(_bits(f(*args)), _bits(got))          # deterministic: the same bits
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(8192, 3072), (32768, 256), (1024, 65536)], ids=str)
+@pytest.mark.parametrize("fn", [softmax, log_softmax, logsumexp], ids=lambda f: f.__name__)
+def test_normalizations_with_special_rows(fn, shape, dt):
+    x = torch.randn(*shape, device="cuda", dtype=dt)
+    x[:10] = RC.special_rows(10, shape[1], dt).cuda()
+    _check(fn, [x], 1)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn,kernels", [(ce_mean, 2), (ce_none, 1)], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_cross_entropy_4096x32000(fn, kernels, dt):
+    x = torch.randn(4096, 32000, device="cuda", dtype=dt)
+    t = torch.randint(0, 32000, (4096,), device="cuda")
+    if fn is ce_none:
+        x[:10] = RC.special_rows(10, 32000, dt).cuda()
+    _check(fn, [x, t], kernels)
