@@ -84,6 +84,14 @@ class InnerOuterKernel(InnerKernel):
         return init + rows + self.block_partials() + self.arrive() + self.finish()
 
     # ---- the row passes: InnerKernel's step, plus the column sums' inputs -----------------------
+    def pass_plan(self, q):
+        """InnerKernel's plan of pass q; a column sum whose input this pass computes counts as
+        one more thing the pass writes ((None, node): no store), so that a pass doing nothing
+        else (the sums of x - rowsum) still runs."""
+        reds, outs, full, inputs = super().pass_plan(q)
+        outs = outs + [(None, n) for n in self.s.io.outer_inputs if self.g.avail[id(n)] == q]
+        return reds, outs, full, inputs
+
     def step_body(self, q, step, idx, known, persistent) -> list:
         reds, outs, full, inputs = self.plans[q]
         body: list = []
@@ -111,6 +119,8 @@ class InnerOuterKernel(InnerKernel):
             lanes.append(K.Assign(self.oacc(i), at, new[0]))
         after: list = []
         for a, node in outs:
+            if a is None:                   # a column sum's input (accumulated above)
+                continue
             body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
             inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
             lanes += inside

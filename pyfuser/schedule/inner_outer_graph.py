@@ -146,6 +146,25 @@ class _ColumnBuilder:
         return node
 
 
+def _build(io, g, ref, outer_ids, inner_ids, tainted) -> None:
+    b = _InnerBuilder(g, ref, outer_ids)
+    cols = _ColumnBuilder(io, b.uf, outer_ids, inner_ids)
+    col_outs = []
+    for k, o in enumerate(io.fusion.outputs):
+        if id(o) in tainted:
+            col_outs.append((k, o))
+            continue
+        g.outputs.append(b.visit(o, g.output_key(o)))
+        io.inner_outputs.append(k)
+    for e in io.outer:
+        inp = e.inputs[0]
+        node = b.visit(inp, RG._zero_bcast(inp, [("r", k) for k in range(g.n)]))
+        io.outer_inputs.append(node)
+        g.outputs.append(node)
+    for k, o in col_outs:
+        io.col_outputs.append((k, cols.visit(o, cols.output_key(o))))
+
+
 def analyze(fusion) -> InnerOuterGraph:
     """The InnerOuterGraph of `fusion`; NotInnerOuter (with the reason) when it is none."""
     reds = RG.reductions(fusion)
@@ -186,22 +205,9 @@ def analyze(fusion) -> InnerOuterGraph:
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 20000))
     try:
-        b = _InnerBuilder(g, ref, outer_ids)
-        cols = _ColumnBuilder(io, b.uf, outer_ids, inner_ids)
-        col_outs = []
-        for k, o in enumerate(fusion.outputs):
-            if id(o) in tainted:
-                col_outs.append((k, o))
-                continue
-            g.outputs.append(b.visit(o, g.output_key(o)))
-            io.inner_outputs.append(k)
-        for e in outer_reds:
-            inp = e.inputs[0]
-            node = b.visit(inp, RG._zero_bcast(inp, [("r", k) for k in range(n)]))
-            io.outer_inputs.append(node)
-            g.outputs.append(node)
-        for k, o in col_outs:
-            io.col_outputs.append((k, cols.visit(o, cols.output_key(o))))
+        _build(io, g, ref, outer_ids, inner_ids, tainted)
+    except RG.NotAReduction as e:
+        raise NotInnerOuter(str(e)) from None
     finally:
         sys.setrecursionlimit(old)
     if not g.reduces:
