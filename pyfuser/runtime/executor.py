@@ -23,8 +23,9 @@ Invariants:
   `kernel_segments` (only when the call was split: segment/split.py's kernel segments),
   `cache_hit` (the in-memory fast cache answered), `disk_hit`, `compile_time_s`, `fallback`.
 - A SchedulerError from plan_kernel makes that signature run as the segments the other
-  schedulers take (segment/split.py) when the fusion's scheduler was the one refusing, else fall
-  back to the reference evaluator (remembered, logged once). CompileError and driver errors propagate: they are pyfuser bugs.
+  schedulers take when the refusing scheduler is inner_outer_persistent (segment/split.py),
+  else fall back to the reference evaluator (remembered, logged once). CompileError and driver
+  errors propagate: they are pyfuser bugs.
 - `PYFUSER_POISON_OUTPUTS=1` fills freshly allocated outputs with NaN (floating) or 0x7f bytes
   (others) before the kernel runs, so tests see any element the kernel fails to write.
 - The fast call is skipped (the general path runs) whenever PYFUSER_POISON_OUTPUTS or

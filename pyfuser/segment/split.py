@@ -20,13 +20,17 @@ from .. import dump as D
 from .segmenter import EXCLUDE_ATTR, excluded
 
 
+# Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
+# reference evaluator, as before: their groups have no cut that schedules better).
+SPLIT_SCHEDULERS = ("inner_outer_persistent",)
+
+
 def split_runner(fusion, mode: str, reason: str):
     """(inputs) -> (outputs, kernels launched, kernel segments run) running `fusion` as the
-    segments of the
-    schedulers other than the one that refused it (`reason`); None when there is none to
-    exclude (the fusion had no scheduler, or was split already)."""
+    segments of the schedulers other than the one that refused it (`reason`); None when that
+    scheduler is not one of SPLIT_SCHEDULERS or was excluded already."""
     name = getattr(fusion, "kernel_scheduler", None)
-    if name is None or name in excluded(fusion):
+    if name not in SPLIT_SCHEDULERS or name in excluded(fusion):
         return None
     from ..schedule.pointwise import _clone
     copy, _ = _clone(fusion)
