@@ -16,8 +16,9 @@ inner_outer_graph.analyze accepts and plans one persistent kernel (codegen/inner
 
 Compile check: analyze() (the reason of a refusal goes to `segmenter_logging`). Run check: the
 normalized axes are innermost in memory and one group, and the row plus the column partials fit
-the register budget at up to 1024 threads a row (else the two-kernel path runs: the executor
-splits the segment, segment/split.py); the block's shared memory fits.
+the register budget (64 K registers a block: rows up to 8 K float32 / 12 K bfloat16 elements)
+(else the two-kernel path runs: the executor splits the segment, segment/split.py); the block's
+shared memory fits.
 
 Invariant: the plan's correctness depends on the layout signature and the size class only; the
 grid (blocks, finishers) is computed from sizes at launch and the kernel is correct for any.
@@ -229,6 +230,13 @@ def shared_bytes(p) -> int:
     return tree + fin
 
 
+def _budget(bdimx: int) -> int:
+    """Registers of held data a thread may take in a block of max(bdimx, BLOCK_TARGET) threads:
+    REG_BUDGET, and no more than the register file (64 K) shared by the block's threads leaves
+    beside REGS_OVERHEAD (a 1024-thread block has 64 registers a thread in all)."""
+    return min(REG_BUDGET, 65536 // max(bdimx, BLOCK_TARGET) - REGS_OVERHEAD)
+
+
 def _choose(p, rlen: int, rows: int, per_step: float) -> bool:
     """Thread shape, steps, grid cap and finishing shape; p.persistent False (p.reason why) when
     the row and its column partials do not fit."""
@@ -236,14 +244,14 @@ def _choose(p, rlen: int, rows: int, per_step: float) -> bool:
     nv = max(1, -(-rlen // p.vec))
     p.cluster, p.unroll, p.splits = 1, 1, 1
     bdimx = knob["bdimx"] or min(1024, _pow2ceil(-(-nv // STEPS_TARGET)))
-    while not knob["bdimx"] and bdimx < 1024 and -(-nv // bdimx) * per_step > REG_BUDGET:
+    while not knob["bdimx"] and bdimx < 1024 and -(-nv // bdimx) * per_step > _budget(bdimx):
         bdimx *= 2
     steps = -(-nv // bdimx)
     p.bdimx, p.steps = bdimx, steps
-    if steps * per_step > REG_BUDGET and not knob["bdimx"]:
+    if steps * per_step > _budget(bdimx) and not knob["bdimx"]:
         p.persistent = False
         p.reason = (f"a row of {rlen} needs {steps * per_step:.0f} registers a thread for its "
-                    f"vectors and column partials at {bdimx} threads (budget {REG_BUDGET})")
+                    f"vectors and column partials at {bdimx} threads (budget {_budget(bdimx)})")
         return False
     p.bdimy = knob["bdimy"] or max(1, min(BLOCK_TARGET // bdimx, _pow2ceil(rows)))
     while p.bdimx > 1 and p.bdimx * p.bdimy < 32:        # shuffles name the full warp
