@@ -18,7 +18,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs, reset_compiled
