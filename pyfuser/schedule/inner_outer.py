@@ -265,7 +265,9 @@ def _choose(p, rlen: int, rows: int, per_step: float) -> bool:
     p.blocks_per_sm = knob["blocks"] or max(1, min(2048 // threads, int(65536 // (threads * regs))))
     p.max_blocks = p.blocks_per_sm * sm_count()
     p.finishers = max(1, sm_count())
-    nb = max(1, min(p.max_blocks, -(-rows // p.bdimy)))
+    # the finishing shape from the row length and the grid cap only (not the row count), so
+    # that a new batch size keeps the size class (and the kernel)
+    nb = max(1, p.max_blocks)
     ncv = max(1, -(-rlen // p.vec))
     fins = max(1, min(nb, ncv, p.finishers))
     per_fin = -(-ncv // fins)
