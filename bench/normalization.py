@@ -46,6 +46,20 @@ class LayerNorm(torch.nn.Module):
         return F.layer_norm(x, [self.n], w, b, 1e-5)
 
 
+class LayerNormBackward(torch.nn.Module):
+    """aten's layer norm backward (dx, dweight, dbias), as a training step's backward graph
+    calls it: row sums for dx and sums over the rows for dweight / dbias (pyfuser: one
+    inner-outer persistent kernel)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, dy, x, mean, rstd, w, b):
+        return torch.ops.aten.native_layer_norm_backward(dy, x, [self.n], mean, rstd, w, b,
+                                                         [True, True, True])
+
+
 def rms_norm(x, w):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
 
@@ -85,6 +99,15 @@ def _rows(m, n, params=0):
     return make
 
 
+def _ln_backward(m, n):
+    def make(dt):
+        x = torch.randn(m, n, device="cuda", dtype=dt)
+        w, b = (torch.randn(n, device="cuda", dtype=dt) for _ in range(2))
+        _, mean, rstd = torch.native_layer_norm(x, [n], w, b, 1e-5)   # eager's statistics
+        return [torch.randn(m, n, device="cuda", dtype=dt), x, mean, rstd, w, b]
+    return make
+
+
 def _bn(dt):
     return [torch.randn(32, 256, 56, 56, device="cuda", dtype=dt),
             torch.randn(256, device="cuda", dtype=dt), torch.randn(256, device="cuda", dtype=dt)]
@@ -112,6 +135,8 @@ for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
     WORKLOADS.append((f"rms_norm {_m}x{_n}", rms_norm, _rows(_m, _n, 1)))
 for _m, _n in ((8192, 3072), (32768, 256), (1024, 65536)):
     WORKLOADS.append((f"softmax {_m}x{_n}", softmax, _rows(_m, _n)))
+for _m, _n in ((4096, 768), (8192, 3072)):
+    WORKLOADS.append((f"layer norm backward {_m}x{_n}", LayerNormBackward(_n), _ln_backward(_m, _n)))
 WORKLOADS += [("cross_entropy 4096x32000", cross_entropy, _ce),
               ("log_softmax 8192x3072", log_softmax, _rows(8192, 3072)),
               ("sum(-1) 8192x3072", sum_last, _rows(8192, 3072)),

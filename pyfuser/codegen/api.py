@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 from .. import dump as D
+from ..errors import SchedulerError
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from ..schedule import layout as L
@@ -51,8 +52,11 @@ def signature(fusion, inputs) -> tuple:
     if getattr(fusion, "kernel_scheduler", None) not in (None, "pointwise", "transpose") or \
             _has_reduction(fusion):
         inputs = list(inputs)
-        s = registry.select(fusion, inputs, bind(fusion, inputs),
-                            getattr(fusion, "kernel_scheduler", None))
+        try:
+            s = registry.select(fusion, inputs, bind(fusion, inputs),
+                                getattr(fusion, "kernel_scheduler", None))
+        except SchedulerError as e:      # no scheduler takes these sizes: plan_kernel says so
+            return sig + (("refused", str(e)),)
         if s.size_class is not None:
             sig += ((s.name, s.size_class(fusion, inputs)),)
     return sig
@@ -159,9 +163,23 @@ def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
     return plan_horizontal(fusion, inputs, sched)
 
 
+def _plan_inner_outer(fusion, inputs, sched) -> KernelPlan:
+    from .inner_outer_lowering import plan_inner_outer_kernel
+    name = kernel_name(fusion)
+    kir, launch, workspaces = plan_inner_outer_kernel(sched, name)
+    header = f"// pyfuser {sched.scheduler} kernel: {sched.params.as_dict()}\n"
+    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch,
+                             sched.params.as_dict())
+    plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
+                      sched.out_orders, workspaces)
+    plan.schedule = sched
+    return plan
+
+
 LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,
              "reduction": _plan_reduction, "inner_persistent": _plan_reduction,
-             "outer_persistent": _plan_reduction, "horizontal": _plan_horizontal}
+             "outer_persistent": _plan_reduction, "horizontal": _plan_horizontal,
+             "inner_outer_persistent": _plan_inner_outer}
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:

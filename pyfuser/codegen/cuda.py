@@ -150,6 +150,10 @@ class Printer:
                                   f"({ct}){self.e(s.value)});")
             elif isinstance(s, K.Fence):
                 self.lines.append(f"{pad}__threadfence();")
+            elif isinstance(s, K.WaitCount):
+                ct = K.STORAGE_CTYPE[self.k.tensors[s.ptr].dtype]
+                self.lines.append(f"{pad}while (atomicAdd({s.ptr} + {self.e(s.offset)}, ({ct})0) < "
+                                  f"({ct})({self.e(s.value)})) {{ __nanosleep(64); }}")
             elif isinstance(s, K.ClusterSync):
                 self.lines.append(f"{pad}pf_cluster_sync();")
             elif isinstance(s, K.Comment):

@@ -19,7 +19,8 @@ interpreter also checks what would make the kernel depend on the schedule (a `Ke
 - a `Sync` reached by part of a block, a `Shfl` by part of a warp;
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses.
-Atomics apply in thread order (rows ascending), which is one valid order of a GPU's.
+Atomics apply in thread order (rows ascending), which is one valid order of a GPU's. A kernel
+with a `WaitCount` (blocks waiting for other blocks' atomics) runs its whole grid as one chunk.
 """
 from __future__ import annotations
 
@@ -131,6 +132,8 @@ class Interpreter:
         assert gx % C == 0, f"grid x {gx} is not a multiple of the cluster size {C}"
         chunk = max(1, ELEMENT_BUDGET // (T * self._per_thread()))
         chunk = -(-chunk // C) * C                   # whole clusters in a chunk
+        if any(isinstance(s, K.WaitCount) for s in self.k.walk()):
+            chunk = nblocks          # blocks wait for each other: the whole grid runs together
         tid = torch.arange(T, dtype=torch.int64)
         for b0 in range(0, nblocks, chunk):
             lin = torch.arange(b0, min(nblocks, b0 + chunk), dtype=torch.int64)
@@ -180,6 +183,8 @@ class Interpreter:
                 self.cluster_sync(sc)
             elif isinstance(s, K.AtomicAdd):
                 self.atomic_add(s, sc)
+            elif isinstance(s, K.WaitCount):
+                self.wait_count(s, sc)
 
     def alloc(self, s: K.Alloc) -> None:
         dtype = s.dtype.torch
@@ -400,6 +405,19 @@ class Interpreter:
         old[order] = (flat[o] + before).to(v.dtype)
         flat.index_add_(0, off, val)
         sc.env[s.dst] = old.to(torch.int64)
+
+    def wait_count(self, s: K.WaitCount, sc: _Scope) -> None:
+        """Every block runs in this chunk, in lockstep: what the waited-for blocks add before
+        the wait is already there; a count still short would never be reached on a GPU."""
+        flat = self.values[s.ptr]
+        n = sc.count(self.P)
+        off = self.ev(s.offset, sc)
+        off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
+        want = self.ev(s.value, sc)
+        short = flat[off].to(torch.int64) < (want if isinstance(want, torch.Tensor) else int(want))
+        if bool(short.any()):
+            raise KernelRaceError(f"{self.k.name}: a block waits for a count the launch never "
+                                  "reaches (it would spin forever)")
 
     # ---- expressions ----------------------------------------------------------------------
     def ev(self, x, sc: _Scope):

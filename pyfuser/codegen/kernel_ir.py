@@ -44,6 +44,11 @@ Statements:
                            effect one at a time
   Fence()                  `__threadfence()`: this thread's global writes are visible to every
                            thread that later sees its atomic
+  WaitCount(ptr, offset, value)   spin until the integer workspace word ptr[offset], which
+                           atomics of other blocks of this launch raise, is at least `value`
+                           (then a Fence makes their fenced writes visible). Deadlock-free only
+                           when the blocks it waits for can all be resident while it spins: the
+                           lowering that emits it says why they can (inner_outer_lowering.py)
   ClusterSync()            a barrier of every thread of every block of the cluster (release /
                            acquire): shared-memory writes before it are seen by remote reads
                            after it, remote reads before it end before writes after it
@@ -240,6 +245,13 @@ class Fence:
 
 
 @dataclass
+class WaitCount:
+    ptr: str
+    offset: Any
+    value: Any
+
+
+@dataclass
 class ClusterSync:
     pass
 
@@ -323,6 +335,8 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}{s.dst} = ATOMIC_ADD {s.ptr}[{fmt(s.offset)}] += {fmt(s.value)}")
             elif isinstance(s, Fence):
                 lines.append(f"{pad}FENCE")
+            elif isinstance(s, WaitCount):
+                lines.append(f"{pad}WAIT {s.ptr}[{fmt(s.offset)}] >= {fmt(s.value)}")
             elif isinstance(s, ClusterSync):
                 lines.append(f"{pad}CLUSTER_SYNC")
             elif isinstance(s, Comment):

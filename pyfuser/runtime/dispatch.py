@@ -229,7 +229,8 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
         from ..segment.runtime import apply_aliases
         outs, record = apply_aliases(fusion, inputs, outs), None   # no replay program
     report = RunReport([SegmentRun("kernel", seg.scheduler, [e.op_name for e in seg.exprs], used)],
-                       kernels=1, launched=launched)
+                       kernels=ex.last_run.get("kernel_segments", 1) if ex is not None else 1,
+                       launched=launched)   # kernel_segments: a split segment (segment/split.py)
     fusion.__dict__[_REPORT] = report
     if record is not None and ex is not None and used == "cuda":
         fast = ex.fast_entry(inputs)

@@ -20,9 +20,12 @@ Caches, from cheapest to dearest:
 
 Invariants:
 - `last_run` describes the last call: kernels launched, kernels compiled (NVRTC or disk),
+  `kernel_segments` (only when the call was split: segment/split.py's kernel segments),
   `cache_hit` (the in-memory fast cache answered), `disk_hit`, `compile_time_s`, `fallback`.
-- A SchedulerError from plan_kernel makes that signature fall back to the reference evaluator
-  (remembered, logged once). CompileError and driver errors propagate: they are pyfuser bugs.
+- A SchedulerError from plan_kernel makes that signature run as the segments the other
+  schedulers take when the refusing scheduler is inner_outer_persistent (segment/split.py),
+  else fall back to the reference evaluator (remembered, logged once). CompileError and driver
+  errors propagate: they are pyfuser bugs.
 - `PYFUSER_POISON_OUTPUTS=1` fills freshly allocated outputs with NaN (floating) or 0x7f bytes
   (others) before the kernel runs, so tests see any element the kernel fails to write.
 - The fast call is skipped (the general path runs) whenever PYFUSER_POISON_OUTPUTS or
@@ -56,12 +59,13 @@ def _api():
 
 
 class _Entry:
-    __slots__ = ("plan", "kernel", "binary", "packer", "launcher", "fallback")
+    __slots__ = ("plan", "kernel", "binary", "packer", "launcher", "fallback", "split")
 
     def __init__(self, plan=None, kernel=None, binary=None, packer=None, launcher=None,
-                 fallback=None):
+                 fallback=None, split=None):
         self.plan, self.kernel, self.binary = plan, kernel, binary
         self.packer, self.launcher, self.fallback = packer, launcher, fallback
+        self.split = split        # segment/split.py: run as other schedulers' segments
 
 
 class _Fast:
@@ -182,7 +186,7 @@ class FusionExecutor:
 
     # ---- keys -------------------------------------------------------------------------------
     def num_kernels_compiled(self) -> int:
-        return len([e for e in self._plans.values() if e.fallback is None])
+        return len([e for e in self._plans.values() if e.fallback is None and e.split is None])
 
     def clear(self) -> None:
         """Drop the in-memory caches (the disk cache stays)."""
@@ -232,6 +236,10 @@ class FusionExecutor:
         else:
             stats["cache_hits"] += 1
         entry = fast.entry
+        if entry.split is not None:
+            outs, info["kernels"], info["kernel_segments"] = entry.split(inputs)
+            stats["kernels"] += info["kernels"]
+            return outs
         if entry.fallback is not None:
             info["fallback"] = entry.fallback
             stats["fallback_runs"] += 1
@@ -376,6 +384,10 @@ class FusionExecutor:
             plan = api.plan_kernel(self.fusion, inputs)
         except SchedulerError as e:
             reason = str(e)
+            from ..segment.split import split_runner
+            split = split_runner(self.fusion, self.mode, reason)
+            if split is not None:
+                return _Entry(split=split)
             note_fallback(reason)
             return _Entry(fallback=reason)
         kernel = plan.kernel

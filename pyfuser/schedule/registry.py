@@ -57,8 +57,9 @@ def _horizontal():
 
 
 def _build() -> list:
-    from . import reduction
-    return [_transpose(), *reduction.schedulers(), _pointwise(), _horizontal()]
+    from . import inner_outer, reduction
+    return [_transpose(), *reduction.schedulers(), inner_outer.scheduler(), _pointwise(),
+            _horizontal()]
 
 
 SCHEDULERS: list = _build()
@@ -75,23 +76,25 @@ def get(name: str) -> Scheduler:
     raise KeyError(f"no scheduler named {name!r}; known: {names()}")
 
 
-def verdicts(fusion, stop_at_first: bool = True) -> list[tuple[str, bool, str]]:
+def verdicts(fusion, stop_at_first: bool = True, exclude=()) -> list[tuple[str, bool, str]]:
     """(name, accepted, reason) of each scheduler's compile check, in priority order (up to the
-    first that accepts, unless `stop_at_first` is False)."""
+    first that accepts, unless `stop_at_first` is False); schedulers named in `exclude` refuse."""
     out = []
     for s in SCHEDULERS:
-        ok, why = s.compile_check(fusion)
+        ok, why = (False, "excluded (it refused these sizes at run time)") if s.name in exclude \
+            else s.compile_check(fusion)
         out.append((s.name, ok, why))
         if ok and stop_at_first:
             break
     return out
 
 
-def accepting(fusion, what: str = "") -> tuple[str | None, str]:
+def accepting(fusion, what: str = "", exclude=()) -> tuple[str | None, str]:
     """(name of the first scheduler whose compile check takes `fusion`, "") or (None, every
-    refusal's reason joined). Each verdict goes to the `segmenter_logging` dump."""
+    refusal's reason joined). Each verdict goes to the `segmenter_logging` dump. Schedulers named
+    in `exclude` refuse (segment/split.py: a segment whose scheduler refused its sizes)."""
     reasons = []
-    for name, ok, why in verdicts(fusion):
+    for name, ok, why in verdicts(fusion, exclude=exclude):
         verdict = "accepted" if ok else f"refused: {why}"
         D.dump("segmenter_logging", f"{name} scheduler", lambda: f"{verdict}\n  group: {what}")
         if ok:

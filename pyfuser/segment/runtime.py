@@ -95,8 +95,8 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
         for o, x in zip(seg.outputs, outs):
             env[id(o)] = x
             slot[id(o)] = len(slot)
-        if seg.kind == "kernel":
-            report.kernels += 1
+        if seg.kind == "kernel":     # a segment split at plan time ran several (split.py)
+            report.kernels += ex.last_run.get("kernel_segments", 1) if ex is not None else 1
         else:
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))

@@ -146,8 +146,17 @@ def _offer(fusion, groups: _Groups, exprs, orders):
     ex = extract(fusion, exprs, ins, outs, orders)
     what = (f"{', '.join(e.op_name for e in exprs)} "
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
-    name, why = registry.accepting(ex.fusion, what)
+    name, why = registry.accepting(ex.fusion, what, excluded(fusion))
     return (name, ex) if name is not None else (None, why)
+
+
+EXCLUDE_ATTR = "_pyfuser_exclude_schedulers"
+
+
+def excluded(fusion) -> tuple:
+    """Schedulers this Fusion's segmentation must not use (split.py: a copy of a segment whose
+    scheduler refused the segment's sizes at plan time)."""
+    return fusion.__dict__.get(EXCLUDE_ATTR, ())
 
 
 def _bytes(tv) -> int:

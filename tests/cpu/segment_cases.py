@@ -157,20 +157,22 @@ def reduction_then_pointwise():
 
 
 def two_reduction_domains():
-    """sum over axis 1, then a sum over axis 0 of x - s: the two reductions reduce different
-    axes, so no one kernel takes both; the segmenter cuts between them."""
+    """sum over axis 0, then a sum over axis 1 of x - s: the two reductions reduce different
+    axes and the row sum needs the column sums of every row first, so no one kernel takes both
+    (the inner-outer scheduler takes column sums only at the end); the segmenter cuts between
+    them."""
     f = IRFusion()
     with f:
         x = B.define_tensor([-1, -1], DataType.Float)
-        s = B.reduction("sum", x, [1], keepdim=True)
+        s = B.reduction("sum", x, [0], keepdim=True)
         d = B.elementwise("sub", x, s)
-        f.add_output(B.reduction("sum", B.elementwise("mul", d, d), [0]))
+        f.add_output(B.reduction("sum", B.elementwise("mul", d, d), [1]))
     return f
 
 
 def two_domains_eager(x):
-    d = x - x.sum(1, keepdim=True)
-    return [(d * d).sum(0)]
+    d = x - x.sum(0, keepdim=True)
+    return [(d * d).sum(1)]
 
 
 def complex_reduction():

@@ -1,0 +1,52 @@
+"""A kernel segment whose scheduler refuses its sizes at plan time runs as the other schedulers'
+segments.
+
+Segmentation is size-free (segmenter.py): a group one scheduler's compile check takes is one
+kernel segment whatever the sizes. A scheduler that can still refuse at run time with no later
+scheduler taking the same group — inner_outer_persistent, whose row must fit on chip — would
+leave the segment to the reference evaluator. Instead the executor (runtime/executor.py) asks
+`split_runner` for a runner of the segment's program: a copy of that Fusion whose segmentation
+excludes the refusing scheduler (segmenter.EXCLUDE_ATTR), so the segmenter cuts it where the
+other schedulers want (a layer norm's backward: dx in one kernel, dweight and dbias in a second)
+and those run as usual (their own executors, cached calls included). The refusal is logged under
+`segmenter_logging`.
+
+Invariant: the copy computes the same outputs from the same inputs (a deep clone); a copy that
+excludes every scheduler that refused is never split again (no loop).
+"""
+from __future__ import annotations
+
+from .. import dump as D
+from .segmenter import EXCLUDE_ATTR, excluded
+
+
+# Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
+# reference evaluator, as before: their groups have no cut that schedules better).
+SPLIT_SCHEDULERS = ("inner_outer_persistent",)
+
+
+def split_runner(fusion, mode: str, reason: str):
+    """(inputs) -> (outputs, kernels launched, kernel segments run) running `fusion` as the
+    segments of the schedulers other than the one that refused it (`reason`); None when that
+    scheduler is not one of SPLIT_SCHEDULERS or was excluded already."""
+    name = getattr(fusion, "kernel_scheduler", None)
+    if name not in SPLIT_SCHEDULERS or name in excluded(fusion):
+        return None
+    from ..schedule.pointwise import _clone
+    copy, _ = _clone(fusion)
+    copy.__dict__[EXCLUDE_ATTR] = tuple(excluded(fusion)) + (name,)
+    copy.__dict__.pop("kernel_scheduler", None)
+    D.dump("segmenter_logging", f"{name} scheduler",
+           lambda: f"refused at run time: {reason}\n  the segment runs as the other schedulers' "
+                   "segments")
+    from ..runtime import dispatch
+    sub_mode = "interpret" if mode == "interpret" else None
+
+    def run(inputs):
+        outs = dispatch.execute_fusion(copy, inputs, sub_mode)
+        report = dispatch.last_report(copy)
+        if report is None:
+            return outs, 0, 0
+        return outs, report.launched, report.kernels
+    run.fusion = copy
+    return run
