@@ -109,8 +109,9 @@ class ReductionGraph:
                             f"{self.n} nor the kept axes' {len(self.K)}")
 
 
-def analyze(fusion) -> ReductionGraph:
-    """The ReductionGraph of `fusion`; NotAReduction (with the reason) when it is none."""
+def analyze(fusion, online: bool = True) -> ReductionGraph:
+    """The ReductionGraph of `fusion`; NotAReduction (with the reason) when it is none.
+    `online=False`: no online pairs (max and sum of exp in two passes)."""
     reds = reductions(fusion)
     if not reds:
         raise NotAReduction("no reduction")
@@ -125,7 +126,7 @@ def analyze(fusion) -> ReductionGraph:
                                 f"{list(e.axes)} of rank {e.inputs[0].ndim})")
     g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
     _Builder(g).build()
-    if os.environ.get("PYFUSER_RED_ONLINE") != "0":
+    if online and os.environ.get("PYFUSER_RED_ONLINE") != "0":
         _find_online_pairs(g)
     _levels_and_passes(g)
     return g

@@ -102,6 +102,9 @@ def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     f = RC.fusion(builder, 2, torch.float32, [1])
     two, _ = run_fusion(f, [x])
     assert two.params.passes == 2 and count(two.kernel_ir, K.ClusterSync) == 3
+    monkeypatch.delenv("PYFUSER_RED_ONLINE")              # by default a cluster takes the pair
+    dflt, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
+    assert dflt.params.online and dflt.params.passes == 1 and dflt.params.cluster == int(cluster)
 
 
 def count(kernel, cls) -> int:
@@ -178,6 +181,14 @@ def ce_none(x, t):
 def ce_probs(x, p):
     return F.cross_entropy(x, p)
 
+
+
+@pytest.fixture(autouse=True)
+def _online_everywhere(monkeypatch):
+    """These tests check the online pair's code in every kernel shape: the plan-time choice of
+    two passes for rows held in one block (schedule/reduction.py) is switched off; its own test
+    is test_rows_in_one_block_take_two_passes_by_default."""
+    monkeypatch.setenv("PYFUSER_RED_ONLINE", "1")
 
 @pytest.fixture
 def plans(monkeypatch):
@@ -260,3 +271,16 @@ def test_kernels_compile_for_sm90():
     if not PLANS:
         run_fusion(RC.fusion(RC.softmax, 2, torch.float32, [1]), [torch.randn(3, 40)])
     compile_many(PLANS)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+def test_rows_in_one_block_take_two_passes_by_default(dt, plans, monkeypatch):
+    """By default a softmax row held in one block's registers is planned with two passes (the
+    exp values kept: one exp per element); PYFUSER_RED_ONLINE=1 asks for the pair."""
+    monkeypatch.delenv("PYFUSER_RED_ONLINE")
+    x = RC.special_rows(10, 203, dt)
+    jit_check(softmax, [x], TOL[dt])
+    (plan,) = plans
+    assert plan.params.persistent and plan.params.cluster == 1
+    assert not plan.params.online and plan.params.passes == 2
+    assert RG.analyze(plan.fusion).pairs            # a pair was there to take
