@@ -20,6 +20,8 @@ they add up), the rest is Dynamo, AOTAutograd's tracing, torch and the model's o
   `nvrtc_wall` is the span the compiles covered); disk: CUBIN disk-cache reads and writes;
 - launcher: loading CUBINs into the driver (GPU only);
 - run: the kernels' runs (the CPU interpreter, or launches), eager fallbacks: not compile time.
+The process's CPU time and the main thread's are printed beside the wall time: on a shared
+machine the wall times of threads depend on the load, the CPU times much less.
 """
 from __future__ import annotations
 
@@ -134,11 +136,15 @@ def child(args) -> dict:
     timer = PhaseTimer()
     install(timer)
     n0 = dict(nvrtc.stats)
+    import resource
+    r0, m0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
     t0 = time.perf_counter()
     case.forward(model, fn)
     case.train_step(model, fn, opt)
     _sync(device)
     total = time.perf_counter() - t0
+    r1, m1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     phases = dict(sorted(timer.totals.items(), key=lambda kv: -kv[1]))
     wall = 0.0
     if timer.spans:                      # union of the NVRTC compile intervals
@@ -151,7 +157,8 @@ def child(args) -> dict:
             else:
                 hi = max(hi, b)
         wall += hi - lo
-    return {"model": args.model, "total_s": total, "phases": phases, "counts": timer.counts,
+    return {"model": args.model, "total_s": total, "cpu_s": cpu, "main_cpu_s": m1 - m0,
+            "phases": phases, "counts": timer.counts,
             "nvrtc_wall": wall,
             "kernels_nvrtc": nvrtc.stats["nvrtc"] - n0["nvrtc"],
             "kernels_disk": nvrtc.stats["disk"] - n0["disk"]}
@@ -176,7 +183,8 @@ def show(label: str, r: dict) -> str:
     own = sum(v for k, v in ph.items() if k not in ("aot", "run"))
     rest = r["total_s"] - sum(ph.values())
     parts = ", ".join(f"{k} {v:.3f}" for k, v in ph.items())
-    return (f"{r['model']:8s} {label}: first calls {r['total_s']:.2f} s; pyfuser's own "
+    cpu = f" (CPU {r['cpu_s']:.2f} s, main thread {r['main_cpu_s']:.2f} s)" if "cpu_s" in r else ""
+    return (f"{r['model']:8s} {label}: first calls {r['total_s']:.2f} s{cpu}; pyfuser's own "
             f"{own:.2f} s; AOTAutograd {ph.get('aot', 0):.2f} s; kernel runs {ph.get('run', 0):.2f}"
             f" s; Dynamo, torch and the rest {rest:.2f} s\n    {parts}\n    NVRTC kernels "
             f"{r['kernels_nvrtc']} (wall {r['nvrtc_wall']:.3f} s), from disk {r['kernels_disk']}")

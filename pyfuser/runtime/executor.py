@@ -190,7 +190,8 @@ class FusionExecutor:
 
     # ---- keys -------------------------------------------------------------------------------
     def num_kernels_compiled(self) -> int:
-        return len([e for e in self._plans.values() if e.fallback is None])
+        """Kernels a run has used (prepared ones still unused are not counted)."""
+        return len([e for e in self._plans.values() if e.binary is not None])
 
     def clear(self) -> None:
         """Drop the in-memory caches (the disk cache stays)."""

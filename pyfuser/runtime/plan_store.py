@@ -37,7 +37,9 @@ so does `PYFUSER_DUMP` (the dumps of segmentation and planning must show).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import io
 import os
@@ -279,20 +281,30 @@ class _Pickler(pickle.Pickler):
 
 def dumps(obj) -> bytes:
     """Pickle a snapshot (PicklingError, RecursionError... for what cannot be stored)."""
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 50000))
-    try:
+    with _quiet_gc():
         buf = io.BytesIO()
         _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
         return buf.getvalue()
-    finally:
-        sys.setrecursionlimit(old)
 
 
 def loads(data: bytes):
+    with _quiet_gc():
+        return pickle.loads(data)
+
+
+@contextlib.contextmanager
+def _quiet_gc():
+    """Deep object graphs (a raised recursion limit) and no garbage collection meanwhile: a
+    snapshot is thousands of new objects, each batch of which would otherwise start a
+    collection that walks every object of the process (torch's and Dynamo's included: most of
+    the time of a load in a model's process)."""
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 50000))
+    was = gc.isenabled()
+    gc.disable()
     try:
-        return pickle.loads(data)
+        yield
     finally:
+        if was:
+            gc.enable()
         sys.setrecursionlimit(old)

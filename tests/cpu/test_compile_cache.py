@@ -228,20 +228,24 @@ WARM_SCRIPT = textwrap.dedent("""
         def setattr(self, owner, attr, value):
             setattr(owner, attr, value)
     torch.manual_seed(0)
-    model, x = Block(), torch.randn(3, 5, 16)
+    device = {device!r}
+    model, x = Block().to(device), torch.randn(3, 5, 16, device=device)
     want = _eager(model, x)
     counts = Counts(MP())
     got = _run(model, x)
     from pyfuser.runtime import plan_store
+    from pyfuser.frontend.fx import compiled_graphs
     ok = torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-5) and all(
         torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got[1], want[1]))
-    print("RESULT", json.dumps(dict(counts.n, nvrtc=counts.nvrtc, equal=bool(ok),
+    kernels = sum(g.kernels() for g in compiled_graphs())
+    print("RESULT", json.dumps(dict(counts.n, nvrtc=counts.nvrtc, equal=bool(ok), kernels=kernels,
                                     **{{"store_" + k: v for k, v in plan_store.stats.items()}})))
 """)
 
 
-def _process(env) -> dict:
-    code = WARM_SCRIPT.format(tests=os.path.join(ROOT, "tests", "cpu"))
+def _process(env, device="cpu") -> dict:
+    """Run WARM_SCRIPT (the Block's forward and training step beside eager) in a new process."""
+    code = WARM_SCRIPT.format(tests=os.path.join(ROOT, "tests", "cpu"), device=device)
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
