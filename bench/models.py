@@ -318,7 +318,8 @@ def compile_summary(rows) -> str:
             continue
         ind = by.get((m, d, "inductor"), {})
         parts = []
-        for col, trace, label in (("cold_s", "trace_s", "cold"), ("warm_s", "trace_warm_s", "warm")):
+        for col, trace, label in (("cold_s", "trace_s", "cold"),
+                                  ("warm_s", "trace_warm_s", "warm")):
             mine, theirs, t = r.get(col), ind.get(col), r.get(trace)
             if mine is None:
                 continue

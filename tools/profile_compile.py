@@ -85,7 +85,7 @@ class PhaseTimer:
 def install(timer: PhaseTimer) -> None:
     from pyfuser.codegen import api
     from pyfuser.frontend.fx import backend, compile_graph as CG
-    from pyfuser.runtime import disk_cache, executor, nvrtc
+    from pyfuser.runtime import disk_cache, nvrtc
     from pyfuser.segment import segmenter
     timer.wrap(backend, "pyfuser_backend", "aot")
     for attr, phase in (("node_support", "fx.support"), ("partition", "fx.partition"),
@@ -112,7 +112,6 @@ def install(timer: PhaseTimer) -> None:
     from pyfuser.runtime import launch
     timer.wrap(launch.KernelLauncher, "__init__", "launcher")
     timer.wrap(launch.KernelLauncher, "launch", "run")
-    del executor
 
 
 def child(args) -> dict:

@@ -199,7 +199,8 @@ def _warn_once(d: str, message: str) -> None:
         log.warning("%s", message)
 
 
-def load(key: str, name: str = "", suffix: str = SUFFIX, counts: dict | None = None) -> bytes | None:
+def load(key: str, name: str = "", suffix: str = SUFFIX,
+         counts: dict | None = None) -> bytes | None:
     """The cached payload for `key` and kernel `name`, or None (cache off or not private, miss,
     or a damaged or foreign entry, now deleted). `suffix`: the kind of entry (`SUFFIX` CUBINs,
     `PLAN_SUFFIX` plans: runtime/plan_store.py); `counts`: the counters to bump (`stats`)."""

@@ -22,11 +22,12 @@ Invariants:
 
 Concurrent compiles: `compile_async(...)` returns a Future of `compile_cuda(...)` run on a pool
 of `compile_threads()` threads (`$PYFUSER_COMPILE_THREADS`, default min(8, CPUs - 1), at least
-1; 0: compiled at once in the caller, the Future already done). nvrtcCompileProgram releases the GIL (checked by
-tests/cpu/test_compile_cache.py), so N threads compile N kernels at once while the caller goes
-on planning. The same compilation asked for twice while in flight is one Future. A process
-forked while the pool exists gets a new pool in the child (the parent's threads are not in it).
-A compile error is raised by the Future's `result()`, where the kernel is first needed.
+1; 0: compiled at once in the caller, the Future already done). nvrtcCompileProgram releases
+the GIL (checked by tests/cpu/test_compile_cache.py), so N threads compile N kernels at once
+while the caller goes on planning. The same compilation asked for twice while in flight is one
+Future. A process forked while the pool exists gets a new pool in the child (the parent's
+threads are not in it). A compile error is raised by the Future's `result()`, where the kernel
+is first needed. The threads are not daemons: a process exits after the compiles it started.
 """
 from __future__ import annotations
 
@@ -337,7 +338,7 @@ def _done(fn) -> Future:
     fut: Future = Future()
     try:
         fut.set_result(fn())
-    except BaseException as e:  # noqa: BLE001 - raised again by result(), where it is needed
+    except Exception as e:  # noqa: BLE001 - raised again by result(), where it is needed
         fut.set_exception(e)
     return fut
 
@@ -361,7 +362,7 @@ def wait_all() -> None:
     for f in futs:
         try:
             f.result()
-        except BaseException:  # noqa: BLE001 - the kernel's user sees the error
+        except Exception:  # noqa: BLE001 - the kernel's user sees the error
             pass
 
 

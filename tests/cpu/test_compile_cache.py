@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compile_graph as CG
-from pyfuser.frontend.fx import compiled_graphs, plan_cache, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs, reset_compiled
 from pyfuser.runtime import dispatch, disk_cache, nvrtc, plan_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,7 +124,8 @@ def test_nvrtc_compile_releases_the_gil():
     """A thread compiling a kernel leaves the GIL to the others: the main thread keeps running
     Python while NVRTC works (what makes the compile threads overlap the planning)."""
     body = "".join(f"  x = tanhf(x) * 1.0001f + {i}.0f; x = sinf(x) * x;\n" for i in range(3))
-    src = f'extern "C" __global__ void gil_probe(float* a) {{\n  float x = a[0];\n{body}  a[0] = x;\n}}\n'
+    src = ('extern "C" __global__ void gil_probe(float* a) {\n  float x = a[0];\n'
+           f"{body}  a[0] = x;\n}}\n")
     opts = nvrtc.build_options("sm_90")
     done, gaps = threading.Event(), []
 
@@ -275,7 +276,7 @@ def _corrupt_all(how):
             f.write(how(blob))
 
 
-def test_a_damaged_entry_is_refused_and_the_region_compiled_again(monkeypatch, caplog):
+def test_a_damaged_entry_is_refused_and_the_region_compiled_again(monkeypatch):
     torch.manual_seed(0)
     model, x = Block(), torch.randn(3, 5, 16)
     want = _eager(model, x)

@@ -75,6 +75,11 @@ def load(region, rkey, symplan):
     try:
         entry = plan_store.loads(data)
         why = _misfit(entry, region, rkey, symplan, mode)
+        if not why:
+            lowered = entry["lowered"]
+            lowered.out_layouts = [_layout(meta(o)) for o in region.outputs]
+            lowered.store_as = None
+            plan_store.restore(entry["snapshot"], arch_of(mode, device))
     except Exception as e:  # noqa: BLE001 - anything wrong with the payload: lower again
         why = f"it does not load: {type(e).__name__}: {e}"
     if why:
@@ -82,10 +87,6 @@ def load(region, rkey, symplan):
         log.info("pyfuser plan cache: entry %s refused (%s); the region is lowered again", key, why)
         plan_store.remove(key)
         return None
-    lowered = entry["lowered"]
-    lowered.out_layouts = [_layout(meta(o)) for o in region.outputs]
-    lowered.store_as = None
-    plan_store.restore(entry["snapshot"], arch_of(mode, device))
     return lowered
 
 
@@ -120,7 +121,8 @@ def _misfit(entry, region, rkey, symplan, mode) -> str:
         return "written for another region"
     lw, snap = entry.get("lowered"), entry.get("snapshot")
     if not isinstance(lw, LoweredRegion) or not isinstance(lw.fusion, Fusion) or \
-            not isinstance(snap, dict) or snap.get("fusion") is not lw.fusion:
+            not isinstance(snap, dict) or snap.get("fusion") is not lw.fusion or \
+            (snap.get("sf") is not None and snap["sf"].fusion is not lw.fusion):
         return "not a lowered region"
     f = lw.fusion
     tensors = [x for k, x in enumerate(region.inputs) if symplan[k] is None]
