@@ -4,7 +4,9 @@ of that user (the ranks of a torchrun job on one host included).
 Location: `$PYFUSER_CACHE_DIR` (default `~/.cache/pyfuser`), one file `<key>.bin` per entry, where
 the key is sha256 over everything that determines the binary (source, arch, full option list,
 NVRTC version, kernel name: see `make_key`). `PYFUSER_DISABLE_DISK_CACHE=1` turns the cache off
-(no reads, no writes, no locks: every process compiles for itself).
+(no reads, no writes, no locks: every process compiles for itself). The same directory holds the
+plans of compiled graphs, `<key>.plan` (runtime/plan_store.py), in the same entry format, with
+their own counters; `PYFUSER_DISABLE_DISK_CACHE=1` turns them off too.
 
 Entry layout: MAGIC (8 bytes) | key length (u16 LE) | name length (u16 LE) | payload length
 (u64 LE) | sha256(key | name | payload) (32 bytes) | key | name | payload. The entry carries the
@@ -52,6 +54,7 @@ import logging
 import os
 import struct
 import tempfile
+import threading
 import time
 
 try:
@@ -64,6 +67,7 @@ log = logging.getLogger("pyfuser")
 MAGIC = b"PFCUBIN2"
 _HEADER = struct.Struct("<8sHHQ32s")
 SUFFIX = ".bin"
+PLAN_SUFFIX = ".plan"          # plans of compiled graphs (runtime/plan_store.py), not CUBINs
 LOCK_SUFFIX = ".lock"
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 
@@ -71,7 +75,23 @@ DEFAULT_LOCK_TIMEOUT_S = 120.0
 stats = {"hits": 0, "misses": 0, "stores": 0, "corrupt": 0, "errors": 0, "foreign": 0,
          "refused": 0, "lock_waits": 0, "lock_timeouts": 0, "lock_errors": 0}
 _warned: set[str] = set()
+_stats_lock = threading.Lock()     # compiles run in threads (nvrtc.compile_async)
 _private: dict = {}       # directory -> True (private, or made so) / False (refused)
+
+
+def _count(name: str, n: int = 1, counts: dict | None = None) -> None:
+    with _stats_lock:
+        counts = stats if counts is None else counts
+        counts[name] = counts.get(name, 0) + n
+
+
+def _new_lock_in_child() -> None:
+    global _stats_lock
+    _stats_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def enabled() -> bool:
@@ -96,8 +116,8 @@ def make_key(*parts) -> str:
     return h.hexdigest()
 
 
-def entry_path(key: str) -> str:
-    return os.path.join(cache_dir(), key + SUFFIX)
+def entry_path(key: str, suffix: str = SUFFIX) -> str:
+    return os.path.join(cache_dir(), key + suffix)
 
 
 def _digest(key: bytes, name: bytes, payload: bytes) -> bytes:
@@ -168,7 +188,7 @@ def ensure_private(d: str, create: bool) -> bool:
             _warn_once(d, f"pyfuser disk cache: {d} is accessible to other users and cannot be "
                           f"made private ({e}); it is not used")
     if not ok:
-        stats["refused"] += 1
+        _count("refused")
     _private[d] = ok
     return ok
 
@@ -179,33 +199,35 @@ def _warn_once(d: str, message: str) -> None:
         log.warning("%s", message)
 
 
-def load(key: str, name: str = "") -> bytes | None:
+def load(key: str, name: str = "", suffix: str = SUFFIX,
+         counts: dict | None = None) -> bytes | None:
     """The cached payload for `key` and kernel `name`, or None (cache off or not private, miss,
-    or a damaged or foreign entry, now deleted)."""
+    or a damaged or foreign entry, now deleted). `suffix`: the kind of entry (`SUFFIX` CUBINs,
+    `PLAN_SUFFIX` plans: runtime/plan_store.py); `counts`: the counters to bump (`stats`)."""
     if not enabled() or not ensure_private(cache_dir(), create=False):
         return None
-    path = entry_path(key)
+    path = entry_path(key, suffix)
     try:
         with open(path, "rb") as f:
             blob = f.read()
             read_id = _file_id(os.fstat(f.fileno()))
     except FileNotFoundError:
-        stats["misses"] += 1
+        _count("misses", 1, counts)
         return None
     except OSError as e:
-        stats["errors"] += 1
+        _count("errors", 1, counts)
         log.debug("pyfuser disk cache: cannot read %s: %s", path, e)
         return None
     entry = parse(blob)
     payload = entry[2] if entry is not None and entry[:2] == (key, name) else None
     if payload is None:
-        stats["corrupt" if entry is None else "foreign"] += 1
+        _count("corrupt" if entry is None else "foreign", 1, counts)
         what = "damaged entry" if entry is None else \
             f"entry written for another {'key' if entry[0] != key else 'kernel'}"
         log.info("pyfuser disk cache: %s %s ignored and removed", what, path)
         _remove_if_same(path, read_id)
         return None
-    stats["hits"] += 1
+    _count("hits", 1, counts)
     return payload
 
 
@@ -223,9 +245,10 @@ def _remove_if_same(path: str, file_id: tuple) -> None:
         pass
 
 
-def store(key: str, payload: bytes, name: str = "") -> bool:
+def store(key: str, payload: bytes, name: str = "", suffix: str = SUFFIX,
+          counts: dict | None = None) -> bool:
     """Write the entry atomically; False (never an exception) when the cache is off, not
-    private or unwritable."""
+    private or unwritable. `suffix`, `counts`: as for `load`."""
     if not enabled():
         return False
     d = cache_dir()
@@ -238,12 +261,12 @@ def store(key: str, payload: bytes, name: str = "") -> bool:
             f.write(encode(payload, key, name))
             f.flush()
             os.fsync(f.fileno())          # the bytes are on disk before the name points at them
-        os.replace(tmp, entry_path(key))
+        os.replace(tmp, entry_path(key, suffix))
         tmp = None
-        stats["stores"] += 1
+        _count("stores", 1, counts)
         return True
     except OSError as e:
-        stats["errors"] += 1
+        _count("errors", 1, counts)
         if d not in _warned:
             _warned.add(d)
             log.warning("pyfuser disk cache: cannot write to %s (%s); compiled kernels will not be "
@@ -265,7 +288,7 @@ def clear() -> int:
     except OSError:
         return 0
     for name in names:
-        if name.endswith((SUFFIX, ".tmp", LOCK_SUFFIX)):
+        if name.endswith((SUFFIX, PLAN_SUFFIX, ".tmp", LOCK_SUFFIX)):
             try:
                 os.remove(os.path.join(d, name))
                 n += 1
@@ -315,7 +338,7 @@ class key_lock:
         try:
             self._acquire(t0 + self.timeout)
         except OSError as e:          # no locks on this file system, or the directory went away
-            stats["lock_errors"] += 1
+            _count("lock_errors")
             self._close()
             _warn_once("lock:" + cache_dir(), f"pyfuser disk cache: cannot lock {self._path} "
                        f"({e}); processes may compile the same kernel more than once")
@@ -334,7 +357,7 @@ class key_lock:
                 except BlockingIOError:
                     waited = True
                     if time.monotonic() >= deadline:
-                        stats["lock_timeouts"] += 1
+                        _count("lock_timeouts")
                         log.log(logging.WARNING if self.timeout > 0 else logging.DEBUG,
                                 "pyfuser disk cache: waited %.1f s for another process "
                                 "compiling %s; compiling it here too", self.timeout, self._path)
@@ -351,7 +374,7 @@ class key_lock:
             if now is not None and (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
                 self._id = (mine.st_dev, mine.st_ino)
                 self.held = True
-                stats["lock_waits"] += int(waited)
+                _count("lock_waits", int(waited))
                 return
             # the previous holder deleted this file before releasing it: take the path's new one
             self._close()

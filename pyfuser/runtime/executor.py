@@ -15,7 +15,12 @@ Caches, from cheapest to dearest:
    buffer already holds every constant parameter: one cuLaunchKernelEx through ctypes. `key_function`
    generates the key code once per input list shape (no per-call interpretation).
 2. signature -> _Entry (plan, packer, launcher): a new size with the same signature reuses the
-   compiled kernel (sizes are kernel arguments, not compile-time constants).
+   compiled kernel (sizes are kernel arguments, not compile-time constants). Entries may be made
+   before the first run: `prepare(inputs)` plans for stand-ins of the inputs (meta tensors, from
+   a compiler's example values) and `adopt(sig, plan)` takes a plan from the plan store
+   (runtime/plan_store.py); their CUBINs are fetched in the background (nvrtc.compile_async)
+   and the first run with that signature waits for it (`_finish`). Counters and `last_run`
+   count such a kernel as compiled by the run that first uses it, as for one built there.
 3. the disk cache of CUBINs (nvrtc.compile_cuda), shared across processes.
 
 Invariants:
@@ -59,13 +64,16 @@ def _api():
 
 
 class _Entry:
-    __slots__ = ("plan", "kernel", "binary", "packer", "launcher", "fallback", "split")
+    """One signature's kernel. `pending`: the Future of its CUBIN while it compiles in the
+    background (a prepared or adopted plan); the first run that needs it waits for it."""
+    __slots__ = ("plan", "kernel", "binary", "packer", "launcher", "fallback", "split", "pending")
 
     def __init__(self, plan=None, kernel=None, binary=None, packer=None, launcher=None,
-                 fallback=None, split=None):
+                 fallback=None, split=None, pending=None):
         self.plan, self.kernel, self.binary = plan, kernel, binary
         self.packer, self.launcher, self.fallback = packer, launcher, fallback
         self.split = split        # segment/split.py: run as other schedulers' segments
+        self.pending = pending
 
 
 class _Fast:
@@ -186,7 +194,8 @@ class FusionExecutor:
 
     # ---- keys -------------------------------------------------------------------------------
     def num_kernels_compiled(self) -> int:
-        return len([e for e in self._plans.values() if e.fallback is None and e.split is None])
+        """Kernels a run has used (prepared ones still unused are not counted)."""
+        return len([e for e in self._plans.values() if e.binary is not None and e.split is None])
 
     def clear(self) -> None:
         """Drop the in-memory caches (the disk cache stays)."""
@@ -369,6 +378,8 @@ class FusionExecutor:
         if entry is None:
             entry = self._build(inputs, info)
             self._plans[sig] = entry
+        elif entry.pending is not None:
+            self._finish(entry, info)
         if len(self._fast) >= _MAX_FAST_KEYS:
             self._fold_fast_stats()
             self._fast.clear()
@@ -379,6 +390,16 @@ class FusionExecutor:
         return fast
 
     def _build(self, inputs, info) -> _Entry:
+        entry = self._plan_entry(inputs)
+        if entry.fallback is None and entry.split is None:
+            t0 = time.perf_counter()
+            binary = nvrtc.compile_cuda(entry.kernel.source, entry.kernel.name,
+                                        self.arch or self._arch(inputs))
+            self._install_binary(entry, binary, time.perf_counter() - t0, info)
+        return entry
+
+    def _plan_entry(self, inputs) -> _Entry:
+        """The entry of a new signature, planned (or a fallback), not compiled yet."""
         api = _api()
         try:
             plan = api.plan_kernel(self.fusion, inputs)
@@ -393,14 +414,15 @@ class FusionExecutor:
         kernel = plan.kernel
         D.dump("cuda_kernel", kernel.name, kernel.source)
         D.dump("scheduler_params", kernel.name, lambda: str(kernel.scheduler_params))
-        t0 = time.perf_counter()
-        binary = nvrtc.compile_cuda(kernel.source, kernel.name, self.arch or self._arch(inputs))
-        elapsed = time.perf_counter() - t0
-        packer = ParamPacker(kernel.params)
+        return _Entry(plan, kernel)
+
+    def _install_binary(self, entry, binary, elapsed: float, info) -> None:
+        packer = ParamPacker(entry.kernel.params)
         launcher = None
         if self.mode == "cuda":
             from .launch import KernelLauncher
             launcher = KernelLauncher(binary, packer)
+        entry.binary, entry.packer, entry.launcher, entry.pending = binary, packer, launcher, None
         info["compiled"] += 1
         info["disk_hit"] += int(binary.from_disk)
         info["compile_time_s"] += elapsed
@@ -409,7 +431,53 @@ class FusionExecutor:
         stats["disk_hits"] += int(binary.from_disk)
         stats["nvrtc"] += int(not binary.from_disk)
         stats["compile_time_s"] += elapsed
-        return _Entry(plan, kernel, binary, packer, launcher)
+
+    def _finish(self, entry, info) -> None:
+        """Wait for a prepared entry's CUBIN (compiled in the background) and load it."""
+        t0 = time.perf_counter()
+        binary = entry.pending.result()          # a CompileError is raised here, as _build would
+        waited = time.perf_counter() - t0
+        self._install_binary(entry, binary, binary.compile_time_s or waited, info)
+
+    # ---- ahead of the first run --------------------------------------------------------------
+    def prepare(self, inputs, arch: str | None = None):
+        """Plan the kernel for inputs like these (meta tensors with the real ones' sizes,
+        strides and storage offsets, or real tensors) and start compiling it in the background
+        (nvrtc.compile_async), so that the first run finds it planned and, by then, compiled.
+        Returns the outputs the kernel would allocate, on the inputs' device (what later
+        segments read), or None when this signature falls back to the evaluator. The entry is
+        keyed by `signature(fusion, inputs)`, exactly as a run's, so a run with other layout
+        facts plans its own kernel as before."""
+        bindings = bind(self.fusion, inputs)   # ExecuteError for inputs the fusion cannot take
+        sig = _api().signature(self.fusion, inputs)
+        entry = self._plans.get(sig)
+        if entry is None:
+            entry = self._plan_entry(inputs)
+            if entry.fallback is None and entry.split is None:
+                entry.pending = nvrtc.compile_async(entry.kernel.source, entry.kernel.name,
+                                                    self.arch or arch or nvrtc.default_arch())
+            self._plans[sig] = entry
+        if entry.fallback is not None or entry.split is not None:
+            return None
+        device = next((inputs[i].device for i in self._tensor_idx), torch.device("meta"))
+        return entry.plan.allocate_outputs(bindings, inputs, device)
+
+    def adopt(self, sig, plan, arch: str | None = None) -> bool:
+        """Take a plan made for signature `sig` by an earlier process (runtime/plan_store.py)
+        and fetch its CUBIN in the background (the disk cache, else NVRTC). False when this
+        signature has an entry already."""
+        if sig in self._plans:
+            return False
+        kernel = plan.kernel
+        entry = _Entry(plan, kernel)
+        entry.pending = nvrtc.compile_async(kernel.source, kernel.name,
+                                            self.arch or arch or nvrtc.default_arch())
+        self._plans[sig] = entry
+        return True
+
+    def plans(self) -> dict:
+        """signature -> KernelPlan of every planned kernel (fallbacks left out)."""
+        return {sig: e.plan for sig, e in self._plans.items() if e.plan is not None}
 
     def _arch(self, inputs) -> str:
         if self.mode == "cuda" and not os.environ.get("PYFUSER_ARCH"):

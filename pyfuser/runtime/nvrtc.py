@@ -17,7 +17,17 @@ Invariants:
   (disk_cache.key_lock), looks again, and only then compiles and stores; the others wait for the
   lock and load the entry (a waiter that times out compiles by itself).
 - `stats` (per process): `nvrtc` kernels compiled here, `disk` kernels loaded from the disk
-  cache, `waited_s` time spent waiting for other processes' compiles, `compile_time_s` NVRTC time.
+  cache, `waited_s` time spent waiting for other processes' compiles, `compile_time_s` NVRTC time
+  (summed over threads).
+
+Concurrent compiles: `compile_async(...)` returns a Future of `compile_cuda(...)` run on a pool
+of `compile_threads()` threads (`$PYFUSER_COMPILE_THREADS`, default min(8, CPUs - 1), at least
+1; 0: compiled at once in the caller, the Future already done). nvrtcCompileProgram releases
+the GIL (checked by tests/cpu/test_compile_cache.py), so N threads compile N kernels at once
+while the caller goes on planning. The same compilation asked for twice while in flight is one
+Future. A process forked while the pool exists gets a new pool in the child (the parent's
+threads are not in it). A compile error is raised by the Future's `result()`, where the kernel
+is first needed. The threads are not daemons: a process exits after the compiles it started.
 """
 from __future__ import annotations
 
@@ -25,7 +35,9 @@ import functools
 import glob
 import os
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .. import dump as D
@@ -34,6 +46,8 @@ from . import disk_cache
 
 DEFAULT_ARCH = "sm_90"
 stats = {"nvrtc": 0, "disk": 0, "waited_s": 0.0, "compile_time_s": 0.0}
+_stats_lock = threading.Lock()
+DEFAULT_MAX_THREADS = 8
 BASE_OPTIONS = ("--std=c++17", "-default-device")
 
 
@@ -221,7 +235,7 @@ def compile_cuda(source: str, name: str, arch: str | None = None, options=(),
     if hit is not None:
         return hit
     with disk_cache.key_lock(key) as lock:
-        stats["waited_s"] += lock.waited_s
+        _count("waited_s", lock.waited_s)
         # another process may have stored it since the miss (we waited for it, or it finished
         # just before we took the lock): look again before compiling
         hit = _from_disk(key, name, arch)
@@ -239,14 +253,117 @@ def _from_disk(key: str, name: str, arch: str) -> CompiledBinary | None:
     lowered, sep, cubin = hit.partition(b"\0")
     if not (sep and cubin):
         return None
-    stats["disk"] += 1
+    _count("disk", 1)
     return CompiledBinary(name, lowered.decode(), arch, cubin, "", 0.0, key, True)
 
 
 def _compiled(binary: CompiledBinary) -> CompiledBinary:
-    stats["nvrtc"] += 1
-    stats["compile_time_s"] += binary.compile_time_s
+    with _stats_lock:
+        stats["nvrtc"] += 1
+        stats["compile_time_s"] += binary.compile_time_s
     return binary
+
+
+def _count(name: str, n) -> None:
+    with _stats_lock:
+        stats[name] += n
+
+
+# ---- concurrent compiles ------------------------------------------------------------------------
+_pool: dict = {}              # "pool" -> ThreadPoolExecutor, "pid" -> the process that made it
+_pool_lock = threading.Lock()
+_inflight: dict = {}          # (source, name, arch, options) -> Future, while compiling
+
+
+def compile_threads() -> int:
+    """Background threads compiling kernels: `$PYFUSER_COMPILE_THREADS` (0: none, each kernel
+    compiled in the caller when asked for), default min(8, usable CPUs - 1), at least 1 (one
+    CPU is left to the caller, which plans the next kernels meanwhile)."""
+    raw = os.environ.get("PYFUSER_COMPILE_THREADS", "").strip()
+    if raw:
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(DEFAULT_MAX_THREADS, cpus - 1))
+
+
+def _executor(threads: int):
+    with _pool_lock:
+        pool = _pool.get("pool")
+        if pool is None or _pool.get("pid") != os.getpid() or _pool.get("threads") != threads:
+            old = pool if _pool.get("pid") == os.getpid() else None
+            pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pyfuser-nvrtc")
+            _pool.update(pool=pool, pid=os.getpid(), threads=threads)
+            _inflight.clear()
+            if old is not None:
+                old.shutdown(wait=False)
+        return pool
+
+
+def compile_async(source: str, name: str, arch: str | None = None, options=()) -> Future:
+    """A Future of `compile_cuda(source, name, arch, options)` (see the module docstring)."""
+    arch = arch or default_arch()
+    threads = compile_threads()
+    if threads < 1:
+        return _done(lambda: compile_cuda(source, name, arch, options))
+    nvrtc_version()                  # asked once, here, not by every thread at once
+    include_options()
+    key = (source, name, arch, tuple(options))
+    with _pool_lock:
+        fut = _inflight.get(key)
+        if fut is not None and _pool.get("pid") == os.getpid():
+            return fut
+    try:
+        fut = _executor(threads).submit(compile_cuda, source, name, arch, options)
+    except RuntimeError:             # the interpreter is shutting down: compile here
+        return _done(lambda: compile_cuda(source, name, arch, options))
+    with _pool_lock:
+        _inflight[key] = fut
+    fut.add_done_callback(lambda f, key=key: _forget(key, f))
+    return fut
+
+
+def _forget(key, fut) -> None:
+    with _pool_lock:
+        if _inflight.get(key) is fut:
+            del _inflight[key]
+
+
+def _done(fn) -> Future:
+    fut: Future = Future()
+    try:
+        fut.set_result(fn())
+    except Exception as e:  # noqa: BLE001 - raised again by result(), where it is needed
+        fut.set_exception(e)
+    return fut
+
+
+def _after_fork_in_child() -> None:
+    """The parent's pool threads and lock holders do not exist in a forked child."""
+    global _pool_lock, _stats_lock
+    _pool_lock, _stats_lock = threading.Lock(), threading.Lock()
+    _pool.clear()
+    _inflight.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def wait_all() -> None:
+    """Wait for every compile in flight (tests, benchmarks: nothing left running)."""
+    with _pool_lock:
+        futs = list(_inflight.values())
+    for f in futs:
+        try:
+            f.result()
+        except Exception:  # noqa: BLE001 - the kernel's user sees the error
+            pass
 
 
 def _compile(source: str, name: str, arch: str, opts: tuple[str, ...], key: str) -> CompiledBinary:

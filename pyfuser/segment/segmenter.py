@@ -75,6 +75,15 @@ def segment(fusion) -> SegmentedFusion:
     return holder.sf
 
 
+def adopt(fusion, sf: SegmentedFusion) -> None:
+    """Make `sf` the cached segmentation of `fusion` (a SegmentedFusion made for this very
+    Fusion by an earlier process and loaded with it: runtime/plan_store.py)."""
+    if sf.fusion is not fusion:
+        raise ValueError("segmenter.adopt: the segmentation belongs to another Fusion")
+    fusion.__dict__[_ATTR] = _Holder(sf)
+    _segmented.add(fusion)
+
+
 def forget_all() -> None:
     """Drop every cached segmentation (and with it the segments' executors)."""
     for fusion in list(_segmented):

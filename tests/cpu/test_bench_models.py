@@ -44,9 +44,11 @@ def test_dry_run_writes_table_json_and_plot(bench, tmp_path):
         assert r["check"].startswith("fwd ")
     pf = rows["pyfuser"]
     assert pf["cold_s"] > 0 and pf["warm_s"] > 0
+    assert pf["trace_s"] > 0 and pf["trace_warm_s"] > 0       # the aot_eager baseline
     assert re.fullmatch(r"\d+i\+\d+f\+\d+b", pf["regions"]), pf["regions"]
     md = (tmp_path / "bench_models.md").read_text()
     assert "| llama | float32 | pyfuser |" in md
+    assert "Compile time" in md and "- llama float32: cold " in md
     if importlib.util.find_spec("matplotlib"):
         assert (tmp_path / "bench_models_speed.svg").stat().st_size > 0
 
@@ -64,3 +66,15 @@ def test_ratios_and_speed_rows_compare_with_inductor_and_eager(bench):
     assert speed[0] == {"workload": "m float32 fwd", "eager": 100.0, "torch.compile": 200.0,
                         "pyfuser": 400.0}
     assert speed[1]["pyfuser"] == 100.0
+
+
+def test_compile_summary_states_the_targets_whole_and_without_tracing(bench):
+    rows = [{"model": "m", "dtype": "float32", "mode": "inductor", "cold_s": 30.0, "warm_s": 5.0,
+             "trace_s": 6.0, "trace_warm_s": 4.0},
+            {"model": "m", "dtype": "float32", "mode": "pyfuser", "cold_s": 9.0, "warm_s": 4.5,
+             "trace_s": 6.0, "trace_warm_s": 4.0}]
+    text = bench.compile_summary(rows)
+    assert text == ("- m float32: cold 9.00 s vs Inductor 30.00 s = 0.30 (meets the target 0.33); "
+                    "backend's own (minus aot_eager's 6.00 s) 3.00 s vs Inductor 24.00 s = 0.12; "
+                    "warm 4.50 s vs Inductor 5.00 s = 0.90 (misses the target 0.10); backend's "
+                    "own (minus aot_eager's 4.00 s) 0.50 s vs Inductor 1.00 s = 0.50")

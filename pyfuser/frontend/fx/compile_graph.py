@@ -7,13 +7,19 @@ it with one list of arguments). Steps:
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
 2. `partition.partition` groups supported nodes into convex regions;
 3. each region is lowered to a Fusion (`lower.lower_region`), shared with every region of the
-   same canonical form (`lower.region_key`: the layers of a model, recompiles) through a cache;
-   a node whose lowering fails is marked unsupported with the reason and the graph is
-   partitioned again (a few rounds at most: each round removes at least one node);
+   same canonical form (`lower.region_key`: the layers of a model, recompiles) through a cache,
+   or loaded with its segmentation and kernel plans from disk (`plan_cache.py`: a process that
+   compiled this form before); a node whose lowering fails is marked unsupported with the
+   reason and the graph is partitioned again (a few rounds at most: each round removes at
+   least one node);
 4. a new graph is written with regions and the remaining nodes as units in a topological order
    (`partition.unit_order`): a region is one call of its `FusedRegion` and a getitem per output,
    the other nodes are copied as they are (they run as eager aten calls; views and matmuls
-   through the tensor method or torch function of the same op, `rewrites.fast_calls`).
+   through the tensor method or torch function of the same op, `rewrites.fast_calls`);
+5. every region's kernels are planned from the example values (`FusedRegion.prepare`) and their
+   NVRTC compiles start in background threads (runtime/nvrtc.py `compile_async`), so they
+   overlap each other and the planning of later regions; the first call waits for each kernel
+   where it needs it. Newly lowered regions are then written to disk (`plan_cache.store`).
 The graph's own inputs, outputs and their order are unchanged, so AOTAutograd's wrappers (input
 mutations, aliased outputs, saved tensors) see what they expect.
 
@@ -29,6 +35,7 @@ from collections import Counter, OrderedDict
 import torch
 
 from ... import dump as D
+from . import plan_cache
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
@@ -43,14 +50,18 @@ _counter = [0]
 
 
 def lowered_for(region):
-    """The LoweredRegion of a region, from the cache when an equal one was lowered before."""
+    """The LoweredRegion of a region, from the cache when an equal one was lowered before (in
+    this process, else on disk: plan_cache.py)."""
     plan = resolve_symints(region)
     key = region_key(region, plan)
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
-    lowered = lower_region(region, plan)
+    lowered = plan_cache.load(region, key, plan)
+    if lowered is None:
+        lowered = lower_region(region, plan)
+        lowered.store_as = (key, plan)          # written to disk once prepared
     _CACHE[key] = lowered
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -136,12 +147,42 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
         regions, lowered = [], []
     fused = []
     new_gm = _rewrite(gm, nodes, regions, lowered, fused, kind)
+    _prepare(fused)
     original = str(graph)
     D.dump("fx_graph", f"{kind} graph", lambda: f"{original}\n--- fused:\n{new_gm.graph}\n"
                                                 f"--- left to FX: {unsupported}")
     compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
     _COMPILED.append(compiled)
     return compiled
+
+
+def _prepare(fused) -> None:
+    """Plan every region's kernels now, from the example values, so that their NVRTC compiles
+    run in the background, overlapping one another and the planning of the next regions (the
+    first call waits for what it needs); then store newly lowered regions on disk. Outside the
+    tracer's modes (AOTAutograd calls the compilers under its FakeTensorMode): the stand-ins are
+    plain meta tensors."""
+    with _no_dispatch_modes():
+        _prepare_regions(fused)
+
+
+def _no_dispatch_modes():
+    try:
+        from torch.utils._python_dispatch import _disable_current_modes
+        return _disable_current_modes()
+    except ImportError:  # pragma: no cover - older torch
+        import contextlib
+        return contextlib.nullcontext()
+
+
+def _prepare_regions(fused) -> None:
+    for fr in fused:
+        fr.prepare()
+        lw = fr.lowered
+        store_as = getattr(lw, "store_as", None)
+        if store_as is not None:
+            lw.store_as = None
+            plan_cache.store(fr.region, lw, *store_as)
 
 
 def _rewrite(gm, nodes, regions, lowered, fused, kind):

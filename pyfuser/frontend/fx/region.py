@@ -21,7 +21,7 @@ import torch
 
 from ...errors import ExecuteError
 from ...runtime import dispatch
-from .meta import dense_strides
+from .meta import dense_strides, hint, meta, shape_hints, stride_hints
 
 log = logging.getLogger("pyfuser")
 
@@ -58,6 +58,7 @@ class FusedRegion:
         self.ops = [str(n.target) for n in region.nodes]
         self._eager = None
         self._region, self._root = region, root
+        self.region = region
         self.calls = 0
         self.eager_calls = 0
         self._logged: set = set()
@@ -84,6 +85,23 @@ class FusedRegion:
                     result = result[:k] + (_relayout(t, want[0]),) + result[k + 1:]
         return result
 
+    def prepare(self) -> int:
+        """Plan the Fusion's kernels for inputs like the FX example values (meta stand-ins:
+        their dtypes, sizes, strides and storage offsets; SymInts as their hints) and start
+        compiling them in the background (runtime/prepare.py). Returns the kernels prepared."""
+        from ...runtime.prepare import prepare_fusion
+        from .plan_cache import arch_of, region_target
+        try:
+            mode, device = region_target(self._region)
+            vals = [meta(x) for x in self._region.inputs]
+            inputs = [_hinted(vals[k]) if isinstance(vals[k], torch.Tensor)
+                      else _scalar_hint(vals[k]) for k in self.picks]
+            arch = arch_of(mode, device)
+        except Exception as e:  # noqa: BLE001 - best effort: the first call plans then
+            log.debug("pyfuser: region %s not prepared: %s", self.__name__, e)
+            return 0
+        return prepare_fusion(self.fusion, inputs, mode, arch)
+
     def _note(self, reason: str) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
@@ -98,6 +116,21 @@ class FusedRegion:
 
     def __repr__(self) -> str:
         return f"FusedRegion({self.__name__}: {len(self.ops)} nodes)"
+
+
+def _hinted(v: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with v's dtype, sizes, strides and storage offset (SymInts' hints)."""
+    from ...runtime.prepare import meta_tensor
+    return meta_tensor(v.dtype, shape_hints(v), stride_hints(v), hint(v.storage_offset()))
+
+
+def _scalar_hint(v):
+    """A SymInt / SymFloat / SymBool as the value it was traced with."""
+    node = getattr(v, "node", None)
+    h = getattr(node, "hint", None)
+    if h is not None:
+        return h
+    return v
 
 
 def _dense_in(t: torch.Tensor, order) -> bool:
