@@ -142,38 +142,36 @@ def _plan_transpose(fusion, inputs, params) -> KernelPlan:
 
 
 # ---- reductions and normalizations ----------------------------------------------------------
-def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
-    from .reduction_lowering import plan_reduction_kernel
+def _reduction_family_plan(fusion, sched, lower) -> KernelPlan:
+    """The KernelPlan of a reduction-family schedule, its kernel IR from `lower(sched, name)`."""
     name = kernel_name(fusion)
-    kir, launch, workspaces = plan_reduction_kernel(sched, name)
+    kir, launch, workspaces = lower(sched, name)
     header = f"// pyfuser {sched.scheduler} kernel: {sched.params.as_dict()}\n"
     kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch,
                              sched.params.as_dict())
     plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
                       sched.out_orders, workspaces)
     plan.schedule = sched
+    return plan
+
+
+def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
+    from .reduction_lowering import plan_reduction_kernel
+    plan = _reduction_family_plan(fusion, sched, plan_reduction_kernel)
     outs = {id(o): k for k, o in enumerate(fusion.outputs)}
     ins = {id(v): j for j, v in enumerate(fusion.inputs)}
     plan.inplace = {outs[o]: ins[i] for o, i in sched.inplace_pairs}
     return plan
 
 
+def _plan_inner_outer(fusion, inputs, sched) -> KernelPlan:
+    from .inner_outer_lowering import plan_inner_outer_kernel
+    return _reduction_family_plan(fusion, sched, plan_inner_outer_kernel)
+
+
 def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
     from .horizontal_lowering import plan_horizontal
     return plan_horizontal(fusion, inputs, sched)
-
-
-def _plan_inner_outer(fusion, inputs, sched) -> KernelPlan:
-    from .inner_outer_lowering import plan_inner_outer_kernel
-    name = kernel_name(fusion)
-    kir, launch, workspaces = plan_inner_outer_kernel(sched, name)
-    header = f"// pyfuser {sched.scheduler} kernel: {sched.params.as_dict()}\n"
-    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch,
-                             sched.params.as_dict())
-    plan = KernelPlan(fusion, sched.scheduler, sched.params, kernel, kir, kernel_body(kir),
-                      sched.out_orders, workspaces)
-    plan.schedule = sched
-    return plan
 
 
 LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,

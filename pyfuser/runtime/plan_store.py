@@ -141,7 +141,7 @@ def snapshot(fusion) -> dict:
     from ..segment.segmenter import _ATTR as SEG_ATTR
     from .dispatch import _ATTR as EX_ATTR
     holder = fusion.__dict__.get(SEG_ATTR)
-    sf = holder.sf if holder is not None else None
+    sf = holder.value if holder is not None else None
     fusions = [fusion]
     if sf is not None:
         fusions += [s.fusion for s in sf.segments

@@ -37,29 +37,13 @@ from ..ir.base import Scalar
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
+from ..ir.object_cache import ObjectCache
 
 MAX_COMPONENTS = 128
 MAX_PARAM_BYTES = 4096 - 256      # CUDA's classic kernel-parameter limit, less some slack
 CAPACITY = "capacity: "           # prefix of the refusals that more kernels would fix
 MAX_GRID_X = 2 ** 31 - 1
 _CACHE = "_pyfuser_horizontal"    # Fusion attribute: dropped by any edit (ir/fusion.py)
-
-
-class _Holder:
-    """The cached analysis of one Fusion object; copies of the Fusion get an empty holder."""
-    __slots__ = ("value",)
-
-    def __init__(self, value=None):
-        self.value = value
-
-    def __deepcopy__(self, memo):
-        return _Holder()
-
-    def __copy__(self):
-        return _Holder()
-
-    def __reduce__(self):
-        return (_Holder, ())
 
 
 @dataclass
@@ -181,7 +165,7 @@ def components(fusion):
     """(components, "") or (None, reason), cached on the Fusion object."""
     holder = fusion.__dict__.get(_CACHE)
     if holder is None or holder.value is None:
-        holder = _Holder(_analyse(fusion))
+        holder = ObjectCache(_analyse(fusion))
         fusion.__dict__[_CACHE] = holder
     return holder.value
 

@@ -40,39 +40,22 @@ from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
 from .segmented_fusion import Cut, Segment, SegmentedFusion
+from ..ir.object_cache import ObjectCache
 
 _ATTR = "_pyfuser_segmented"
 _segmented: "weakref.WeakSet" = weakref.WeakSet()   # fusions holding a cached segmentation
 SYMBOLIC_EXTENT_GUESS = 1024     # an unknown extent counts as this many elements for edge weights
 
 
-class _Holder:
-    """Holds a Fusion's cached segmentation; copies of the Fusion (the codegen deep-copies it)
-    get an empty holder: the cache belongs to this very object."""
-    __slots__ = ("sf",)
-
-    def __init__(self, sf=None):
-        self.sf = sf
-
-    def __deepcopy__(self, memo):
-        return _Holder()
-
-    def __copy__(self):
-        return _Holder()
-
-    def __reduce__(self):
-        return (_Holder, ())
-
-
 def segment(fusion) -> SegmentedFusion:
     holder = fusion.__dict__.get(_ATTR)
-    if holder is None or holder.sf is None:
+    if holder is None or holder.value is None:
         sf = _segment(fusion)
-        fusion.__dict__[_ATTR] = _Holder(sf)
+        fusion.__dict__[_ATTR] = ObjectCache(sf)
         _segmented.add(fusion)
         D.dump("segmented_fusion", "segments", lambda: str(sf))
         return sf
-    return holder.sf
+    return holder.value
 
 
 def adopt(fusion, sf: SegmentedFusion) -> None:
@@ -80,7 +63,7 @@ def adopt(fusion, sf: SegmentedFusion) -> None:
     Fusion by an earlier process and loaded with it: runtime/plan_store.py)."""
     if sf.fusion is not fusion:
         raise ValueError("segmenter.adopt: the segmentation belongs to another Fusion")
-    fusion.__dict__[_ATTR] = _Holder(sf)
+    fusion.__dict__[_ATTR] = ObjectCache(sf)
     _segmented.add(fusion)
 
 

@@ -1,0 +1,23 @@
+"""`ObjectCache`: a value cached in a Fusion's `__dict__` that belongs to that very object.
+
+Copies and pickles of the Fusion (the codegen deep-copies fusions; the plan cache pickles them)
+get an empty `ObjectCache`: what it holds (a segmentation, an analysis keyed by the fusion's own
+objects) is never carried to another object or process.
+"""
+from __future__ import annotations
+
+
+class ObjectCache:
+    __slots__ = ("value",)
+
+    def __init__(self, value=None):
+        self.value = value
+
+    def __deepcopy__(self, memo):
+        return ObjectCache()
+
+    def __copy__(self):
+        return ObjectCache()
+
+    def __reduce__(self):
+        return (ObjectCache, ())
