@@ -2,6 +2,7 @@
 model's step is slower than Inductor's when the GPU is not the bottleneck).
 
     PYTHONPATH=. python3 tools/profile_host.py [--model bert] [--dtype bfloat16] [--top 35]
+        [--step forward|train] [--nodes] [--regions]
 
 Builds the model of bench/models.py (random weights), compiles it per mode, warms it up, then
 prints per mode the host time of a forward (the call returning, no synchronization; median of
@@ -31,12 +32,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
-def _times(case, model, fn, reps: int, sync) -> tuple[float, float]:
+def _times(run, reps: int, sync) -> tuple[float, float]:
     host, wall = [], []
     for _ in range(reps):
         sync()
         t0 = time.perf_counter()
-        case.forward(model, fn)
+        run()
         t1 = time.perf_counter()
         sync()
         t2 = time.perf_counter()
@@ -45,7 +46,7 @@ def _times(case, model, fn, reps: int, sync) -> tuple[float, float]:
     return statistics.median(host) * 1e3, statistics.median(wall) * 1e3
 
 
-def time_nodes(case, model, fn, reps: int, sync) -> list:
+def time_nodes(run, reps: int, sync) -> list:
     """[(what, calls per forward, µs per call)] of every node of pyfuser's compiled graphs."""
     import torch
     from pyfuser.frontend.fx import compile_graph as CG
@@ -54,11 +55,18 @@ def time_nodes(case, model, fn, reps: int, sync) -> list:
 
     class Timed(torch.fx.Interpreter):
         def run_node(self, n):
-            if n.op != "call_function":
+            if n.op not in ("call_function", "call_method"):
                 return super().run_node(n)
             t = time.perf_counter()
             r = super().run_node(n)
-            what = "fused region" if isinstance(n.target, FusedRegion) else str(n.target)
+            if isinstance(n.target, FusedRegion):
+                what = "fused region"
+            elif n.op == "call_method":
+                what = f"Tensor.{n.target}"
+            elif isinstance(n.target, torch._ops.OpOverload):
+                what = str(n.target)
+            else:
+                what = f"{getattr(n.target, '__module__', None) or 'torch'}.{n.target.__name__}"
             a = acc[what]
             a[0] += 1
             a[1] += time.perf_counter() - t
@@ -68,14 +76,14 @@ def time_nodes(case, model, fn, reps: int, sync) -> list:
     for g in graphs:
         g._forward = lambda *args, _g=g: Timed(_g.gm).run(*args)
     for _ in range(reps):
-        case.forward(model, fn)
+        run()
     sync()
     rows = [(w, c / reps, 1e6 * t / c) for w, (c, t) in acc.items()]
     rows.sort(key=lambda r: -r[1] * r[2])
     return rows
 
 
-def time_regions(case, model, fn, reps: int, sync) -> list:
+def time_regions(run, reps: int, sync) -> list:
     """[(ops, kernels, {path: µs per call})] per distinct fused region of pyfuser's graphs."""
     from pyfuser.frontend.fx import compile_graph as CG
     from pyfuser.runtime import dispatch
@@ -89,7 +97,7 @@ def time_regions(case, model, fn, reps: int, sync) -> list:
     real = R.FusedRegion.__call__
     R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), a), real(self, *a))[1]
     try:
-        case.forward(model, fn)
+        run()
     finally:
         R.FusedRegion.__call__ = real
     sync()
@@ -127,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--nodes", action="store_true", help="host time per node of pyfuser's graphs")
     ap.add_argument("--regions", action="store_true", help="host time per call path of each region")
+    ap.add_argument("--step", default="forward", choices=("forward", "train"),
+                    help="what is timed: an inference forward or a training step")
     args = ap.parse_args(argv)
     import dataclasses
 
@@ -140,40 +150,42 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m and (device == "cuda" or m != "inductor")]
     for mode in modes:
         torch._dynamo.reset()
-        model, fn, _ = case.make(mode)
+        model, fn, opt = case.make(mode)
+        run = (lambda: case.forward(model, fn)) if args.step == "forward" else \
+            (lambda: case.train_step(model, fn, opt))
         for _ in range(3):
-            case.forward(model, fn)
-        host, wall = _times(case, model, fn, args.reps, sync)
-        print(f"{args.model} {args.dtype} {mode}: host {host:.2f} ms, wall {wall:.2f} ms per forward")
+            run()
+        host, wall = _times(run, args.reps, sync)
+        print(f"{args.model} {args.dtype} {mode}: host {host:.2f} ms, wall {wall:.2f} ms per {args.step}")
         if mode != "pyfuser":
             continue
         if args.regions:
             print("| ops | kernels | region µs | execute_fusion µs | progs.run µs | eager nodes µs |")
             print("|---|---|---|---|---|---|")
-            for ops, k, res in time_regions(case, model, fn, 200, sync):
+            for ops, k, res in time_regions(run, 200, sync):
                 short = ",".join(o.split(".")[1] if o.startswith("aten.") else o for o in ops)
                 print(f"| {short[:70]} | {k} | " + " | ".join(f"{v:.1f}" for v in res.values()) + " |")
             if not args.nodes:
                 continue
         if args.nodes:
-            rows = time_nodes(case, model, fn, args.reps, sync)
+            rows = time_nodes(run, args.reps, sync)
             total = sum(c * us for _, c, us in rows)
-            print(f"--- pyfuser graph nodes: {total / 1e3:.2f} ms per forward inside nodes")
-            print("| node | calls per forward | µs per call | µs per forward |\n|---|---|---|---|")
+            print(f"--- pyfuser graph nodes: {total / 1e3:.2f} ms per {args.step} inside nodes")
+            print(f"| node | calls per {args.step} | µs per call | µs per {args.step} |\n|---|---|---|---|")
             for w, c, us in rows[:args.top]:
                 print(f"| {w} | {c:.1f} | {us:.1f} | {c * us:.0f} |")
             continue
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.reps):
-            case.forward(model, fn)
+            run()
         sync()
         prof.disable()
         for key in ("tottime", "cumulative"):
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
             text = s.getvalue()
-            print(f"--- pyfuser, {args.reps} forwards, by {key}")
+            print(f"--- pyfuser, {args.reps} calls ({args.step}), by {key}")
             print(text[text.find("ncalls"):])
     return 0
 
