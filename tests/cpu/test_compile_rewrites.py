@@ -273,3 +273,44 @@ def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
                    ("aten.scalar_tensor.default", "aten.scalar_tensor.default", "aten.where.self")]
     assert list(graph.unsupported.values()) == [
         "full without a dtype (eager infers it from the value; left to eager)"]
+
+
+def test_hoist_views_moves_a_view_of_an_unfused_results_cast_below_the_cast():
+    from pyfuser.frontend.fx.rewrites import hoist_views
+
+    def f(x, w, r):
+        y = torch.mm(x, w).to(torch.float32).view(2, 3, 5)     # backward: mm, cast, view
+        return F.layer_norm(y + r, (5,)), torch.mm(x, w).to(torch.float32).view(6, 5).t()
+    args = (torch.randn(6, 4, dtype=bf16), torch.randn(4, 5, dtype=bf16), torch.randn(2, 3, 5))
+    gm = _aten_graph(f, *args)
+    mm_nodes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default]
+    assert hoist_views(gm.graph, lambda n: n not in mm_nodes and n.op == "call_function") == 2
+    gm.recompile()
+    for n in gm.graph.nodes:
+        if n.target is torch.ops.aten._to_copy.default:
+            assert n.args[0].target is torch.ops.aten.view.default      # casts read the views
+    for got, want in zip(gm(*args), f(*args)):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    for g, w in zip(got, f(*args)):
+        assert g.dtype == w.dtype and g.stride() == w.stride()
+        torch.testing.assert_close(g, w)
+    ln = next(r for r in _regions() if "aten.native_layer_norm.default" in r.ops)
+    assert "aten._to_copy.default" in ln.ops and ln.kernels() == 1
+
+
+def test_pointwise_regions_only_the_graph_returns_join_into_one():
+    """A backward graph under autocast casts each weight gradient to float32 right after its
+    matmul; those casts are only returned, so they join into one region."""
+    def f(a, b, c, d):
+        return torch.mm(a, b).float(), torch.mm(c, d).float() * 2, torch.mm(a, d.t()).float()
+    args = (torch.randn(3, 4, dtype=bf16), torch.randn(4, 5, dtype=bf16),
+            torch.randn(2, 6, dtype=bf16), torch.randn(6, 4, dtype=bf16))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    for g, w in zip(got, f(*args)):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    (region,) = _regions()
+    assert sorted(region.ops) == ["aten._to_copy.default"] * 3 + ["aten.mul.Tensor"]
+    assert region.kernels() == 1                                    # one horizontal kernel

@@ -2,8 +2,9 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
-0. `rewrites.sink_views` moves dtype casts above the views they read (so they fuse with their
-   producer); `rewrites.unfuse_bias` splits a float32 addmm read by fused ops into mm + add;
+0. `rewrites.sink_views` / `hoist_views` move dtype casts next to the compute they fuse with
+   (above the views they read, or below a view of an unfused op's result);
+   `rewrites.unfuse_bias` splits a float32 addmm read by fused ops into mm + add;
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
 2. `partition.partition` groups supported nodes into convex regions;
 3. each region is lowered to a Fusion (`lower.lower_region`), shared with every region of the
@@ -39,7 +40,7 @@ from . import plan_cache
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
-from .rewrites import fast_calls, sink_views, unfuse_bias
+from .rewrites import fast_calls, hoist_views, sink_views, unfuse_bias
 from .support import is_compute, is_getitem, node_support
 
 log = logging.getLogger("pyfuser")
@@ -118,7 +119,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
-    if sink_views(graph) + unfuse_bias(graph, fusible):
+    if sink_views(graph) + hoist_views(graph, fusible) + unfuse_bias(graph, fusible):
         gm.recompile()
     nodes = list(graph.nodes)
     unsupported: dict = {}

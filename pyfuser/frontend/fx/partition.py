@@ -22,7 +22,9 @@ autocast: the casts of every weight and bias to the compute dtype, one tiny regi
 are joined into one region per device (`_join_input_regions`): they need no other unit, so the
 joined region runs first, as one call; the segmenter hands its independent parts to one
 horizontal kernel where a scheduler takes them. Their results then live from the graph's start,
-as eager autocast's cast cache keeps its casts for the whole autocast region.
+as eager autocast's cast cache keeps its casts for the whole autocast region. Likewise the
+pointwise regions whose results only the graph returns (a backward graph's casts of weight
+gradients to float32) join into one region, run once its last input is ready.
 
 Invariants: regions are disjoint, convex and in graph order; every node of a region is
 supported; the regions and the remaining nodes, topologically ordered as units, are a DAG.
@@ -161,11 +163,8 @@ def _runs_where_it_computes(region: Region) -> bool:
     return devices <= ins
 
 
-def _reads_inputs_only(region: Region):
-    """The device of a region that reads only graph inputs and computes pointwise values, else
-    None."""
-    if not all(x.op in ("placeholder", "get_attr") for x in region.inputs):
-        return None
+def _pointwise_device(region: Region):
+    """The one device of a region that computes only pointwise values, else None."""
     if not all(is_getitem(n) or op_class(n) in (POINTWISE, METADATA) for n in region.nodes):
         return None
     devices = {v.device for v in (n.meta.get("val") for n in region.nodes)
@@ -173,18 +172,44 @@ def _reads_inputs_only(region: Region):
     return devices.pop() if len(devices) == 1 else None
 
 
+def _graph_input(x) -> bool:
+    """A graph input, or a view of one (views of views included)."""
+    while x.op == "call_function" and op_class(x) == METADATA and x.args and \
+            isinstance(x.args[0], torch.fx.Node):
+        x = x.args[0]
+    return x.op in ("placeholder", "get_attr")
+
+
+def _join_kind(region: Region):
+    """("inputs", device) for a pointwise region that reads only graph inputs (or views of
+    them); ("outputs",
+    device) for one whose results only the graph returns (in a backward graph under autocast:
+    each weight gradient's cast to float32); None for any other."""
+    device = _pointwise_device(region)
+    if device is None:
+        return None
+    if all(_graph_input(x) for x in region.inputs):
+        return ("inputs", device)
+    if all(u.op == "output" for o in region.outputs for u in o.users):
+        return ("outputs", device)
+    return None
+
+
 def _join_input_regions(regions: list, position: dict) -> list:
-    """One region per device for all regions `_reads_inputs_only` accepts (two or more)."""
-    by_device: dict = {}
+    """One region per device and kind (`_join_kind`) for two or more regions of that kind.
+    Convex: nothing outside a joined region reads into it (inputs: it needs no other unit) or
+    out of it (outputs: only the graph's output reads it), so the units stay a DAG; the one of
+    the inputs runs first, the one of the outputs once its last input is ready."""
+    groups: dict = {}
     for r in regions:
-        d = _reads_inputs_only(r)
-        if d is not None:
-            by_device.setdefault(d, []).append(r)
-    joined = {id(r) for rs in by_device.values() if len(rs) > 1 for r in rs}
+        k = _join_kind(r)
+        if k is not None:
+            groups.setdefault(k, []).append(r)
+    joined = {id(r) for rs in groups.values() if len(rs) > 1 for r in rs}
     if not joined:
         return regions
     out = [r for r in regions if id(r) not in joined]
-    for rs in by_device.values():
+    for rs in groups.values():
         if len(rs) > 1:
             r = Region(sorted((n for x in rs for n in x.nodes), key=position.__getitem__))
             r.boundary()

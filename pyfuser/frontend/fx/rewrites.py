@@ -10,6 +10,13 @@ view. Only where `x` is contiguous (the cast of a contiguous tensor is contiguou
 is valid and both orders give the same contiguous result) and the cast changes nothing but the
 dtype.
 
+`hoist_views(graph, fusible)`: the mirror case, a view of a cast of a value no fused op makes
+(`view(_to_copy(mm(...)))`, what a backward graph writes before a layer norm's backward) becomes
+a cast of the view (`_to_copy(view(mm(...)))`): the view of the matmul's output is a free eager
+view at the region's edge and the cast fuses with what reads it. Only where the cast's input is
+contiguous and the cast changes nothing but the dtype (the same values and contiguous strides
+either way).
+
 `unfuse_bias(graph, fusible)`: a float32 `addmm(b, x, w)` whose result (through views that keep
 its last axis) only fused ops read becomes `mm(x, w)`, the same views, and `add(view, b)`: the
 bias add joins the region of its readers (an activation, a residual add and layer norm), where
@@ -31,6 +38,8 @@ exactly that overload for the node's arguments are mapped.
 Invariant: a rewrite never adds a kernel to the graph; nodes it makes carry `meta["val"]`.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -86,6 +95,37 @@ def sink_views(graph: torch.fx.Graph) -> int:
             moved += 1
         if not view.users:
             graph.erase_node(view)
+    return moved
+
+
+def hoist_views(graph: torch.fx.Graph, fusible) -> int:
+    """Apply the rewrite of the module docstring (`fusible(node)`: a compute node that will be
+    fused; a cast of such a node's value is left alone, it fuses already); returns how many
+    views moved."""
+    moved = 0
+    for cast in list(graph.nodes):
+        if not _dtype_only_cast(cast) or not cast.users:
+            continue
+        src = cast.args[0]
+        maker = src.args[0] if src.op == "call_function" and src.target is operator.getitem \
+            else src                          # an item of a fused op's tuple is fused too
+        if fusible(maker) or not _contiguous(src):
+            continue
+        views = list(cast.users)
+        if not all(v.op == "call_function" and v.target in _VIEWS and v.args[0] is cast
+                   and isinstance(v.meta.get("val"), torch.Tensor) for v in views):
+            continue
+        for v in views:
+            with graph.inserting_before(v):
+                early = graph.call_function(v.target, (src, *v.args[1:]), dict(v.kwargs))
+                early.meta = {k: x for k, x in v.meta.items() if k != "val"}
+                early.meta["val"] = v.meta["val"].to(src.meta["val"].dtype)
+                late = graph.call_function(_CAST, (early,), dict(cast.kwargs))
+                late.meta = dict(v.meta)
+            v.replace_all_uses_with(late)
+            graph.erase_node(v)
+            moved += 1
+        graph.erase_node(cast)
     return moved
 
 
