@@ -39,7 +39,6 @@ launch, left zero by it). The CPU interpreter runs the whole grid at once for th
 """
 from __future__ import annotations
 
-from ..ir import exprs as E
 from ..ir.dtypes import DataType
 from ..schedule import layout as L
 from . import kernel_ir as K
@@ -92,21 +91,10 @@ class InnerOuterKernel(InnerKernel):
         outs = outs + [(None, n) for n in self.s.io.outer_inputs if self.g.avail[id(n)] == q]
         return reds, outs, full, inputs
 
-    def step_body(self, q, step, idx, known, persistent) -> list:
-        reds, outs, full, inputs = self.plans[q]
-        body: list = []
-        for a in self.loads:
-            if id(a.node) not in self.pass_long and any(n is a.node for n in full):
-                body += [self.buffer(a, 1), self.load_stmt(a, (_c(0),), self.offset(a, idx))]
-        lanes: list = []
-        vals = self.lane_values(full, known, step, None, lanes, idx)
-        for n in full:
-            hit = self.kept.get(id(n))
-            if hit is not None and hit[1] == q:
-                lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
-        for e in reds:
-            if not isinstance(e, E.WelfordOp):
-                self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes)
+    def step_extra(self, q, step, vals, lanes: list) -> None:
+        """The column sums' inputs this pass computes, added to the thread's per-column
+        accumulators (InnerKernel.step_body does the rest of the step; the kernel is always
+        persistent)."""
         for i, e in enumerate(self.io.outer):
             n = self.outer_in[id(e)]
             if self.avail[id(n)] != q:
@@ -117,15 +105,6 @@ class InnerOuterKernel(InnerKernel):
             at = (step, K.Var("v"))
             new = self.comb.combine(e, [K.ArrayRef(self.oacc(i), at)], [x], lanes)
             lanes.append(K.Assign(self.oacc(i), at, new[0]))
-        after: list = []
-        for a, node in outs:
-            if a is None:                   # a column sum's input (accumulated above)
-                continue
-            body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
-            inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
-            lanes += inside
-            after += st
-        return body + [self.lanes(lanes)] + after
 
     # ---- the block's partial row ----------------------------------------------------------------
     def block_partials(self) -> list:

@@ -503,13 +503,20 @@ class ReductionLowering(Emitter):
         for e in reds:
             if not self.chunked(e):
                 self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes)
+        self.step_extra(q, step, vals, lanes)
         after: list = []
         for a, node in outs:
+            if a is None:                   # consumed by step_extra, not stored
+                continue
             body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
             inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
             lanes += inside
             after += st
         return body + [self.lanes(lanes)] + after
+
+    def step_extra(self, q, step, vals, lanes: list) -> None:
+        """A subclass's own work in a step of pass q, on the step's values (`vals`), appended to
+        `lanes` (the inner-outer kernel's column sums); none here."""
 
     def chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
         (self.pair_chunk if isinstance(e, RG.OnlinePair) else self.welford_chunk)(
