@@ -138,9 +138,7 @@ class _ColumnBuilder:
                     args.append(self.visit(v, pk))
                 else:
                     args.append(v)
-            kind = ("op" if isinstance(e, E.ElementwiseOp) else "cast" if isinstance(e, E.CastOp)
-                    else "set" if isinstance(e, E.SetOp) else "alias")
-            node = Node(kind, tv, key, e, args)
+            node = Node(RG.node_kind(e), tv, key, e, args)
         self.memo[mk] = node
         self.io.col_nodes.append(node)
         return node

@@ -132,6 +132,12 @@ def analyze(fusion, online: bool = True) -> ReductionGraph:
     return g
 
 
+def node_kind(e) -> str:
+    """The Node kind of a full-size value made by expr e (not a reduction, not a load)."""
+    return ("op" if isinstance(e, E.ElementwiseOp) else "cast" if isinstance(e, E.CastOp)
+            else "set" if isinstance(e, E.SetOp) else "alias")
+
+
 def _through_aliases(node):
     """The node whose value `node` is (broadcasts, squeezes, sets are the same value)."""
     while node.kind in ("alias", "set") and node.args and isinstance(node.args[0], Node):
@@ -275,9 +281,7 @@ class _Builder:
                     args.append(self.visit(v, self._producer_key(e, key, v)))
                 else:
                     args.append(v)
-            kind = ("op" if isinstance(e, E.ElementwiseOp) else "cast" if isinstance(e, E.CastOp)
-                    else "set" if isinstance(e, E.SetOp) else "alias")
-            node = Node(kind, tv, key, e, args)
+            node = Node(node_kind(e), tv, key, e, args)
         self.memo[mk] = node
         g.nodes.append(node)
         return node
