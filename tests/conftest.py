@@ -1,4 +1,7 @@
-"""Shared pytest setup: tests marked `gpu` are skipped when no CUDA device is available."""
+"""Shared pytest setup: tests marked `gpu` are skipped when no CUDA device is available; every
+test starts with an empty FusionCache; `fresh_compile` (for torch.compile tests, through
+`pytestmark = pytest.mark.usefixtures("fresh_compile")`) resets Dynamo and pyfuser's list of
+compiled graphs around a test."""
 import pytest
 
 
@@ -23,3 +26,13 @@ def _fresh_fusion_cache():
     from pyfuser.frontend.fusion_cache import FusionCache
     FusionCache.reset()
     yield
+
+
+@pytest.fixture
+def fresh_compile():
+    import torch
+    from pyfuser.frontend.fx import reset_compiled
+    torch._dynamo.reset()
+    reset_compiled()
+    yield
+    torch._dynamo.reset()

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.frontend.fx.compile_graph import compile_graph
 from pyfuser.frontend.fx.partition import partition, unit_order
 from pyfuser.frontend.fx.support import node_support
@@ -24,12 +24,7 @@ from train_corpus import assert_as_close_as_eager
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def _graphs(kind=None):

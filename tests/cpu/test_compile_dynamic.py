@@ -19,17 +19,12 @@ import torch.nn.functional as F
 
 import pyfuser
 import pyfuser.codegen.api as api
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 
 import train_corpus as TC
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.ir import builder as B
 from pyfuser.ir import philox
 from pyfuser.ir.dtypes import DataType
@@ -23,12 +23,7 @@ from pyfuser.runtime import dispatch, rng
 import philox_reference as REF
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 # ---- the generator ------------------------------------------------------------------------------

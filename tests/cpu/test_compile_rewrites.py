@@ -8,18 +8,13 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.frontend.fx.rewrites import sink_views
 
 bf16 = torch.bfloat16
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def _regions():

@@ -13,18 +13,13 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 
 import train_corpus as TC
 from train_corpus import assert_as_close_as_eager
 
 
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def _graphs(kind):
