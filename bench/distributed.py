@@ -349,6 +349,28 @@ def report(out_dir: str) -> str:
                                                used) + "\n"
 
 
+def speed_rows(out_dir: str) -> list:
+    """Plot rows of the runs in `out_dir`: per model, wrapper and world size, each mode's step
+    speed as % of eager's in the same case (eager = 100), for bench/plot.py."""
+    latest = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "distributed_w*.json"))):
+        with open(path, encoding="utf-8") as f:
+            for r in json.load(f)["rows"]:
+                if r.get("step_ms"):
+                    latest[(r["model"], r["wrap"], r["world"], r["dtype"], r["mode"])] = r
+    labels = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser"}
+    out = []
+    for (m, w, world, d, mode), r in sorted(latest.items()):
+        if mode != "eager":
+            continue
+        row = {"workload": f"{m} {w} x{world} {d}"}
+        for mo, label in labels.items():
+            t = latest.get((m, w, world, d, mo), {}).get("step_ms")
+            row[label] = 100.0 * r["step_ms"] / t if t else None
+        out.append(row)
+    return out
+
+
 # ---- main -----------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -365,9 +387,16 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=480.0)
     p.add_argument("--dry-run", action="store_true", help="CPU ranks (gloo), tiny sizes")
     p.add_argument("--report", metavar="DIR", help="only print the table of the runs in DIR")
+    p.add_argument("--plot", metavar="FILE", help="with --report: also draw each mode's step "
+                   "speed as %% of eager's into FILE (.svg or .png; needs matplotlib)")
     args = p.parse_args(argv)
     if args.report:
         print(report(args.report))
+        if args.plot:
+            from bench.common import _plot_module
+            _plot_module().plot(speed_rows(args.report), args.plot,
+                                "bench/distributed.py: training step, DDP / FSDP2",
+                                xlabel="speed as % of eager's (eager's step time / the mode's)")
         return 0
 
     import torch.distributed as dist

@@ -2,7 +2,7 @@
 model's step is slower than Inductor's when the GPU is not the bottleneck).
 
     PYTHONPATH=. python3 tools/profile_host.py [--model bert] [--dtype bfloat16] [--top 35]
-        [--step forward|train] [--nodes] [--regions]
+        [--step forward|train] [--nodes] [--regions] [--size batch,seq,hidden,layers]
 
 Builds the model of bench/models.py (random weights), compiles it per mode, warms it up, then
 prints per mode the host time of a forward (the call returning, no synchronization; median of
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--regions", action="store_true", help="host time per call path of each region")
     ap.add_argument("--step", default="forward", choices=("forward", "train"),
                     help="what is timed: an inference forward or a training step")
+    ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
     args = ap.parse_args(argv)
     import dataclasses
 
@@ -145,6 +146,9 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     TC = BM.load_corpus()
     size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
+    if args.size:
+        b, q, h, n = (int(x) for x in args.size.split(","))
+        size = dataclasses.replace(size, batch=b, seq=q, hidden=h, layers=n, heads=max(1, h // 64))
     case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     modes = [m for m in args.modes.split(",") if m and (device == "cuda" or m != "inductor")]

@@ -2,6 +2,7 @@
 by kernel, from the torch profiler (for finding why a model is slower than Inductor).
 
     PYTHONPATH=. python3 tools/profile_models.py [--model bert] [--dtype float32] [--top 25]
+        [--step forward|train] [--size batch,seq,hidden,layers]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
 
@@ -23,19 +24,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
-def profile_forward(case, mode: str, reps: int, device: str):
-    """(total µs per forward, kernels per forward, [(name, calls, µs)] per forward)."""
+def profile_forward(case, mode: str, reps: int, device: str, step: str = "forward"):
+    """(total µs per step, kernels per step, [(name, calls, µs)] per step); a step is a forward
+    or, with step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    model, fn, _ = case.make(mode)
+    model, fn, opt = case.make(mode)
+
+    def run():
+        return case.forward(model, fn) if step == "forward" else case.train_step(model, fn, opt)
     for _ in range(3):
-        case.forward(model, fn)
+        run()
     if device == "cuda":
         torch.cuda.synchronize()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         for _ in range(reps):
-            case.forward(model, fn)
+            run()
         if device == "cuda":
             torch.cuda.synchronize()
     per = collections.defaultdict(lambda: [0, 0.0])
@@ -63,22 +68,27 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, CPU op times")
+    ap.add_argument("--step", default="forward", choices=("forward", "train"))
+    ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
     args = ap.parse_args(argv)
     import torch
     import models as BM
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
     TC = BM.load_corpus()
     size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
+    if args.size:
+        b, q, h, n = (int(x) for x in args.size.split(","))
+        size = dataclasses.replace(size, batch=b, seq=q, hidden=h, layers=n, heads=max(1, h // 64))
     case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
     modes = [m for m in args.modes.split(",") if m]
     if device == "cpu":
         modes = [m for m in modes if m != "inductor"]
     for mode in modes:
         torch._dynamo.reset()
-        total, kernels, rows = profile_forward(case, mode, args.reps, device)
+        total, kernels, rows = profile_forward(case, mode, args.reps, device, args.step)
         unit = "GPU" if device == "cuda" else "CPU (aten ops)"
-        print(f"\n== {args.model} {args.dtype} {mode}: {total:.1f} µs {unit} per forward, "
-              f"{kernels:.0f} {'kernels' if device == 'cuda' else 'ops'} per forward")
+        print(f"\n== {args.model} {args.dtype} {mode}: {total:.1f} µs {unit} per {args.step}, "
+              f"{kernels:.0f} {'kernels' if device == 'cuda' else 'ops'} per {args.step}")
         print("| name | calls | µs | share |\n|---|---|---|---|")
         for name, calls, us in rows[:args.top]:
             print(f"| {name[:90]} | {calls:.0f} | {us:.1f} | {100 * us / max(total, 1e-9):.1f}% |")

@@ -75,3 +75,15 @@ def test_dry_run_world_of_one(tmp_path):
     assert jit["compiled"][0] == jit["kernels"] > 0                # a world of one compiles all
     assert jit["losses"] == pytest.approx(rows["eager"]["losses"], rel=1e-5)
     assert "| bert | ddp | pyfuser_jit | 1 |" in (out / "distributed.md").read_text()
+
+
+def test_speed_rows_relative_to_eager(tmp_path):
+    rows = [dict(_row("eager", 2, 100.0, [1.0]), step_ms=10.0),
+            dict(_row("pyfuser", 2, 100.0, [1.0]), step_ms=8.0),
+            dict(_row("inductor", 2, 100.0, [1.0]), step_ms=20.0),
+            {"model": "bert", "wrap": "ddp", "mode": "pyfuser_jit", "world": 2,
+             "dtype": "float32", "error": "skipped: time budget"}]
+    _run(tmp_path / "distributed_w2-20260101-000000.json", 2, rows)
+    (row,) = B.speed_rows(str(tmp_path))
+    assert row["workload"] == "bert ddp x2 float32"
+    assert row["eager"] == 100.0 and row["pyfuser"] == 125.0 and row["torch.compile"] == 50.0
