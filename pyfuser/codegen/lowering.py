@@ -8,6 +8,10 @@ Kernel shape (T threads, V lanes, U unrolled vectors / rows per thread):
          row-invariant loads (bias-like operands) once;
          for u < U: o = by*U + u; if (o < e_outer): outer group indices from o; loads [u]
          for u < U: same; lanes: compute; stores
+Slices, pads and cats read their operands at shifted indices (pointwise_graph's "sh" key entries:
+the reference index plus a constant, clamped into the operand where it may fall outside); a pad
+or cat node selects, by the consumer's index, the operand's value or the pad value (a `where`),
+so no load is ever out of bounds and no element is computed twice per output.
 Random numbers (PhiloxUniformOp) are computed where a load would be, from the element's row-major
 index in the random op's shape (its access's offset, as if it were a dense tensor) and the
 launch's seed and offset (kernel parameters pf_seed, pf_offset).
@@ -43,7 +47,8 @@ class Lowering(Emitter):
     def __init__(self, sched):
         super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
-        self.need_r = any(not a.affine for a in sched.accesses)
+        self.need_r = any(not a.affine for a in sched.accesses) or \
+            any(n.kind in ("pad", "cat", "iota") for n in sched.graph.nodes)
         # random numbers: per graph node its access (a dense row-major index, no memory)
         self.rng_access = {id(a.node): a for a in sched.accesses if a.rng is not None}
         self.n_rng = len({a.rng for a in self.rng_access.values()})
@@ -57,6 +62,13 @@ class Lowering(Emitter):
             return self.const(0)
         if c[0] == "r":
             return K.Var(f"r{c[1]}")
+        if c[0] == "sh":
+            v = self._shifted(c)
+            if c[4] is not None:        # into [0, size - 1]: the load there is skipped anyway
+                last = K.Bin("-", self.extent_expr(c[4]), self.const(1))
+                v = K.Op("where", (K.Bin("<", last, v), last, v), DataType.Int)
+                v = K.Op("where", (K.Bin("<", v, self.const(0)), self.const(0), v), DataType.Int)
+            return v
         _, view, key, j = c
         out_exts = [self.extent_expr(d) for d in view.outputs[0].logical]
         in_exts = [self.extent_expr(d) for d in view.inputs[0].logical]
@@ -71,6 +83,39 @@ class Lowering(Emitter):
             div = K.mul(div, x)
         res = lin if div == self.const(1) else K.Bin("/", lin, div)
         return res if j == 0 else K.Bin("%", res, in_exts[j])
+
+    def _shifted(self, c):
+        """The unclamped index of an "sh" key entry."""
+        _, inner, off, minus, _ = c
+        v = K.add(self.key_index(inner), self.const(off))
+        for d in minus:
+            v = K.Bin("-", v, self.extent_expr(d))
+        return v
+
+    def in_bounds(self, key):
+        """The condition that every clamped "sh" entry in `key` (nested ones included) is inside
+        its operand unclamped, or None when there is none: a load of a pad or cat operand runs
+        only there (where it does not, the pad / cat node discards its value)."""
+        conds = []
+
+        def walk(c):
+            if not isinstance(c, tuple):
+                return
+            if c[0] == "sh":
+                walk(c[1])
+                if c[4] is not None:
+                    v = self._shifted(c)
+                    conds.append(K.Bin("&&", K.Bin("<=", self.const(0), v),
+                                       K.Bin("<", v, self.extent_expr(c[4]))))
+            elif c[0] == "vd":
+                for x in c[2]:
+                    walk(x)
+        for c in key:
+            walk(c)
+        out = None
+        for c in conds:
+            out = c if out is None else K.Bin("&&", out, c)
+        return out
 
     def offset(self, a, group_vars):
         """Offset (elements) of access `a` for lane 0 at the current group indices."""
@@ -160,6 +205,8 @@ class Lowering(Emitter):
                 lvl = LANE if a.mode != "bcast" else (THREAD if a.row_invariant else STEP)
             elif node.kind == "full":
                 lvl = THREAD
+            elif node.kind in ("pad", "cat", "iota"):
+                lvl = LANE                       # a function of the element's own index
             else:
                 lvl = max((levels[id(x)] for x in node.args if not isinstance(x, Scalar)),
                           default=THREAD)
@@ -203,6 +250,46 @@ class Lowering(Emitter):
             vals[id(node)] = K.Var(name)
         return vals
 
+    def node_expr(self, node, arg_expr):
+        """A "pad" node: its operand where the index is inside the operand on every padded
+        axis, else the pad value; a "cat" node: the operand whose range holds the index along
+        the cat axis; an "iota" node: start + index * step. Other nodes: the Emitter's."""
+        if node.kind == "pad":
+            e = node.expr
+            inside = None
+            for j, ((lo, hi), d) in enumerate(zip(e.pads, e.inputs[0].logical)):
+                if lo == hi == 0:
+                    continue
+                i = self.key_index(node.key[j])
+                cond = K.Bin("&&", K.Bin("<=", self.const(lo), i),
+                             K.Bin("<", i, K.add(self.extent_expr(d), self.const(lo))))
+                inside = cond if inside is None else K.Bin("&&", inside, cond)
+            value = node.args[1]
+            fill = self.scalar(value)
+            if value.dtype is not node.tv.dtype:
+                fill = K.Convert("cast", fill, value.dtype, node.tv.dtype)
+            x = arg_expr(node.args[0])
+            return x if inside is None else K.Op("where", (inside, x, fill), node.tv.dtype)
+        if node.kind == "iota":                  # start + index * step, in the iota's dtype
+            dt = node.tv.dtype
+            idx = DataType.Int if self.it == "int64_t" else DataType.Int32
+            i = K.Convert("cast", self.key_index(node.key[0]), idx, dt)
+            start, step = (self.scalar(x) for x in node.args)
+            return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
+        if node.kind == "cat":
+            e = node.expr
+            i = self.key_index(node.key[e.dim])
+            bounds, end = [], self.const(0)
+            for a in node.args:                  # the non-empty operands, in order
+                end = K.add(end, self.extent_expr(a.tv.logical[e.dim]))
+                bounds.append(end)
+            vals = [arg_expr(a) for a in node.args]
+            expr = vals[-1]
+            for b, v in zip(reversed(bounds[:-1]), reversed(vals[:-1])):
+                expr = K.Op("where", (K.Bin("<", i, b), v, expr), node.tv.dtype)
+            return expr
+        return super().node_expr(node, arg_expr)
+
     # ---- loads and stores -----------------------------------------------------------------
     def load_stmt(self, a, arr, gvars, u):
         idx = () if a.row_invariant else (u,)
@@ -213,7 +300,9 @@ class Lowering(Emitter):
         if a.mode == "strided" and self.p.vec > 1:
             inner = self.p.groups[-1][-1]
             return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
-        return K.Load(arr, idx, p, off, 1)
+        guard = self.in_bounds(a.node.key) if not a.node.affine else None
+        load = K.Load(arr, idx, p, off, 1)
+        return load if guard is None else K.If(guard, [load])
 
     def compute_block(self, arrays, gvars, u, levels=None, thread_vals=None) -> list:
         body: list = []

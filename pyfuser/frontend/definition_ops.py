@@ -280,6 +280,22 @@ class Ops:
         tensors = list(tensors)
         return self._fd._run("ops.cat", lambda: B.cat(tensors, dim), (tensors, dim))
 
+    def pad(self, x, pad_widths, value=None):
+        """torch.nn.functional.pad(x, pad_widths, value=value): pairs (before, after) from the
+        last axis backwards, non-negative; value None pads with 0."""
+        t = _tensor(x, "pad")
+        widths = list(pad_widths) if isinstance(pad_widths, (list, tuple)) else pad_widths
+        if not isinstance(widths, list) or len(widths) % 2 or len(widths) // 2 > t.ndim:
+            raise FusionDefinitionError(
+                f"pad: pad_widths must be an even-length list of at most 2 x rank ({t.ndim}) "
+                f"ints, got {pad_widths!r}")
+        pairs = [(0, 0)] * t.ndim
+        for k in range(len(widths) // 2):
+            pairs[t.ndim - 1 - k] = (widths[2 * k], widths[2 * k + 1])
+        args = (x, widths) if value is None else (x, widths, value)
+        return self._fd._run("ops.pad", lambda: B.pad(t, pairs, 0 if value is None else value),
+                             args)
+
     # --- composites ------------------------------------------------------------------------------
     def add_alpha(self, a, b, alpha):
         return self._fd._run("ops.add_alpha",

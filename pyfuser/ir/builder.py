@@ -587,6 +587,65 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
     return out
 
 
+def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorView:
+    """x sliced on axis `dim` from `start` to `end` (None: to the end, however long the axis is at
+    run time); the frontends' form of slice, whose sizes may be symbolic. A constant end past
+    a symbolic size is checked at run time."""
+    x = _check_tv(x, "slice")
+    if not 0 <= dim < x.ndim or start < 0 or (end is not None and end < start):
+        raise FusionDefinitionError(f"slice: bad bounds {start}:{end} on axis {dim} of {x.name}")
+    fusion, root = Fusion.current(), []
+    for j, d in enumerate(x.logical):
+        if j != dim or (start == 0 and end is None):
+            root.append(_copy_id(d))
+            continue
+        ext = _full_extent(d)
+        if ext.is_const:
+            stop = ext.value if end is None else end
+            if stop > ext.value:
+                raise FusionDefinitionError(f"slice: end {end} of axis {dim} is past its size {ext.value}")
+            n = stop - start
+        else:
+            n = None if end is None else end - start
+        root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1
+                    else IterDomain(Scalar(DataType.Int, n, fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    starts = [start if j == dim else 0 for j in range(x.ndim)]
+    ends = [end if j == dim else None for j in range(x.ndim)]
+    E.SliceOp(out, x, starts, ends)
+    return out
+
+
+def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
+    """A constant pad: `pads[j] = (lo, hi)` elements of `value` before and after axis j (one
+    pair per axis, non-negative ints); a padded axis of symbolic size gets a symbolic size."""
+    x = _check_tv(x, "pad")
+    if not isinstance(pads, (list, tuple)) or len(pads) != x.ndim:
+        raise FusionDefinitionError(f"pad: expects one (lo, hi) pair per axis of the rank-{x.ndim} "
+                                    f"tensor {x.name}, got {pads!r}")
+    pairs = []
+    for j, p in enumerate(pads):
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and
+                all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)):
+            raise FusionDefinitionError(f"pad: axis {j}: expects a pair of non-negative ints, got {p!r}")
+        pairs.append((int(p[0]), int(p[1])))
+    v = _as_val(value, "pad")
+    if not isinstance(v, Scalar):
+        raise FusionDefinitionError(f"pad: the value must be a scalar, got {v}")
+    v = cast(v, x.dtype)
+    fusion, root = Fusion.current(), []
+    for j, ((lo, hi), d) in enumerate(zip(pairs, x.logical)):
+        if lo == 0 and hi == 0:
+            root.append(_copy_id(d))
+            continue
+        ext = _full_extent(d)
+        root.append(IterDomain(Scalar(DataType.Int, int(ext.value) + lo + hi if ext.is_const
+                                      else None, fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    E.PadOp(out, x, pairs, v)
+    return out
+
+
 def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:
     """torch.cat: tensors of one rank joined along `dim` (dtypes promoted as eager does)."""
     if not isinstance(tensors, (list, tuple)) or not tensors:

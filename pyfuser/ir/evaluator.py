@@ -163,6 +163,12 @@ def _slice(e, env):
     return env[e.inputs[0]][tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
 
 
+def _pad(e, env):
+    x, value = env[e.inputs[0]], env[e.inputs[1]]
+    flat = [p for lo_hi in reversed(e.pads) for p in lo_hi]     # F.pad: last axis first
+    return torch.nn.functional.pad(x, flat, value=float(value) if x.is_floating_point() else value)
+
+
 def _cat(e, env):
     return torch.cat([env[v] for v in e.inputs], e.dim)
 
@@ -214,6 +220,7 @@ HANDLERS = {
     E.IndexSelectOp: _index_select,
     E.SliceOp: _slice,
     E.CatOp: _cat,
+    E.PadOp: _pad,
     E.RandomOp: _random,
     E.PhiloxUniformOp: _philox,
     E.ScalarCast: _scalar,

@@ -173,12 +173,24 @@ class IndexSelectOp(Expr):
 
 
 class SliceOp(Expr):
-    """out = inp[start[0]:end[0], ...] (unit steps); the bounds are constants."""
+    """out = inp[start[0]:end[0], ...] (unit steps); the bounds are constants, an end None runs
+    to the axis' end (its size known at run time)."""
     op_name = "slice"
 
     def __init__(self, out, inp, starts: list[int], ends: list[int]):
         self.starts, self.ends = list(starts), list(ends)
         super().__init__([inp], [out])
+
+
+class PadOp(Expr):
+    """torch.nn.functional.pad with a constant: out has `pads[j] = (lo, hi)` more elements before
+    and after inp's axis j (non-negative constants; the axis' size may be symbolic), filled
+    with the scalar operand."""
+    op_name = "pad"
+
+    def __init__(self, out, inp, pads: list, value):
+        self.pads = [(int(lo), int(hi)) for lo, hi in pads]
+        super().__init__([inp, value], [out])
 
 
 class CatOp(Expr):

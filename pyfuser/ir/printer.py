@@ -170,8 +170,13 @@ def _indexing(e) -> str:
 
 
 def _slice(e) -> str:
-    ranges = ", ".join(f"{a}:{b}" for a, b in zip(e.starts, e.ends))
+    ranges = ", ".join(f"{a}:{'' if b is None else b}" for a, b in zip(e.starts, e.ends))
     return _assign(e.output, f"slice( {e.inputs[0]}, [{ranges}] )")
+
+
+def _pad(e) -> str:
+    pads = ", ".join(f"{lo}:{hi}" for lo, hi in e.pads)
+    return _assign(e.output, f"pad( {e.inputs[0]}, [{pads}], value = {e.inputs[1]} )")
 
 
 def _cat(e) -> str:
@@ -202,6 +207,7 @@ PRINTERS = {
     E.IndexSelectOp: _indexing,
     E.SliceOp: _slice,
     E.CatOp: _cat,
+    E.PadOp: _pad,
     E.RandomOp: _random,
 }
 

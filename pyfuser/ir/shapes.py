@@ -119,10 +119,24 @@ def _propagate(b: Bindings, e) -> None:
 
 def _check_slice(b: Bindings, e) -> None:
     shape = b.shape(e.inputs[0])
-    for axis, (n, end) in enumerate(zip(shape, e.ends)):
-        if end > n:
-            raise ExecuteError(f"execute: slice of {e.inputs[0].name} ends at {end} on axis {axis}, "
-                               f"past its size {n}")
+    for axis, (n, start, end) in enumerate(zip(shape, e.starts, e.ends)):
+        stop = n if end is None else end
+        if stop > n or start > stop:
+            raise ExecuteError(f"execute: slice {start}:{'' if end is None else end} of "
+                               f"{e.inputs[0].name} on axis {axis} does not fit its size {n}")
+        _set(b, _size_of(e.output.logical[axis]), stop - start,
+             f"slice output {e.output.name} axis {axis}")
+
+
+def _bind_pad(b: Bindings, e) -> None:
+    shape = b.shape(e.inputs[0])
+    for axis, (n, (lo, hi)) in enumerate(zip(shape, e.pads)):
+        _set(b, _size_of(e.output.logical[axis]), n + lo + hi,
+             f"pad output {e.output.name} axis {axis}")
+
+
+def _size_of(d):
+    return d.expanded_extent if d.expanded_extent is not None else d.extent
 
 
 def _bind_cat(b: Bindings, e) -> None:
@@ -143,7 +157,7 @@ def _check_gather(b: Bindings, e) -> None:
                                f"{axis}, more than the input's {n}")
 
 
-_CHECKS = {E.SliceOp: _check_slice, E.CatOp: _bind_cat, E.GatherOp: _check_gather,
+_CHECKS = {E.SliceOp: _check_slice, E.PadOp: _bind_pad, E.CatOp: _bind_cat, E.GatherOp: _check_gather,
            E.ExpandOp: lambda b, e: _check_expand(b, e)}
 
 

@@ -170,7 +170,15 @@ def _check_slice(e) -> None:
     inp, out = e.inputs[0], e.output
     _check(len(e.starts) == len(e.ends) == inp.ndim == out.ndim,
            f"slice: bounds {e.starts}, {e.ends} do not match ranks of {inp} and {out}")
-    _check(all(0 <= a <= b for a, b in zip(e.starts, e.ends)), f"slice: bad bounds {e.starts} {e.ends}")
+    _check(all(0 <= a and (b is None or a <= b) for a, b in zip(e.starts, e.ends)),
+           f"slice: bad bounds {e.starts} {e.ends}")
+
+
+def _check_pad(e) -> None:
+    inp, out = e.inputs[0], e.output
+    _check(len(e.pads) == inp.ndim == out.ndim and out.dtype is inp.dtype,
+           f"pad: pads {e.pads} do not match {inp} and {out}")
+    _check(all(lo >= 0 and hi >= 0 for lo, hi in e.pads), f"pad: negative pads {e.pads}")
 
 
 def _check_cat(e) -> None:
@@ -199,6 +207,7 @@ EXPR_CHECKS = {
     E.IndexSelectOp: _check_indexing,
     E.SliceOp: _check_slice,
     E.CatOp: _check_cat,
+    E.PadOp: _check_pad,
     E.RandomOp: _check_random,
 }
 

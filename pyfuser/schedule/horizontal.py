@@ -110,7 +110,7 @@ def scalars_read(exprs) -> int:
                 if isinstance(v, Scalar) and not v.is_const})
 
 
-EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp)
+EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp, E.SliceOp, E.PadOp, E.CatOp, E.IotaOp)
 
 
 def excluded(exprs):
@@ -140,7 +140,8 @@ def _analyse(fusion):
         bad = excluded(c.exprs)
         if bad is not None:
             return None, f"component {k}: {bad.op_name} ({type(bad).__name__}) is not taken " \
-                         "(views, permutes and random numbers stay in their own kernels)"
+                         "(views, permutes, random numbers, iotas, slices, pads and cats stay in " \
+                         "their own kernels)"
         produced = {id(o) for e in c.exprs for o in e.outputs}
         seen = set()
         for e in c.exprs:

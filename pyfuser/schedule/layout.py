@@ -184,6 +184,12 @@ def _meta_expr(e, env, bindings):
         return x.permute(e.dims)
     if isinstance(e, (E.FullOp, E.PhiloxUniformOp)):
         return torch.empty(bindings.shape(out), device="meta")
+    if isinstance(e, E.SliceOp):                        # a view: the input's strides
+        return x[tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
+    if isinstance(e, E.CatOp):
+        return torch.cat([env[v] for v in e.inputs], e.dim)
+    if isinstance(e, E.PadOp):
+        return torch.nn.functional.pad(x, [p for pair in reversed(e.pads) for p in pair])
     if isinstance(e, (E.ReductionOp, E.WelfordOp)):   # every reduction lays out as sum does
         return x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))
     raise NotImplementedError(type(e).__name__)

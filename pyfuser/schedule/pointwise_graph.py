@@ -6,12 +6,21 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
   ("r", k)            the reference index r_k,
   0                   the constant 0 (a broadcast axis, a squeezed axis, a size-1 axis),
   ("vd", view, key, j) axis j of a view's input at the view output's index `key` (a row-major
-                      re-linearisation; evaluated with div/mod at run time).
+                      re-linearisation; evaluated with div/mod at run time),
+  ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
+                      leading size) minus the sizes of the axes (IterDomains) in `minus` (the
+                      operands before a cat operand), clamped to [0, size of axis hi - 1] when
+                      hi is an axis: the index a pad or cat operand is read at, kept in bounds
+                      where the consumer's index falls outside the operand (a load there is
+                      skipped and its value discarded).
 A Node is a (TensorView, key) pair, so a tensor read at two different indices (x + x.T) is loaded
 twice and a tensor read at one index is computed once, whatever the number of its uses.
 
 Invariants:
 - `nodes` is in topological order (arguments before users).
+- Every index a key names is within its tensor's bounds whenever the reference index is: slices
+  shift into their input's range, pad and cat operands are clamped; their "pad" / "cat" nodes
+  select the operand's value or the pad value by the consumer's index.
 - A key made only of ("r", k) and 0 entries is *affine*: the access's offset is a sum over
   reference axes of index * stride, which is what lets the scheduler collapse and vectorize.
 """
@@ -24,14 +33,18 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 
 METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
-COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp)
-ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + (E.ScalarCast,)
+COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp, E.IotaOp)
+# index-remapping exprs (nvFuser's "resize"): each output element reads its input at a shifted index
+RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
+ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + (E.ScalarCast,)
 
 
 @dataclass(eq=False)
 class Node:
     kind: str                 # "load", "op", "cast", "set", "full", "rng" (random numbers drawn
-                              # at the node's index), "alias" (metadata: same value)
+                              # at the node's index), "alias" (metadata: same value), "pad" (the
+                              # operand or the pad value, by index), "cat" (one operand, by index),
+                              # "iota" (start + index * step)
     tv: TensorView
     key: tuple
     expr: object = None
@@ -44,6 +57,17 @@ class Node:
 
 def is_affine(key) -> bool:
     return all(c == 0 or (isinstance(c, tuple) and c[0] == "r") for c in key)
+
+
+def shifted(c, off: int, minus=(), hi=None):
+    """The key entry of index entry c moved as the module docstring's "sh" entry says."""
+    return c if off == 0 and not minus and hi is None else ("sh", c, int(off), tuple(minus), hi)
+
+
+def full_extent(d) -> int | None:
+    """A logical axis' constant size (its expanded size where expanded), else None."""
+    s = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return int(s.value) if s.is_const else None
 
 
 def _zero_broadcasts(tv: TensorView, key: list) -> tuple:
@@ -67,6 +91,8 @@ def producer_key(e, key: tuple, inp: TensorView) -> tuple:
         pk = [None] * len(key)
         for i, d in enumerate(e.dims):
             pk[d] = key[i]
+    elif isinstance(e, E.SliceOp):
+        pk = [shifted(c, s) for c, s in zip(key, e.starts)]
     elif isinstance(e, E.ViewOp):
         if all(c == 0 for c in key):
             pk = [0] * inp.ndim
@@ -105,6 +131,23 @@ class Graph:
         elif isinstance(e, E.PhiloxUniformOp):
             node = Node("rng", tv, key, e, [])
             self.rngs.append(node)
+        elif isinstance(e, E.IotaOp):
+            node = Node("iota", tv, key, e, list(e.inputs[1:]))
+        elif isinstance(e, E.PadOp):
+            x = e.inputs[0]
+            pk = [c if lo == hi == 0 else shifted(c, -lo, (), d)
+                  for c, (lo, hi), d in zip(key, e.pads, x.logical)]
+            node = Node("pad", tv, key, e, [self._visit(x, _zero_broadcasts(x, pk)), e.inputs[1]])
+        elif isinstance(e, E.CatOp):
+            args, before = [], []
+            for x in e.inputs:
+                d = x.logical[e.dim]
+                if full_extent(d) != 0:                 # an empty operand adds nothing
+                    pk = list(key)
+                    pk[e.dim] = shifted(key[e.dim], 0, before, d)
+                    args.append(self._visit(x, _zero_broadcasts(x, pk)))
+                    before = before + [d]
+            node = Node("cat", tv, key, e, args)
         else:
             args = []
             for v in e.inputs:

@@ -161,6 +161,36 @@ def test_fast_calls_bind_the_same_ops_and_give_eagers_views():
         assert got._base is not None or want._base is None
 
 
+def test_fast_calls_of_glue_ops_match_eager():
+    """detach, clone (with its memory format), embedding, cumsum, arange, new_ones and an
+    `_unsafe_view` the graph reads bind the same ops through methods / functions; an
+    `_unsafe_view` the graph returns stays the OpOverload (a returned value is not a view)."""
+    from pyfuser.frontend.fx.rewrites import fast_calls
+    aten = torch.ops.aten
+
+    def f(x, w, ids):
+        e = aten.embedding.default(w, ids)
+        c = aten.clone.default(x.transpose(0, 1), memory_format=torch.contiguous_format)
+        u = aten._unsafe_view.default(aten.mul.Tensor(c, 2), [12])
+        r = aten.arange.default(12, dtype=torch.float32, device=x.device)
+        s = aten.cumsum.default(ids, 1)
+        o = aten.new_ones.default(x, [3], dtype=torch.float32)
+        out = aten._unsafe_view.default(aten.add.Tensor(u, r), [3, 4])
+        return aten.detach.default(e), out, s, o
+    args = (torch.randn(4, 3), torch.randn(10, 5), torch.tensor([[1, 2], [3, 4]]))
+    gm = torch.fx.symbolic_trace(f)
+    changed = fast_calls(gm.graph)
+    gm.recompile()
+    left = [n.target for n in gm.graph.nodes if n.op == "call_function" and
+            isinstance(n.target, torch._ops.OpOverload)]
+    assert left == [aten.mul.Tensor, aten.add.Tensor, aten._unsafe_view.default], left
+    assert changed == 7
+    for got, want in zip(gm(*args), f(*args)):
+        assert torch.equal(got, want) and got.dtype == want.dtype
+        assert got.stride() == want.stride()
+    assert gm(*args)[1]._base is None          # the returned _unsafe_view: not a view
+
+
 def test_fast_calls_leave_keyword_calls_alone():
     from pyfuser.frontend.fx.rewrites import fast_calls
 

@@ -216,3 +216,30 @@ def test_in_place_lowerings_stay_out_of_regions():
     assert cg.unsupported == {"native_batch_norm": "its lowering writes an input in place"}
     assert [r.ops for r in cg.regions] == [["aten.mul.Tensor", "aten.add.Tensor"]]
     assert all(r.calls == 1 and r.eager_calls == 0 for r in cg.regions)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reduction):
+    """nll_loss_backward (eager: a zero fill and a scatter) is an iota compare in the kernel of
+    the log_softmax backward that reads it; ignored rows give zero gradients, as eager's."""
+    target = torch.tensor([3, -100, 0, 6, 6, -100, 2])
+
+    def f(x):
+        loss = F.cross_entropy(x * 2, target, reduction=reduction)
+        return loss if reduction != "none" else loss * torch.arange(7.0)
+    _check_fn(f, (7, 9), loss=lambda out: out.sum())
+    assert "aten.nll_loss_backward.default" in _fused_ops("backward")
+    left = [n for g in _graphs("backward") for n in g.unsupported]
+    assert not any(n.startswith("nll_loss_backward") for n in left), left
+    assert_ran_as_sm90_kernels([r for g in _graphs("backward") for r in g.regions])
+
+
+def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
+    target = torch.tensor([1, 4, -100, 0])
+    _check_fn(lambda x: F.nll_loss(x * 1.5, target), (4, 5), loss=lambda out: out * 3)
+    regions = [r for g in _graphs("backward") for r in g.regions
+               if "aten.nll_loss_backward.default" in r.ops]
+    assert regions
+    assert_ran_as_sm90_kernels(regions)
+    report = pyfuser.runtime.dispatch.last_report(regions[0].fusion)
+    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["pointwise"], report

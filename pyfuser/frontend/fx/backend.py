@@ -13,12 +13,17 @@ so after `pip install` `torch.compile(m, backend="pyfuser")` finds it with no im
 Decompositions: only those a fused kernel wants (`decompositions()`); every other op reaches
 the backend as eager dispatches it, so what stays unfused runs eager's own kernel.
 
+The forward / backward split is AOTAutograd's min-cut partitioner, which recomputes cheap
+pointwise values in the backward instead of saving them (`PYFUSER_PARTITIONER=default`: the
+plain split, every value the backward reads saved).
+
 Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
 none yet; unknown options are an error, not silently ignored.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -42,10 +47,23 @@ def pyfuser_backend(gm, example_inputs, **options):
     if options:
         raise TypeError(f"pyfuser backend: unknown options {sorted(options)}")
     from torch._dynamo.backends.common import aot_autograd
+    extra = {}
+    if os.environ.get("PYFUSER_PARTITIONER", "mincut") != "default":
+        extra["partition_fn"] = _recomputing_partition
     aot = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                        inference_compiler=_compiler("inference"),
-                       decompositions=decompositions(), keep_inference_input_mutations=True)
+                       decompositions=decompositions(), keep_inference_input_mutations=True,
+                       **extra)
     return aot(gm, example_inputs)
+
+
+def _recomputing_partition(joint_module, joint_inputs, **kwargs):
+    """AOTAutograd's min-cut partitioner: the forward saves fewer tensors for the backward and
+    the backward recomputes the cheap pointwise values it needs from them (in its own fused
+    kernels), as Inductor's does."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
+                                               **kwargs)
 
 
 def compile(model=None, **kwargs):  # noqa: A001 - pyfuser.compile mirrors torch.compile

@@ -33,7 +33,10 @@ aten op (`x.view(shape)` for `aten.view.default(x, shape)`, `torch.addmm` for
 `aten.addmm.default`): the same kernel and result, through PyTorch's generated argument parser
 instead of the boxed `OpOverload` call, about half the host time of such a call (a model's
 forward has dozens: BERT's has 68 views). Only overloads whose method or function resolves to
-exactly that overload for the node's arguments are mapped.
+exactly that overload for the node's arguments (and keyword arguments) are mapped; besides
+views and matmuls: detach, clone, embedding, cumsum, arange, new_ones, and `_unsafe_view` as
+`view` where the graph does not return it (a returned value stays the non-view AOTAutograd
+traced).
 
 Invariant: a rewrite never adds a kernel to the graph; nodes it makes carry `meta["val"]`.
 """
@@ -176,8 +179,8 @@ def unfuse_bias(graph: torch.fx.Graph, fusible) -> int:
     return split
 
 
-# overload -> (FX op, target, positional arguments the node may have): the method / function
-# binds exactly this overload when called with those arguments (no keyword arguments)
+# overload -> (FX op, target, positional arguments the node may have[, keyword arguments it may
+# have]): the method / function binds exactly this overload when called with those arguments
 _FAST = {
     _aten.view.default: ("call_method", "view", (2,)),
     _aten.t.default: ("call_method", "t", (1,)),
@@ -190,7 +193,20 @@ _FAST = {
     _aten.mm.default: ("call_function", torch.mm, (2,)),
     _aten.bmm.default: ("call_function", torch.bmm, (2,)),
     _aten.addmm.default: ("call_function", torch.addmm, (3,)),
+    _aten.detach.default: ("call_method", "detach", (1,)),
+    _aten.clone.default: ("call_method", "clone", (1,), {"memory_format"}),
+    _aten.embedding.default: ("call_function", torch.embedding, (2, 3, 4, 5)),
+    _aten.cumsum.default: ("call_method", "cumsum", (2,), {"dtype"}),
+    _aten.arange.default: ("call_function", torch.arange, (1,),
+                           {"dtype", "layout", "device", "pin_memory"}),
+    _aten.arange.start: ("call_function", torch.arange, (2,),
+                         {"dtype", "layout", "device", "pin_memory"}),
+    _aten.new_ones.default: ("call_method", "new_ones", (2,),
+                             {"dtype", "layout", "device", "pin_memory"}),
 }
+# `_unsafe_view` is `view` without the autograd view relation: the same result where the graph
+# itself reads it, but a value the graph returns stays what AOTAutograd traced (not a view)
+_UNSAFE_VIEW = _aten._unsafe_view.default
 
 
 def fast_calls(graph: torch.fx.Graph) -> int:
@@ -198,9 +214,14 @@ def fast_calls(graph: torch.fx.Graph) -> int:
     changed = 0
     for n in graph.nodes:
         how = _FAST.get(n.target) if n.op == "call_function" else None
-        if how is None or n.kwargs or len(n.args) not in how[2]:
+        if n.op == "call_function" and n.target is _UNSAFE_VIEW and \
+                not any(u.op == "output" for u in n.users):
+            how = ("call_method", "view", (2,))
+        if how is None or len(n.args) not in how[2]:
             continue
-        if not isinstance(n.args[0], torch.fx.Node):
+        if set(n.kwargs) - (how[3] if len(how) > 3 else set()):
+            continue
+        if how[0] == "call_method" and not isinstance(n.args[0], torch.fx.Node):
             continue
         n.op, n.target = how[0], how[1]
         changed += 1

@@ -87,9 +87,9 @@ def _tensor_args(args) -> list:
     for a in args:
         if isinstance(a, torch.fx.Node) and isinstance(meta(a), torch.Tensor):
             out.append(meta(a))
-        elif isinstance(a, (list, tuple)):
-            if any(isinstance(x, torch.fx.Node) and isinstance(meta(x), torch.Tensor) for x in a):
-                return None                                    # a tensor list (cat, stack...)
+        elif isinstance(a, (list, tuple)):                    # a tensor list (cat)
+            out += [meta(x) for x in a if isinstance(x, torch.fx.Node) and
+                    isinstance(meta(x), torch.Tensor)]
     return out
 
 
@@ -116,8 +116,6 @@ def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
     if not outs:
         return False, f"{target}: its result is not a tensor (or a tuple of tensors)"
     ins = _tensor_args(args)
-    if ins is None:
-        return False, f"{target} takes a list of tensors"
     tensors = ins + outs
     if not all(_dtype_ok(t) for t in tensors):
         return False, f"{target}: a dtype pyfuser does not have ({sorted({str(t.dtype) for t in tensors})})"

@@ -207,3 +207,37 @@ def _batch_norm_backward(dy, x, w, rmean, rvar, save_mean, save_invstd, train, e
     if mask[2]:
         db = sum_dy if w is None else _out(sum_dy, w)
     return dx, dw, db
+
+
+@lowers("aten::nll_loss_backward", n_args=(7,), const_args=(4, 5))
+def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    """The gradient of nll_loss for [N, C] log-probabilities and int64 class indices, as eager
+    writes it into zeros: -(grad_output / total_weight) (mean), -grad_output (sum) or
+    -grad_output[i] (none) where the class is the row's target and the target is not
+    ignore_index, 0 elsewhere. The class is compared with an iota, so the gradient is computed
+    where it is read (the log_softmax backward after it sums it per row) instead of a zero fill
+    and a scatter through memory. A target out of [0, C) gives a NaN row (eager raises there).
+    Class weights are left to eager."""
+    if weight is not None:
+        raise UnsupportedOpError("nll_loss_backward with class weights (left to eager)")
+    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
+        raise UnsupportedOpError("nll_loss_backward of other than [N, C] floating inputs")
+    if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype.name != "Int":
+        raise UnsupportedOpError("nll_loss_backward: class-index targets must be int64 [N]")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"nll_loss_backward: reduction {reduction!r}")
+    if reduction == 1:
+        grad = ew("neg", ew("div", grad_output, total_weight))
+    elif reduction == 2:
+        grad = ew("neg", grad_output)
+    else:
+        if not isinstance(grad_output, TensorView) or grad_output.ndim != 1:
+            raise UnsupportedOpError("nll_loss_backward: reduction none needs a [N] gradient")
+        grad = B.broadcast(ew("neg", grad_output), [False, True])
+    classes = B.broadcast(B.iota(x.logical[1].extent, 0, 1, target.dtype), [True, False])
+    t = B.broadcast(target, [False, True])
+    hit = ew("logical_and", ew("eq", classes, t), ew("ne", t, int(ignore_index)))
+    out = ew("where", hit, B.cast(grad, x.dtype), B.constant(0.0, x.dtype))
+    bad = ew("logical_and", ew("ne", t, int(ignore_index)),
+             ew("logical_or", ew("lt", t, 0), ew("ge", t, x.logical[1].extent)))
+    return ew("where", bad, B.constant(float("nan"), x.dtype), out)

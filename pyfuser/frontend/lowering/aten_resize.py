@@ -1,0 +1,156 @@
+"""Lowerings of the ops that move elements to other indices: slice, cat, constant pads.
+
+`aten::slice` (a view: metadata class, so a slice of a region's input stays a free eager view at
+the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`,
+`aten::constant_pad_nd` and `aten::slice_backward` (a slice's gradient: zeros around the slice,
+a pad). In the Fusion they are SliceOp / CatOp / PadOp, which the pointwise scheduler indexes
+(schedule/pointwise_graph.py); this is what fuses a rotary embedding (`cat(-x2, x1)` of two
+halves of the head, and its backward's `slice_backward`s) into the kernel around it.
+
+Bounds are constants known when the graph is compiled: a slice's start and end (an open end, or
+eager's INT64_MAX, runs to the axis' end whatever its size at run time; a negative bound needs
+the axis' size to be a constant), the pads, the input sizes of `slice_backward` along its axis.
+Sizes may be symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a
+pad's extents are read from the sizes at run time. Anything else (steps other than 1, a
+negative bound on a symbolic axis) raises UnsupportedOpError: the node stays an eager op.
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedOpError
+from ...ir import builder as B
+from ...ir.base import Scalar
+from ...ir.tensor import TensorView
+from .registry import METADATA, POINTWISE, lowers
+
+_OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
+
+
+def _size(x: TensorView, dim: int, what: str) -> int:
+    d = x.logical[dim]
+    s = d.expanded_extent if d.expanded_extent is not None else d.extent
+    if not s.is_const:
+        raise UnsupportedOpError(f"{what}: axis {dim} of the input has no constant size")
+    return int(s.value)
+
+
+def _const_int(v, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UnsupportedOpError(f"{what} must be a constant int, got {v!r}")
+    return int(v)
+
+
+def _dim(dim, rank: int, what: str) -> int:
+    dim = _const_int(dim, f"{what} dim")
+    if not -max(rank, 1) <= dim < max(rank, 1):
+        raise UnsupportedOpError(f"{what}: dim {dim} is out of range for rank {rank}")
+    return dim % max(rank, 1)
+
+
+def _bounds(n: int, start, end) -> tuple[int, int]:
+    """Eager's clamping of slice bounds on an axis of size n (None: open)."""
+    s = 0 if start is None else _const_int(start, "slice start")
+    e = n if end is None else _const_int(end, "slice end")
+    s = s + n if s < 0 else s
+    e = e + n if e < 0 else e
+    s = min(max(s, 0), n)
+    e = min(max(e, s), n)
+    return s, e
+
+
+def _known(x: TensorView, dim: int) -> int | None:
+    d = x.logical[dim]
+    s = d.expanded_extent if d.expanded_extent is not None else d.extent
+    return int(s.value) if s.is_const else None
+
+
+@lowers("aten::slice", op_class=METADATA, n_args=(5,), const_args=(1, 2, 3, 4))
+def _slice(x, dim=0, start=None, end=None, step=1):
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("aten::slice of a 0-dim or non-tensor value")
+    if step != 1:
+        raise UnsupportedOpError(f"aten::slice with step {step!r} (only 1 is fused)")
+    d = _dim(dim, x.ndim, "aten::slice")
+    s = 0 if start is None else _const_int(start, "aten::slice start")
+    e = None if end is None else _const_int(end, "aten::slice end")
+    n = _known(x, d)
+    if n is not None:
+        s, e = _bounds(n, s, e)
+        if (s, e) == (0, n):
+            return x
+    else:
+        if s < 0 or (e is not None and e < 0):
+            raise UnsupportedOpError("aten::slice: a negative bound on an axis of symbolic size")
+        if e is not None and e >= _OPEN:
+            e = None                     # "to the end", whatever the size at run time
+        if e is not None and e < s:
+            raise UnsupportedOpError(f"aten::slice: end {e} before start {s}")
+        if s == 0 and e is None:
+            return x
+    return B.slice_axis(x, d, s, e)
+
+
+@lowers("aten::cat", n_args=(2,), const_args=(1,))
+def _cat(tensors, dim=0):
+    if not isinstance(tensors, (list, tuple)) or not tensors or \
+            not all(isinstance(t, TensorView) for t in tensors):
+        raise UnsupportedOpError("aten::cat takes a list of tensors")
+    # eager skips 1-D empty operands of any rank (legacy); the Fusion needs one rank
+    rank = max(t.ndim for t in tensors)
+    kept = [t for t in tensors if not (t.ndim == 1 and rank != 1 and _is_empty(t))]
+    if not kept or any(t.ndim != rank for t in kept) or rank == 0:
+        raise UnsupportedOpError("aten::cat of tensors of different ranks")
+    return B.cat(kept, _dim(dim, rank, "aten::cat"))
+
+
+def _is_empty(t: TensorView) -> bool:
+    s = t.logical[0].extent
+    return s.is_const and s.value == 0
+
+
+def _pad(x: TensorView, pairs: list, value, what: str):
+    """x with pairs[j] = (lo, hi) elements of `value` around axis j; negative entries slice."""
+    grow = []
+    for j, (lo, hi) in enumerate(pairs):
+        if lo < 0 or hi < 0:                     # a negative pad cuts: a slice first
+            n = _size(x, j, what)
+            s, e = max(-lo, 0), n - max(-hi, 0)
+            if e < s:
+                raise UnsupportedOpError(f"{what}: axis {j} would get a negative size")
+            x = B.slice_axis(x, j, s, e)
+        grow.append((max(lo, 0), max(hi, 0)))
+    if not any(lo or hi for lo, hi in grow):
+        return x
+    if isinstance(value, Scalar) and not value.is_const:
+        raise UnsupportedOpError(f"{what}: the pad value must be a constant")
+    return B.pad(x, grow, value)
+
+
+@lowers("aten::constant_pad_nd", n_args=(2, 3), const_args=(1, 2))
+def _constant_pad_nd(x, pad, value=0):
+    if not isinstance(x, TensorView):
+        raise UnsupportedOpError("aten::constant_pad_nd of a non-tensor value")
+    pad = [_const_int(p, "aten::constant_pad_nd pad") for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise UnsupportedOpError(f"aten::constant_pad_nd: {len(pad)} pads for rank {x.ndim}")
+    pairs = [(0, 0)] * x.ndim
+    for k in range(len(pad) // 2):                 # the last axis first
+        pairs[x.ndim - 1 - k] = (pad[2 * k], pad[2 * k + 1])
+    return _pad(x, pairs, 0 if value is None else value, "aten::constant_pad_nd")
+
+
+@lowers("aten::slice_backward", n_args=(6,), const_args=(1, 2, 3, 4, 5))
+def _slice_backward(grad, input_sizes, dim, start, end, step):
+    if not isinstance(grad, TensorView):
+        raise UnsupportedOpError("aten::slice_backward of a non-tensor value")
+    if step != 1:
+        raise UnsupportedOpError(f"aten::slice_backward with step {step!r} (only 1 is fused)")
+    sizes = [_const_int(s, "aten::slice_backward input size") for s in input_sizes]
+    if len(sizes) != grad.ndim:
+        raise UnsupportedOpError("aten::slice_backward: sizes and gradient ranks differ")
+    d = _dim(dim, grad.ndim, "aten::slice_backward")
+    s, e = _bounds(sizes[d], start, end)
+    if e - s != _size(grad, d, "aten::slice_backward"):
+        raise UnsupportedOpError("aten::slice_backward: the gradient does not fit the slice")
+    pairs = [(0, 0)] * grad.ndim
+    pairs[d] = (s, sizes[d] - e)
+    return _pad(grad, pairs, 0, "aten::slice_backward")

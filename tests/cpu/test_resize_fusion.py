@@ -1,0 +1,174 @@
+"""Slice, cat and constant pad inside pointwise kernels (schedule/pointwise_graph.py's "sh" keys,
+lowering/aten_resize.py): a rotary embedding's forward and backward each one kernel, results
+bit-equal to eager (no arithmetic changes: only which element is read), symbolic sizes read at
+run time, empty operands, and the kernels compile with NVRTC for sm_90."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+from pyfuser.codegen import api
+from pyfuser.ir import builder as B
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.fusion import Fusion
+from pyfuser.runtime import dispatch, nvrtc
+from pyfuser.frontend.fx import compiled_graphs
+
+from test_compile_training import _check_fn, assert_ran_as_sm90_kernels
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+ew = B.elementwise
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rotary(q, k, cos, sin):
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _unfused(kind):
+    return {r for g in compiled_graphs() if g.kind == kind for r in g.unsupported.values()}
+
+
+def test_rotary_forward_and_backward_fuse():
+    """Llama's rotary embedding (q and k with different head counts, cos/sin shared): no cat,
+    slice_backward or neg is left to eager, forward or backward, and the gradients are eager's."""
+    def f(q, k, cos, sin):
+        a, b = rotary(q, k, cos, sin)
+        return a.sum(-1) + b.sum(-1).sum(1, keepdim=True)
+    _check_fn(f, (2, 4, 6, 16), (2, 2, 6, 16), (6, 16), (6, 16),
+              loss=lambda out: (out * torch.arange(out.numel()).view(out.shape)).sum())
+    for kind in ("forward", "backward"):
+        ops = {op for g in compiled_graphs() if g.kind == kind for r in g.regions for op in r.ops}
+        left = [n for g in compiled_graphs() if g.kind == kind for n in g.unsupported]
+        assert not any(n.startswith(("cat", "slice_backward", "neg")) for n in left), (kind, left)
+        want = {"aten.cat.default"} if kind == "forward" else {"aten.slice_backward.default"}
+        assert want <= ops, (kind, ops)
+    regions = [r for g in compiled_graphs() for r in g.regions]
+    assert_ran_as_sm90_kernels(regions)
+
+
+def test_rotary_values_bit_equal_to_eager():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 7, 32), torch.randn(2, 2, 7, 32)
+    cos, sin = torch.randn(7, 32), torch.randn(7, 32)
+    got = pyfuser.compile(rotary)(q, k, cos, sin)
+    want = rotary(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("case", ["pad", "pad_negative", "cat3", "slice_mid", "pad_value"])
+def test_pads_cats_and_slices_match_eager(case):
+    fns = {
+        "pad": lambda x, y: F.pad(x.exp(), (2, 3, 0, 1)) * 2,
+        "pad_negative": lambda x, y: F.pad(x + 1, (-1, 2)),
+        "cat3": lambda x, y: torch.cat([x * 2, y, x[:, :2] - 1], dim=1).sigmoid(),
+        "slice_mid": lambda x, y: (x[:, 1:4] * y[:, 2:5]).relu(),
+        "pad_value": lambda x, y: F.pad(torch.tanh(x), (1, 1), value=-0.5) + 1,
+    }
+    f = fns[case]
+    torch.manual_seed(1)
+    x, y = torch.randn(5, 6), torch.randn(5, 7)
+    got, want = pyfuser.compile(f)(x, y), f(x, y)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    regions = [r for g in compiled_graphs() for r in g.regions]
+    assert regions and all(r.eager_calls == 0 for r in regions)
+
+
+def test_dynamic_sizes_reuse_the_kernel():
+    """With dynamic=True the cat boundary and the open slice end are read at run time: new
+    sequence lengths and head sizes give eager's results without recompiling."""
+    g = pyfuser.compile(rotary, dynamic=True)
+    for n, d in ((5, 16), (9, 16), (3, 8)):
+        q, k = torch.randn(2, 3, n, d), torch.randn(2, 1, n, d)
+        cos, sin = torch.randn(n, d), torch.randn(n, d)
+        for a, b in zip(g(q, k, cos, sin), rotary(q, k, cos, sin)):
+            assert torch.equal(a, b), (n, d)
+    assert len([x for x in compiled_graphs() if x.kind == "inference"]) == 1
+
+
+def _fusion(build):
+    f = Fusion()
+    with f:
+        for o in build():
+            f.add_output(o)
+    return f
+
+
+def test_cat_with_an_empty_operand_and_symbolic_sizes():
+    """A cat operand of size 0 at run time (a KV cache that starts empty): its loads never run,
+    the result is eager's."""
+    def build():
+        a = B.define_tensor([-1, -1], DataType.Float)
+        b = B.define_tensor([-1, -1], DataType.Float)
+        return [ew("mul", B.cat([a, ew("neg", b)], 1), 2.0)]
+    f = _fusion(build)
+    for na in (0, 3):
+        a, b = torch.randn(4, na), torch.randn(4, 5)
+        (out,) = dispatch.execute_fusion(f, [a, b], "interpret")
+        assert torch.equal(out, torch.cat([a, -b], 1) * 2)
+
+
+def _rotary_fusion(dtype):
+    x = B.define_tensor([-1, -1, 64], dtype)
+    c = B.define_tensor([-1, 64], dtype)
+    rot = B.cat([ew("neg", B.slice_axis(x, 2, 32, None)), B.slice_axis(x, 2, 0, 32)], 2)
+    return [ew("add", ew("mul", rot, c), rot)]
+
+
+def _pad_fusion(dtype):
+    x = B.define_tensor([-1, -1, 64], dtype)
+    c = B.define_tensor([-1, 64], dtype)
+    return [B.pad(ew("mul", x, c), [(0, 0), (1, 2), (0, 0)], 0.5)]
+
+
+def _rotary_eager(x, c):
+    rot = torch.cat([-x[..., 32:], x[..., :32]], -1)
+    return rot * c + rot
+
+
+def _pad_eager(x, c):
+    return F.pad(x * c, (0, 0, 1, 2), value=0.5)
+
+
+@pytest.mark.parametrize("dtype", [DataType.Float, DataType.BFloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("build,eager", [(_rotary_fusion, _rotary_eager),
+                                         (_pad_fusion, _pad_eager)], ids=["rotary", "pad"])
+def test_kernels_compile_with_nvrtc_for_sm90(build, eager, dtype):
+    f = _fusion(lambda: build(dtype))
+    inputs = [torch.randn(3, 5, 64).to(dtype.torch), torch.randn(5, 64).to(dtype.torch)]
+    plan = api.plan_kernel(f, inputs)
+    assert plan.scheduler == "pointwise"
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    (out,) = dispatch.execute_fusion(f, inputs, "interpret")
+    want = eager(*inputs)
+    assert out.shape == want.shape and out.dtype == want.dtype
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_fusion_definition_pad_slice_cat_run_as_one_kernel():
+    """nvFuser's fd.ops.pad / slice / cat: one pointwise kernel, eager's values."""
+    from pyfuser.frontend.definition import Fusion as FS, FusionDefinition
+    fs = FS()
+    with FusionDefinition(fs) as fd:
+        t0 = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        t1 = fd.ops.slice(t0, start_indices=[0, 2], end_indices=[4, 6])
+        t2 = fd.ops.pad(fd.ops.exp(t1), [1, 2], 0.25)
+        t3 = fd.ops.cat([t2, fd.ops.neg(t1)], 1)
+        fd.add_output(fd.ops.mul(t3, 3.0))
+    x = torch.randn(4, 9)
+    (out,) = fs.execute([x])
+    s = x[:, 2:6]
+    want = torch.cat([F.pad(s.exp(), (1, 2), value=0.25), -s], 1) * 3.0
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert "fd.ops.pad(" in repr(fd)
+    report = dispatch.last_report(fs._ir)
+    assert report is not None and report.eager_segments == 0 and report.kernels == 1, report
