@@ -295,10 +295,9 @@ class FusionExecutor:
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda" and not inplace \
-                and not entry.packer.has_philox:
-            # no replay for in-place outputs, nor for a kernel drawing random numbers (it packs
-            # a new seed / offset every call)
+        if fast.call is None and self.mode == "cuda" and not inplace:
+            # no replay for in-place outputs; a kernel drawing random numbers replays too: its
+            # prepared launch draws a new seed / offset every call (launch.Prepared.rng)
             fast.call = self._fast_call(fast, outputs, tensors)
         return outputs
 

@@ -28,7 +28,8 @@ Modules are loaded, attributes set and layouts checked through cuda-bindings in 
 Fast path: `prepare(cfg, device_index, tensors, bindings)` packs every value once into a buffer
 of its own (a `Prepared`) and returns it; `prep.go(ptrs)` (= `launch_prepared(prep, ptrs)`) then
 only writes the tensor pointers (all other parameters are fixed by the executor's fast key) and
-the current stream, and launches. In "ctypes" mode `go` is generated per Prepared and skips the
+the current stream, and launches; a kernel drawing random numbers also gets a new seed and
+offset from runtime/rng.py per launch, under the call's lock (`Prepared.rng`). In "ctypes" mode `go` is generated per Prepared and skips the
 context query: it launches first and only when the driver refuses (a non-zero CUresult) looks at
 the thread's current context; if that is not the device's primary context (another device's, or
 none) it pushes the primary context, launches again and pops it; any other failure raises.
@@ -55,6 +56,8 @@ import struct
 import threading
 import weakref
 
+import torch
+
 from ..errors import PyfuserError
 from . import driver as D
 from .nvrtc import CompiledBinary
@@ -68,6 +71,7 @@ _DEFAULT_SMEM = 48 * 1024
 # numAttrs @48, pad) then the kernel parameters at _CFG.
 _CFG = 56
 _CONFIG = struct.Struct("<7I4xQQI4x")
+_INT64 = struct.Struct("<q")
 
 
 # `extra` is a void** address (an int, 0 for none) in cuda-bindings 13; older releases took a
@@ -235,15 +239,22 @@ class KernelLauncher:
         try:
             if mode == "ptrs":
                 with prep.lock:
+                    if prep.rng is not None:
+                        _draw_into(prep)
                     prep.write(prep.buf, ptrs)
                     res = _launch_no_extra(drv, prep.fn, *prep.dims, stream, prep.ptrs_addr)
             elif mode == "extra":
                 with prep.lock:
+                    if prep.rng is not None:
+                        _draw_into(prep)
                     prep.write(prep.buf, ptrs)
                     res = _launch_extra(drv, prep.fn, prep.dims, stream, prep.extra_addr,
                                         prep.extra_list)
             else:
-                vals = list(prep.values)
+                with prep.lock:
+                    if prep.rng is not None:
+                        _draw_into(prep)
+                    vals = list(prep.values)
                 for k, i in prep.ptr_slots:
                     vals[k] = ptrs[i]
                 res = _launch_no_extra(drv, prep.fn, *prep.dims, stream,
@@ -289,7 +300,7 @@ class Prepared:
     """
     __slots__ = ("fn", "fn_int", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr",
                  "ptrs_addr", "size", "extra", "extra_addr", "extra_list", "write", "values",
-                 "ptr_slots", "runs", "go", "lock", "listeners", "__weakref__")
+                 "ptr_slots", "runs", "go", "lock", "listeners", "rng", "__weakref__")
 
     def __init__(self, launcher, fn, cfg, smem, device_index, tensors, bindings):
         packer = launcher.packer
@@ -300,8 +311,9 @@ class Prepared:
         self.lock = threading.Lock()
         self.buf = ctypes.create_string_buffer(_CFG + max(packer.size, 8))
         _CONFIG.pack_into(self.buf, 0, *self.dims, 0, 0, 0)
-        packer.pack_into(self.buf, tensors, bindings, _CFG)     # validates every value
-        self.values = packer.values(tensors, bindings)
+        # every value validated; a random-number kernel's seed and offset are drawn per launch
+        self.values = packer.values_undrawn(tensors, bindings)
+        packer.pack_values_into(self.buf, self.values, _CFG)
         base = ctypes.addressof(self.buf) + _CFG
         n = len(packer.params)
         self.ptrs_arr = (ctypes.c_void_p * max(n, 1))(*[base + o for o in packer.offsets])
@@ -314,8 +326,36 @@ class Prepared:
                           if p.source[0] == "ptr"]
         self.runs = _pointer_runs(packer, self.ptr_slots)
         self.write = _pointer_writer(self.runs)
+        self.rng = _rng_slots(packer, device_index)
         self.go = None
         self.listeners = []     # called after a mode switch rebinds `go` (the native runner's)
+
+
+def _rng_slots(packer, device_index):
+    """None, or for a kernel drawing random numbers (device, increment, [(param index, buffer
+    offset, 0 for the seed / 1 for the offset)]): every launch of the prepared call draws its
+    own seed and offset (runtime/rng.py), inside the call's lock, as the general path does."""
+    if not packer.has_philox:
+        return None
+    slots, inc = [], 0
+    for k, p in enumerate(packer.params):
+        if p.source[0] == "philox":
+            slots.append((k, _CFG + packer.offsets[k], 0 if p.source[1] == "seed" else 1))
+            if p.source[1] == "offset":
+                inc = int(p.source[2])
+    return (torch.device("cuda", device_index), inc, slots)
+
+
+def _draw_into(prep) -> None:
+    """Write a fresh seed / offset into prep's buffer and tuple values (its lock held)."""
+    from .rng import launch_state
+    dev, inc, slots = prep.rng
+    state = launch_state(dev, inc)
+    vals = list(prep.values)
+    for k, off, which in slots:
+        _INT64.pack_into(prep.buf, off, state[which])
+        vals[k] = state[which]
+    prep.values = tuple(vals)
 
 
 def _pointer_runs(packer, ptr_slots):
@@ -353,7 +393,7 @@ def _ctypes_go(launcher, prep):
     base = ctypes.addressof(prep.buf)
     params = V(prep.ptrs_addr or None)
     env = {"acquire": prep.lock.acquire, "release": prep.lock.release, "stream": launcher._stream,
-           "dev": prep.device_index, "buf": prep.buf}
+           "dev": prep.device_index, "buf": prep.buf, "draw": _draw_into, "prep": prep}
     runs = list(prep.runs)
     body = []
     if raw.launch_ex is not None:
@@ -397,6 +437,8 @@ def _ctypes_go(launcher, prep):
 
     env["retry"] = retry
     lines = ["def go(p):", "    acquire()", "    try:", "        s = stream(dev)"]
+    if prep.rng is not None:
+        body.insert(0, "draw(prep)")
     lines += [f"        {b}" for b in body]
     lines += [f"        r = {call}", "        if r:", "            retry(r, s)",
               "    finally:", "        release()"]

@@ -152,8 +152,11 @@ def configure(mod) -> bool:
 
 def launch_step(launcher, prep, ptr_slots):
     """The runner's ("launch", ...) step for Prepared `prep`, whose i-th tensor pointer comes from
-    slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx."""
+    slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx, or when
+    the kernel draws random numbers (its seed and offset are drawn per launch in Python)."""
     if launcher.mode != "ctypes" or launcher._raw is None or launcher._raw.launch_ex is None:
+        return None
+    if prep.rng is not None:     # a new seed / offset per launch: only Python's replay draws one
         return None
     from .launch import _CFG
     offsets = [_CFG + o for o in launcher.packer.offsets]

@@ -71,17 +71,22 @@ class ParamPacker:
         self.ctypes = tuple(CTYPES_CTYPES[p.ctype] for p in self.params)
         self.has_philox = any(p.source[0] == "philox" for p in self.params)
         self.values = self._build_getter()
+        # the values with seed and offset 0, drawing nothing: what a prepared launch packs once
+        # (it draws its own per launch)
+        self.values_undrawn = self._build_getter(draw=False) if self.has_philox else self.values
 
-    def _build_getter(self):
+    def _build_getter(self, draw: bool = True):
         """Generate `def values(t, b): return (...)` over the Param sources."""
         env, items = {"int": int, "float": float, "bool": bool}, []
-        draw = ""
+        drawing, draw = draw, ""
         for k, p in enumerate(self.params):
             src = p.source
             kind = src[0]
             if kind == "philox":
                 # the launch's seed and offset, drawn once per call (runtime/rng.py)
-                if not draw:
+                if not drawing:
+                    draw = "    R = (0, 0)\n"
+                elif not draw:
                     from . import rng
                     env.update(_draw=rng.launch_state, _dev=rng.device_of)
                     inc = next(q.source[2] for q in self.params
@@ -134,7 +139,9 @@ class ParamPacker:
         return vals
 
     def pack_into(self, buf, tensors, bindings, offset: int = 0) -> None:
-        vals = self.values(tensors, bindings)
+        self.pack_values_into(buf, self.values(tensors, bindings), offset)
+
+    def pack_values_into(self, buf, vals, offset: int = 0) -> None:
         try:
             self.struct.pack_into(buf, offset, *vals)
         except (struct.error, OverflowError):

@@ -399,3 +399,35 @@ def test_a_mode_switch_drops_handed_native_programs(fake):
     (out,) = fs.execute(xs)
     assert fake.launches[-1][3]["T4"] == out.data_ptr()
     _check_runner(fs, fake, 0)
+
+
+def _dropout_fusion():
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1], DataType.Float)
+        keep = B.elementwise("lt", B.rand([x.logical[0].extent]), 0.9)
+        f.add_output(B.elementwise("where", keep, B.elementwise("mul", x, 1 / 0.9), 0.0))
+    return f
+
+
+def test_random_kernels_replay_with_a_new_seed_and_offset_per_call(fake):
+    """A kernel drawing random numbers takes the cached-call replay too (not the native runner:
+    its seed and offset are drawn in Python per launch): every launch gets the generator's seed
+    and the next offset, as the general path gives it, and the calls are fast-path hits."""
+    from pyfuser.runtime import rng
+    f = _dropout_fusion()
+    x = torch.randn(1000)
+    with rng.fixed(1234, 100):
+        for _ in range(4):
+            dispatch.execute_fusion(f, [x])
+    launches = fake.launches[-4:]
+    assert [v["pf_seed"] for _, _, _, v in launches] == [1234] * 4
+    assert [v["pf_offset"] for _, _, _, v in launches] == [100, 104, 108, 112]
+    ex = dispatch.get_executor(f)
+    assert ex.last_run["cache_hit"] and ex.stats["compiled"] == 1
+    progs = f.__dict__[dispatch._PROGS]
+    assert len(progs.runs) == 1                         # the call was recorded and replayed
+    assert progs.native is None or len(progs.native) == 0
+    assert fake.ex_launches >= 3                         # the prepared launch, not the general one
