@@ -603,7 +603,8 @@ def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorVi
         if ext.is_const:
             stop = ext.value if end is None else end
             if stop > ext.value:
-                raise FusionDefinitionError(f"slice: end {end} of axis {dim} is past its size {ext.value}")
+                raise FusionDefinitionError(
+                    f"slice: end {end} of axis {dim} is past its size {ext.value}")
             n = stop - start
         else:
             n = None if end is None else end - start
@@ -627,7 +628,8 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
     for j, p in enumerate(pads):
         if not (isinstance(p, (list, tuple)) and len(p) == 2 and
                 all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)):
-            raise FusionDefinitionError(f"pad: axis {j}: expects a pair of non-negative ints, got {p!r}")
+            raise FusionDefinitionError(
+                f"pad: axis {j}: expects a pair of non-negative ints, got {p!r}")
         pairs.append((int(p[0]), int(p[1])))
     v = _as_val(value, "pad")
     if not isinstance(v, Scalar):

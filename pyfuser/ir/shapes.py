@@ -157,7 +157,8 @@ def _check_gather(b: Bindings, e) -> None:
                                f"{axis}, more than the input's {n}")
 
 
-_CHECKS = {E.SliceOp: _check_slice, E.PadOp: _bind_pad, E.CatOp: _bind_cat, E.GatherOp: _check_gather,
+_CHECKS = {E.SliceOp: _check_slice, E.PadOp: _bind_pad, E.CatOp: _bind_cat,
+           E.GatherOp: _check_gather,
            E.ExpandOp: lambda b, e: _check_expand(b, e)}
 
 

@@ -29,7 +29,8 @@ Fast path: `prepare(cfg, device_index, tensors, bindings)` packs every value onc
 of its own (a `Prepared`) and returns it; `prep.go(ptrs)` (= `launch_prepared(prep, ptrs)`) then
 only writes the tensor pointers (all other parameters are fixed by the executor's fast key) and
 the current stream, and launches; a kernel drawing random numbers also gets a new seed and
-offset from runtime/rng.py per launch, under the call's lock (`Prepared.rng`). In "ctypes" mode `go` is generated per Prepared and skips the
+offset from runtime/rng.py per launch, under the call's lock (`Prepared.rng`). In "ctypes"
+mode `go` is generated per Prepared and skips the
 context query: it launches first and only when the driver refuses (a non-zero CUresult) looks at
 the thread's current context; if that is not the device's primary context (another device's, or
 none) it pushes the primary context, launches again and pops it; any other failure raises.

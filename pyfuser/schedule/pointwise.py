@@ -3,8 +3,9 @@
 `can_schedule(fusion)` accepts fusions of elementwise / cast / set / broadcast / expand / squeeze /
 view / permute / full / iota exprs, random numbers drawn in the kernel (PhiloxUniformOp; no
 reductions) and slice / pad / cat (each element read at a shifted index, the operands of pads
-and cats only where the index falls inside them; such loads are not vectorized), with at least one output, no complex dtypes, every output computed (not an input
-or a pure view of one) and all outputs of one shape. A random op is indexed as a dense row-major
+and cats only where the index falls inside them; such loads are not vectorized), with at least
+one output, no complex dtypes, every output computed (not an input or a pure view of one) and
+all outputs of one shape. A random op is indexed as a dense row-major
 tensor of its shape would be (an access without memory), so it collapses and vectorizes with the
 others.
 

@@ -12,11 +12,11 @@ import pyfuser
 from pyfuser.codegen import api
 from pyfuser.ir import builder as B
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.fusion import Fusion
 from pyfuser.runtime import dispatch, nvrtc
 from pyfuser.frontend.fx import compiled_graphs
 
 from test_compile_training import _check_fn, assert_ran_as_sm90_kernels
+from test_inner_outer import _fusion
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 ew = B.elementwise
@@ -93,14 +93,6 @@ def test_dynamic_sizes_reuse_the_kernel():
         for a, b in zip(g(q, k, cos, sin), rotary(q, k, cos, sin)):
             assert torch.equal(a, b), (n, d)
     assert len([x for x in compiled_graphs() if x.kind == "inference"]) == 1
-
-
-def _fusion(build):
-    f = Fusion()
-    with f:
-        for o in build():
-            f.add_output(o)
-    return f
 
 
 def test_cat_with_an_empty_operand_and_symbolic_sizes():

@@ -8,18 +8,12 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.runtime import dispatch
 
+from test_compile_gpu import _fresh  # noqa: F401  (autouse: a fresh Dynamo and graph list)
+
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
 
 
 def _rotary(q, k, cos, sin):

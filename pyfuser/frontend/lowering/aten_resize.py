@@ -20,7 +20,7 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.base import Scalar
 from ...ir.tensor import TensorView
-from .registry import METADATA, POINTWISE, lowers
+from .registry import METADATA, lowers
 
 _OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
 
