@@ -152,6 +152,12 @@ def _full_extent(d: IterDomain) -> Scalar:
     return d.expanded_extent if d.expanded_extent is not None else d.extent
 
 
+def size_of(x: TensorView, axis: int) -> Scalar:
+    """The size of x's logical axis as eager sees it: an expanded axis counts its expanded size
+    (its `extent` is 1)."""
+    return _full_extent(x.logical[axis])
+
+
 # ---- elementwise ------------------------------------------------------------------------------
 def cast(x: Operandish, dtype: DataType) -> Val:
     x = _as_val(x, "cast")
@@ -411,10 +417,11 @@ def reduction(name: str, x: TensorView, axes: Sequence[int] | None, keepdim: boo
 
 
 def num_elements(x: TensorView, axes: Sequence[int]) -> Val:
-    """The product of the extents of `axes` of x, as a Scalar (folded when constant)."""
+    """The product of the extents of `axes` of x, as a Scalar (folded when constant); an
+    expanded axis counts its expanded size."""
     const, symbolic = 1, []
     for a in axes:
-        ext = x.logical[a].extent
+        ext = _full_extent(x.logical[a])
         if ext.is_const:
             const *= ext.value
         else:

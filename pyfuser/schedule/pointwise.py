@@ -192,8 +192,11 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
     params = PointwiseParams(dropped=dropped)
     params.groups = _collapse(order, shape, accesses)
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
-    params.vec = _vector_width(params.groups, ext, accesses, all(proven(k) for k in
-                                                                  (params.groups[-1] if params.groups else [])))
+    # a pad, cat or iota node computes with its element's own index: one element per thread step
+    by_index = any(n.kind in ("pad", "cat", "iota") for n in graph.nodes)
+    params.vec = 1 if by_index else _vector_width(
+        params.groups, ext, accesses, all(proven(k) for k in
+                                          (params.groups[-1] if params.groups else [])))
     out_numel = L.numel(shape)
     params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
     _classify(params, accesses)

@@ -10,8 +10,10 @@ eager runs is the rule; `check(program)` still holds pyfuser to raising where ea
 Ops: unary and binary pointwise (tensors of broadcast shapes, Python scalars), comparisons,
 casts between float32/float16/bfloat16/int32/int64/bool, `where`, `clamp`, reductions
 (`sum`, `mean`, `amax`, `var` over dims, keepdim), `softmax`/`log_softmax`, `layer_norm`,
-views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`) and in-place ops
-(`add_`, `mul_`, `clamp_`, `relu_`, `neg_`) on intermediates a pointwise op produced.
+views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`), slices (open,
+negative and clamped bounds), `torch.cat`, `F.pad` (with values, sometimes negative) and a
+rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`, `clamp_`,
+`relu_`, `neg_`) on intermediates a pointwise op produced.
 
 A grad-mode program (`generate(seed)` makes one for about every fifth seed) has float32 inputs
 that require grad and no in-place ops; the check then also runs the backward of the sum of its
@@ -326,6 +328,38 @@ def _gen_view(b: _Builder) -> bool:
     return b.try_line(line, out, False)
 
 
+def _gen_resize(b: _Builder) -> bool:
+    """A slice, cat, pad or rotate-half of a value along a random axis."""
+    x = b.pick(lambda u: u.dim() >= 1)
+    if x is None:
+        return False
+    t = b.env[x]
+    d = b.r.randrange(t.dim())
+    n = t.shape[d]
+    pre = ":, " * d
+    out = b.fresh()
+    kind = b.r.choice(["slice", "cat", "pad", "rotate"])
+    if kind == "slice":
+        a = b.r.randint(-n - 1, n)
+        e = b.r.choice(["", str(b.r.randint(-n, n + 2))])
+        return b.try_line(f"{out} = {x}[{pre}{a}:{e}]", out, False)
+    if kind == "cat":
+        y = b.pick(lambda u: u.dim() == t.dim() and all(
+            u.shape[i] == t.shape[i] for i in range(t.dim()) if i != d))
+        line = f"{out} = torch.cat([{x}, {b.r.choice(['', 'torch.neg'])}({y or x})], {d})"
+        return b.try_line(line, out, True)
+    if kind == "pad":
+        pads = [b.r.choice([0, 1, 2, 3]) for _ in range(2 * b.r.randint(1, min(2, t.dim())))]
+        if b.r.random() < 0.2:
+            pads[0] = -1
+        value = b.r.choice(["", ", value=1.5", ", value=-2"])
+        return b.try_line(f"{out} = F.pad({x}, {pads}{value})", out, True)
+    if n % 2:
+        return False
+    h = n // 2
+    return b.try_line(f"{out} = torch.cat([-{x}[{pre}{h}:], {x}[{pre}:{h}]], {d})", out, True)
+
+
 def _gen_inplace(b: _Builder) -> bool:
     if b.grad:
         return False
@@ -383,7 +417,7 @@ def _gen_new_input_binary(b: _Builder) -> bool:
 
 GENERATORS = [(_gen_binary, 25), (_gen_unary, 15), (_gen_new_input_binary, 8), (_gen_cast, 8),
               (_gen_where_clamp, 8), (_gen_reduction, 10), (_gen_norm, 7), (_gen_view, 14),
-              (_gen_inplace, 6)]
+              (_gen_resize, 8), (_gen_inplace, 6)]
 
 
 def generate(seed: int) -> Program:

@@ -243,3 +243,20 @@ def test_partition_of_random_graphs_is_convex_and_acyclic():
                 seen.add(u)
                 assert u not in members, f"trial {trial}: region {r.nodes} is not convex"
                 stack.extend(u.users)
+
+
+@pytest.mark.parametrize("op", ["mean", "var", "var_mean", "sum"])
+def test_reductions_over_an_axis_expanded_inside_the_region_count_its_expanded_size(op):
+    """Fuzzer seed 50358: `(a * 2).expand(2, -1, 2)` then mean / var over the expanded axes
+    divided by the unexpanded count (an expanded axis' extent is 1; its size is the expanded
+    one): twice eager's mean. The count is now the expanded size."""
+    def f(a):
+        v = (a * 2).expand([2, -1, 2])
+        if op == "var_mean":
+            return torch.var_mean(v, (1, 2), correction=1)
+        return getattr(torch, op)(v, (1, 2)) if op != "var" else torch.var(v, (1, 2), correction=1)
+    a = torch.randn(7, 1)
+    got, want = pyfuser.compile(f)(a), f(a)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple)
+                    else (want,)):
+        torch.testing.assert_close(g, w)

@@ -164,3 +164,28 @@ def test_fusion_definition_pad_slice_cat_run_as_one_kernel():
     assert "fd.ops.pad(" in repr(fd)
     report = dispatch.last_report(fs._ir)
     assert report is not None and report.eager_segments == 0 and report.kernels == 1, report
+
+
+@pytest.mark.parametrize("case", ["pad_of_size_one", "iota_compare"])
+def test_index_dependent_nodes_are_not_vectorized(case):
+    """Fuzzer seed 50018: a pad of a size-1 input (a broadcast axis, so every load is affine)
+    was vectorized, and the pad's condition saw the vector's first index for every lane: the
+    pad value went missing. Pad, cat and iota nodes compute with each element's own index."""
+    if case == "pad_of_size_one":
+        def f(x):
+            v = F.pad(x, [0, 1])
+            return torch.exp(v), v
+        args = (torch.tensor([0.5]),)
+    else:
+        t = torch.tensor([1, 0, 3, 2, 3, 1, 0, 2])
+
+        def f(x):
+            return F.nll_loss(x * 2, t, reduction="sum")
+        args = (torch.randn(8, 4, requires_grad=True),)
+    got, want = pyfuser.compile(f)(*args), f(*args)
+    if case == "iota_compare":
+        got = torch.autograd.grad(got, args)[0]
+        want = torch.autograd.grad(want, args)[0]
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w), (g, w)
