@@ -460,7 +460,8 @@ def var_mean(x: TensorView, axes, correction: float = 1, keepdim: bool = False):
     xc = cast(x, out_dtype.compute) if out_dtype.is_reduced_float else x
     if x.ndim == 0:                          # one element, no axis (see reduction)
         axes = []
-        avg, m2 = set_(xc), full([], 0.0, xc.dtype)
+        dev = elementwise("sub", xc, xc)     # 0, or NaN for a NaN / infinite element, as eager
+        avg, m2 = set_(xc), elementwise("mul", dev, dev)
     else:
         avg, m2, _ = welford(xc, axes)
     n = num_elements(x, axes)

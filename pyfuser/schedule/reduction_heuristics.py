@@ -103,8 +103,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
 
 def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:
     """Hold `n` vectors (inner) / rows (outer) over `team` threads in registers if they fit
-    (`steps` = ceil(n / team): every n of this size class is covered)."""
-    steps = -(-n // team)
+    (`steps` = ceil(n / team): every n of this size class is covered; at least 1: an empty
+    reduced extent still gets a kernel with arrays, whose loads its bounds then skip)."""
+    steps = max(1, -(-n // team))
     forced = knobs["steps"]
     if forced == 0:
         return

@@ -191,6 +191,11 @@ def _gen_binary(b: _Builder) -> bool:
         y = b.pick(pred)
         if y is None:
             return False
+        if op == "torch.pow" and t.is_floating_point() and bool((t.abs() < 1e-3).any()):
+            # a base of ~0 under a negative exponent: eager's exact 0 (a Welford variance of
+            # equal values) against pyfuser's 1e-13 (two passes over a held row) is inf
+            # against 1e14 (seed 60199)
+            return False
         line = f"{out} = {op}({x}, {y})"
     else:
         return False  # a new input of a broadcast shape is added by _gen_input

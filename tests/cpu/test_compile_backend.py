@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -260,3 +261,33 @@ def test_reductions_over_an_axis_expanded_inside_the_region_count_its_expanded_s
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple)
                     else (want,)):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("shape,dim", [((0, 37), -2), ((5, 0), -1), ((3, 0, 4), 1)])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "sum", "var_mean"])
+def test_reductions_over_an_empty_axis(shape, dim, op):
+    """Fuzzer seed 60274: softmax over an axis of size 0 planned a persistent kernel with
+    0-element arrays, which NVRTC rejects. Eager's values (empty, 0 sums, NaN variances)."""
+    fns = {"softmax": lambda x: torch.softmax(x * 2, dim),
+           "log_softmax": lambda x: torch.log_softmax(x + 1, dim),
+           "sum": lambda x: (x * 2).sum(dim),
+           "var_mean": lambda x: torch.var_mean(x * 2, dim)}
+    x = torch.randn(*shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # var_mean: no degrees of freedom
+        got, want = pyfuser.compile(fns[op])(x), fns[op](x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 2.5])
+def test_var_of_one_element_propagates_nan_and_inf_as_eager(value):
+    """Fuzzer seed 60439: the variance of a 0-dim value (its one element) was the constant 0,
+    where eager's (x - mean)^2 gives NaN for a NaN or infinite element."""
+    def f(x):
+        return torch.var(x * 1.0, 0, correction=0), torch.var_mean(x + 0.0, 0, correction=0)[0]
+    x = torch.tensor(value)
+    for g, w in zip(pyfuser.compile(f)(x), f(x)):
+        torch.testing.assert_close(g, w, equal_nan=True)
