@@ -78,7 +78,7 @@ def _ref_numel(fusion, inputs) -> int:
                 where[id(d.extent)] = int(n)
     n = 1
     for d in fusion.outputs[0].logical:
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         if s.is_const:
             n *= int(s.value)
         elif id(s) in where:

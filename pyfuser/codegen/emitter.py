@@ -127,7 +127,7 @@ class Emitter:
         return expr
 
     def extent_expr(self, d):
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         if s.is_const:
             return self.const(s.value)
         return self._param(self.size_params, f"x{s.number}", self.it, ("scalar", self.s.orig_of[id(s)]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
+from ..schedule.pointwise_graph import INDEX_KINDS
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
@@ -48,7 +49,7 @@ class Lowering(Emitter):
         super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
         self.need_r = any(not a.affine for a in sched.accesses) or \
-            any(n.kind in ("pad", "cat", "iota") for n in sched.graph.nodes)
+            any(n.kind in INDEX_KINDS for n in sched.graph.nodes)
         # random numbers: per graph node its access (a dense row-major index, no memory)
         self.rng_access = {id(a.node): a for a in sched.accesses if a.rng is not None}
         self.n_rng = len({a.rng for a in self.rng_access.values()})
@@ -205,7 +206,7 @@ class Lowering(Emitter):
                 lvl = LANE if a.mode != "bcast" else (THREAD if a.row_invariant else STEP)
             elif node.kind == "full":
                 lvl = THREAD
-            elif node.kind in ("pad", "cat", "iota"):
+            elif node.kind in INDEX_KINDS:
                 lvl = LANE                       # a function of the element's own index
             else:
                 lvl = max((levels[id(x)] for x in node.args if not isinstance(x, Scalar)),

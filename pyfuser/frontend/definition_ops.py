@@ -100,7 +100,7 @@ def _check_original(op: str, x: TensorView, original: list[int]) -> None:
         raise FusionDefinitionError(
             f"{op}: original_shape {original} has {len(original)} entries; {x.name} has rank {x.ndim}")
     for i, (d, n) in enumerate(zip(x.logical, original)):
-        ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+        ext = d.full_extent
         if ext.is_const and ext.value != n and n != -1:
             raise FusionDefinitionError(
                 f"{op}: original_shape {original} says axis {i} of {x.name} has size {n}, "
@@ -230,7 +230,7 @@ class Ops:
         _tensor(x, "tensor_sizes")
         return self._fd._run(
             "ops.tensor_sizes",
-            lambda: [d.expanded_extent if d.expanded_extent is not None else d.extent
+            lambda: [d.full_extent
                      for d in x.logical], (x,))
 
     def normal(self, mean, std, size=None, dtype: DataType = DataType.Float, shape=None):

@@ -140,22 +140,12 @@ def _output_axes(tensors: list[TensorView], opname: str) -> list[IterDomain]:
         real = [d for d in ids if not d.is_broadcast] + \
             [d for d in ids if d.is_broadcast and d.expanded_extent is not None]
         for d in real[1:]:
-            a, b = _full_extent(real[0]), _full_extent(d)
+            a, b = real[0].full_extent, d.full_extent
             if a.is_const and b.is_const and a.value != b.value:
                 raise FusionDefinitionError(
                     f"{opname}: axis {i} has extent {a.value} in one operand and {b.value} in another")
         axes.append(real[0] if real else ids[0])
     return axes
-
-
-def _full_extent(d: IterDomain) -> Scalar:
-    return d.expanded_extent if d.expanded_extent is not None else d.extent
-
-
-def size_of(x: TensorView, axis: int) -> Scalar:
-    """The size of x's logical axis as eager sees it: an expanded axis counts its expanded size
-    (its `extent` is 1)."""
-    return _full_extent(x.logical[axis])
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -345,7 +335,7 @@ def broadcast_in_dim(x: TensorView, output_shape: Sequence[int], broadcast_dims:
 
 def _known_extent(d: IterDomain):
     """The size of a logical axis when known now (an expanded axis has its expanded size)."""
-    ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+    ext = d.full_extent
     return ext.value if ext.is_const else None
 
 
@@ -421,7 +411,7 @@ def num_elements(x: TensorView, axes: Sequence[int]) -> Val:
     expanded axis counts its expanded size."""
     const, symbolic = 1, []
     for a in axes:
-        ext = _full_extent(x.logical[a])
+        ext = x.logical[a].full_extent
         if ext.is_const:
             const *= ext.value
         else:
@@ -583,7 +573,7 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
                 f"slice: end index {b} of axis {i} is smaller than its start index {a}")
         if st != 1:
             raise FusionDefinitionError(f"slice: stride {st} of axis {i}: only stride 1 is supported")
-        ext = ax.expanded_extent if ax.expanded_extent is not None else ax.extent
+        ext = ax.full_extent
         known = ext.value if ext.is_const else (hint if hint > 1 else None)
         if known is not None and b > known:
             raise FusionDefinitionError(f"slice: end index {b} of axis {i} is past its size {known}")
@@ -607,7 +597,7 @@ def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorVi
         if j != dim or (start == 0 and end is None):
             root.append(_copy_id(d))
             continue
-        ext = _full_extent(d)
+        ext = d.full_extent
         if ext.is_const:
             stop = ext.value if end is None else end
             if stop > ext.value:
@@ -648,7 +638,7 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
         if lo == 0 and hi == 0:
             root.append(_copy_id(d))
             continue
-        ext = _full_extent(d)
+        ext = d.full_extent
         root.append(IterDomain(Scalar(DataType.Int, int(ext.value) + lo + hi if ext.is_const
                                       else None, fusion)))
     out = TensorView(root, x.dtype, fusion)

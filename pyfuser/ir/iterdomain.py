@@ -62,6 +62,12 @@ class IterDomain(Val):
         return "IterDomain"
 
     @property
+    def full_extent(self) -> Scalar:
+        """The extent the axis is iterated over: an expanded broadcast axis' expanded extent
+        (its `extent` is 1), else `extent`."""
+        return self.expanded_extent if self.expanded_extent is not None else self.extent
+
+    @property
     def is_broadcast(self) -> bool:
         return self.iter_type is IterType.Broadcast
 
@@ -74,8 +80,7 @@ class IterDomain(Val):
         return f"{self.iter_type.value}{self.parallel.value}{self.number}"
 
     def __str__(self) -> str:
-        ext = self.expanded_extent if self.expanded_extent is not None else self.extent
-        return f"{self.name}{{{ext}}}"
+        return f"{self.name}{{{self.full_extent}}}"
 
     __repr__ = __str__
 

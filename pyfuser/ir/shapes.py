@@ -29,7 +29,7 @@ class Bindings(dict):
         return s.value if s.is_const else self[s]
 
     def extent(self, d) -> int:
-        return int(self.value(d.expanded_extent if d.expanded_extent is not None else d.extent))
+        return int(self.value(d.full_extent))
 
     def shape(self, tv: TensorView) -> list[int]:
         return [self.extent(d) for d in tv.logical]
@@ -124,19 +124,15 @@ def _check_slice(b: Bindings, e) -> None:
         if stop > n or start > stop:
             raise ExecuteError(f"execute: slice {start}:{'' if end is None else end} of "
                                f"{e.inputs[0].name} on axis {axis} does not fit its size {n}")
-        _set(b, _size_of(e.output.logical[axis]), stop - start,
+        _set(b, e.output.logical[axis].full_extent, stop - start,
              f"slice output {e.output.name} axis {axis}")
 
 
 def _bind_pad(b: Bindings, e) -> None:
     shape = b.shape(e.inputs[0])
     for axis, (n, (lo, hi)) in enumerate(zip(shape, e.pads)):
-        _set(b, _size_of(e.output.logical[axis]), n + lo + hi,
+        _set(b, e.output.logical[axis].full_extent, n + lo + hi,
              f"pad output {e.output.name} axis {axis}")
-
-
-def _size_of(d):
-    return d.expanded_extent if d.expanded_extent is not None else d.extent
 
 
 def _bind_cat(b: Bindings, e) -> None:

@@ -124,7 +124,7 @@ def _order_and_drops(io, inputs, bindings, accesses):
 
     def proven(k):
         d = io.ref.logical[k]
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         return s.is_const or id(s) in known
 
     dropped = [k for k in range(g.n) if shape[k] == 1 and proven(k)]

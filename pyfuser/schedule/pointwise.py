@@ -38,7 +38,7 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from .pointwise_graph import ALLOWED_EXPRS, Graph, is_affine, is_alias_of_input
+from .pointwise_graph import ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input
 from .pointwise_heuristics import PointwiseParams, choose
 
 
@@ -91,8 +91,8 @@ def _extent_classes(fusion) -> dict:
 def _same_extent(uf, a, b) -> bool:
     if a.is_broadcast and b.is_broadcast and a.expanded_extent is None and b.expanded_extent is None:
         return True
-    ea = a.expanded_extent if a.expanded_extent is not None else a.extent
-    eb = b.expanded_extent if b.expanded_extent is not None else b.extent
+    ea = a.full_extent
+    eb = b.full_extent
     if ea.is_const and eb.is_const:
         return ea.value == eb.value
     return uf["find"](ea) is uf["find"](eb)
@@ -173,7 +173,7 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
 
     def proven(k):  # the extent of R axis k is a fact of the signature (constant, input, view)
         d = fusion.outputs[0].logical[k]
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         return s.is_const or id(s) in known
 
     dropped = [k for k in range(len(shape)) if shape[k] == 1 and proven(k)]
@@ -193,7 +193,7 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
     params.groups = _collapse(order, shape, accesses)
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
     # a pad, cat or iota node computes with its element's own index: one element per thread step
-    by_index = any(n.kind in ("pad", "cat", "iota") for n in graph.nodes)
+    by_index = any(n.kind in INDEX_KINDS for n in graph.nodes)
     params.vec = 1 if by_index else _vector_width(
         params.groups, ext, accesses, all(proven(k) for k in
                                           (params.groups[-1] if params.groups else [])))
@@ -274,7 +274,7 @@ def _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent, orig_
 
 def _extent(d, orig_of, bindings) -> int:
     """The run-time size of an axis of the clone."""
-    s = d.expanded_extent if d.expanded_extent is not None else d.extent
+    s = d.full_extent
     return int(s.value) if s.is_const else int(bindings.value(orig_of[id(s)]))
 
 

@@ -37,6 +37,9 @@ COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp
 # index-remapping exprs (nvFuser's "resize"): each output element reads its input at a shifted index
 RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
 ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + (E.ScalarCast,)
+# node kinds whose value depends on the element's own index (not only on their arguments): the
+# kernel needs per-axis indices and computes them one element at a time (no vectors)
+INDEX_KINDS = ("pad", "cat", "iota")
 
 
 @dataclass(eq=False)
@@ -62,12 +65,6 @@ def is_affine(key) -> bool:
 def shifted(c, off: int, minus=(), hi=None):
     """The key entry of index entry c moved as the module docstring's "sh" entry says."""
     return c if off == 0 and not minus and hi is None else ("sh", c, int(off), tuple(minus), hi)
-
-
-def full_extent(d) -> int | None:
-    """A logical axis' constant size (its expanded size where expanded), else None."""
-    s = d.expanded_extent if d.expanded_extent is not None else d.extent
-    return int(s.value) if s.is_const else None
 
 
 def _zero_broadcasts(tv: TensorView, key: list) -> tuple:
@@ -142,7 +139,8 @@ class Graph:
             args, before = [], []
             for x in e.inputs:
                 d = x.logical[e.dim]
-                if full_extent(d) != 0:                 # an empty operand adds nothing
+                n = d.full_extent
+                if not (n.is_const and n.value == 0):   # an empty operand adds nothing
                     pk = list(key)
                     pk[e.dim] = shifted(key[e.dim], 0, before, d)
                     args.append(self._visit(x, _zero_broadcasts(x, pk)))

@@ -183,7 +183,7 @@ def _order_and_drops(fusion, g, inputs, bindings):
 
     def proven(k):
         d = ref_in.logical[k]
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         return s.is_const or id(s) in known
 
     dropped = [k for k in range(g.n) if shape[k] == 1 and proven(k)]

@@ -154,7 +154,7 @@ def excluded(fusion) -> tuple:
 def _bytes(tv) -> int:
     n = tv.dtype.itemsize
     for d in tv.logical:
-        s = d.expanded_extent if d.expanded_extent is not None else d.extent
+        s = d.full_extent
         n *= (s.value if s.is_const else SYMBOLIC_EXTENT_GUESS) if not d.is_broadcast or \
             d.expanded_extent is not None else 1
     return n

@@ -234,10 +234,10 @@ def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, 
         if not isinstance(grad_output, TensorView) or grad_output.ndim != 1:
             raise UnsupportedOpError("nll_loss_backward: reduction none needs a [N] gradient")
         grad = B.broadcast(ew("neg", grad_output), [False, True])
-    classes = B.broadcast(B.iota(B.size_of(x, 1), 0, 1, target.dtype), [True, False])
+    classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, target.dtype), [True, False])
     t = B.broadcast(target, [False, True])
     hit = ew("logical_and", ew("eq", classes, t), ew("ne", t, int(ignore_index)))
     out = ew("where", hit, B.cast(grad, x.dtype), B.constant(0.0, x.dtype))
     bad = ew("logical_and", ew("ne", t, int(ignore_index)),
-             ew("logical_or", ew("lt", t, 0), ew("ge", t, B.size_of(x, 1))))
+             ew("logical_or", ew("lt", t, 0), ew("ge", t, x.logical[1].full_extent)))
     return ew("where", bad, B.constant(float("nan"), x.dtype), out)

@@ -21,7 +21,7 @@ ew = B.elementwise
 
 
 def _shape(x: TensorView) -> list:
-    return [d.expanded_extent if d.expanded_extent is not None else d.extent for d in x.logical]
+    return [d.full_extent for d in x.logical]
 
 
 def _uniform_like(x: TensorView, dtype=None):

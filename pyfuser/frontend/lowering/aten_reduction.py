@@ -350,11 +350,11 @@ def _native_group_norm(x, w, b, n, c, hw, groups, eps):
     if x.ndim < 2:
         raise UnsupportedOpError(f"group_norm of a rank-{x.ndim} input (eager raises)")
     G = int(groups)
-    ch = B.size_of(x, 1)
+    ch = x.logical[1].full_extent
     if G <= 0 or (ch.is_const and ch.value % G):
         raise UnsupportedOpError(f"group_norm: {G} groups do not divide the channels (eager raises)")
     out_dtype = _inference_dtypes(x, (w, b))
-    shape = [B.size_of(x, i) for i in range(x.ndim)]
+    shape = [d.full_extent for d in x.logical]
     spatial = B.num_elements(x, range(2, x.ndim))
     x4 = _float_compute(B.reshape(x, [shape[0], G, -1, spatial]))
     avg, m2, _ = B.welford(x4, [2, 3])
@@ -467,7 +467,7 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     else:
         if target.ndim != 1 or target.dtype is not DataType.Int:
             raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
-        classes = B.broadcast(B.iota(B.size_of(x, 1), 0, 1, DataType.Int), [True, False])
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
         onehot = ew("eq", classes, B.broadcast(target, [False, True]))
         x_t = B.reduction("sum", ew("where", onehot, xc, 0.0), [1])     # x[target] (or 0)
         lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))

@@ -25,12 +25,17 @@ from .registry import METADATA, lowers
 _OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
 
 
+def _known(x: TensorView, dim: int) -> int | None:
+    """The size of axis `dim` when it is a constant, else None."""
+    s = x.logical[dim].full_extent
+    return int(s.value) if s.is_const else None
+
+
 def _size(x: TensorView, dim: int, what: str) -> int:
-    d = x.logical[dim]
-    s = d.expanded_extent if d.expanded_extent is not None else d.extent
-    if not s.is_const:
+    n = _known(x, dim)
+    if n is None:
         raise UnsupportedOpError(f"{what}: axis {dim} of the input has no constant size")
-    return int(s.value)
+    return n
 
 
 def _const_int(v, what: str) -> int:
@@ -55,12 +60,6 @@ def _bounds(n: int, start, end) -> tuple[int, int]:
     s = min(max(s, 0), n)
     e = min(max(e, s), n)
     return s, e
-
-
-def _known(x: TensorView, dim: int) -> int | None:
-    d = x.logical[dim]
-    s = d.expanded_extent if d.expanded_extent is not None else d.extent
-    return int(s.value) if s.is_const else None
 
 
 @lowers("aten::slice", op_class=METADATA, n_args=(5,), const_args=(1, 2, 3, 4))
@@ -103,8 +102,7 @@ def _cat(tensors, dim=0):
 
 
 def _is_empty(t: TensorView) -> bool:
-    s = t.logical[0].extent
-    return s.is_const and s.value == 0
+    return _known(t, 0) == 0
 
 
 def _pad(x: TensorView, pairs: list, value, what: str):

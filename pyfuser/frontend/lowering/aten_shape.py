@@ -55,7 +55,7 @@ def _flatten(x, start=0, end=-1):
 
 def _extent_or_minus_one(d) -> int:
     """A logical axis' size when known (an expanded axis counts its expanded size), else -1."""
-    ext = d.expanded_extent if d.expanded_extent is not None else d.extent
+    ext = d.full_extent
     return ext.value if ext.is_const else -1
 
 
@@ -149,5 +149,5 @@ def _expand_as(x, other):
         raise UnsupportedOpError("aten::expand_as: other must be a tensor")
     if other.ndim > x.ndim:
         x = B.broadcast(x, [True] * (other.ndim - x.ndim) + [False] * x.ndim)
-    sizes = [d.expanded_extent if d.expanded_extent is not None else d.extent for d in other.logical]
+    sizes = [d.full_extent for d in other.logical]
     return B.expand(x, [-1 if not xd.is_broadcast else s for xd, s in zip(x.logical, sizes)])
