@@ -79,6 +79,16 @@ def load_corpus():
     return load_test_module("train_corpus")
 
 
+def profile_size(TC, device: str, text: str = ""):
+    """The size tools/profile_*.py run a model at: `text` ("batch,seq,hidden,layers"; heads =
+    hidden / 64) when given, else the benchmark's on CUDA and one layer of the small CPU size."""
+    size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
+    if text:
+        b, q, h, n = (int(x) for x in text.split(","))
+        size = dataclasses.replace(size, batch=b, seq=q, hidden=h, layers=n, heads=max(1, h // 64))
+    return size
+
+
 # ---- caches --------------------------------------------------------------------------------------
 def fresh_cache_dirs(base: str, tag: str) -> None:
     """Point every compile cache at new, empty directories under `base`."""

@@ -139,16 +139,12 @@ def main(argv=None) -> int:
                     help="what is timed: an inference forward or a training step")
     ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
     args = ap.parse_args(argv)
-    import dataclasses
 
     import torch
     import models as BM
     device = "cuda" if torch.cuda.is_available() else "cpu"
     TC = BM.load_corpus()
-    size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
-    if args.size:
-        b, q, h, n = (int(x) for x in args.size.split(","))
-        size = dataclasses.replace(size, batch=b, seq=q, hidden=h, layers=n, heads=max(1, h // 64))
+    size = BM.profile_size(TC, device, args.size)
     case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     modes = [m for m in args.modes.split(",") if m and (device == "cuda" or m != "inductor")]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import sys
 
@@ -75,10 +74,7 @@ def main(argv=None) -> int:
     import models as BM
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
     TC = BM.load_corpus()
-    size = TC.BENCH if device == "cuda" else dataclasses.replace(TC.SMALL, layers=1)
-    if args.size:
-        b, q, h, n = (int(x) for x in args.size.split(","))
-        size = dataclasses.replace(size, batch=b, seq=q, hidden=h, layers=n, heads=max(1, h // 64))
+    size = BM.profile_size(TC, device, args.size)
     case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
     modes = [m for m in args.modes.split(",") if m]
     if device == "cpu":
