@@ -224,11 +224,11 @@ def real_dtype(dtype: DataType) -> DataType:
         dtype, dtype)
 
 
-def set_(x: TensorView) -> TensorView:
-    """A copy of x (nvFuser's `set`)."""
+def set_(x: TensorView, contiguous: bool = False) -> TensorView:
+    """A copy of x (nvFuser's `set`); `contiguous`: laid out row-major, as `x.contiguous()`."""
     x = _check_tv(x, "set")
     out = _new_tv(x.logical, x.dtype)
-    E.SetOp(out, x)
+    E.SetOp(out, x, contiguous)
     return out
 
 

@@ -54,10 +54,13 @@ class CastOp(Expr):
 
 
 class SetOp(Expr):
-    """out = in: a copy (nvFuser's `set`); also what the copy forms of alias ops lower to."""
+    """out = in: a copy (nvFuser's `set`); also what the copy forms of alias ops lower to.
+    `contiguous`: the copy is laid out row-major whatever its input's layout (a clone into
+    torch.contiguous_format, `x.contiguous()`); otherwise as its input (preserve_format)."""
     op_name = "set"
 
-    def __init__(self, out, inp):
+    def __init__(self, out, inp, contiguous: bool = False):
+        self.contiguous = bool(contiguous)
         super().__init__([inp], [out])
 
 

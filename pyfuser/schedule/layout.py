@@ -167,7 +167,8 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, E.CastOp):
         return x.to(e.dtype.torch)
     if isinstance(e, E.SetOp):
-        return x.clone()
+        return x.clone(memory_format=torch.contiguous_format if e.contiguous else
+                       torch.preserve_format)
     if isinstance(e, E.BroadcastOp):
         shape = []
         src = iter(x.shape)

@@ -296,3 +296,29 @@ def test_views_in_a_chain_stay_linear():
     plan = check(build(True), [x, w],
                  lambda x, w: (-x).view(4, 16, 48).exp().permute(1, 0, 2).reshape(8, 384) * w)
     assert not _linear(plan, x)
+
+
+
+def _t_contiguous(x):
+    return x.t().contiguous() + 1
+
+
+def _mul_t_contiguous(x):
+    return (x * 2).t().contiguous()
+
+
+def _transpose_clone(x):
+    return x.transpose(0, 1).clone(memory_format=torch.contiguous_format)
+
+
+@pytest.mark.parametrize("fn", [_t_contiguous, _mul_t_contiguous, _transpose_clone])
+def test_contiguous_copy_of_a_permuted_value_is_row_major_as_eagers(fn):
+    """`contiguous()` / a clone into contiguous_format lays its result out row-major whatever
+    its input's layout (the SetOp's `contiguous` flag); it used to keep the input's transposed
+    strides, unlike eager."""
+    import pyfuser
+    x = t(8, 16)
+    pf = pyfuser.jit(torch.jit.script(fn))
+    got, want = pf(x), fn(x)
+    assert torch.equal(got, want) and got.stride() == want.stride() == (8, 1)
+    assert pf.last_run.kernels == 1 and pf.last_run.eager_groups == 0

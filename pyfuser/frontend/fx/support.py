@@ -11,7 +11,8 @@
 - other arguments: numbers, None, dtypes, devices, layouts, memory formats, strings, lists of
   them, and SymInts (FX nodes or values): sizes known at run time under dynamic shapes;
 - what eager does differently from a kernel writing a fresh tensor in eager's layout stays out:
-  `_to_copy` to another device, a copy into a memory format its input is not in, a random op
+  `_to_copy` to another device, a copy into a memory format its input is not in (but for
+  `clone` into contiguous_format, which the kernel writes row-major), a random op
   given its own generator, and a view op whose result the graph returns (a view stays a view);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
@@ -33,6 +34,8 @@ FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RAND
 _PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                torch.memory_format, type(None))
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# copies whose lowering lays a contiguous_format result out row-major (a SetOp marked contiguous)
+_CONTIGUOUS_COPIES = (torch.ops.aten.clone.default,)
 
 
 def tensor_metas(value) -> list | None:
@@ -137,8 +140,9 @@ def _special(target, named, ins, outs) -> str:
     if device is not None and torch.device(device) != outs[0].device and ins:
         return f"{target}: a copy to another device"
     fmt = named.get("memory_format")
-    if fmt is not None and fmt is not torch.preserve_format and ins and \
-            not has_format(ins[0], fmt):
+    contiguous_copy = fmt is torch.contiguous_format and target in _CONTIGUOUS_COPIES
+    if fmt is not None and fmt is not torch.preserve_format and ins and not contiguous_copy \
+            and not has_format(ins[0], fmt):
         return f"{target}: a copy into {fmt}, which its input is not in"
     if named.get("generator") is not None:
         return f"{target}: a random op with its own generator"

@@ -6,6 +6,8 @@ builder; the op table decides dtypes, so promotion is PyTorch's.
 """
 from __future__ import annotations
 
+import torch
+
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.base import Scalar
@@ -16,12 +18,12 @@ from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
 from .registry import POINTWISE, lowers
 
 ew = B.elementwise
+_TS_CONTIGUOUS_FORMAT = 0          # c10::MemoryFormat::Contiguous, as a TorchScript constant
 
 
 def _dtype(code) -> DataType:
     """A dtype argument as TorchScript gives it (ScalarType's int code) or as an aten call in an
     FX graph does (a torch.dtype)."""
-    import torch
     if isinstance(code, DataType):
         return code
     if isinstance(code, torch.dtype):
@@ -244,7 +246,6 @@ def _type_as(x, other):
 
 def check_inplace_cast(result_dtype, self_dtype) -> None:
     """Eager's rule for an in-place op: the result type must be castable to self's dtype."""
-    import torch
     if not torch.can_cast(result_dtype, self_dtype):
         raise RuntimeError(f"result type {DTYPE_TO_NAME.get(result_dtype, result_dtype)} can't be "
                            f"cast to the desired output type {DTYPE_TO_NAME.get(self_dtype, self_dtype)}")
@@ -262,7 +263,10 @@ def _inplace_cast(result, self_):
 
 @lowers("aten::contiguous", "aten::clone", n_args=(1, 2), const_args=(1,))
 def _copy(x, memory_format=None):
-    return B.set_(x)
+    """A copy; into torch.contiguous_format (TorchScript's constant 0, `x.contiguous()`'s
+    default) it is laid out row-major whatever x's layout, as eager's; other formats keep x's."""
+    return B.set_(x, contiguous=memory_format is torch.contiguous_format or
+                  (type(memory_format) is int and memory_format == _TS_CONTIGUOUS_FORMAT))
 
 
 def _dropout_class(node) -> str:
