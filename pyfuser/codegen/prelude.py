@@ -294,6 +294,10 @@ PF_D uint8_t pf_shr(uint8_t a, uint8_t b) { return ((int8_t)b < 0 || b >= 8) ? 0
 // ---- floating point activations -----------------------------------------------------------------
 template <typename T> PF_D T pf_sigmoid(T x) { return T(1) / (T(1) + exp(-x)); }
 template <typename T> PF_D T pf_reciprocal(T x) { return T(1) / x; }
+// exp of a value shifted below a running max (ir/ops.py KERNEL_OPS): float on the exp2 unit
+PF_D float pf_exp_shifted(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
+template <typename T> PF_D T pf_exp_shifted(T x) { return exp(x); }
 template <typename T> PF_D T pf_gelu(T x) {
   const T alpha = T(0.70710678118654752440);
   return x * T(0.5) * (T(1) + erf(x * alpha));

@@ -76,9 +76,10 @@ def identity(e, count: DataType = I64) -> list:
 
 def shift_exp(x, m, dt):
     """exp(x - m) of an online pair's element or partial x under the running max m >= x: 1
-    where x == m (infinite x included: no NaN from inf - inf), NaN where either is NaN."""
+    where x == m (infinite x included: no NaN from inf - inf), NaN where either is NaN; on the
+    exp2 unit (ops.KERNEL_OPS' exp_shifted: the argument is never positive)."""
     zero = K.Const(0.0, K.REGISTER_CTYPE[dt], dt)
-    return K.Op("exp", (K.Op("where", (K.Op("eq", (x, m), dt), zero, K.Op("sub", (x, m), dt)),
+    return K.Op("exp_shifted", (K.Op("where", (K.Op("eq", (x, m), dt), zero, K.Op("sub", (x, m), dt)),
                               dt),), dt)
 
 

@@ -5,8 +5,9 @@ it accepts, its PyTorch reference (used by the reference evaluator and by tests)
 expression. Nothing else in pyfuser branches on op names: frontends look ops up here, the
 evaluator calls `ref`, the codegen formats `cuda`. Reductions (REDUCTIONS) and random-number
 generators (RANDOM_OPS: Philox4x32-10 draws, which read a launch's seed and offset and an
-element's index rather than operand values) have tables of their own; `kernel_op(name)` finds
-the row a kernel IR Op names in either of OPS and RANDOM_OPS.
+element's index rather than operand values) have tables of their own, and so do the few ops
+only the schedulers write into kernel IR (KERNEL_OPS); `kernel_op(name)` finds the row a kernel
+IR Op names in OPS, KERNEL_OPS or RANDOM_OPS.
 
 CUDA expressions are templates over the operands `{0}`, `{1}`, `{2}`, already converted to the
 op's computation type (half and bfloat16 compute in float). Functions named `pf_*` are defined in
@@ -236,7 +237,20 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 }
 
 
+# Ops only the schedulers write into kernel IR (no frontend or Fusion IR names them).
+# `exp_shifted`: exp(x) of a value shifted below a running maximum (x <= 0: an online softmax
+# pair's terms and rescales). float computes 2^(x log2 e) on the hardware exp2 unit: relative
+# error about 2^-22 plus |x| 2^-24 from the scaling (under 3e-6 for x > -20; below that the
+# term is under 2e-9 of the row's largest, which is 1), in 2 instructions instead of expf's ~8,
+# which bounded the throughput of bfloat16 rows; results under 2^-126 flush to 0. Other
+# dtypes: exp. The CPU interpreter computes exp.
+KERNEL_OPS: dict[str, OpInfo] = {
+    "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,
+                          "pf_exp_shifted({0})", FLOAT),
+}
+
+
 def kernel_op(name: str):
     """The OpInfo or RandomInfo a kernel IR Op names."""
-    info = OPS.get(name)
+    info = OPS.get(name) or KERNEL_OPS.get(name)
     return info if info is not None else RANDOM_OPS[name]

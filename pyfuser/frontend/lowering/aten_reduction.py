@@ -443,8 +443,8 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     With class indices, lp[target] is computed per row, not per element: the target's logit
     (a sum over the row of x where the class is the target: x[target] exactly) minus the max
     minus log(sum(exp(x - max))), the same operations as eager's log_softmax on that element.
-    Every reduction over the classes (max and sum of exp as an online pair, the target's logit,
-    the hit count) then runs in one pass: one read of the logits, one combine. The mean over
+    Every reduction over the classes (max and sum of exp as an online pair, the target's logit)
+    then runs in one pass: one read of the logits, one combine. The mean over
     the rows is a second reduction domain: its own small kernel."""
     if weight is not None:
         raise UnsupportedOpError("cross_entropy with class weights (left to eager)")
@@ -472,9 +472,10 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
         x_t = B.reduction("sum", ew("where", onehot, xc, 0.0), [1])     # x[target] (or 0)
         lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))
         picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
-        hits = B.reduction("sum", B.cast(onehot, DataType.Int32), [1])
+        in_range = ew("logical_and", ew("ge", target, 0),
+                      ew("lt", target, x.logical[1].full_extent))   # a class the row has
         valid = ew("ne", target, int(ignore_index))
-        nan = ew("where", ew("gt", hits, 0), ew("neg", picked), float("nan"))
+        nan = ew("where", in_range, ew("neg", picked), float("nan"))
         loss = ew("where", valid, nan, 0.0)
         total = B.reduction("sum", B.cast(valid, xc.dtype), [0])
     if reduction == 0:
