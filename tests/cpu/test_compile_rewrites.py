@@ -339,3 +339,83 @@ def test_pointwise_regions_only_the_graph_returns_join_into_one():
     (region,) = _regions()
     assert sorted(region.ops) == ["aten._to_copy.default"] * 3 + ["aten.mul.Tensor"]
     assert region.kernels() == 1                                    # one horizontal kernel
+
+
+def _ce_step(f, h, w, labels, g_logits):
+    h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss, logits = f(h, w, labels)
+    torch.autograd.backward([loss, logits], [torch.ones_like(loss), g_logits])
+    return loss, logits, h.grad, w.grad
+
+
+def test_cross_entropy_gradient_meeting_the_logits_tangent_is_one_kernel():
+    """A causal LM returns its logits and a cross-entropy of them viewed flat: the backward
+    adds the loss's gradient (through the view) to the logits' own tangent, and reads the
+    saved log_softmax both plainly and through detaches. The add moves above the view
+    (sink_views_past_binary), the detaches are skipped (skip_detach), and the gradient of the
+    logits is one kernel: no [N, C] gradient written and read again."""
+    def f(h, w, labels):
+        logits = h @ w
+        loss = F.cross_entropy(logits.float().view(-1, 24), labels.view(-1))
+        return loss, logits
+    torch.manual_seed(0)
+    h, w = torch.randn(2, 5, 8, dtype=bf16), torch.randn(8, 24, dtype=bf16)
+    labels, g_logits = torch.randint(0, 24, (2, 5)), torch.randn(2, 5, 24, dtype=bf16)
+    got = _ce_step(pyfuser.compile(f), h, w, labels, g_logits)
+    want = _ce_step(f, h, w, labels, g_logits)
+    for g, e in zip(got, want):
+        assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
+        torch.testing.assert_close(g.float(), e.float(), rtol=2e-2, atol=2e-2)
+    backward = next(g for g in compiled_graphs() if g.kind == "backward")
+    (ce,) = [r for r in backward.regions if "aten.nll_loss_backward.default" in r.ops]
+    assert "aten.add.Tensor" in ce.ops and "aten.view.default" not in ce.ops
+    assert ce.kernels() == 1
+    assert torch.ops.aten.detach.default not in [n.target for n in backward.gm.graph.nodes]
+
+
+def test_sink_views_past_binary_keeps_values_and_skips_fused_readers():
+    from pyfuser.frontend.fx.rewrites import sink_views_past_binary
+
+    def moved(x, t):                       # the add's reader is a cast: it moves too
+        return ((x * 2).view(4, 6) + t).to(bf16)
+
+    def kept(x, t):                        # the add's reader is fused compute: left alone
+        return ((x * 2).view(4, 6) + t).exp()
+    x, t = torch.randn(2, 12), torch.randn(4, 6)
+    fusible = lambda n: n.op == "call_function" and n.target in (  # noqa: E731
+        torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten.exp.default,
+        torch.ops.aten._to_copy.default)
+    gm = _aten_graph(moved, x, t)
+    assert sink_views_past_binary(gm.graph, fusible) == 1
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets[-1] is torch.ops.aten.view.default        # the result's view is last
+    got, want = gm(x, t), moved(x, t)
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+    gm2 = _aten_graph(kept, x, t)
+    assert sink_views_past_binary(gm2.graph, fusible) == 0
+
+
+def test_a_clone_into_contiguous_format_is_written_row_major_by_the_kernel():
+    """`transpose(...).contiguous()` (attention's heads back to [B, S, H*D]) fuses: the kernel
+    writes eager's row-major layout itself, with no relayout copy after it."""
+    import pyfuser.frontend.fx.region as R
+
+    def f(x, y):
+        a = (x * 2).transpose(1, 2).clone(memory_format=torch.contiguous_format)
+        b = y.transpose(1, 2).contiguous()
+        return a.view(2, 8, -1) + 1, b.view(2, 8, -1)
+    x, y = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+    relayouts = []
+    real = R._relayout
+    R._relayout = lambda t, order: (relayouts.append(order), real(t, order))[1]
+    try:
+        with torch.no_grad():
+            got = pyfuser.compile(f)(x, y)
+    finally:
+        R._relayout = real
+    for g, w in zip(got, f(x, y)):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+    (region,) = _regions()
+    assert region.ops.count("aten.clone.default") == 2 and region.kernels() == 2
+    assert relayouts == []

@@ -17,6 +17,23 @@ view at the region's edge and the cast fuses with what reads it. Only where the 
 contiguous and the cast changes nothing but the dtype (the same values and contiguous strides
 either way).
 
+`sink_views_past_binary(graph, fusible)`: a binary elementwise op (add, sub, mul, div) of a view
+of a fused value and a value no fused op makes, all of the view's shape (`add(view(g, s), t)`,
+what a backward graph writes where a cross-entropy's gradient meets the logits' own tangent),
+becomes a view of the op on the unviewed value (`view(add(g, view(t, g.shape)), s)`): the op
+joins g's region, which no longer has a view between its compute ops (a reduction kernel
+accepts none), and both views are free eager views at the region's edges. Only where g, the
+other operand and the result are contiguous (both orders then give the same contiguous result),
+g's shape is static, and the op's fused readers are dtype casts (which `sink_views` then moves
+above the view in turn): the view must not land before other fused compute.
+
+`skip_detach(graph, fusible)`: a fused op reading `detach(x)` (or a chain of detaches) reads `x`.
+AOTAutograd's graphs run without autograd, where a detach is the same values under another
+tensor object; a backward graph reads a saved activation both plainly and through detaches
+(nll_loss_backward's input, `_log_softmax_backward_data`'s output), so one tensor would enter a
+region twice, as two inputs whose sizes the kernel's plan cannot tell equal. Detaches that
+unfused nodes or the graph's outputs read stay.
+
 `unfuse_bias(graph, fusible)`: a float32 `addmm(b, x, w)` whose result (through views that keep
 its last axis) only fused ops read becomes `mm(x, w)`, the same views, and `add(view, b)`: the
 bias add joins the region of its readers (an activation, a residual add and layer norm), where
@@ -50,6 +67,8 @@ _aten = torch.ops.aten
 _VIEWS = (_aten.view.default, _aten._unsafe_view.default)
 _CAST = _aten._to_copy.default
 _ADDMM = _aten.addmm.default
+_DETACH = _aten.detach.default
+_BINARY = (_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor)
 
 
 def _dtype_only_cast(node) -> bool:
@@ -67,6 +86,13 @@ def _dtype_only_cast(node) -> bool:
     return allowed and same_place and not extra.get("pin_memory", False)
 
 
+def _maker(node):
+    """The node whose value `node` is: itself, or for an item of a tuple the op that made the
+    tuple (an item of a fused op's tuple is fused too)."""
+    return node.args[0] if node.op == "call_function" and node.target is operator.getitem \
+        else node
+
+
 def _contiguous(node) -> bool:
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
@@ -77,10 +103,11 @@ def _contiguous(node) -> bool:
         return False
 
 
-def sink_views(graph: torch.fx.Graph) -> int:
-    """Apply the rewrite of the module docstring; returns how many casts moved."""
+def sink_views(graph: torch.fx.Graph, views=None) -> int:
+    """Apply the rewrite of the module docstring (to `views` only, when given); returns how
+    many casts moved."""
     moved = 0
-    for view in list(graph.nodes):
+    for view in list(graph.nodes) if views is None else list(views):
         if view.op != "call_function" or view.target not in _VIEWS or not view.users:
             continue
         src = view.args[0]
@@ -110,9 +137,7 @@ def hoist_views(graph: torch.fx.Graph, fusible) -> int:
         if not _dtype_only_cast(cast) or not cast.users:
             continue
         src = cast.args[0]
-        maker = src.args[0] if src.op == "call_function" and src.target is operator.getitem \
-            else src                          # an item of a fused op's tuple is fused too
-        if fusible(maker) or not _contiguous(src):
+        if fusible(_maker(src)) or not _contiguous(src):
             continue
         views = list(cast.users)
         if not all(v.op == "call_function" and v.target in _VIEWS and v.args[0] is cast
@@ -130,6 +155,79 @@ def hoist_views(graph: torch.fx.Graph, fusible) -> int:
             moved += 1
         graph.erase_node(cast)
     return moved
+
+
+def sink_views_past_binary(graph: torch.fx.Graph, fusible) -> int:
+    """Apply the third rewrite of the module docstring (`fusible(node)`: a compute node that
+    will be fused), then `sink_views` to the views it made; returns how many binary ops moved
+    before their view."""
+    moved, made = 0, []
+    for view in list(graph.nodes):
+        if view.op != "call_function" or view.target not in _VIEWS or not view.users:
+            continue
+        src = view.args[0]
+        shape = getattr(src.meta.get("val"), "shape", None)
+        if not fusible(_maker(src)) or not _contiguous(src) or shape is None or \
+                not all(type(d) is int for d in shape):
+            continue
+        for op in list(view.users):
+            other = _other_operand(op, view)
+            if other is None or fusible(_maker(other)) or not _contiguous(other) or \
+                    any(fusible(u) and not _dtype_only_cast(u) for u in op.users):
+                continue
+            with graph.inserting_before(op):
+                flat = graph.call_function(_aten.view.default, (other, list(shape)))
+                flat.meta = {"val": other.meta["val"].view(list(shape))}
+                args = tuple(src if a is view else flat if a is other else a for a in op.args)
+                early = graph.call_function(op.target, args, dict(op.kwargs))
+                early.meta = {k: v for k, v in op.meta.items() if k != "val"}
+                early.meta["val"] = op.meta["val"].view(list(shape))
+                late = graph.call_function(view.target, (early, *view.args[1:]), dict(view.kwargs))
+                late.meta = dict(op.meta)
+            op.replace_all_uses_with(late)
+            graph.erase_node(op)
+            made.append(late)
+            moved += 1
+        if not view.users:
+            graph.erase_node(view)
+    sink_views(graph, made)
+    return moved
+
+
+def skip_detach(graph: torch.fx.Graph, fusible) -> int:
+    """Apply the fourth rewrite of the module docstring; returns how many reads it redirected."""
+    moved = 0
+    for d in list(graph.nodes):
+        if d.op != "call_function" or d.target is not _DETACH or len(d.args) != 1:
+            continue
+        root = d.args[0]
+        while isinstance(root, torch.fx.Node) and root.op == "call_function" and \
+                root.target is _DETACH and len(root.args) == 1:
+            root = root.args[0]
+        for u in list(d.users):
+            if fusible(u):
+                u.replace_input_with(d, root)
+                moved += 1
+    for d in reversed(list(graph.nodes)):          # readers first: chains go in one sweep
+        if d.op == "call_function" and d.target is _DETACH and not d.users:
+            graph.erase_node(d)
+    return moved
+
+
+def _other_operand(op, view):
+    """The other tensor operand of a binary elementwise `op` reading `view` once, where both
+    operands and the result have the view's shape and the result is contiguous; else None."""
+    if op.op != "call_function" or op.target not in _BINARY or len(op.args) != 2:
+        return None
+    a, b = op.args
+    other = b if a is view else a if b is view else None
+    if other is None or other is view or not isinstance(other, torch.fx.Node):
+        return None
+    vals = [n.meta.get("val") for n in (view, other, op)]
+    if not all(isinstance(v, torch.Tensor) for v in vals) or \
+            len({tuple(v.shape) for v in vals}) != 1 or not _contiguous(op):
+        return None
+    return other
 
 
 def _view_chain(node):
