@@ -80,7 +80,9 @@ def _extent_classes(fusion) -> dict:
             ts = [t for t in e.inputs if isinstance(t, TensorView)] + \
                  [o for o in e.outputs if isinstance(o, TensorView)]
             for ax in range(ts[0].ndim if ts else 0):
-                real = [t.logical[ax].extent for t in ts if not t.logical[ax].is_broadcast]
+                # an expanded axis meets the others at its expanded size (eager checked it)
+                real = [t.logical[ax].full_extent for t in ts
+                        if not t.logical[ax].is_broadcast or t.logical[ax].expanded_extent is not None]
                 for s in real[1:]:
                     a, b = find(real[0]), find(s)
                     if a is not b:

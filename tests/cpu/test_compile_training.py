@@ -107,6 +107,14 @@ def test_rms_norm_as_llama_writes_it_fuses_forward_and_backward():
     _check_fn(rms, (4, 6, 32), (32,))
     assert "aten.mean.dim" in _fused_ops("forward")
     assert "aten.pow.Tensor_Scalar" in _fused_ops("backward")
+    # dx (a row sum then the pointwise rest) is one inner persistent kernel: the row sum's
+    # expand to the hidden size, a constant, meets the input's own (symbolic) size in an
+    # elementwise op, so the two are known equal
+    (region,) = [r for g in _graphs("backward") for r in g.regions
+                 if "aten.pow.Tensor_Scalar" in r.ops]
+    report = pyfuser.runtime.dispatch.last_report(region.fusion)
+    kernels = [s.scheduler for s in report.segments if s.kind == "kernel"]
+    assert kernels == ["inner_persistent"], report
 
 
 def test_batch_norm_training_updates_running_stats_like_eager():
