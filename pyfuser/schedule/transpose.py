@@ -8,7 +8,8 @@ output. Elementwise ops fused around the transpose are not handled yet (pointwis
 `schedule(fusion, inputs) -> TransposeParams`, from the facts in the layout signature only:
 1. size-1 axes are dropped; neighbouring axes (in output order) whose input strides are
    contiguous (stride[a] == stride[b] * size[b]) are collapsed into groups;
-2. `o` = the output's innermost group, `i` = the group with the smallest input stride;
+2. `o` = the output's innermost group, `i` = the group with the smallest input stride that is
+   not 0 (an expanded axis is a batch axis);
 3. i != o ("tile"): blocks stage TILE x TILE tiles of (i, o) through shared memory (padded by one
    element against bank conflicts): reads run along i, writes along o, both coalesced;
    i == o ("rows"): rows are contiguous on both sides; each thread copies a vector of `vec`
@@ -115,7 +116,10 @@ def schedule(fusion, inputs) -> TransposeParams:
     if not groups or x.numel() == 0:
         return p
     o = len(groups) - 1
-    i = min(range(len(groups)), key=lambda g: (strides[groups[g][-1]], -g))
+    # an expanded (stride 0) group is a batch axis: it is read again, not along (a repeat of
+    # grouped-query attention's keys and values before a copy)
+    moving = [g for g in range(len(groups)) if strides[groups[g][-1]] != 0] or [o]
+    i = min(moving, key=lambda g: (strides[groups[g][-1]], -g))
     p.i, p.o = i, o
     p.batch = [g for g in range(len(groups)) if g not in (i, o)]
     if i == o:

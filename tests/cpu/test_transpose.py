@@ -72,6 +72,25 @@ def test_seed_shape_plan_is_vectorized_rows():
     assert p.kind == "rows" and p.vec == 4 and p.index_type == "int"
 
 
+def test_an_expanded_axis_is_a_batch_axis_of_a_rows_copy():
+    """Grouped-query attention's `repeat_kv`: keys [B, S, KV, D] seen as [B, KV, S, D],
+    expanded along a new axis and copied contiguous. The stride-0 axis has the smallest input
+    stride; it was taken as the tile's read axis (a tile kernel 16x slower than a copy on an
+    H100); the rows kernel copies D-long vectors along the rows instead."""
+    v = torch.randn(2, 16, 3, 8).permute(0, 2, 1, 3)             # [B, KV, S, D], S outer
+    x = v.unsqueeze(2).expand(2, 3, 2, 16, 8)
+    order = sorted(range(5), key=lambda a: -x.stride(a))
+    f = permuted_copy(5, order)
+    plan = plan_transpose(f, [x])
+    assert plan.params.kind == "rows" and plan.params.vec == 4
+    (out,) = plan.allocate_outputs(bind(f, [x]), [x], x.device)
+    interpret(plan, [x], [out])
+    assert out.is_contiguous() and torch.equal(out, x.contiguous())
+    nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90")
+
+
 def test_misaligned_input_lowers_vector_width():
     x = torch.randn(2 * 12 * 8 * 4 + 1)[1:].view(2, 12, 8, 4).permute(0, 2, 1, 3)
     p = TR.schedule(permuted_copy(4, [0, 2, 1, 3]), [x])
