@@ -153,7 +153,12 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
     if normalization:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
-        if (not p.persistent or knobs["cluster"]) and knobs["steps"] != 0 and not knobs["bdimx"]:
+        # a row filling a 1024-thread block alone (one row an SM at a time: its loads do not
+        # overlap another row's combine) goes to a cluster too, where one fits (H100, bfloat16
+        # rows of 65536: softmax 52% -> 57% of a copy, layer_norm 68% -> 76%; docs/benchmarks.md)
+        whole_sm = p.persistent and p.bdimx >= 1024
+        if (not p.persistent or whole_sm or knobs["cluster"]) and knobs["steps"] != 0 \
+                and not knobs["bdimx"]:
             _cluster(p, nv, per_step, knobs)
     if not p.persistent and not knobs["bdimx"]:
         # streamed: about STREAM_VECTORS vectors a thread (unroll-wide steps, several loads in

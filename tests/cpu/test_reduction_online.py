@@ -284,3 +284,24 @@ def test_rows_in_one_block_take_two_passes_by_default(dt, plans, monkeypatch):
     assert plan.params.persistent and plan.params.cluster == 1
     assert not plan.params.online and plan.params.passes == 2
     assert RG.analyze(plan.fusion).pairs            # a pair was there to take
+
+
+@pytest.mark.parametrize("rlen,vec,per_step,cluster,bdimx", [
+    (65536, 8, 4, 4, 256),     # bfloat16: one 1024-thread block a row before; a cluster of 4
+    (65536, 4, 4, 8, 256),     # float32: too long for one block, a cluster of 8 (as before)
+    (32768, 8, 4, 1, 512),     # bfloat16 of half the length: one block of 512, no cluster
+])
+def test_rows_filling_a_whole_block_take_a_cluster(rlen, vec, per_step, cluster, bdimx,
+                                                   monkeypatch):
+    """A normalization row that one 1024-thread block would hold alone is split over a cluster
+    (reduction_heuristics._inner): one row an SM at a time left its loads idle during its
+    combine. Shorter rows keep their single block."""
+    from pyfuser.schedule import reduction_heuristics as H
+    from pyfuser.schedule.reduction import ReductionParams
+    monkeypatch.setattr(H, "cluster_capable", lambda: True)
+    knobs = dict.fromkeys(("bdimx", "bdimy", "unroll", "steps", "waves", "splits", "cluster"))
+    p = ReductionParams()
+    p.vec = vec
+    H._inner(p, [rlen], [1024], per_step, True, knobs)
+    assert p.persistent and (p.cluster, p.bdimx) == (cluster, bdimx)
+    assert p.steps * p.bdimx * p.cluster * vec >= rlen
