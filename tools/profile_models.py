@@ -2,7 +2,7 @@
 by kernel, from the torch profiler (for finding why a model is slower than Inductor).
 
     PYTHONPATH=. python3 tools/profile_models.py [--model bert] [--dtype float32] [--top 25]
-        [--step forward|train] [--size batch,seq,hidden,layers]
+        [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
 
@@ -69,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, CPU op times")
     ap.add_argument("--step", default="forward", choices=("forward", "train"))
     ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
+    ap.add_argument("--graphs", default="", help="write pyfuser's rewritten graphs (code and "
+                    "each region's ops) to this file")
     args = ap.parse_args(argv)
     import torch
     import models as BM
@@ -88,7 +90,21 @@ def main(argv=None) -> int:
         print("| name | calls | µs | share |\n|---|---|---|---|")
         for name, calls, us in rows[:args.top]:
             print(f"| {name[:90]} | {calls:.0f} | {us:.1f} | {100 * us / max(total, 1e-9):.1f}% |")
+    if args.graphs and "pyfuser" in modes:
+        write_graphs(args.graphs)
     return 0
+
+
+def write_graphs(path: str) -> None:
+    """Every graph the backend compiled in this process: its report, its rewritten code, and
+    the ops of each fused region (to map the profile's pf_ kernels and aten kernels to nodes)."""
+    from pyfuser.frontend.fx import compiled_graphs
+    with open(path, "w") as f:
+        for g in compiled_graphs():
+            f.write(f"===== {g.kind} graph: {g.report()}\n{g.gm.code}\n")
+            for r in g.regions:
+                f.write(f"{r}: {', '.join(map(str, r.ops))}\n")
+    print(f"graphs written to {path}")
 
 
 if __name__ == "__main__":
