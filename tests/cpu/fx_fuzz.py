@@ -10,7 +10,8 @@ eager runs is the rule; `check(program)` still holds pyfuser to raising where ea
 Ops: unary and binary pointwise (tensors of broadcast shapes, Python scalars), comparisons,
 casts between float32/float16/bfloat16/int32/int64/bool, `where`, `clamp`, reductions
 (`sum`, `mean`, `amax`, `var` over dims, keepdim), `softmax`/`log_softmax`, `layer_norm`,
-views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`), slices (open,
+views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`; the last three
+sometimes followed by `.contiguous()`, a copy into row-major), slices (open,
 negative and clamped bounds), `torch.cat`, `F.pad` (with values, sometimes negative) and a
 rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`, `clamp_`,
 `relu_`, `neg_`) on intermediates a pointwise op produced.
@@ -330,6 +331,9 @@ def _gen_view(b: _Builder) -> bool:
         line = f"{out} = {x}.expand({sizes})"
     else:
         line = f"{out} = {x}.unsqueeze({b.r.randint(-t.dim() - 1, t.dim())})"
+    if kind in ("permute", "transpose", "expand") and "unsqueeze" not in line and \
+            b.r.random() < 0.3:
+        line += ".contiguous()"            # a copy into row-major (attention's heads)
     return b.try_line(line, out, False)
 
 

@@ -100,3 +100,18 @@ def test_reduction_of_a_0_dim_tensor_over_dim_0(name, grad):
         got.float().sum().backward()
         want.float().sum().backward()
         torch.testing.assert_close(x.grad, y.grad, equal_nan=True)
+
+
+def test_cast_of_an_empty_permuted_slice_keeps_eagers_strides():
+    """FX fuzz seed 100078: eager's cast of an empty tensor keeps its input's strides (no
+    density rule gives them); the region returned row-major strides. Empty outputs now take
+    their example value's strides (region._empty_outputs)."""
+    import pyfuser
+
+    def f(x0):
+        return x0[:, 5:-4].permute([2, 0, 1]).to(torch.float16)
+    x = torch.randn(7, 33, 5).transpose(1, 2)
+    got = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x)
+    want = f(x)
+    assert got.shape == want.shape == (33, 7, 0) and got.dtype == want.dtype
+    assert got.stride() == want.stride()

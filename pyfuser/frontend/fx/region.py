@@ -52,6 +52,7 @@ class FusedRegion:
         self.single = self.outputs == [0] and len(self.fusion.outputs) == 1
         self.layouts = [(order, order == list(range(len(order)))) if dense else None
                         for order, dense in lowered.out_layouts]
+        self.empty = _empty_outputs(region)
         self.node_names = [n.name for n in region.nodes]
         vals = [x.meta.get("val") for x in list(region.inputs) + list(region.outputs)]
         self.on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in vals)
@@ -83,6 +84,10 @@ class FusedRegion:
                 t = result[k]
                 if not (t.is_contiguous() if want[1] else _dense_in(t, want[0])):
                     result = result[:k] + (_relayout(t, want[0]),) + result[k + 1:]
+        for k, shape, strides in self.empty:
+            t = result[k]
+            if tuple(t.shape) == shape and t.stride() != strides:
+                result = result[:k] + (t.new_empty_strided(shape, strides),) + result[k + 1:]
         return result
 
     def prepare(self) -> int:
@@ -122,6 +127,19 @@ def _hinted(v: torch.Tensor) -> torch.Tensor:
     """A meta tensor with v's dtype, sizes, strides and storage offset (SymInts' hints)."""
     from ...runtime.prepare import meta_tensor
     return meta_tensor(v.dtype, shape_hints(v), stride_hints(v), hint(v.storage_offset()))
+
+
+def _empty_outputs(region) -> list:
+    """[(k, shape, strides)] of the outputs whose example value has no element and static
+    sizes: eager lays an empty result out with strides no density rule gives (a cast of an
+    empty permuted slice keeps the slice's strides), so such an output takes them as they are."""
+    out = []
+    for k, node in enumerate(region.outputs):
+        v = meta(node)
+        if isinstance(v, torch.Tensor) and all(type(s) is int for s in (*v.shape, *v.stride())) \
+                and v.numel() == 0:
+            out.append((k, tuple(v.shape), tuple(v.stride())))
+    return out
 
 
 def _scalar_hint(v):
