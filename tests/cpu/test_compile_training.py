@@ -237,6 +237,13 @@ def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reductio
         return loss if reduction != "none" else loss * torch.arange(7.0)
     _check_fn(f, (7, 9), loss=lambda out: out.sum())
     assert "aten.nll_loss_backward.default" in _fused_ops("backward")
+    # the forward's nll_loss (eager: a gather kernel) picks the target in the log_softmax's
+    # kernel; the mean over the rows (reduction "none": the 0-dim total weight) is a second,
+    # small kernel
+    (fwd,) = [r for g in _graphs("forward") for r in g.regions
+              if "aten.nll_loss_forward.default" in r.ops]
+    assert "aten._log_softmax.default" in fwd.ops
+    assert fwd.kernels() == 2
     left = [n for g in _graphs("backward") for n in g.unsupported]
     assert not any(n.startswith("nll_loss_backward") for n in left), left
     assert_ran_as_sm90_kernels([r for g in _graphs("backward") for r in g.regions])

@@ -431,6 +431,51 @@ def _rms_norm(x, shape, w, eps):
 
 
 
+def _pick_target(xc: TensorView, target: TensorView) -> TensorView:
+    """[N]: xc[i, target[i]] for [N, C] xc, as a sum over the row of xc where the class (an
+    iota) is the target: exactly that element, 0 for a class out of range; read in the pass
+    that reads the row anyway (no gather)."""
+    classes = B.broadcast(B.iota(xc.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+    onehot = ew("eq", classes, B.broadcast(target, [False, True]))
+    return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
+
+
+def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_index):
+    """(per-row loss -picked, 0 where the target is ignore_index, NaN where it is out of
+    [0, C) (eager raises there); the count of rows not ignored), in the compute dtype."""
+    in_range = ew("logical_and", ew("ge", target, 0),
+                  ew("lt", target, x.logical[1].full_extent))   # a class the row has
+    valid = ew("ne", target, int(ignore_index))
+    nan = ew("where", in_range, ew("neg", picked), float("nan"))
+    total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
+    return ew("where", valid, nan, 0.0), total
+
+
+@lowers("aten::nll_loss_forward", op_class=NORMALIZATION, n_args=(5,), const_args=(3, 4))
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    """(output, total_weight) as eager's for [N, C] log-probabilities and int64 class indices:
+    -x[i, target[i]] per row (0 where ignored, NaN for a class out of range: eager raises),
+    summed, averaged over the rows not ignored (NaN when none is) or per row; total_weight the
+    count of rows not ignored (0 for reduction none). The target's element is picked by an
+    iota compare in the pass over the row (with the log_softmax before it, in one kernel).
+    Class weights are left to eager."""
+    if weight is not None:
+        raise UnsupportedOpError("nll_loss with class weights (left to eager)")
+    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
+        raise UnsupportedOpError("nll_loss of other than [N, C] floating inputs (left to eager)")
+    if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype is not DataType.Int:
+        raise UnsupportedOpError("nll_loss: class-index targets must be int64 [N]")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"nll_loss: reduction {reduction!r}")
+    xc = _float_compute(x)
+    loss, total = _row_losses(x, _pick_target(xc, target), target, ignore_index)
+    if reduction == 0:
+        return B.cast(loss, x.dtype), B.full([], 0.0, x.dtype)
+    s = B.reduction("sum", loss, [0])
+    out = s if reduction == 2 else ew("div", s, total)
+    return B.cast(out, x.dtype), B.cast(total, x.dtype)
+
+
 @lowers("aten::cross_entropy_loss", op_class=NORMALIZATION, n_args=(6,), const_args=(3, 4, 5))
 def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     """As eager (log_softmax, then nll_loss) for [N, C] logits and class-index or probability
@@ -467,17 +512,10 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     else:
         if target.ndim != 1 or target.dtype is not DataType.Int:
             raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
-        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
-        onehot = ew("eq", classes, B.broadcast(target, [False, True]))
-        x_t = B.reduction("sum", ew("where", onehot, xc, 0.0), [1])     # x[target] (or 0)
+        x_t = _pick_target(xc, target)                      # x[target] (or 0)
         lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))
         picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
-        in_range = ew("logical_and", ew("ge", target, 0),
-                      ew("lt", target, x.logical[1].full_extent))   # a class the row has
-        valid = ew("ne", target, int(ignore_index))
-        nan = ew("where", in_range, ew("neg", picked), float("nan"))
-        loss = ew("where", valid, nan, 0.0)
-        total = B.reduction("sum", B.cast(valid, xc.dtype), [0])
+        loss, total = _row_losses(x, picked, target, ignore_index)
     if reduction == 0:
         return B.cast(loss, x.dtype)
     s = B.reduction("sum", loss, [0])
