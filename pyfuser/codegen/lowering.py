@@ -11,7 +11,10 @@ Kernel shape (T threads, V lanes, U unrolled vectors / rows per thread):
 Slices, pads and cats read their operands at shifted indices (pointwise_graph's "sh" key entries:
 the reference index plus a constant, clamped into the operand where it may fall outside); a pad
 or cat node selects, by the consumer's index, the operand's value or the pad value (a `where`),
-so no load is ever out of bounds and no element is computed twice per output.
+so no load is ever out of bounds and no element is computed twice per output. With vectors
+(only where every vector lies on one side of each such bound: schedule/pointwise._index_vec_ok)
+the shifted loads are vector loads at the affine offset plus the shift, guarded by the bounds
+test of the vector's first element, and an iota along the vectors adds each lane.
 Random numbers (PhiloxUniformOp) are computed where a load would be, from the element's row-major
 index in the random op's shape (its access's offset, as if it were a dense tensor) and the
 launch's seed and offset (kernel parameters pf_seed, pf_offset).
@@ -119,15 +122,22 @@ class Lowering(Emitter):
         return out
 
     def offset(self, a, group_vars):
-        """Offset (elements) of access `a` for lane 0 at the current group indices."""
+        """Offset (elements) of access `a` for lane 0 at the current group indices (a shiftable
+        access: the affine offset plus its constant shifts, unclamped: its load is guarded)."""
         off = self.const(0)
-        if a.affine:
+        if a.affine or a.shiftable:
             for g, gv in zip(self.p.groups, group_vars):
                 st = a.eff.get(g[-1])
                 if st is None or st[0] == 0:
                     continue
                 s = self.const(1) if (a.mode == "vector" and g is self.p.groups[-1]) else self.stride(a, st[1])
                 off = K.add(off, K.mul(gv, s))
+            for k, (shift, minus) in sorted(a.shifts.items()):
+                if (shift or minus) and a.eff.get(k, (0,))[0] != 0:
+                    s = self.const(shift)
+                    for d in minus:
+                        s = K.Bin("-", s, self.extent_expr(d))
+                    off = K.add(off, K.mul(s, self.stride(a, a.eff[k][1])))
             return off
         for j, c in enumerate(a.node.key):
             if a.sizes[j] != 1 and c != 0:
@@ -274,7 +284,10 @@ class Lowering(Emitter):
         if node.kind == "iota":                  # start + index * step, in the iota's dtype
             dt = node.tv.dtype
             idx = DataType.Int if self.it == "int64_t" else DataType.Int32
-            i = K.Convert("cast", self.key_index(node.key[0]), idx, dt)
+            i = self.key_index(node.key[0])
+            if self.p.vec > 1 and node.key[0] == ("r", self.p.groups[-1][-1]):
+                i = K.add(i, K.Var("v"))         # along the vectors: the lane's own index
+            i = K.Convert("cast", i, idx, dt)
             start, step = (self.scalar(x) for x in node.args)
             return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
         if node.kind == "cat":
@@ -297,12 +310,14 @@ class Lowering(Emitter):
         off = self.offset(a, gvars)
         p = self.ptr(a)
         if a.mode == "vector":
-            return K.Load(arr, idx, p, off, self.p.vec, None, self.p.load_cache)
-        if a.mode == "strided" and self.p.vec > 1:
+            load = K.Load(arr, idx, p, off, self.p.vec, None, self.p.load_cache)
+        elif a.mode == "strided" and self.p.vec > 1:
             inner = self.p.groups[-1][-1]
-            return K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
+            load = K.Load(arr, idx, p, off, self.p.vec, self.stride(a, a.eff[inner][1]))
+        else:
+            load = K.Load(arr, idx, p, off, 1)
+        # a pad / cat operand outside its range: no load (uniform over a vector's lanes)
         guard = self.in_bounds(a.node.key) if not a.node.affine else None
-        load = K.Load(arr, idx, p, off, 1)
         return load if guard is None else K.If(guard, [load])
 
     def compute_block(self, arrays, gvars, u, levels=None, thread_vals=None) -> list:

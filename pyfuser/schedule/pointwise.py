@@ -3,7 +3,7 @@
 `can_schedule(fusion)` accepts fusions of elementwise / cast / set / broadcast / expand / squeeze /
 view / permute / full / iota exprs, random numbers drawn in the kernel (PhiloxUniformOp; no
 reductions) and slice / pad / cat (each element read at a shifted index, the operands of pads
-and cats only where the index falls inside them; such loads are not vectorized), with at least
+and cats only where the index falls inside them), with at least
 one output, no complex dtypes, every output computed (not an input or a pure view of one) and
 all outputs of one shape. A random op is indexed as a dense row-major
 tensor of its shape would be (an access without memory), so it collapses and vectorizes with the
@@ -15,9 +15,13 @@ touched) and returns a `PointwiseSchedule`:
    evaluation); its size-1 axes are dropped (index 0);
 2. every global access (loads of inputs, stores of outputs) gets per-R-axis effective strides;
    neighbouring R axes are *collapsed* into one when every affine access is contiguous across
-   them (or broadcast in both), so a contiguous tensor is one linear axis whatever its rank;
+   them (or broadcast in both), so a contiguous tensor is one linear axis whatever its rank; a
+   load at a shifted index (a slice's, pad's or cat's operand: "shiftable") counts as affine
+   with a constant added, and the axes a pad, cat, iota or shift bounds are not collapsed;
 3. the vector width is the widest (<= 16 bytes for the largest element type) that divides the
-   inner collapsed extent, every vectorized tensor's other strides and its pointer alignment;
+   inner collapsed extent, every vectorized tensor's other strides and its pointer alignment,
+   and, with pads, cats, iotas or shifts, every shift and bounding size along the innermost
+   axis (`_index_vec_ok`: each vector then lies on one side of every bound);
 4. heuristics pick 1-D [BIDx, Unroll, TIDx, V] or 2-D [BIDy, BIDx, Unroll, TIDx, V] and the
    transforms are applied to R's TensorDomain so the IR printer's TransformPrinter shows them.
 
@@ -38,7 +42,8 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from .pointwise_graph import ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input
+from .pointwise_graph import (ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input,
+                              shift_affine, shift_levels)
 from .pointwise_heuristics import PointwiseParams, choose
 
 
@@ -118,11 +123,21 @@ class Access:
     ptr_align: int = 16         # byte alignment of the data pointer (capped at 16)
     rng: int | None = None      # a random op's numbers (no memory): its number k in the kernel;
                                 # indexed as a dense row-major tensor of its shape would be
+    shifts: dict = field(default_factory=dict)   # R axis -> (off, minus): a slice / pad / cat
+                                                 # operand read at r_k + off - sizes of minus
 
     @property
     def affine(self) -> bool:
         """The offset is a sum over R axes of index * eff stride (collapsible, vectorizable)."""
         return self.linear or self.node.affine
+
+    @property
+    def shiftable(self) -> bool:
+        """Not affine, but its offset is an affine one plus a constant (eff and shifts): it
+        collapses and vectorizes like an affine access where the shifts allow (_index_vec_ok),
+        its load guarded by the operand's bounds."""
+        return bool(self.eff) and not self.affine and self.node.kind == "load" and \
+            shift_affine(self.node.key) is not None
 
 
 @dataclass
@@ -192,13 +207,34 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
 
     accesses = _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent, orig_of)
     params = PointwiseParams(dropped=dropped)
-    params.groups = _collapse(order, shape, accesses)
+    params.groups = _collapse(order, shape, accesses, _bounded_axes(graph))
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
-    # a pad, cat or iota node computes with its element's own index: one element per thread step
-    by_index = any(n.kind in INDEX_KINDS for n in graph.nodes)
-    params.vec = 1 if by_index else _vector_width(
-        params.groups, ext, accesses, all(proven(k) for k in
-                                          (params.groups[-1] if params.groups else [])))
+    resized = any(n.kind in INDEX_KINDS for n in graph.nodes) or any(a.shifts for a in accesses)
+    if resized:
+        # a cat's size (the sum of its operands') is no signature fact, but an elementwise op
+        # joining it with an input's axis makes the two equal (eager checks it): that input's
+        # facts are the cat's
+        uf = _extent_classes(fusion)
+        known_classes = {id(uf["find"](d.extent)) for t in fusion.tensor_inputs() for d in t.logical}
+
+        def proven_inner(k):
+            s = fusion.outputs[0].logical[k].full_extent
+            return proven(k) or id(uf["find"](s)) in known_classes
+    else:
+        proven_inner = proven
+    params.vec = _vector_width(params.groups, ext, accesses, all(
+        proven_inner(k) for k in (params.groups[-1] if params.groups else [])))
+    # pads, cats, iotas and shifted loads keep vectors only where every vector lies on one side
+    # of each of their bounds along the innermost axis (_index_vec_ok); else one element a step
+    def size_of(d):  # an IterDomain's size where the signature holds its facts, else None
+        s = d.full_extent
+        if s.is_const:
+            return int(s.value)
+        orig = orig_of.get(id(s))
+        return int(bindings.value(orig)) if orig is not None and id(orig) in known else None
+    while params.vec > 1 and not _index_vec_ok(graph, accesses, params.groups, params.vec,
+                                               size_of):
+        params.vec //= 2
     out_numel = L.numel(shape)
     params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
     _classify(params, accesses)
@@ -286,6 +322,13 @@ def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:
         for j, c in enumerate(node.key):
             if c != 0 and sizes[j] != 1:
                 a.eff[c[1]] = (strides[j], j)
+    elif not is_store and node.kind == "load":
+        shifts = shift_affine(node.key)
+        if shifts is not None and shifts:
+            for j, (k, off, minus) in shifts.items():
+                if sizes[j] != 1:
+                    a.eff[k] = (strides[j], j)
+                    a.shifts[k] = (off, minus)
     return a
 
 
@@ -348,11 +391,41 @@ def _view_hop(key):
     return view, key_out
 
 
-def _collapse(order, shape, accesses) -> list[list[int]]:
+def _bounded_axes(graph) -> set:
+    """Reference axes along which a pad, cat or iota computes with the index or a load is read
+    at a shifted index: each stays a group of its own (_collapse), so that vectors along the
+    innermost of them can be checked against its bounds alone (_index_vec_ok)."""
+    out = set()
+
+    def walk(c):
+        if not isinstance(c, tuple):
+            return
+        if c[0] == "r":
+            out.add(c[1])
+        elif c[0] == "sh":
+            walk(c[1])
+        else:
+            for x in c[2]:
+                walk(x)
+    for n in graph.nodes:
+        if n.kind == "pad":
+            bounded = [c for c, (lo, hi) in zip(n.key, n.expr.pads) if lo or hi]
+        elif n.kind == "cat":
+            bounded = [n.key[n.expr.dim]]
+        elif n.kind == "iota":
+            bounded = [n.key[0]]
+        else:
+            bounded = [c for c in n.key if isinstance(c, tuple) and c[0] == "sh"]
+        for c in bounded:
+            walk(c)
+    return out
+
+
+def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     groups: list[list[int]] = []
-    affine = [a for a in accesses if a.affine]
+    affine = [a for a in accesses if a.affine or a.shiftable]
     for k in order:
-        if groups:
+        if groups and k not in apart and groups[-1][-1] not in apart:
             prev = groups[-1][-1]
             if all(a.eff.get(prev, (0,))[0] == a.eff.get(k, (0,))[0] * shape[k] for a in affine):
                 groups[-1].append(k)
@@ -362,7 +435,7 @@ def _collapse(order, shape, accesses) -> list[list[int]]:
 
 
 def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
-    if not groups or not inner_proven or any(not a.affine for a in accesses):
+    if not groups or not inner_proven or any(not (a.affine or a.shiftable) for a in accesses):
         return 1
     inner_k = groups[-1][-1]
     outer_ks = [g[-1] for g in groups[:-1]]
@@ -380,17 +453,81 @@ def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
     return 1
 
 
+def _index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
+    """Whether vectors of `vec` elements along the innermost reference axis k keep every lane
+    of a vector on one side of each bound a pad, cat or shifted load draws along k: k is a group
+    of its own, and every shift along k and every size bounding an operand along k (a pad's
+    leading size and its input's size, a cat's operand sizes, a clamped operand's size) is a
+    multiple of vec, each size a signature fact (`size_of(IterDomain)`: its value when it is a
+    constant or an input's or a view's extent, whose divisibility by 16 the layout signature
+    holds; else None). Then a pad's or cat's choice and a load's bounds test, made with the
+    vector's first index, hold for every lane, and shifted vector loads are aligned as the
+    unshifted ones are. An iota along k adds the lane to its index (codegen)."""
+    if not any(n.kind in INDEX_KINDS for n in graph.nodes) and \
+            not any(a.shifts for a in accesses):
+        return True
+    if not groups or len(groups[-1]) != 1:
+        return False
+    k = groups[-1][0]
+
+    def multiple(d) -> bool:
+        v = size_of(d)
+        return v is not None and v % vec == 0
+
+    def shift_ok(off, minus) -> bool:
+        return off % vec == 0 and all(multiple(d) for d in minus)
+
+    def on_k(c) -> bool:
+        lv = shift_levels(c) if c != 0 else None
+        return lv is not None and lv[0] == k
+
+    def levels_ok(c) -> bool:         # every level of a key entry along k: shift and bound
+        return all(shift_ok(off, minus) and (hi is None or multiple(hi))
+                   for off, minus, hi in shift_levels(c)[1])
+
+    def reads_k(c) -> bool:          # the entry varies along k (through shifts or views)
+        if not isinstance(c, tuple):
+            return False
+        if c[0] == "r":
+            return c[1] == k
+        if c[0] == "sh":
+            return reads_k(c[1])
+        return any(reads_k(x) for x in c[2])          # "vd": the view output's key
+
+    for a in accesses:
+        for c in a.node.key if a.shifts else ():
+            if on_k(c) and not levels_ok(c):
+                return False
+    for n in graph.nodes:
+        if n.kind in INDEX_KINDS and any(reads_k(c) and not (on_k(c) and levels_ok(c))
+                                          for c in n.key):
+            return False                  # a bound along k read through a view: not provable
+        if n.kind == "pad":
+            for j, ((lo, hi), d) in enumerate(zip(n.expr.pads, n.expr.inputs[0].logical)):
+                if (lo or hi) and on_k(n.key[j]) and (lo % vec or not multiple(d)):
+                    return False
+        elif n.kind == "cat":
+            if on_k(n.key[n.expr.dim]) and not all(
+                    multiple(a.tv.logical[n.expr.dim]) for a in n.args):
+                return False
+        elif n.kind == "iota":
+            if on_k(n.key[0]) and n.key[0] != ("r", k):
+                return False
+    return True
+
+
 def _classify(params: PointwiseParams, accesses) -> None:
     groups = params.groups
     inner_k = groups[-1][-1] if groups else None
     outer_ks = [g[-1] for g in groups[:-1]]
     for a in accesses:
-        if not a.affine:
+        if not (a.affine or a.shiftable):
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0
         a.mode = "bcast" if s == 0 else ("vector" if s == 1 else "strided")
-        a.row_invariant = (not a.is_store and params.kind == "2d"
+        # (not a shifted load: its bounds test reads the row's own indices)
+        a.row_invariant = (not a.is_store and params.kind == "2d" and a.affine
                            and all(a.eff.get(k, (0,))[0] == 0 for k in outer_ks))
 
 

@@ -38,7 +38,8 @@ COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp
 RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
 ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + (E.ScalarCast,)
 # node kinds whose value depends on the element's own index (not only on their arguments): the
-# kernel needs per-axis indices and computes them one element at a time (no vectors)
+# kernel needs per-axis indices, and vectors only where each vector lies on one side of their
+# bounds (pointwise._index_vec_ok)
 INDEX_KINDS = ("pad", "cat", "iota")
 
 
@@ -60,6 +61,50 @@ class Node:
 
 def is_affine(key) -> bool:
     return all(c == 0 or (isinstance(c, tuple) and c[0] == "r") for c in key)
+
+
+def shift_levels(c):
+    """(k, levels) when key entry c reads reference axis k through "sh" entries only: per level,
+    innermost first, (off, minus, hi): that level's index is r_k + off - the sizes of the axes
+    in `minus` (the shifts so far, summed), clamped into axis `hi`'s size when hi is not None.
+    ("r", k) is (k, []); any other entry (a view's "vd") is None."""
+    if isinstance(c, tuple) and c[0] == "r":
+        return c[1], []
+    if not (isinstance(c, tuple) and c[0] == "sh"):
+        return None
+    inner = shift_levels(c[1])
+    if inner is None:
+        return None
+    _, _, off, minus, hi = c
+    k, levels = inner
+    before_off, before_minus = (levels[-1][0], levels[-1][1]) if levels else (0, ())
+    return k, levels + [(before_off + int(off), tuple(before_minus) + tuple(minus), hi)]
+
+
+def constant_shift(c):
+    """(k, off, minus) when key entry c reads reference axis k at r_k + off - sum(sizes of
+    minus) (shift_levels' outermost level), else None."""
+    lv = shift_levels(c)
+    if lv is None:
+        return None
+    k, levels = lv
+    return (k, levels[-1][0], levels[-1][1]) if levels else (k, 0, ())
+
+
+def shift_affine(key):
+    """{axis j: (k, off, minus)} when every entry of `key` is 0 or reads a distinct reference
+    axis k at a shift (constant_shift), else None: such an access's offset is an affine one's
+    plus off - sum(minus sizes) times the axis' stride."""
+    out, seen = {}, set()
+    for j, c in enumerate(key):
+        if c == 0:
+            continue
+        ks = constant_shift(c)
+        if ks is None or ks[0] in seen:
+            return None
+        seen.add(ks[0])
+        out[j] = ks
+    return out
 
 
 def shifted(c, off: int, minus=(), hi=None):

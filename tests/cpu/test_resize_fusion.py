@@ -167,10 +167,11 @@ def test_fusion_definition_pad_slice_cat_run_as_one_kernel():
 
 
 @pytest.mark.parametrize("case", ["pad_of_size_one", "iota_compare"])
-def test_index_dependent_nodes_are_not_vectorized(case):
+def test_index_dependent_nodes_are_vectorized_only_where_aligned(case):
     """Fuzzer seed 50018: a pad of a size-1 input (a broadcast axis, so every load is affine)
     was vectorized, and the pad's condition saw the vector's first index for every lane: the
-    pad value went missing. Pad, cat and iota nodes compute with each element's own index."""
+    pad value went missing. A pad's bounds must be multiples of the vector width (here they
+    are not: one element a step); an iota along the vectors adds each lane's index."""
     if case == "pad_of_size_one":
         def f(x):
             v = F.pad(x, [0, 1])
@@ -189,3 +190,45 @@ def test_index_dependent_nodes_are_not_vectorized(case):
     for g, w in zip(got if isinstance(got, tuple) else (got,),
                     want if isinstance(want, tuple) else (want,)):
         assert torch.equal(g, w), (g, w)
+
+
+
+def _halves(split):
+    def f(x, c):
+        return torch.cat((-x[..., split:], x[..., :split]), dim=-1) * c
+    return f
+
+
+def _inner_pad(lo):
+    def f(x, y):         # y: an input of the padded size (its size facts are the pad's)
+        return F.pad(x * 2.0, (lo, 0), value=-1.0) + y
+    return f
+
+
+@pytest.mark.parametrize("fn,shapes,dtype,vec", [
+    (_halves(32), [(2, 3, 16, 64), (16, 64)], torch.bfloat16, 8),
+    (_halves(30), [(2, 3, 16, 64), (16, 64)], torch.bfloat16, 2),
+    (_halves(32), [(2, 3, 16, 64), (16, 64)], torch.float32, 4),
+    (_inner_pad(8), [(3, 5, 56), (3, 5, 64)], torch.bfloat16, 8),
+    (_inner_pad(3), [(3, 5, 61), (3, 5, 64)], torch.bfloat16, 1),
+], ids=["rotary-bf16", "split-30", "rotary-f32", "pad-8", "pad-3"])
+def test_slices_cats_and_pads_keep_vectors_where_their_bounds_are_aligned(fn, shapes, dtype, vec,
+                                                                           monkeypatch):
+    """A rotary embedding's halves (a cat of two slices at 32 of 64) read and write 16-byte
+    vectors: every vector lies on one side of each bound, so the cat's choice and the loads'
+    bounds tests made with the vector's first index hold for all its lanes. A split at 30
+    keeps vectors of 2, a pad of 3 none. Values are eager's bit for bit; NVRTC compiles them."""
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")      # plan here, not from disk
+    plans = []
+    real = api.plan_kernel
+    monkeypatch.setattr(api, "plan_kernel", lambda f, i: plans.append(real(f, i)) or plans[-1])
+    torch.manual_seed(0)
+    args = [torch.randn(*s, dtype=dtype) for s in shapes]
+    with torch.no_grad():
+        got = pyfuser.compile(fn)(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype and got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (plan,) = [p for p in plans if p.scheduler == "pointwise"]
+    assert plan.params.vec == vec, plan.params
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
