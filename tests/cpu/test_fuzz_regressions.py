@@ -196,22 +196,17 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
     assert f.last_run.kernels == 2
 
 
-def _check_program(seed):
+
+@pytest.mark.parametrize("seed", [
+    pytest.param(110466, marks=pytest.mark.xfail(
+        reason="open (TorchScript fuzz, 2026-11-27): amin of a bool tensor comes back int64 in "
+               "the interpreter when the graph was first run with the evaluator; masked_fill "
+               "then rejects it as a mask", strict=True)),
+    pytest.param(110571, marks=pytest.mark.xfail(
+        reason="open (TorchScript fuzz, 2026-11-27): the CPU interpreter evaluates an integer "
+               "remainder on lanes no thread owns, where the divisor is 0, and raises "
+               "ZeroDivisionError (eager's result is 0)", strict=True)),
+], ids=["amin_of_bool_then_masked_fill", "integer_remainder_of_a_sum_by_itself"])
+def test_open_program_fuzz_findings(seed):
     from program_fuzz import check, generate
-    return check(generate(seed))
-
-
-@pytest.mark.xfail(reason="open (TorchScript fuzz seed 110466, 2026-11-27): amin of a bool tensor "
-                          "comes back int64 in the interpreter when the graph was first run "
-                          "with the evaluator; masked_fill then rejects it as a mask",
-                   strict=True)
-def test_amin_of_bool_then_masked_fill_in_both_executors():
-    assert _check_program(110466) is None
-
-
-@pytest.mark.xfail(reason="open (TorchScript fuzz seed 110571, 2026-11-27): the CPU interpreter "
-                          "evaluates an integer remainder on lanes no thread owns, where the "
-                          "divisor is 0, and raises ZeroDivisionError (eager's result is 0)",
-                   strict=True)
-def test_integer_remainder_of_a_sum_by_itself():
-    assert _check_program(110571) is None
+    assert check(generate(seed)) is None
