@@ -192,7 +192,10 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, E.PadOp):
         return torch.nn.functional.pad(x, [p for pair in reversed(e.pads) for p in pair])
     if isinstance(e, (E.ReductionOp, E.WelfordOp)):   # every reduction lays out as sum does
-        return x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))
+        r = x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))
+        # in the reduction's own dtype (a bool min stays bool; sum would make it int64), so the
+        # ops after it see eager's dtypes (a where taking it as its condition)
+        return r if r.dtype == out.dtype.torch else r.to(out.dtype.torch)
     raise NotImplementedError(type(e).__name__)
 
 

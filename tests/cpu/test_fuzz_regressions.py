@@ -198,15 +198,13 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
 
 
 @pytest.mark.parametrize("seed", [
-    pytest.param(110466, marks=pytest.mark.xfail(
-        reason="open (TorchScript fuzz, 2026-11-27): amin of a bool tensor comes back int64 in "
-               "the interpreter when the graph was first run with the evaluator; masked_fill "
-               "then rejects it as a mask", strict=True)),
+    110466,   # fixed: an expanded input made the kernel's layout run (layout._meta_expr) take
+              # a bool amin as a sum (int64), and a masked_fill by it failed there
     pytest.param(110571, marks=pytest.mark.xfail(
         reason="open (TorchScript fuzz, 2026-11-27): the CPU interpreter evaluates an integer "
                "remainder on lanes no thread owns, where the divisor is 0, and raises "
                "ZeroDivisionError (eager's result is 0)", strict=True)),
 ], ids=["amin_of_bool_then_masked_fill", "integer_remainder_of_a_sum_by_itself"])
-def test_open_program_fuzz_findings(seed):
+def test_program_fuzz_findings(seed):
     from program_fuzz import check, generate
     assert check(generate(seed)) is None
