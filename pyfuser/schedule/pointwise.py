@@ -43,7 +43,7 @@ from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
 from .pointwise_graph import (ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input,
-                              shift_affine, shift_levels)
+                              key_axes, shift_affine, shift_levels)
 from .pointwise_heuristics import PointwiseParams, choose
 
 
@@ -133,11 +133,10 @@ class Access:
 
     @property
     def shiftable(self) -> bool:
-        """Not affine, but its offset is an affine one plus a constant (eff and shifts): it
-        collapses and vectorizes like an affine access where the shifts allow (_index_vec_ok),
-        its load guarded by the operand's bounds."""
-        return bool(self.eff) and not self.affine and self.node.kind == "load" and \
-            shift_affine(self.node.key) is not None
+        """Not affine, but its offset is an affine one plus a constant (eff and shifts, which
+        _access fills only for such a load): it collapses and vectorizes like an affine access
+        where the shifts allow (_index_vec_ok), its load guarded by the operand's bounds."""
+        return bool(self.shifts)
 
 
 @dataclass
@@ -224,14 +223,15 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
         proven_inner = proven
     params.vec = _vector_width(params.groups, ext, accesses, all(
         proven_inner(k) for k in (params.groups[-1] if params.groups else [])))
-    # pads, cats, iotas and shifted loads keep vectors only where every vector lies on one side
-    # of each of their bounds along the innermost axis (_index_vec_ok); else one element a step
+
     def size_of(d):  # an IterDomain's size where the signature holds its facts, else None
         s = d.full_extent
         if s.is_const:
             return int(s.value)
         orig = orig_of.get(id(s))
         return int(bindings.value(orig)) if orig is not None and id(orig) in known else None
+    # pads, cats, iotas and shifted loads keep vectors only where every vector lies on one side
+    # of each of their bounds along the innermost axis (_index_vec_ok); else one element a step
     while params.vec > 1 and not _index_vec_ok(graph, accesses, params.groups, params.vec,
                                                size_of):
         params.vec //= 2
@@ -396,17 +396,6 @@ def _bounded_axes(graph) -> set:
     at a shifted index: each stays a group of its own (_collapse), so that vectors along the
     innermost of them can be checked against its bounds alone (_index_vec_ok)."""
     out = set()
-
-    def walk(c):
-        if not isinstance(c, tuple):
-            return
-        if c[0] == "r":
-            out.add(c[1])
-        elif c[0] == "sh":
-            walk(c[1])
-        else:
-            for x in c[2]:
-                walk(x)
     for n in graph.nodes:
         if n.kind == "pad":
             bounded = [c for c, (lo, hi) in zip(n.key, n.expr.pads) if lo or hi]
@@ -417,7 +406,7 @@ def _bounded_axes(graph) -> set:
         else:
             bounded = [c for c in n.key if isinstance(c, tuple) and c[0] == "sh"]
         for c in bounded:
-            walk(c)
+            out |= key_axes(c)
     return out
 
 
@@ -485,21 +474,12 @@ def _index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
         return all(shift_ok(off, minus) and (hi is None or multiple(hi))
                    for off, minus, hi in shift_levels(c)[1])
 
-    def reads_k(c) -> bool:          # the entry varies along k (through shifts or views)
-        if not isinstance(c, tuple):
-            return False
-        if c[0] == "r":
-            return c[1] == k
-        if c[0] == "sh":
-            return reads_k(c[1])
-        return any(reads_k(x) for x in c[2])          # "vd": the view output's key
-
     for a in accesses:
         for c in a.node.key if a.shifts else ():
             if on_k(c) and not levels_ok(c):
                 return False
     for n in graph.nodes:
-        if n.kind in INDEX_KINDS and any(reads_k(c) and not (on_k(c) and levels_ok(c))
+        if n.kind in INDEX_KINDS and any(k in key_axes(c) and not (on_k(c) and levels_ok(c))
                                           for c in n.key):
             return False                  # a bound along k read through a view: not provable
         if n.kind == "pad":

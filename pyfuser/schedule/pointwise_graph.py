@@ -63,6 +63,17 @@ def is_affine(key) -> bool:
     return all(c == 0 or (isinstance(c, tuple) and c[0] == "r") for c in key)
 
 
+def key_axes(c) -> set:
+    """The reference axes a key entry's index varies along (through shifts and views)."""
+    if not isinstance(c, tuple):
+        return set()
+    if c[0] == "r":
+        return {c[1]}
+    if c[0] == "sh":
+        return key_axes(c[1])
+    return set().union(*(key_axes(x) for x in c[2]))    # "vd": the view output's key
+
+
 def shift_levels(c):
     """(k, levels) when key entry c reads reference axis k through "sh" entries only: per level,
     innermost first, (off, minus, hi): that level's index is r_k + off - the sizes of the axes
