@@ -258,3 +258,29 @@ def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
     assert_ran_as_sm90_kernels(regions)
     report = pyfuser.runtime.dispatch.last_report(regions[0].fusion)
     assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["pointwise"], report
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("weights", "nll_loss with class weights (left to eager)"),
+    ("one_row", "nll_loss of other than [N, C] floating inputs (left to eager)"),
+])
+def test_nll_loss_forward_left_to_eager_says_why(case, reason):
+    """nll_loss_forward's refusals: the node stays eager with the lowering's reason, and the
+    result is eager's."""
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+    if case == "weights":
+        x, t = torch.randn(3, 4), torch.tensor([0, 3, 1])
+
+        def f(x):
+            return F.nll_loss(F.log_softmax(x * 2, 1), t, weight=w)
+    else:
+        x, t = torch.randn(4), torch.tensor(2)
+
+        def f(x):
+            return F.nll_loss(F.log_softmax(x * 2, 0), t)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x)
+    torch.testing.assert_close(got, f(x))
+    reasons = {r for g in compiled_graphs() for n, r in g.unsupported.items()
+               if n.startswith("nll_loss_forward")}
+    assert reasons == {reason}, reasons
