@@ -78,11 +78,11 @@ def _ref_numel(fusion, inputs) -> int:
                 where[id(d.extent)] = int(n)
     n = 1
     for d in fusion.outputs[0].logical:
-        s = d.full_extent
-        if s.is_const:
-            n *= int(s.value)
-        elif id(s) in where:
-            n *= where[id(s)]
+        size = d.known_size()
+        if size is not None:
+            n *= size
+        elif id(d.full_extent) in where:
+            n *= where[id(d.full_extent)]
         else:
             return L.numel(bind(fusion, inputs).shape(fusion.outputs[0]))
     return n

@@ -100,11 +100,11 @@ def _check_original(op: str, x: TensorView, original: list[int]) -> None:
         raise FusionDefinitionError(
             f"{op}: original_shape {original} has {len(original)} entries; {x.name} has rank {x.ndim}")
     for i, (d, n) in enumerate(zip(x.logical, original)):
-        ext = d.full_extent
-        if ext.is_const and ext.value != n and n != -1:
+        size = d.known_size()
+        if size is not None and size != n and n != -1:
             raise FusionDefinitionError(
                 f"{op}: original_shape {original} says axis {i} of {x.name} has size {n}, "
-                f"but it has size {ext.value}")
+                f"but it has size {size}")
 
 
 class Ops:

@@ -140,10 +140,10 @@ def _output_axes(tensors: list[TensorView], opname: str) -> list[IterDomain]:
         real = [d for d in ids if not d.is_broadcast] + \
             [d for d in ids if d.is_broadcast and d.expanded_extent is not None]
         for d in real[1:]:
-            a, b = real[0].full_extent, d.full_extent
-            if a.is_const and b.is_const and a.value != b.value:
+            a, b = real[0].known_size(), d.known_size()
+            if a is not None and b is not None and a != b:
                 raise FusionDefinitionError(
-                    f"{opname}: axis {i} has extent {a.value} in one operand and {b.value} in another")
+                    f"{opname}: axis {i} has extent {a} in one operand and {b} in another")
         axes.append(real[0] if real else ids[0])
     return axes
 
@@ -333,12 +333,6 @@ def broadcast_in_dim(x: TensorView, output_shape: Sequence[int], broadcast_dims:
                                 .is_broadcast) else -1 for i, s in enumerate(output_shape)])
 
 
-def _known_extent(d: IterDomain):
-    """The size of a logical axis when known now (an expanded axis has its expanded size)."""
-    ext = d.full_extent
-    return ext.value if ext.is_const else None
-
-
 def reshape(x: TensorView, new_shape: Sequence) -> TensorView:
     """Row-major reshape. Known input extents are checked now; symbolic ones at execute. An
     entry may be a symbolic Scalar: an extent of this fusion (a flatten keeps the symbolic
@@ -349,7 +343,7 @@ def reshape(x: TensorView, new_shape: Sequence) -> TensorView:
     ints = [s for s in shape if isinstance(s, int)]
     if ints.count(-1) > 1 or any(s < -1 for s in ints):
         raise FusionDefinitionError(f"view: invalid new shape {shape}")
-    known = [_known_extent(d) for d in x.logical]
+    known = [d.known_size() for d in x.logical]
     if len(ints) < len(shape):
         if len(shape) == x.ndim and all(
                 s is d.extent if isinstance(s, Scalar) else s == k
@@ -573,8 +567,9 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
                 f"slice: end index {b} of axis {i} is smaller than its start index {a}")
         if st != 1:
             raise FusionDefinitionError(f"slice: stride {st} of axis {i}: only stride 1 is supported")
-        ext = ax.full_extent
-        known = ext.value if ext.is_const else (hint if hint > 1 else None)
+        known = ax.known_size()
+        if known is None and hint > 1:
+            known = hint
         if known is not None and b > known:
             raise FusionDefinitionError(f"slice: end index {b} of axis {i} is past its size {known}")
         n = b - a
@@ -597,12 +592,12 @@ def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorVi
         if j != dim or (start == 0 and end is None):
             root.append(_copy_id(d))
             continue
-        ext = d.full_extent
-        if ext.is_const:
-            stop = ext.value if end is None else end
-            if stop > ext.value:
+        size = d.known_size()
+        if size is not None:
+            stop = size if end is None else end
+            if stop > size:
                 raise FusionDefinitionError(
-                    f"slice: end {end} of axis {dim} is past its size {ext.value}")
+                    f"slice: end {end} of axis {dim} is past its size {size}")
             n = stop - start
         else:
             n = None if end is None else end - start
@@ -638,9 +633,9 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
         if lo == 0 and hi == 0:
             root.append(_copy_id(d))
             continue
-        ext = d.full_extent
-        root.append(IterDomain(Scalar(DataType.Int, int(ext.value) + lo + hi if ext.is_const
-                                      else None, fusion)))
+        size = d.known_size()
+        root.append(IterDomain(Scalar(DataType.Int, None if size is None else size + lo + hi,
+                                      fusion)))
     out = TensorView(root, x.dtype, fusion)
     E.PadOp(out, x, pairs, v)
     return out

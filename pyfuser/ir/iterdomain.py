@@ -67,6 +67,12 @@ class IterDomain(Val):
         (its `extent` is 1), else `extent`."""
         return self.expanded_extent if self.expanded_extent is not None else self.extent
 
+    def known_size(self) -> int | None:
+        """The axis' size when it is a compile-time constant, else None (a symbolic extent,
+        bound only at run time). An expanded broadcast axis has its expanded size."""
+        s = self.full_extent
+        return int(s.value) if s.is_const else None
+
     @property
     def is_broadcast(self) -> bool:
         return self.iter_type is IterType.Broadcast

@@ -225,10 +225,10 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
         proven_inner(k) for k in (params.groups[-1] if params.groups else [])))
 
     def size_of(d):  # an IterDomain's size where the signature holds its facts, else None
-        s = d.full_extent
-        if s.is_const:
-            return int(s.value)
-        orig = orig_of.get(id(s))
+        n = d.known_size()
+        if n is not None:
+            return n
+        orig = orig_of.get(id(d.full_extent))
         return int(bindings.value(orig)) if orig is not None and id(orig) in known else None
     # pads, cats, iotas and shifted loads keep vectors only where every vector lies on one side
     # of each of their bounds along the innermost axis (_index_vec_ok); else one element a step

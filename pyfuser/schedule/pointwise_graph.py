@@ -195,8 +195,7 @@ class Graph:
             args, before = [], []
             for x in e.inputs:
                 d = x.logical[e.dim]
-                n = d.full_extent
-                if not (n.is_const and n.value == 0):   # an empty operand adds nothing
+                if d.known_size() != 0:                 # an empty operand adds nothing
                     pk = list(key)
                     pk[e.dim] = shifted(key[e.dim], 0, before, d)
                     args.append(self._visit(x, _zero_broadcasts(x, pk)))

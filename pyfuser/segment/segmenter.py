@@ -154,8 +154,8 @@ def excluded(fusion) -> tuple:
 def _bytes(tv) -> int:
     n = tv.dtype.itemsize
     for d in tv.logical:
-        s = d.full_extent
-        n *= (s.value if s.is_const else SYMBOLIC_EXTENT_GUESS) if not d.is_broadcast or \
+        size = d.known_size()
+        n *= (SYMBOLIC_EXTENT_GUESS if size is None else size) if not d.is_broadcast or \
             d.expanded_extent is not None else 1
     return n
 

@@ -350,8 +350,8 @@ def _native_group_norm(x, w, b, n, c, hw, groups, eps):
     if x.ndim < 2:
         raise UnsupportedOpError(f"group_norm of a rank-{x.ndim} input (eager raises)")
     G = int(groups)
-    ch = x.logical[1].full_extent
-    if G <= 0 or (ch.is_const and ch.value % G):
+    ch = x.logical[1].known_size()
+    if G <= 0 or (ch is not None and ch % G):
         raise UnsupportedOpError(f"group_norm: {G} groups do not divide the channels (eager raises)")
     out_dtype = _inference_dtypes(x, (w, b))
     shape = [d.full_extent for d in x.logical]

@@ -25,14 +25,8 @@ from .registry import METADATA, lowers
 _OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
 
 
-def _known(x: TensorView, dim: int) -> int | None:
-    """The size of axis `dim` when it is a constant, else None."""
-    s = x.logical[dim].full_extent
-    return int(s.value) if s.is_const else None
-
-
 def _size(x: TensorView, dim: int, what: str) -> int:
-    n = _known(x, dim)
+    n = x.logical[dim].known_size()
     if n is None:
         raise UnsupportedOpError(f"{what}: axis {dim} of the input has no constant size")
     return n
@@ -71,7 +65,7 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     d = _dim(dim, x.ndim, "aten::slice")
     s = 0 if start is None else _const_int(start, "aten::slice start")
     e = None if end is None else _const_int(end, "aten::slice end")
-    n = _known(x, d)
+    n = x.logical[d].known_size()
     if n is not None:
         s, e = _bounds(n, s, e)
         if (s, e) == (0, n):
@@ -102,7 +96,7 @@ def _cat(tensors, dim=0):
 
 
 def _is_empty(t: TensorView) -> bool:
-    return _known(t, 0) == 0
+    return t.logical[0].known_size() == 0
 
 
 def _pad(x: TensorView, pairs: list, value, what: str):

@@ -45,18 +45,13 @@ def _flatten(x, start=0, end=-1):
     if n == 0:
         return B.reshape(x, [1])
     s, e = start % n, end % n
-    shape = [_extent_or_minus_one(d) for d in x.logical]
+    sizes = [d.known_size() for d in x.logical]
+    shape = [-1 if k is None else k for k in sizes]       # -1: known only at run time
     known = shape[s:e + 1]
     merged = -1 if -1 in known else _prod(known)
     # axes outside the range keep their size: their own (symbolic) extent where not known
     outer = [d.extent if v == -1 else v for d, v in zip(x.logical, shape)]
     return B.reshape(x, outer[:s] + [merged] + outer[e + 1:])
-
-
-def _extent_or_minus_one(d) -> int:
-    """A logical axis' size when known (an expanded axis counts its expanded size), else -1."""
-    ext = d.full_extent
-    return ext.value if ext.is_const else -1
 
 
 def _prod(xs):
