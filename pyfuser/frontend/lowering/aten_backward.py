@@ -21,7 +21,7 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .aten_reduction import _channel_param, _float_compute
+from .aten_reduction import _channel_param, _float_compute, _target_masks
 from .registry import NORMALIZATION, lowers
 
 ew = B.elementwise
@@ -236,8 +236,7 @@ def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, 
         grad = B.broadcast(ew("neg", grad_output), [False, True])
     classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, target.dtype), [True, False])
     t = B.broadcast(target, [False, True])
-    hit = ew("logical_and", ew("eq", classes, t), ew("ne", t, int(ignore_index)))
-    out = ew("where", hit, B.cast(grad, x.dtype), B.constant(0.0, x.dtype))
-    bad = ew("logical_and", ew("ne", t, int(ignore_index)),
-             ew("logical_or", ew("lt", t, 0), ew("ge", t, x.logical[1].full_extent)))
-    return ew("where", bad, B.constant(float("nan"), x.dtype), out)
+    in_range, valid = _target_masks(t, x.logical[1].full_extent, ignore_index)
+    zero = B.constant(0.0, x.dtype)
+    out = ew("where", ew("eq", classes, t), B.cast(grad, x.dtype), zero)
+    return ew("where", valid, ew("where", in_range, out, B.constant(float("nan"), x.dtype)), zero)

@@ -440,12 +440,20 @@ def _pick_target(xc: TensorView, target: TensorView) -> TensorView:
     return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
 
 
+def _target_masks(target: TensorView, classes, ignore_index):
+    """(in_range, valid) for class-index targets, elementwise on `target` (of any shape): the
+    target is a class in [0, classes) the row has; it is not ignore_index. nll_loss and its
+    backward give NaN where a target is valid but out of range (eager raises there) and 0
+    where it is ignored; ignore_index itself may be out of range (eager's -100)."""
+    in_range = ew("logical_and", ew("ge", target, 0), ew("lt", target, classes))
+    valid = ew("ne", target, int(ignore_index))
+    return in_range, valid
+
+
 def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_index):
     """(per-row loss -picked, 0 where the target is ignore_index, NaN where it is out of
     [0, C) (eager raises there); the count of rows not ignored), in the compute dtype."""
-    in_range = ew("logical_and", ew("ge", target, 0),
-                  ew("lt", target, x.logical[1].full_extent))   # a class the row has
-    valid = ew("ne", target, int(ignore_index))
+    in_range, valid = _target_masks(target, x.logical[1].full_extent, ignore_index)
     nan = ew("where", in_range, ew("neg", picked), float("nan"))
     total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
     return ew("where", valid, nan, 0.0), total
