@@ -12,8 +12,8 @@ Slices, pads and cats read their operands at shifted indices (pointwise_graph's 
 the reference index plus a constant, clamped into the operand where it may fall outside); a pad
 or cat node selects, by the consumer's index, the operand's value or the pad value (a `where`),
 so no load is ever out of bounds and no element is computed twice per output. With vectors
-(only where every vector lies on one side of each such bound: schedule/pointwise._index_vec_ok)
-the shifted loads are vector loads at the affine offset plus the shift, guarded by the bounds
+(only where every vector lies on one side of each such bound:
+schedule/pointwise_resize.index_vec_ok) the shifted loads are vector loads at the affine offset plus the shift, guarded by the bounds
 test of the vector's first element, and an iota along the vectors adds each lane.
 Random numbers (PhiloxUniformOp) are computed where a load would be, from the element's row-major
 index in the random op's shape (its access's offset, as if it were a dense tensor) and the

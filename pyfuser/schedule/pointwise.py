@@ -21,7 +21,7 @@ touched) and returns a `PointwiseSchedule`:
 3. the vector width is the widest (<= 16 bytes for the largest element type) that divides the
    inner collapsed extent, every vectorized tensor's other strides and its pointer alignment,
    and, with pads, cats, iotas or shifts, every shift and bounding size along the innermost
-   axis (`_index_vec_ok`: each vector then lies on one side of every bound);
+   axis (`pointwise_resize`: each vector then lies on one side of every bound);
 4. heuristics pick 1-D [BIDx, Unroll, TIDx, V] or 2-D [BIDy, BIDx, Unroll, TIDx, V] and the
    transforms are applied to R's TensorDomain so the IR printer's TransformPrinter shows them.
 
@@ -43,8 +43,9 @@ from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
 from .pointwise_graph import (ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input,
-                              key_axes, shift_affine, shift_levels)
+                              shift_affine)
 from .pointwise_heuristics import PointwiseParams, choose
+from .pointwise_resize import bounded_axes, index_vec_ok
 
 
 # ---- can_schedule -----------------------------------------------------------------------------
@@ -135,7 +136,8 @@ class Access:
     def shiftable(self) -> bool:
         """Not affine, but its offset is an affine one plus a constant (eff and shifts, which
         _access fills only for such a load): it collapses and vectorizes like an affine access
-        where the shifts allow (_index_vec_ok), its load guarded by the operand's bounds."""
+        where the shifts allow (pointwise_resize.index_vec_ok), its load guarded by the
+        operand's bounds."""
         return bool(self.shifts)
 
 
@@ -206,7 +208,7 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
 
     accesses = _accesses(clone, fusion, graph, inputs, bindings, orders, view_extent, orig_of)
     params = PointwiseParams(dropped=dropped)
-    params.groups = _collapse(order, shape, accesses, _bounded_axes(graph))
+    params.groups = _collapse(order, shape, accesses, bounded_axes(graph))
     ext = [L.numel(shape[k] for k in g) for g in params.groups]
     resized = any(n.kind in INDEX_KINDS for n in graph.nodes) or any(a.shifts for a in accesses)
     if resized:
@@ -231,9 +233,9 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
         orig = orig_of.get(id(d.full_extent))
         return int(bindings.value(orig)) if orig is not None and id(orig) in known else None
     # pads, cats, iotas and shifted loads keep vectors only where every vector lies on one side
-    # of each of their bounds along the innermost axis (_index_vec_ok); else one element a step
-    while params.vec > 1 and not _index_vec_ok(graph, accesses, params.groups, params.vec,
-                                               size_of):
+    # of each of their bounds along the innermost axis (index_vec_ok); else one element a step
+    while params.vec > 1 and not index_vec_ok(graph, accesses, params.groups, params.vec,
+                                              size_of):
         params.vec //= 2
     out_numel = L.numel(shape)
     params.index_type = "int64_t" if L.needs_int64(inputs, out_numel) else "int"
@@ -391,25 +393,6 @@ def _view_hop(key):
     return view, key_out
 
 
-def _bounded_axes(graph) -> set:
-    """Reference axes along which a pad, cat or iota computes with the index or a load is read
-    at a shifted index: each stays a group of its own (_collapse), so that vectors along the
-    innermost of them can be checked against its bounds alone (_index_vec_ok)."""
-    out = set()
-    for n in graph.nodes:
-        if n.kind == "pad":
-            bounded = [c for c, (lo, hi) in zip(n.key, n.expr.pads) if lo or hi]
-        elif n.kind == "cat":
-            bounded = [n.key[n.expr.dim]]
-        elif n.kind == "iota":
-            bounded = [n.key[0]]
-        else:
-            bounded = [c for c in n.key if isinstance(c, tuple) and c[0] == "sh"]
-        for c in bounded:
-            out |= key_axes(c)
-    return out
-
-
 def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     groups: list[list[int]] = []
     affine = [a for a in accesses if a.affine or a.shiftable]
@@ -440,60 +423,6 @@ def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
             return vec
         vec //= 2
     return 1
-
-
-def _index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
-    """Whether vectors of `vec` elements along the innermost reference axis k keep every lane
-    of a vector on one side of each bound a pad, cat or shifted load draws along k: k is a group
-    of its own, and every shift along k and every size bounding an operand along k (a pad's
-    leading size and its input's size, a cat's operand sizes, a clamped operand's size) is a
-    multiple of vec, each size a signature fact (`size_of(IterDomain)`: its value when it is a
-    constant or an input's or a view's extent, whose divisibility by 16 the layout signature
-    holds; else None). Then a pad's or cat's choice and a load's bounds test, made with the
-    vector's first index, hold for every lane, and shifted vector loads are aligned as the
-    unshifted ones are. An iota along k adds the lane to its index (codegen)."""
-    if not any(n.kind in INDEX_KINDS for n in graph.nodes) and \
-            not any(a.shifts for a in accesses):
-        return True
-    if not groups or len(groups[-1]) != 1:
-        return False
-    k = groups[-1][0]
-
-    def multiple(d) -> bool:
-        v = size_of(d)
-        return v is not None and v % vec == 0
-
-    def shift_ok(off, minus) -> bool:
-        return off % vec == 0 and all(multiple(d) for d in minus)
-
-    def on_k(c) -> bool:
-        lv = shift_levels(c) if c != 0 else None
-        return lv is not None and lv[0] == k
-
-    def levels_ok(c) -> bool:         # every level of a key entry along k: shift and bound
-        return all(shift_ok(off, minus) and (hi is None or multiple(hi))
-                   for off, minus, hi in shift_levels(c)[1])
-
-    for a in accesses:
-        for c in a.node.key if a.shifts else ():
-            if on_k(c) and not levels_ok(c):
-                return False
-    for n in graph.nodes:
-        if n.kind in INDEX_KINDS and any(k in key_axes(c) and not (on_k(c) and levels_ok(c))
-                                          for c in n.key):
-            return False                  # a bound along k read through a view: not provable
-        if n.kind == "pad":
-            for j, ((lo, hi), d) in enumerate(zip(n.expr.pads, n.expr.inputs[0].logical)):
-                if (lo or hi) and on_k(n.key[j]) and (lo % vec or not multiple(d)):
-                    return False
-        elif n.kind == "cat":
-            if on_k(n.key[n.expr.dim]) and not all(
-                    multiple(a.tv.logical[n.expr.dim]) for a in n.args):
-                return False
-        elif n.kind == "iota":
-            if on_k(n.key[0]) and n.key[0] != ("r", k):
-                return False
-    return True
 
 
 def _classify(params: PointwiseParams, accesses) -> None:

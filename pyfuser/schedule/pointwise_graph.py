@@ -39,7 +39,7 @@ RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
 ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + (E.ScalarCast,)
 # node kinds whose value depends on the element's own index (not only on their arguments): the
 # kernel needs per-axis indices, and vectors only where each vector lies on one side of their
-# bounds (pointwise._index_vec_ok)
+# bounds (pointwise_resize.index_vec_ok)
 INDEX_KINDS = ("pad", "cat", "iota")
 
 
