@@ -39,7 +39,7 @@ import torch
 
 from ..ir.tensor import TensorView
 from ..segment.segmented_fusion import RunReport, SegmentRun
-from .executor import _RAW_ENV, slow_env as _slow_env
+from .executor import _RAW_ENV, _workspace, slow_env as _slow_env, stream_of
 
 # Executors live in an attribute of their Fusion (so they die with it: an executor refers to its
 # fusion, which a WeakKeyDictionary value must not); _holders lets clear_caches find them.
@@ -276,23 +276,37 @@ def _install(fusion, inputs, report, record) -> None:
 
 def _native_program(fusion, report, kernels, outputs, n_inputs):
     """(steps, results, effects, device) of the native Runner for a recorded program: per kernel
-    (fast, its input slots, executor) its outputs allocated and its prepared launch (pointers from
-    those slots, then its outputs), per output its slot or a view of one; the effects are what the
-    Python program does besides (the fast entries' run counts, executors' last_run, the report).
+    (fast, its input slots, executor) its outputs allocated, its workspaces (partials allocated,
+    semaphores the current stream's zeroed buffer) and its prepared launch (pointers from those
+    slots, then its outputs, then its workspaces), per output its slot or a view of one; the
+    effects are what the Python program does besides (the fast entries' run counts, executors'
+    last_run, the report). Slots are numbered as the Python program's (inputs, then each
+    kernel's outputs) mapped through `where`, since workspaces take runner slots too.
     None when a launch cannot go through the runner (native.launch_step)."""
     from . import native
     steps, effects, device = [], [], -1
+    where = list(range(n_inputs))         # the Python program's slot -> the runner's
     slot = n_inputs
-    if any(fast.workspaces for fast, _, _ in kernels):
-        return None                    # zeroed workspaces per launch: the Python replay does it
+
+    def add(step):
+        nonlocal slot
+        steps.append(step)
+        slot += 1
+        return slot - 1
+
     for fast, slots, ex in kernels:
-        outs = []
-        for size, stride, dtype in fast.specs:
-            steps.append(("alloc", size, stride, torch.empty(0, dtype=dtype, device=fast.device)))
-            outs.append(slot)
-            slot += 1
+        outs = [add(("alloc", size, stride, torch.empty(0, dtype=dtype, device=fast.device)))
+                for size, stride, dtype in fast.specs]
+        work = []
+        for n, dtype, kind in fast.workspaces if fast.prep is not None else ():
+            if kind == "semaphores":     # this stream's zeroed buffer (a miss on another stream)
+                work.append(add(("const", _workspace(fast, n, dtype, kind), stream_of(fast))))
+            else:
+                work.append(add(("alloc", (n,), (1,), torch.empty(0, dtype=dtype,
+                                                                  device=fast.device))))
         if fast.prep is not None:
-            step = native.launch_step(fast.entry.launcher, fast.prep, list(slots) + outs)
+            step = native.launch_step(fast.entry.launcher, fast.prep,
+                                      [where[k] for k in slots] + outs + work)
             if step is None:
                 return None
             steps.append(step)
@@ -300,18 +314,12 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
             drop = fusion.__dict__[_PROGS].drop_native
             if drop not in fast.prep.listeners:
                 fast.prep.listeners.append(drop)
+        where += outs
         effects += [("incr", fast, "runs"), ("setattr", ex, "last_run", fast.hit)]
-    results = []
-    for k, spec in outputs:
-        if spec is None:
-            results.append(k)
-        else:
-            steps.append(("view", k, *spec))
-            results.append(slot)
-            slot += 1
+    results = [where[k] if spec is None else add(("view", where[k], *spec))
+               for k, spec in outputs]
     effects.append(("setitem", fusion.__dict__, _REPORT, report))
     return steps, results, effects, device
-
 
 
 def last_report(fusion) -> RunReport | None:

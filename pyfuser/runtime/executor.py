@@ -494,11 +494,16 @@ def _workspace(fast, n, dtype, kind):
     one stream run in order; other streams get their own)."""
     if kind != "semaphores":
         return torch.empty(n, dtype=dtype, device=fast.device)
-    stream = torch._C._cuda_getCurrentRawStream(fast.device.index)
+    stream = stream_of(fast)
     buf = fast.semaphores.get(stream)
     if buf is None:
         buf = fast.semaphores[stream] = torch.zeros(n, dtype=dtype, device=fast.device)
     return buf
+
+
+def stream_of(fast) -> int:
+    """The raw current stream of fast's device, as its launches (and the native runner) see it."""
+    return fast.entry.launcher._stream(fast.device.index)
 
 
 def _nonempty(cfg) -> bool:

@@ -152,11 +152,11 @@ def configure(mod) -> bool:
 
 def launch_step(launcher, prep, ptr_slots):
     """The runner's ("launch", ...) step for Prepared `prep`, whose i-th tensor pointer comes from
-    slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx, or when
-    the kernel draws random numbers (its seed and offset are drawn per launch in Python)."""
+    slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx. A kernel
+    drawing random numbers gets `draw` (runtime/rng.py's launch_state for its device and
+    increment: the seed and offset the Python path would draw) and the byte offsets to write
+    them at."""
     if launcher.mode != "ctypes" or launcher._raw is None or launcher._raw.launch_ex is None:
-        return None
-    if prep.rng is not None:     # a new seed / offset per launch: only Python's replay draws one
         return None
     from .launch import _CFG
     offsets = [_CFG + o for o in launcher.packer.offsets]
@@ -166,7 +166,13 @@ def launch_step(launcher, prep, ptr_slots):
     def fail(code, call):
         D._fail(code, what if call == "launch" else call)
 
-    return ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)
+    step = ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)
+    if prep.rng is None:
+        return step
+    from .rng import launch_state
+    device, increment, slots = prep.rng
+    return step + (functools.partial(launch_state, device, increment),
+                   [(off, which) for _, off, which in slots])
 
 
 def main(argv=None) -> int:

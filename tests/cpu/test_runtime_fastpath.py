@@ -413,9 +413,10 @@ def _dropout_fusion():
 
 
 def test_random_kernels_replay_with_a_new_seed_and_offset_per_call(fake):
-    """A kernel drawing random numbers takes the cached-call replay too (not the native runner:
-    its seed and offset are drawn in Python per launch): every launch gets the generator's seed
-    and the next offset, as the general path gives it, and the calls are fast-path hits."""
+    """A kernel drawing random numbers takes the cached-call replay too, the native runner's
+    included (it calls runtime/rng.py's launch_state per launch): every launch gets the
+    generator's seed and the next offset, as the general path gives it, and the calls are
+    fast-path hits."""
     from pyfuser.runtime import rng
     f = _dropout_fusion()
     x = torch.randn(1000)
@@ -429,5 +430,33 @@ def test_random_kernels_replay_with_a_new_seed_and_offset_per_call(fake):
     assert ex.last_run["cache_hit"] and ex.stats["compiled"] == 1
     progs = f.__dict__[dispatch._PROGS]
     assert len(progs.runs) == 1                         # the call was recorded and replayed
-    assert progs.native is None or len(progs.native) == 0
+    assert (progs.native is not None and len(progs.native) == 1) == fake.native
+    assert fake.ex_launches >= 3                         # the prepared launch, not the general one
+
+
+def test_grid_reductions_replay_with_their_workspaces(fake):
+    """A reduction split across blocks takes workspaces (partials: fresh each call; semaphores:
+    one zeroed buffer per stream that every launch leaves zero): its cached calls replay, through
+    the native runner too, with the same semaphores and fresh partials each call."""
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        f.add_output(B.reduction("sum", x, [0]))
+    x = torch.randn(8192, 64)
+    for _ in range(4):
+        dispatch.execute_fusion(f, [x])
+    launches = [v for _, _, _, v in fake.launches[-4:]]
+    assert all({"ws0", "ws1"} <= set(v) for v in launches)       # partials, semaphores
+    ex = dispatch.get_executor(f)
+    fast = next(iter(ex._fast.values()))
+    kinds = [kind for _, _, kind in fast.workspaces]
+    assert sorted(kinds) == ["partials", "semaphores"]
+    sem = "ws%d" % kinds.index("semaphores")
+    assert len({v[sem] for v in launches}) == 1                  # one buffer per stream
+    assert next(iter(fast.semaphores.values())).data_ptr() == launches[0][sem]
+    assert ex.last_run["cache_hit"] and ex.stats["compiled"] == 1
+    progs = f.__dict__[dispatch._PROGS]
+    assert (progs.native is not None and len(progs.native) == 1) == fake.native
     assert fake.ex_launches >= 3                         # the prepared launch, not the general one

@@ -195,6 +195,19 @@ def test_add_checks_its_arguments(mod):
         r.add([xs[0]], [], [], [], 0)
     with pytest.raises(ValueError, match="unknown effect"):
         r.add(xs, [], [], [("poke", xs, "a")], 0)
+    fail = lambda c, s: None                                  # noqa: E731
+    with pytest.raises(ValueError, match="rng write"):
+        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2), [(4000, 0)])],
+              [], [], 0)
+    with pytest.raises(ValueError, match="rng write"):
+        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2), [(72, 2)])],
+              [], [], 0)
+    with pytest.raises(TypeError, match="draw must be callable"):
+        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, 3, [])], [], [], 0)
+    with pytest.raises(TypeError, match="a tensor"):
+        r.add(xs, [("const", 3, 0)], [], [], 0)
+    with pytest.raises(ValueError, match="different streams"):
+        r.add(xs, [("const", xs[0], 1), ("const", xs[1], 2)], [], [], 0)
     assert len(r) == 0
 
 
@@ -267,3 +280,57 @@ def test_a_program_dropped_during_its_replay_finishes(mod):
           [("setattr", c, "a", 1), ("setattr", c, "b", 2)], -1)
     out, same = r.run([x])
     assert same is x and out.shape == (3,) and (c.a, c.b) == (1, 2) and len(r) == 0
+
+
+def test_random_launches_draw_before_writing(mod):
+    """A launch with `draw` gets a fresh (seed, offset) per replay written at its rng offsets;
+    the program's draws are all made, in launch order, before any launch (no Python code runs
+    between buffer writes); the seed keeps its bit pattern (a negative int64)."""
+    drv = Driver(mod, 4)
+    r = _runner(mod)
+    draws, order = iter([(-5, 8), (7, 12), (-9, 16), (11, 20)]), []
+
+    def draw(name):
+        def f():
+            order.append((name, len(drv.launches)))
+            return next(draws)
+        return f
+    fail = lambda c, s: None                                   # noqa: E731
+    steps = [("alloc", (6,), (1,), torch.empty(0, dtype=torch.float64)),
+             ("launch", 0x1234, 7, _buffer(), [56, 64, 72, 80], [(56, 0), (64, 2)], fail,
+              draw("a"), [(72, 0), (80, 1)]),
+             ("launch", 0x5678, 7, _buffer(), [56, 64, 72, 80], [(56, 2), (64, 1)], fail,
+              draw("b"), [(80, 0), (72, 1)])]
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, steps, [2], [], 0)
+    (out,) = r.run(xs)
+    assert order == [("a", 0), ("b", 0)]                       # both drawn before launching
+    (_, fn_a, vals_a, _, _), (_, fn_b, vals_b, _, _) = drv.launches
+    assert (fn_a, fn_b) == (0x1234, 0x5678)
+    assert vals_a == [xs[0].data_ptr(), out.data_ptr(), (-5) % 2 ** 64, 8]
+    assert vals_b == [out.data_ptr(), xs[1].data_ptr(), 12, 7]
+    r.run(xs)                                                  # a new state every replay
+    assert drv.launches[2][2][2:] == [(-9) % 2 ** 64, 16] and drv.launches[3][2][2:] == [20, 11]
+    draws = iter([("bad",)])
+    with pytest.raises(TypeError, match="seed, offset"):
+        r.run(xs)
+    assert len(drv.launches) == 4                              # a failed draw launches nothing
+
+
+def test_const_slots_are_pinned_to_their_stream(mod):
+    """A const step's tensor is the slot itself (a grid reduction's semaphores); it belongs to the
+    stream it was recorded on, so a replay on another stream is a miss."""
+    drv = Driver(mod, 4)
+    r = _runner(mod, slow=lambda inputs: "slow")
+    sem = torch.zeros(4, dtype=torch.int32)
+    fail = lambda c, s: None                                   # noqa: E731
+    steps = [("const", sem, 0xABC0 + 3),
+             ("launch", 0x1234, 7, _buffer(), [56, 64, 72, 80], [(56, 0), (64, 2)], fail)]
+    xs = [torch.randn(6), torch.randn(6)]
+    r.add(xs, steps, [2, 0], [], 3)
+    same, x0 = r.run(xs)
+    assert same is sem and x0 is xs[0]
+    assert drv.launches[-1][2][:2] == [xs[0].data_ptr(), sem.data_ptr()]
+    r2 = _runner(mod, slow=lambda inputs: "slow")
+    r2.add(xs, [("const", sem, 0xABC0 + 4)] + steps[1:], [2], [], 3)   # recorded elsewhere
+    assert r2.run(xs) == "slow" and len(drv.launches) == 1

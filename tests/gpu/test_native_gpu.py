@@ -1,5 +1,6 @@
 """The native cached-call runner on the GPU: it answers cached calls (plain, segmented with host
-views, transpose), bit for bit what the Python path gives, on fresh tensors each call, on a side
+views, transpose, random numbers, a grid reduction's workspaces), bit for bit what the Python
+path gives, on fresh tensors each call, on a side
 stream, from a thread with no current context, and from several threads at once."""
 import importlib.util
 import os
@@ -28,6 +29,38 @@ def _native_on(monkeypatch):
 mul_add = C.mul_add
 
 
+def dropout():
+    """x * (uniform < 0.9) / 0.9: a kernel drawing random numbers (a seed and offset per call)."""
+    from pyfuser.frontend.definition import Fusion, FusionDefinition
+    from pyfuser.ir import DataType
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        u = fd.ops.uniform(fd.define_constant(0.0), fd.define_constant(1.0),
+                           fd.ops.tensor_sizes(x), DataType.Float)
+        keep = fd.ops.lt(u, fd.define_constant(0.9))
+        fd.add_output(fd.ops.where(keep, fd.ops.mul(x, fd.define_constant(1 / 0.9)),
+                                   fd.define_constant(0.0)))
+    return fs
+
+
+def column_sum():
+    """sum over the rows of a tall matrix: a reduction split across blocks (workspaces)."""
+    from pyfuser.frontend.definition import Fusion, FusionDefinition
+    from pyfuser.ir import DataType
+    fs = Fusion()
+    with FusionDefinition(fs) as fd:
+        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
+        fd.add_output(fd.ops.sum(x, [0], False, DataType.Float))
+    return fs
+
+
+def _dropout_eager(x):
+    """What rng.fixed(11) makes the fusion draw: torch's uniform_ from seed 11, offset 0."""
+    u = torch.empty_like(x).uniform_(0.0, 1.0, generator=torch.Generator("cuda").manual_seed(11))
+    return [torch.where(u < 0.9, x * (1 / 0.9), 0.0)]
+
+
 CASES = {
     "mul_add": (mul_add, lambda: [torch.randn(5000, device="cuda") for _ in range(3)],
                 lambda a, b, c: [a + b * c]),
@@ -36,6 +69,10 @@ CASES = {
                    lambda x: [x.view(*C.SMALL_GELU[2]), C.gelu_eager(x)]),
     "transpose": (C.transpose, lambda: [torch.randn(*C.SMALL_TR[0], device="cuda")],
                   lambda x: [C.transpose_eager(x)]),
+    "dropout": (dropout, lambda: [torch.randn(512, 1024, device="cuda")], _dropout_eager),
+    "column_sum": (column_sum,            # small integers: every order of the sum is exact
+                   lambda: [torch.randint(-8, 8, (65536, 256), device="cuda").float()],
+                   lambda x: [x.sum(0)]),
 }
 
 
@@ -57,9 +94,13 @@ def test_native_matches_python_path(case, monkeypatch):
     fs_native.execute(make())
     fs_native.execute(make())          # a program reaches the runner at its first hit
     assert _runs_native(fs_native) and not dispatch.programs(fs_python.ir_fusion).native
+    from pyfuser.runtime import rng
     for _ in range(3):
         xs = make()
-        got, want = fs_native.execute(xs), fs_python.execute(xs)
+        with rng.fixed(11):
+            got = fs_native.execute(xs)
+        with rng.fixed(11):
+            want = fs_python.execute(xs)
         ref = eager(*xs)
         assert len(got) == len(want) == len(ref)
         for g, w, r in zip(got, want, ref):

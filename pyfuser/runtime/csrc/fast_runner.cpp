@@ -6,9 +6,15 @@
 //   slots = the input tensors; then per step
 //     ("alloc", sizes, strides, like)   slots += at::empty_strided(sizes, strides, like.options())
 //     ("view", base, sizes, strides)    slots += slots[base].as_strided(sizes, strides)
-//     ("launch", fn, ctx, buffer, param_offsets, writes, fail)
+//     ("const", tensor, stream)         slots += tensor (a grid reduction's semaphores: a zeroed
+//                                       buffer every launch leaves zero, valid on that stream only:
+//                                       a replay on another stream is a miss)
+//     ("launch", fn, ctx, buffer, param_offsets, writes, fail[, draw, rng_writes])
 //         buffer = a CUlaunchConfig (stream at byte 32) then the packed kernel parameters;
 //         writes = [(byte offset, slot)]: that slot's data_ptr is written there each call;
+//         draw() -> (seed, offset): a random-number kernel's generator state for this launch
+//         (runtime/rng.py's launch_state), written as int64 at rng_writes = [(byte offset,
+//         0 seed / 1 offset)]; every draw of a replay is made before any buffer is written;
 //         cuLaunchKernelEx(buffer, fn, &param pointers, NULL)
 //   then the `effects` (("setattr", obj, name, value), ("setitem", mapping, key, value),
 //   ("incr", obj, name)) keep the executors' counters and run reports as the Python path does,
@@ -29,7 +35,9 @@
 // none) is current, as launch.py's prepared launches do; a failure then calls `fail(code, call)`,
 // which raises (CudaDriverError naming the launch).
 //
-// Invariants: the GIL is held throughout (no buffer is shared between threads mid-write); every
+// Invariants: the GIL is held throughout, and no Python code runs between the first buffer
+// write and the last launch of a replay (the stream and the draws come first), so no buffer is
+// shared between threads mid-write; every
 // Python reference a program holds is visited by the garbage collector (a Runner is part of its
 // Fusion's reference cycle).
 
@@ -96,9 +104,11 @@ struct Launch {
   void* fn = nullptr;
   void* ctx = nullptr;
   Ref fail;                                  // callable(code, call) -> raises
+  Ref draw;                                  // callable() -> (seed, offset), or null
+  std::vector<std::pair<uint32_t, uint8_t>> rng_writes;  // (byte offset, 0 seed / 1 offset)
 };
 
-enum class StepKind : uint8_t { kAlloc, kView, kLaunch };
+enum class StepKind : uint8_t { kAlloc, kView, kConst, kLaunch };
 struct Step {
   StepKind kind;
   uint32_t index;
@@ -115,6 +125,9 @@ struct Program {
   std::vector<Alloc> allocs;
   std::vector<View> views;
   std::vector<Launch> launches;
+  std::vector<at::Tensor> consts;
+  bool pinned = false;       // a const step holds a buffer valid on one stream only
+  void* pinned_stream = nullptr;
   std::vector<uint32_t> results;
   std::vector<Effect> effects;
   Ref device;  // device index (int) for the stream callable
@@ -264,8 +277,10 @@ bool apply_effects(Program& p) {
 
 // The program's steps on `slots` (inputs already there). False with a Python error set: torch's
 // own exception types for its errors (torch.OutOfMemoryError, ...), as the Python path raises.
-bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream) {
+bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream,
+               const std::vector<int64_t>& states) {
   HANDLE_TH_ERRORS
+  size_t drawn = 0;
   for (const Step& step : p.steps) {
     if (step.kind == StepKind::kAlloc) {
       const Alloc& a = p.allocs[step.index];
@@ -273,10 +288,19 @@ bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream) {
     } else if (step.kind == StepKind::kView) {
       const View& v = p.views[step.index];
       slots.push_back(at::as_strided(slots[v.base], v.sizes, v.strides));
+    } else if (step.kind == StepKind::kConst) {
+      slots.push_back(p.consts[step.index]);
     } else {
       Launch& l = p.launches[step.index];
       char* buf = reinterpret_cast<char*>(l.buffer.data());
       std::memcpy(buf + kStreamOffset, &stream, sizeof(void*));
+      if (l.draw.p != nullptr) {
+        for (const auto& w : l.rng_writes) {
+          int64_t v = states[drawn + w.second];
+          std::memcpy(buf + w.first, &v, sizeof(int64_t));
+        }
+        drawn += 2;
+      }
       for (const auto& w : l.writes) {
         void* ptr = slots[w.second].data_ptr();
         std::memcpy(buf + w.first, &ptr, sizeof(void*));
@@ -288,21 +312,45 @@ bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream) {
   END_HANDLE_TH_ERRORS_RET(false)
 }
 
-PyObject* replay(Program& p, PyObject* inputs, int unpack) {
+// The generator states of the program's random-number launches, in launch order (seed, offset
+// per launch): drawn before the replay writes any buffer.
+bool draw_states(Program& p, std::vector<int64_t>& states) {
+  for (auto& l : p.launches) {
+    if (l.draw.p == nullptr) continue;
+    Ref r = Ref::steal(PyObject_CallNoArgs(l.draw.p));
+    if (r.p == nullptr) return false;
+    if (!PyTuple_Check(r.p) || PyTuple_GET_SIZE(r.p) != 2) {
+      PyErr_SetString(PyExc_TypeError, "pyfuser native runner: draw() must return (seed, offset)");
+      return false;
+    }
+    for (Py_ssize_t k = 0; k < 2; ++k) {
+      long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(r.p, k));
+      if (v == -1 && PyErr_Occurred()) return false;
+      states.push_back(static_cast<int64_t>(v));
+    }
+  }
+  return true;
+}
+
+PyObject* replay(Runner* self, Program& p, PyObject* inputs) {
+  void* stream = nullptr;
+  if (!p.launches.empty() || p.pinned) {
+    Ref s = Ref::steal(PyObject_CallOneArg(g_driver.stream_fn, p.device.p));
+    if (s.p == nullptr) return nullptr;
+    stream = PyLong_AsVoidPtr(s.p);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  if (p.pinned && stream != p.pinned_stream) return call_slow(self, inputs);
+  std::vector<int64_t> states;
+  if (!draw_states(p, states)) return nullptr;
   PyObject** items;
   Py_ssize_t n;
   items_of(inputs, &items, &n);
   std::vector<at::Tensor> slots;
   slots.reserve(p.slots);
   for (Py_ssize_t i = 0; i < n; ++i) slots.push_back(THPVariable_Unpack(items[i]));
-  void* stream = nullptr;
-  if (!p.launches.empty()) {
-    Ref s = Ref::steal(PyObject_CallOneArg(g_driver.stream_fn, p.device.p));
-    if (s.p == nullptr) return nullptr;
-    stream = PyLong_AsVoidPtr(s.p);
-    if (PyErr_Occurred()) return nullptr;
-  }
-  if (!run_steps(p, slots, stream)) return nullptr;
+  if (!run_steps(p, slots, stream, states)) return nullptr;
+  int unpack = self->unpack;
   Ref out = Ref::steal(PyList_New(static_cast<Py_ssize_t>(p.results.size())));
   if (out.p == nullptr) return nullptr;
   for (size_t k = 0; k < p.results.size(); ++k) {
@@ -349,8 +397,9 @@ bool slot_index(PyObject* o, size_t nslots, uint32_t* out) {
 
 bool parse_launch(PyObject* t, size_t nslots, Launch& l) {
   const char* kind;
-  PyObject *fn, *ctx, *buffer, *offsets, *writes, *fail;
-  if (!PyArg_ParseTuple(t, "sOOOOOO", &kind, &fn, &ctx, &buffer, &offsets, &writes, &fail))
+  PyObject *fn, *ctx, *buffer, *offsets, *writes, *fail, *draw = Py_None, *rng_writes = Py_None;
+  if (!PyArg_ParseTuple(t, "sOOOOOO|OO", &kind, &fn, &ctx, &buffer, &offsets, &writes, &fail,
+                        &draw, &rng_writes))
     return false;
   l.fn = PyLong_AsVoidPtr(fn);
   l.ctx = PyLong_AsVoidPtr(ctx);
@@ -394,6 +443,26 @@ bool parse_launch(PyObject* t, size_t nslots, Launch& l) {
     return false;
   }
   l.fail = Ref::borrow(fail);
+  if (draw != Py_None) {
+    if (!PyCallable_Check(draw)) {
+      PyErr_SetString(PyExc_TypeError, "launch step: draw must be callable");
+      return false;
+    }
+    l.draw = Ref::borrow(draw);
+    Ref rs = Ref::steal(PySequence_Fast(rng_writes, "rng_writes must be a sequence"));
+    if (rs.p == nullptr) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(rs.p); ++i) {
+      long long o;
+      int which;
+      if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(rs.p, i), "Li", &o, &which)) return false;
+      if (o < 0 || o + 8 > size || (which != 0 && which != 1)) {
+        PyErr_Format(PyExc_ValueError, "rng write (%lld, %d) outside the %zd-byte buffer or not "
+                     "0 (seed) / 1 (offset)", o, which, size);
+        return false;
+      }
+      l.rng_writes.emplace_back(static_cast<uint32_t>(o), static_cast<uint8_t>(which));
+    }
+  }
   return true;
 }
 
@@ -432,6 +501,25 @@ bool parse_steps(PyObject* steps, Program& p) {
         return false;
       p.steps.push_back({StepKind::kView, static_cast<uint32_t>(p.views.size())});
       p.views.push_back(std::move(v));
+      ++p.slots;
+    } else if (kind == "const") {
+      const char* k;
+      PyObject *tensor, *stream;
+      if (!PyArg_ParseTuple(t, "sOO", &k, &tensor, &stream)) return false;
+      if (!THPVariable_Check(tensor)) {
+        PyErr_SetString(PyExc_TypeError, "const step: a tensor");
+        return false;
+      }
+      void* s = PyLong_AsVoidPtr(stream);
+      if (PyErr_Occurred()) return false;
+      if (p.pinned && s != p.pinned_stream) {
+        PyErr_SetString(PyExc_ValueError, "const steps of one program on different streams");
+        return false;
+      }
+      p.pinned = true;
+      p.pinned_stream = s;
+      p.steps.push_back({StepKind::kConst, static_cast<uint32_t>(p.consts.size())});
+      p.consts.push_back(THPVariable_Unpack(tensor));
       ++p.slots;
     } else if (kind == "launch") {
       Launch l;
@@ -523,7 +611,10 @@ int runner_traverse(Runner* self, visitproc visit, void* arg) {
         Py_VISIT(e.name.p);
         Py_VISIT(e.value.p);
       }
-      for (auto& l : kv.second->launches) Py_VISIT(l.fail.p);
+      for (auto& l : kv.second->launches) {
+        Py_VISIT(l.fail.p);
+        Py_VISIT(l.draw.p);
+      }
       Py_VISIT(kv.second->device.p);
     }
   }
@@ -566,7 +657,7 @@ PyObject* runner_run(Runner* self, PyObject* inputs) {
   auto it = self->programs->find(*self->scratch);
   if (it == self->programs->end()) return call_slow(self, inputs);
   std::shared_ptr<Program> program = it->second;
-  return replay(*program, inputs, self->unpack);
+  return replay(self, *program, inputs);
 }
 
 PyObject* runner_add(Runner* self, PyObject* args) {
