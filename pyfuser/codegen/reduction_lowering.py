@@ -222,7 +222,7 @@ class ReductionLowering(Emitter):
     # ---- values -------------------------------------------------------------------------------
     def emit_nodes(self, nodes, known: dict, load_expr, out: list, where=None) -> dict:
         """Lets of `nodes` (in order) given `known` values; loads through `load_expr(node)`;
-        `where` = (group index exprs, lane) of the position, for iota values."""
+        `where` = (group index exprs, lane) of the position, for iota and random values."""
         vals = dict(known)
         for node in nodes:
             if id(node) in vals:
@@ -234,6 +234,8 @@ class ReductionLowering(Emitter):
                 expr = load_expr(node)
             elif node.kind == "iota":
                 expr = self.iota_expr(node, where)
+            elif node.kind == "rng":
+                expr = self.rng_expr(node, where)
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
             else:
@@ -281,6 +283,30 @@ class ReductionLowering(Emitter):
         i = K.Convert("cast", i, DataType.Int if self.it == "int64_t" else DataType.Int32, dt)
         start, step = (self.scalar(x) for x in node.args)
         return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
+
+    def rng_expr(self, node, where):
+        """The random number of a PhiloxUniformOp at this position (ir/philox.py's stream): the
+        op table's philox_uniform of the launch's seed and offset (kernel parameters), the op's
+        number in the launch and the element's row-major index in the op's own shape (its axes
+        line up with the reference axes of its key; broadcast axes have extent 1)."""
+        g = self.g
+        seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
+        offset = self._param(self.scalar_params, "pf_offset", "int64_t",
+                             ("philox", "offset", 4 * len(g.rng_numbers)))
+        index, stride = None, None
+        for d, c in reversed(list(zip(node.tv.logical, node.key))):
+            if c != 0:
+                term = self.axis_index(c[1], where)
+                term = term if stride is None else K.mul(term, stride)
+                index = term if index is None else K.add(index, term)
+            ext = self.extent_expr(d)
+            stride = ext if stride is None else K.mul(stride, ext)
+        index = K.Convert("cast", index if index is not None else _c(0),
+                          DataType.Int if self.it == "int64_t" else DataType.Int32, DataType.Int)
+        value = K.Op("philox_uniform", (seed, offset, K.Const(g.rng_numbers[id(node.expr)], "int"),
+                                        index, K.Const(node.expr.digits, "int")), DataType.Int)
+        dt = node.tv.dtype
+        return K.Convert("cast", value, DataType.Float, dt) if dt is DataType.Double else value
 
     def load_value(self, a, index):
         dt = a.tv.dtype

@@ -26,6 +26,11 @@ combine pairs (m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)). One combin
 of two; S's value is that of the two-pass form, special values included (NaN when M is not
 finite and the row is not empty). $PYFUSER_RED_ONLINE=0 keeps the two passes.
 
+Random numbers (PhiloxUniformOp) are "rng" Nodes, full-size sources like loads: the lowering
+draws them at the element's row-major index in the op's shape (numbered in expr order, as the
+reference evaluator numbers them), and a later pass that needs them again gets them kept
+(`recompute_costly`). A row-level random value is refused.
+
 A fusion is a *pure reduction* when one pass does everything (no full value depends on a
 reduction result), else a *normalization* (softmax, layer_norm: reduced values flow back into
 full-size values, so the row is read again or kept on chip).
@@ -46,8 +51,9 @@ from .pointwise import _extent_classes, _same_extent
 from .pointwise_graph import Node, producer_key
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
-ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.BroadcastOp, E.ExpandOp,
-           E.SqueezeOp, E.ScalarCast) + REDUCE_EXPRS
+ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.PhiloxUniformOp,
+           E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ScalarCast) + REDUCE_EXPRS
+SOURCES = ("load", "full", "iota", "rng")     # node kinds with no full-size argument
 
 
 class NotAReduction(Exception):
@@ -92,6 +98,7 @@ class ReductionGraph:
     n_passes: int = 0
     final_pass: int = 0          # pass writing the full outputs that need every reduction
     pairs: list = field(default_factory=list)     # OnlinePair, in the order of their max
+    rng_numbers: dict = field(default_factory=dict)  # id(PhiloxUniformOp) -> its number
     online: dict = field(default_factory=dict)    # id(max or sum expr) -> its OnlinePair
 
     @property
@@ -126,6 +133,9 @@ def analyze(fusion, online: bool = True) -> ReductionGraph:
                                 f"{list(e.axes)} of rank {e.inputs[0].ndim})")
     g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
     _Builder(g).build()
+    # random ops numbered in expr order, as the reference evaluator numbers them
+    g.rng_numbers = {id(e): k for k, e in enumerate(
+        x for x in fusion.used_exprs() if isinstance(x, E.PhiloxUniformOp))}
     if online and os.environ.get("PYFUSER_RED_ONLINE") != "0":
         _find_online_pairs(g)
     _levels_and_passes(g)
@@ -251,6 +261,8 @@ class _Builder:
             node = Node("full", tv, key, e, [e.inputs[0]])
         elif isinstance(e, E.IotaOp):         # start + (index along its axis) * step
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
+        elif isinstance(e, E.PhiloxUniformOp):   # a function of the element's row-major index
+            node = Node("rng", tv, key, e, [])
         elif isinstance(e, REDUCE_EXPRS):
             if len(key) != len(g.K):
                 raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")
@@ -342,7 +354,7 @@ def recompute_costly(g: ReductionGraph) -> list:
         if g.level[id(n)] != "full" or n.kind in ("load", "full", "iota"):
             costly[id(n)] = False
             continue
-        own = n.kind == "op" and n.expr.info.name not in CHEAP_OPS
+        own = n.kind == "rng" or (n.kind == "op" and n.expr.info.name not in CHEAP_OPS)
         costly[id(n)] = own or any(costly.get(id(a), False) for a in n.args
                                    if not isinstance(a, Scalar))
     first = {k: min(v) for k, v in needed.items()}
@@ -385,7 +397,10 @@ def _levels_and_passes(g: ReductionGraph) -> None:
     for node in g.nodes:
         full = any(isinstance(c, tuple) and c[0] == "r" and c[1] in R for c in node.key)
         g.level[id(node)] = "full" if full else "row"
-        if node.kind in ("load", "full", "iota"):
+        if node.kind == "rng" and not full:
+            raise NotAReduction(f"random numbers {node.tv.name} with one value per row (drawn "
+                                f"where a full-size element is)")
+        if node.kind in SOURCES:
             g.avail[id(node)] = 0
         elif node.kind == "reduce":
             p = g.avail[id(reduce_input(g, node))]

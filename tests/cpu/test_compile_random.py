@@ -194,3 +194,76 @@ def test_rand_like_and_bernoulli_fuse():
     assert vals <= {0.0, 1.0, 2.0}
     half = (a >= 1).float().mean().item()      # u < 0.5 or m: 1 - 0.5 * 0.75
     assert abs(half - 0.625) < 5 * math.sqrt(0.625 * 0.375 / a.numel())
+
+
+# ---- in reduction and normalization kernels -----------------------------------------------------
+def _rand_norm_fusion(shape, axes, dtype=DataType.Float):
+    """y = x * (u < 0.75) (u uniform, x's shape; 0.75 exact in every dtype), its sum over `axes`
+    and y - that sum broadcast back (a normalization: the row is used again after its
+    reduction), plus u itself."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1] * len(shape), DataType.Float)
+        u = B.rand([d.extent for d in x.logical], dtype)
+        y = B.elementwise("mul", x, B.elementwise("lt", u, 0.75))
+        s = B.reduction("sum", y, axes, keepdim=True)
+        f.add_output(B.elementwise("sub", y, s))
+        f.add_output(B.reduction("sum", y, axes))
+        f.add_output(u)
+    return f
+
+
+@pytest.mark.parametrize("shape,axes,dtype", [((6, 100), [1], DataType.Float),       # inner
+                                              ((64, 256), [1], DataType.BFloat16),  # vectorized
+                                              ((300, 24), [0], DataType.Float),     # outer
+                                              ((4, 9, 40), [0, 2], DataType.Half)])
+def test_reduction_kernels_draw_the_evaluators_bits(shape, axes, dtype):
+    """Random numbers inside a reduction-family kernel (reduction, inner / outer persistent) are
+    the stream's numbers at each element's row-major index, as in a pointwise kernel: the
+    fused kernel (CPU interpreter of its kernel IR, the CUDA source NVRTC-compiled) gives the
+    evaluator's bits, and u equals the reference's uniform numbers."""
+    f = _rand_norm_fusion(shape, axes, dtype)
+    x = torch.randn(shape)
+    with rng.fixed(21, 8):
+        out = dispatch.execute_fusion(f, [x])
+    report = dispatch.last_report(f)
+    assert report.kernels == 1, report
+    assert report.segments[-1].scheduler in ("reduction", "inner_persistent", "outer_persistent")
+    with rng.fixed(21, 8):
+        ev = evaluate(f, [x])
+    for a, b in zip(out, ev):
+        assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(out[2], ev[2])
+    n = out[2].numel()
+    digits = {DataType.Float: 24, DataType.Half: 11, DataType.BFloat16: 8}[dtype]
+    assert torch.equal(out[2].reshape(-1).float(), philox.uniform(21, 8, 0, torch.arange(n), digits))
+    torch.testing.assert_close(out[1], ev[1], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out[0], ev[0], rtol=1e-5, atol=1e-4)
+
+
+def test_dropout_residual_and_layer_norm_are_one_kernel():
+    """A transformer's dropout + residual add + layer_norm (GPT-2, BERT): one inner persistent
+    kernel drawing the mask, writing the residual stream and the normalized rows; the mask is
+    the forward's in the backward."""
+    ln = torch.nn.LayerNorm(96)
+
+    def f(x, r):
+        h = F.dropout(x, 0.1, True) + r
+        return h, ln(h)
+    x = torch.randn(4, 16, 96, requires_grad=True)
+    r = torch.randn(4, 16, 96, requires_grad=True)
+    torch.manual_seed(0)
+    h, y = pyfuser.compile(f)(x, r)
+    fw = [g for g in compiled_graphs() if g.kind == "forward"][0]
+    (region,) = [reg for reg in fw.regions if "aten.native_dropout.default" in reg.ops]
+    assert "aten.native_layer_norm.default" in region.ops
+    report = dispatch.last_report(region.fusion)
+    assert report.kernels == 1 and report.segments[-1].scheduler == "inner_persistent", report
+    kept = (h - r) != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.02
+    torch.testing.assert_close((h - r)[kept], (x / 0.9)[kept])
+    torch.testing.assert_close(y, ln(h), rtol=1e-5, atol=1e-5)
+    (y.sum() + h.sum()).backward()
+    hh = h.detach().requires_grad_()
+    (ln(hh).sum() + hh.sum()).backward()
+    torch.testing.assert_close(x.grad, torch.where(kept, hh.grad / 0.9, 0.0), rtol=1e-5, atol=1e-5)
