@@ -9,7 +9,9 @@
 3. If none takes the group, it is cut: every expr starts as its own group (kernel-able if some
    scheduler takes it alone, else eager), then groups joined by the heaviest edges (estimated
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
-   group graph stays acyclic; so what remains cut are the lightest edges. A group no scheduler
+   group graph stays acyclic; so what remains cut are the lightest edges. Groups of views /
+   permutes only join after that (`_only_reshapes`), so a reshape never pulls a compute op
+   away from the kernel it would join. A group no scheduler
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
@@ -36,6 +38,7 @@ from __future__ import annotations
 import weakref
 
 from .. import dump as D
+from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
@@ -160,6 +163,13 @@ def _bytes(tv) -> int:
     return n
 
 
+def _only_reshapes(members) -> bool:
+    """A group of views / permutes only: joined after the compute groups are (a reshape between
+    a kernel and a reduction over the reshaped axes would otherwise join the kernel first and
+    keep it from its neighbours; left alone it runs as a host view between them)."""
+    return all(isinstance(e, (E.ViewOp, E.PermuteOp)) for e in members)
+
+
 CYCLE_REASON = "joining them would make a cycle (a path between them runs through another segment)"
 
 
@@ -174,8 +184,10 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     verdict = {}
     for g, members in groups.members.items():
         verdict[g] = _offer(fusion, groups, members, orders)
-    changed = True
-    while changed:
+    changed, reshapes = True, False
+    while changed or not reshapes:
+        if not changed:                   # compute groups are joined: now the reshapes too
+            reshapes = True
         changed = False
         edges, apart = [], {}             # apart: (a, b) -> why they stayed apart in this pass
         for g in list(groups.members):
@@ -187,6 +199,9 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                             edges.append((-_bytes(o), g, h, o))
         for _, a, b, _ in sorted(edges, key=lambda t: (t[0], t[1], t[2])):
             if a not in groups.members or b not in groups.members:
+                continue
+            if not reshapes and (_only_reshapes(groups.members[a]) or
+                                 _only_reshapes(groups.members[b])):
                 continue
             kernel_a, kernel_b = verdict[a][0] is not None, verdict[b][0] is not None
             if groups.reaches(a, b, True) or groups.reaches(b, a, True):
