@@ -419,3 +419,59 @@ def test_a_clone_into_contiguous_format_is_written_row_major_by_the_kernel():
     (region,) = _regions()
     assert region.ops.count("aten.clone.default") == 2 and region.kernels() == 2
     assert relayouts == []
+
+
+def test_hoist_views_past_binary_keeps_values_and_skips_what_it_cannot_prove():
+    """view(t + cast(m)) with t and m no fused op makes: the add reads views of them (the cast
+    moves with its operand's view); a view of an add of a fused value, or of an add another op
+    reads too, is left alone."""
+    from pyfuser.frontend.fx.rewrites import hoist_views_past_binary
+
+    def moved(t, m):
+        return (t + (m @ m.new_ones(6, 6)).to(torch.float32)).view(2, 2, 6)
+
+    def fused_operand(t, m):
+        return (t + (t * 2)).view(2, 2, 6)
+
+    def two_readers(t, m):
+        s = t + m.to(torch.float32)
+        return s.view(2, 2, 6), s * 3
+    t, m = torch.randn(4, 6), torch.randn(4, 6, dtype=bf16)
+    fusible = lambda n: n.op == "call_function" and n.target in (  # noqa: E731
+        torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor, torch.ops.aten._to_copy.default)
+    gm = _aten_graph(moved, t, m)
+    assert hoist_views_past_binary(gm.graph, fusible) == 1
+    gm.recompile()
+    add = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.add.Tensor)
+    assert tuple(add.meta["val"].shape) == (2, 2, 6)              # the add in the view's shape
+    assert [u.op for u in add.users] == ["output"]
+    got, want = gm(t, m), moved(t, m)
+    assert torch.equal(got, want) and got.stride() == want.stride() and got.dtype == want.dtype
+    for f in (fused_operand, two_readers):
+        g = _aten_graph(f, t, m)
+        assert hoist_views_past_binary(g.graph, fusible) == 0, f.__name__
+
+
+def test_a_residual_gradient_add_fuses_into_the_layer_norm_backward():
+    """A backward graph's add of a flattened output's own gradient and a matmul's gradient,
+    viewed into a layer norm's backward (a model returning its last hidden state beside the
+    logits): the add joins the dx kernel (no pointwise kernel writing the sum first)."""
+    ln = torch.nn.LayerNorm(32)
+    w = torch.randn(32, 48)
+
+    def f(x):
+        h = ln(x * 2).view(-1, 32)
+        return h @ w, h
+    x = torch.randn(4, 8, 32, requires_grad=True)
+    logits, h = pyfuser.compile(f)(x)
+    (logits.sum() + (h * h).sum()).backward()
+    xe = x.detach().clone().requires_grad_()
+    le, he = f(xe)
+    (le.sum() + (he * he).sum()).backward()
+    torch.testing.assert_close(x.grad, xe.grad, rtol=1e-4, atol=1e-4)
+    bw = [g for g in compiled_graphs() if g.kind == "backward"][0]
+    (region,) = [r for r in bw.regions if "aten.native_layer_norm_backward.default" in r.ops]
+    from pyfuser.runtime import dispatch
+    report = dispatch.last_report(region.fusion)
+    scheds = [s.scheduler for s in report.segments if s.kind == "kernel"]
+    assert "pointwise" not in scheds, report

@@ -5,7 +5,8 @@ it with one list of arguments). Steps:
 0. `rewrites.skip_detach` lets fused ops read a detached tensor itself; `sink_views` /
    `hoist_views` move dtype casts next to the compute they fuse with (above the views they
    read, or below a view of an unfused op's result); `sink_views_past_binary` moves an add of
-   a fused value's view and an input below the view (and the casts after it);
+   a fused value's view and an input below the view (and the casts after it),
+   `hoist_views_past_binary` a view of an add of unfused values (or their casts) above it;
    `rewrites.unfuse_bias` splits a float32 addmm read by fused ops into mm + add;
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
 2. `partition.partition` groups supported nodes into convex regions;
@@ -42,7 +43,8 @@ from . import plan_cache
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
-from .rewrites import (fast_calls, hoist_views, sink_views, sink_views_past_binary, skip_detach,
+from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
+                       sink_views_past_binary, skip_detach,
                        unfuse_bias)
 from .support import is_compute, is_getitem, node_support
 
@@ -123,7 +125,8 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
     if skip_detach(graph, fusible) + sink_views(graph) + hoist_views(graph, fusible) + \
-            sink_views_past_binary(graph, fusible) + unfuse_bias(graph, fusible):
+            sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
+            unfuse_bias(graph, fusible):
         gm.recompile()
     nodes = list(graph.nodes)
     unsupported: dict = {}

@@ -27,6 +27,15 @@ other operand and the result are contiguous (both orders then give the same cont
 g's shape is static, and the op's fused readers are dtype casts (which `sink_views` then moves
 above the view in turn): the view must not land before other fused compute.
 
+`hoist_views_past_binary(graph, fusible)`: the mirror of the last one, a view of a binary
+elementwise op whose operands are values no fused op makes or dtype casts of such values
+(`view(add(t, _to_copy(mm_view)), s)`, what a backward graph writes where a residual stream's
+gradient meets a matmul's and enters a layer norm's backward), becomes the op of the views
+(`add(view(t, s), _to_copy(view(mm_view, s)))`): the views are free eager views at the region's
+edge and the op joins the normalization's kernels, which accept no view between compute ops.
+Only where the op has no other reader, its operands have its shape (no broadcast) and the
+operands and the op are contiguous (both orders then give the same contiguous values).
+
 `skip_detach(graph, fusible)`: a fused op reading `detach(x)` (or a chain of detaches) reads `x`.
 AOTAutograd's graphs run without autograd, where a detach is the same values under another
 tensor object; a backward graph reads a saved activation both plainly and through detaches
@@ -192,6 +201,72 @@ def sink_views_past_binary(graph: torch.fx.Graph, fusible) -> int:
             graph.erase_node(view)
     sink_views(graph, made)
     return moved
+
+
+def hoist_views_past_binary(graph: torch.fx.Graph, fusible) -> int:
+    """Apply the rewrite of the module docstring; returns how many views moved."""
+    moved = 0
+    for view in list(graph.nodes):
+        if view.op != "call_function" or view.target not in _VIEWS or not view.users or \
+                not isinstance(view.meta.get("val"), torch.Tensor):
+            continue
+        op = view.args[0]
+        if not isinstance(op, torch.fx.Node) or op.op != "call_function" or \
+                op.target not in _BINARY or len(op.args) != 2 or op.kwargs or \
+                list(op.users) != [view] or not _contiguous(op) or not fusible(op):
+            continue
+        op_args = list(op.args)
+        leaves = [_free_leaf(a, op, fusible) for a in op_args]
+        if any(leaf is None for leaf in leaves):
+            continue
+        shape = view.meta["val"].shape
+        with graph.inserting_before(view):
+            args = []
+            for a, leaf in zip(op_args, leaves):
+                if leaf is False:                         # not a tensor: as it is
+                    args.append(a)
+                    continue
+                early = graph.call_function(view.target, (leaf, *view.args[1:]), dict(view.kwargs))
+                early.meta = {"val": leaf.meta["val"].view(shape)}
+                if leaf is not a:                         # a dtype cast of the leaf
+                    cast = graph.call_function(_CAST, (early,), dict(a.kwargs))
+                    cast.meta = {k: x for k, x in a.meta.items() if k != "val"}
+                    cast.meta["val"] = a.meta["val"].view(shape)
+                    early = cast
+                args.append(early)
+            new = graph.call_function(op.target, tuple(args), dict(op.kwargs))
+            new.meta = {k: x for k, x in op.meta.items() if k != "val"}
+            new.meta["val"] = view.meta["val"]
+        view.replace_all_uses_with(new)
+        graph.erase_node(view)
+        graph.erase_node(op)
+        for a, leaf in zip(op_args, leaves):       # casts read by op alone, then their views
+            if leaf is not False and leaf is not a and not a.users:
+                graph.erase_node(a)
+                if leaf.op == "call_function" and leaf.target in _VIEWS and not leaf.users:
+                    graph.erase_node(leaf)
+        moved += 1
+    return moved
+
+
+def _free_leaf(a, op, fusible):
+    """For an operand `a` of `op`: False when it is not a tensor node (a scalar), the node to
+    view when a view of it is free at a region's edge (a contiguous value of op's shape that no
+    fused op makes; or, for a dtype-only cast of such a value read by `op` alone, that value),
+    else None."""
+    if not isinstance(a, torch.fx.Node):
+        return False
+    val, out = a.meta.get("val"), op.meta.get("val")
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(out.shape) or \
+            not _contiguous(a):
+        return None
+    if not fusible(_maker(a)):
+        return a
+    if _dtype_only_cast(a) and list(a.users) == [op]:
+        src = a.args[0]
+        if isinstance(src, torch.fx.Node) and not fusible(_maker(src)) and _contiguous(src):
+            return src
+    return None
 
 
 def skip_detach(graph: torch.fx.Graph, fusible) -> int:
