@@ -29,21 +29,6 @@ def _native_on(monkeypatch):
 mul_add = C.mul_add
 
 
-def dropout():
-    """x * (uniform < 0.9) / 0.9: a kernel drawing random numbers (a seed and offset per call)."""
-    from pyfuser.frontend.definition import Fusion, FusionDefinition
-    from pyfuser.ir import DataType
-    fs = Fusion()
-    with FusionDefinition(fs) as fd:
-        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True], dtype=DataType.Float)
-        u = fd.ops.uniform(fd.define_constant(0.0), fd.define_constant(1.0),
-                           fd.ops.tensor_sizes(x), DataType.Float)
-        keep = fd.ops.lt(u, fd.define_constant(0.9))
-        fd.add_output(fd.ops.where(keep, fd.ops.mul(x, fd.define_constant(1 / 0.9)),
-                                   fd.define_constant(0.0)))
-    return fs
-
-
 def column_sum():
     """sum over the rows of a tall matrix: a reduction split across blocks (workspaces)."""
     from pyfuser.frontend.definition import Fusion, FusionDefinition
@@ -55,12 +40,6 @@ def column_sum():
     return fs
 
 
-def _dropout_eager(x):
-    """What rng.fixed(11) makes the fusion draw: torch's uniform_ from seed 11, offset 0."""
-    u = torch.empty_like(x).uniform_(0.0, 1.0, generator=torch.Generator("cuda").manual_seed(11))
-    return [torch.where(u < 0.9, x * (1 / 0.9), 0.0)]
-
-
 CASES = {
     "mul_add": (mul_add, lambda: [torch.randn(5000, device="cuda") for _ in range(3)],
                 lambda a, b, c: [a + b * c]),
@@ -69,7 +48,6 @@ CASES = {
                    lambda x: [x.view(*C.SMALL_GELU[2]), C.gelu_eager(x)]),
     "transpose": (C.transpose, lambda: [torch.randn(*C.SMALL_TR[0], device="cuda")],
                   lambda x: [C.transpose_eager(x)]),
-    "dropout": (dropout, lambda: [torch.randn(512, 1024, device="cuda")], _dropout_eager),
     "column_sum": (column_sum,            # small integers: every order of the sum is exact
                    lambda: [torch.randint(-8, 8, (65536, 256), device="cuda").float()],
                    lambda x: [x.sum(0)]),
@@ -94,13 +72,9 @@ def test_native_matches_python_path(case, monkeypatch):
     fs_native.execute(make())
     fs_native.execute(make())          # a program reaches the runner at its first hit
     assert _runs_native(fs_native) and not dispatch.programs(fs_python.ir_fusion).native
-    from pyfuser.runtime import rng
     for _ in range(3):
         xs = make()
-        with rng.fixed(11):
-            got = fs_native.execute(xs)
-        with rng.fixed(11):
-            want = fs_python.execute(xs)
+        got, want = fs_native.execute(xs), fs_python.execute(xs)
         ref = eager(*xs)
         assert len(got) == len(want) == len(ref)
         for g, w, r in zip(got, want, ref):
@@ -108,6 +82,54 @@ def test_native_matches_python_path(case, monkeypatch):
             assert torch.equal(g, w)
             torch.testing.assert_close(g, r)
     assert fs_native.last_run.launched == 1
+
+
+def _dropout_fusion():
+    """x * (u < 0.75) / 0.75 with u drawn in the kernel (Philox: a seed and offset per call)."""
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        u = B.rand([d.extent for d in x.logical])
+        keep = B.elementwise("lt", u, 0.75)
+        f.add_output(B.elementwise("where", keep, B.elementwise("mul", x, 1 / 0.75), 0.0))
+        f.add_output(u)
+    return f
+
+
+def test_native_random_kernels_draw_the_python_paths_numbers(monkeypatch):
+    """A random-number kernel's program runs in the runner, drawing per call the seed and offset
+    the Python replay would (the same bits under rng.fixed), from the CUDA generator otherwise
+    (torch.manual_seed repeats a run; consecutive calls differ)."""
+    from pyfuser.ir import philox
+    from pyfuser.runtime import rng
+    f_native, f_python = _dropout_fusion(), _dropout_fusion()
+    x = torch.randn(512, 1024, device="cuda")
+    monkeypatch.setenv("PYFUSER_NATIVE", "0")
+    for _ in range(2):
+        dispatch.execute_fusion(f_python, [x])
+    monkeypatch.setenv("PYFUSER_NATIVE", "1")
+    for _ in range(2):
+        dispatch.execute_fusion(f_native, [x])
+    progs = dispatch.programs(f_native)
+    assert progs.native is not None and progs.run == progs.native.run and len(progs.native) == 1
+    assert not dispatch.programs(f_python).native
+    for k in range(3):
+        with rng.fixed(11, 4 * k):
+            got = dispatch.execute_fusion(f_native, [x])
+        with rng.fixed(11, 4 * k):
+            want = dispatch.execute_fusion(f_python, [x])
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        u = philox.uniform(11, 4 * k, 0, torch.arange(x.numel()), 24).view(x.shape).cuda()
+        assert torch.equal(got[1], u)                        # the reference's numbers
+        torch.testing.assert_close(got[0], torch.where(u < 0.75, x / 0.75, 0.0))
+    torch.manual_seed(5)
+    a = dispatch.execute_fusion(f_native, [x])[1]
+    b = dispatch.execute_fusion(f_native, [x])[1]
+    torch.manual_seed(5)
+    c = dispatch.execute_fusion(f_native, [x])[1]
+    assert torch.equal(a, c) and not torch.equal(a, b)
 
 
 def test_native_on_a_side_stream():
