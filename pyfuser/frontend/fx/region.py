@@ -2,9 +2,10 @@
 
 `FusedRegion(name, lowered, region, root)` is called with the region's inputs (its FX inputs'
 values, in `Region.inputs` order: tensors and SymInt values) and returns the tuple of its
-outputs. It runs the region's Fusion through `runtime.dispatch.execute_fusion` (the single entry
-point: segmentation, kernels, their caches), with the fusion's inputs picked from the call's
-(tensors first, then the SymInts the fusion takes as scalars).
+outputs. It runs the region's Fusion through its cached-call programs (`dispatch.programs(fusion)
+.run`: what `runtime.dispatch.execute_fusion`, the single entry point, does with no mode, one
+frame fewer), with the fusion's inputs picked from the call's (tensors first, then the SymInts
+the fusion takes as scalars).
 
 Results are eager's: values and dtypes by construction of the lowering; layouts are checked
 against eager's (the example values FX recorded): an output that should be dense in some stride
@@ -53,6 +54,9 @@ class FusedRegion:
         self.layouts = [(order, order == list(range(len(order)))) if dense else None
                         for order, dense in lowered.out_layouts]
         self.empty = _empty_outputs(region)
+        self.progs = dispatch.programs(self.fusion)
+        self.all_outputs = self.outputs == list(range(len(self.fusion.outputs)))
+        self.plain = not self.empty and all(w is None for w in self.layouts)   # nothing to check
         self.node_names = [n.name for n in region.nodes]
         vals = [x.meta.get("val") for x in list(region.inputs) + list(region.outputs)]
         self.on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in vals)
@@ -70,15 +74,16 @@ class FusedRegion:
         return self._eager(*args)
 
     def __call__(self, *args):
-        inputs = args if self.identity else [args[k] for k in self.picks]
-        try:
-            outs = dispatch.execute_fusion(self.fusion, inputs)
+        try:      # the fusion's cached-call programs (dispatch.programs): execute_fusion's path
+            outs = self.progs.run(args if self.identity else [args[k] for k in self.picks])
         except ExecuteError as e:
             self._note(str(e))
             self.eager_calls += 1
             return self.eager(*args)
         self.calls += 1
-        result = tuple(outs[i] for i in self.outputs)
+        result = tuple(outs) if self.all_outputs else tuple(outs[i] for i in self.outputs)
+        if self.plain:
+            return result
         for k, want in enumerate(self.layouts):
             if want is not None:
                 t = result[k]
