@@ -10,8 +10,15 @@ AOTAutograd's boxed calling convention.
 The backend is registered under the entry-point group `torch_dynamo_backends` (pyproject.toml),
 so after `pip install` `torch.compile(m, backend="pyfuser")` finds it with no import of pyfuser.
 
-Decompositions: only those a fused kernel wants (`decompositions()`); every other op reaches
-the backend as eager dispatches it, so what stays unfused runs eager's own kernel.
+Decompositions: only those a fused kernel or the partitioner wants (`decompositions()`); every
+other op reaches the backend as eager dispatches it, so what stays unfused runs eager's own
+kernel. `_log_softmax` (amax, exp, sum, log: one online pass in the fused kernel) and
+`nll_loss_backward` (an iota compare; no read of the log-probabilities' values) are decomposed
+so that the min-cut partitioner can drop the [N, C] float32 log-probabilities a cross-entropy's
+backward would otherwise get saved: it saves the logits (bfloat16 under autocast) and two
+numbers a row, and the backward recomputes the log-probabilities in its own kernel. `detach`
+becomes `alias` (what AOTAutograd's graphs run is autograd-free; the partitioner does not
+recompute through a detach, so a detached output would be saved whole).
 
 The forward / backward split is AOTAutograd's min-cut partitioner, which recomputes cheap
 pointwise values in the backward instead of saving them (`PYFUSER_PARTITIONER=default`: the
@@ -30,7 +37,30 @@ import torch
 
 def decompositions() -> dict:
     """The aten decompositions applied while tracing (see the module docstring)."""
-    return {}
+    from torch._decomp import decomposition_table
+    aten = torch.ops.aten
+    table = {op: decomposition_table[op] for op in (
+        aten._log_softmax.default, aten._log_softmax_backward_data.default)}
+    return {**table, aten.nll_loss_backward.default: _nll_loss_backward,
+            aten.detach.default: decomposition_table[aten.detach.default]}
+
+
+def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index,
+                       total_weight):
+    """nll_loss's gradient for [N, C] log-probabilities and class indices, written without
+    reading `self`'s values (its shape, dtype and device only): -grad (over total_weight for a
+    mean) where a row's target class is, 0 elsewhere and on rows whose target is ignore_index.
+    Class weights, other ranks: NotImplemented (the op stays, and lowers as it is)."""
+    if weight is not None or self.dim() != 2 or target.dim() != 1:
+        return NotImplemented
+    g = grad_output
+    if reduction == 1:                                   # mean
+        g = g / total_weight
+    elif reduction == 0:                                 # none: one gradient per row
+        g = g.unsqueeze(1)
+    classes = torch.arange(self.shape[1], device=self.device)
+    hit = (target.unsqueeze(1) == classes) & (target != ignore_index).unsqueeze(1)
+    return torch.where(hit, -g, 0.0).to(self.dtype)
 
 
 def _compiler(kind: str):

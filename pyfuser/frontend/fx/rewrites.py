@@ -36,7 +36,8 @@ edge and the op joins the normalization's kernels, which accept no view between 
 Only where the op has no other reader, its operands have its shape (no broadcast) and the
 operands and the op are contiguous (both orders then give the same contiguous values).
 
-`skip_detach(graph, fusible)`: a fused op reading `detach(x)` (or a chain of detaches) reads `x`.
+`skip_detach(graph, fusible)`: a fused op reading `detach(x)` or `alias(x)` (or a chain of them;
+the backend decomposes detach into alias) reads `x`.
 AOTAutograd's graphs run without autograd, where a detach is the same values under another
 tensor object; a backward graph reads a saved activation both plainly and through detaches
 (nll_loss_backward's input, `_log_softmax_backward_data`'s output), so one tensor would enter a
@@ -76,7 +77,7 @@ _aten = torch.ops.aten
 _VIEWS = (_aten.view.default, _aten._unsafe_view.default)
 _CAST = _aten._to_copy.default
 _ADDMM = _aten.addmm.default
-_DETACH = _aten.detach.default
+_DETACH = (_aten.detach.default, _aten.alias.default)   # same values, another tensor
 _BINARY = (_aten.add.Tensor, _aten.sub.Tensor, _aten.mul.Tensor, _aten.div.Tensor)
 
 
@@ -142,8 +143,10 @@ def hoist_views(graph: torch.fx.Graph, fusible) -> int:
     fused; a cast of such a node's value is left alone, it fuses already); returns how many
     views moved."""
     moved = 0
-    for cast in list(graph.nodes):
-        if not _dtype_only_cast(cast) or not cast.users:
+    work = list(graph.nodes)
+    while work:
+        cast = work.pop(0)
+        if cast.graph is not graph or not _dtype_only_cast(cast) or not cast.users:
             continue
         src = cast.args[0]
         if fusible(_maker(src)) or not _contiguous(src):
@@ -161,6 +164,7 @@ def hoist_views(graph: torch.fx.Graph, fusible) -> int:
                 late.meta = dict(v.meta)
             v.replace_all_uses_with(late)
             graph.erase_node(v)
+            work.append(late)             # its own readers may be views in turn
             moved += 1
         graph.erase_node(cast)
     return moved
@@ -273,18 +277,18 @@ def skip_detach(graph: torch.fx.Graph, fusible) -> int:
     """Apply the fourth rewrite of the module docstring; returns how many reads it redirected."""
     moved = 0
     for d in list(graph.nodes):
-        if d.op != "call_function" or d.target is not _DETACH or len(d.args) != 1:
+        if d.op != "call_function" or d.target not in _DETACH or len(d.args) != 1:
             continue
         root = d.args[0]
         while isinstance(root, torch.fx.Node) and root.op == "call_function" and \
-                root.target is _DETACH and len(root.args) == 1:
+                root.target in _DETACH and len(root.args) == 1:
             root = root.args[0]
         for u in list(d.users):
             if fusible(u):
                 u.replace_input_with(d, root)
                 moved += 1
     for d in reversed(list(graph.nodes)):          # readers first: chains go in one sweep
-        if d.op == "call_function" and d.target is _DETACH and not d.users:
+        if d.op == "call_function" and d.target in _DETACH and not d.users:
             graph.erase_node(d)
     return moved
 
