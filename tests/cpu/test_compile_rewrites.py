@@ -300,6 +300,27 @@ def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
         "full without a dtype (eager infers it from the value; left to eager)"]
 
 
+def test_integer_arange_fuses_as_an_iota_and_floating_ones_stay_eager():
+    """arange(end), arange(start, end), arange(start, end, step) of integers (a class index
+    compared with targets, positions): an iota in the kernel with eager's values and dtype; a
+    floating arange is left to eager with the reason."""
+    def f(t, x):
+        hit = t.unsqueeze(1) == torch.arange(7)
+        pos = torch.arange(2, 9) * 3 + torch.arange(1, 22, 3, dtype=torch.int32)
+        return hit, pos + t[:1], x + torch.arange(0.5, 3.5)
+    t, x = torch.randint(0, 7, (5,)), torch.randn(3)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(t, x)
+    for g, w in zip(got, f(t, x)):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    fused = [op for r in graph.regions for op in r.ops]
+    assert fused.count("aten.arange.default") == 1 and fused.count("aten.arange.start") == 1
+    assert fused.count("aten.arange.start_step") == 1
+    assert list(graph.unsupported.values()) == [
+        "arange of other than integer bounds and a nonzero step (left to eager)"]
+
+
 def test_hoist_views_moves_a_view_of_an_unfused_results_cast_below_the_cast():
     from pyfuser.frontend.fx.rewrites import hoist_views
 

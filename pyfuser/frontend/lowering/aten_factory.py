@@ -1,7 +1,8 @@
-"""Lowerings of aten's factory ops that make a tensor of one value: `scalar_tensor` and `full`
-(what an FX graph writes for `torch.where(mask, x, float("-inf"))`, an attention mask's fill or
-a `torch.full` in a model). In a fused region the value becomes a constant broadcast in the
-kernel: no allocation, no fill kernel.
+"""Lowerings of aten's factory ops: `scalar_tensor` and `full` (what an FX graph writes for
+`torch.where(mask, x, float("-inf"))`, an attention mask's fill or a `torch.full` in a model),
+and `arange` of integers (a class index compared with a target, positions). In a fused region
+the value becomes a constant broadcast, or an iota, in the kernel: no allocation, no fill
+kernel.
 
 Op class FACTORY: the torch.compile backend fuses them (its partitioner keeps a region only
 where it also reads a tensor on the device its values live on); the TorchScript fuser does not.
@@ -36,3 +37,22 @@ def _full(size, value, dtype=None, layout=None, device=None, pin_memory=None):
     if dtype is None:
         raise UnsupportedOpError("full without a dtype (eager infers it from the value; left to eager)")
     return B.full(list(size), _number(value, "full"), _dtype(dtype))
+
+
+@lowers("aten::arange", op_class=FACTORY, n_args=(5, 6, 7), const_args=(0, 1, 2, 3, 4, 5, 6))
+def _arange(*args):
+    """arange(end), arange(start, end), arange(start, end, step) (each then dtype, layout,
+    device, pin_memory) of integers, as an iota: eager's int64 when dtype is left out; floating
+    bounds or a floating dtype are left to eager (the length and values follow eager's rounding
+    rules there)."""
+    import math
+    n = len(args) - 4
+    bounds, dtype = list(args[:n]), args[n]
+    start, end, step = ([0] + bounds + [1])[:3] if n == 1 else (bounds + [1])[:3]
+    if not all(type(v) is int for v in (start, end, step)) or step == 0:
+        raise UnsupportedOpError("arange of other than integer bounds and a nonzero step "
+                                 "(left to eager)")
+    dt = _dtype(dtype) if dtype is not None else DataType.Int
+    if not dt.is_integral:
+        raise UnsupportedOpError("arange of a floating dtype (left to eager)")
+    return B.iota(max(0, math.ceil((end - start) / step)), start, step, dt)
