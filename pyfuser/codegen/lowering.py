@@ -162,6 +162,13 @@ class Lowering(Emitter):
         offset = self._param(self.scalar_params, "pf_offset", "int64_t",
                              ("philox", "offset", 4 * self.n_rng))
         index = self.offset(a, gvars)
+        k, digits = K.Const(a.rng, "int"), K.Const(a.node.expr.digits, "int")
+        if a.mode == "vector" and self.p.vec % 4 == 0:
+            # lane 0's index is a multiple of vec (vector mode): lanes 4q..4q+3 share a quad
+            v = K.Var("v")
+            quad = K.add(K.Bin("/", index, self.const(4)), K.Bin("/", v, K.Const(4, "int")))
+            return K.Op("philox_uniform_q", (seed, offset, k, quad, K.Bin("%", v, K.Const(4, "int")),
+                                             digits), DataType.Int)
         if a.mode == "vector":
             index = K.add(index, K.Var("v"))
         elif a.mode == "strided" and self.p.vec > 1:

@@ -293,20 +293,38 @@ class ReductionLowering(Emitter):
         seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
         offset = self._param(self.scalar_params, "pf_offset", "int64_t",
                              ("philox", "offset", 4 * len(g.rng_numbers)))
+        idx, lane = where
+        quads = self.V % 4 == 0 and self._dense_in_reference(node)
         index, stride = None, None
         for d, c in reversed(list(zip(node.tv.logical, node.key))):
-            if c != 0:
-                term = self.axis_index(c[1], where)
+            if c != 0:      # with quads: lane 0's index, a multiple of V (see below)
+                term = self.axis_index(c[1], (idx, _c(0)) if quads else where)
                 term = term if stride is None else K.mul(term, stride)
                 index = term if index is None else K.add(index, term)
             ext = self.extent_expr(d)
             stride = ext if stride is None else K.mul(stride, ext)
         index = K.Convert("cast", index if index is not None else _c(0),
                           DataType.Int if self.it == "int64_t" else DataType.Int32, DataType.Int)
-        value = K.Op("philox_uniform", (seed, offset, K.Const(g.rng_numbers[id(node.expr)], "int"),
-                                        index, K.Const(node.expr.digits, "int")), DataType.Int)
+        k, digits = K.Const(g.rng_numbers[id(node.expr)], "int"), K.Const(node.expr.digits, "int")
+        if quads:           # lanes 4q..4q+3 share a quad: one Philox block for four numbers
+            four = K.Const(4, "int")
+            quad = K.add(K.Bin("/", index, K.Const(4, "int64_t")), K.Bin("/", lane, four))
+            value = K.Op("philox_uniform_q", (seed, offset, k, quad, K.Bin("%", lane, four),
+                                              digits), DataType.Int)
+        else:
+            value = K.Op("philox_uniform", (seed, offset, k, index, digits), DataType.Int)
         dt = node.tv.dtype
         return K.Convert("cast", value, DataType.Float, dt) if dt is DataType.Double else value
+
+    def _dense_in_reference(self, node) -> bool:
+        """Whether random node's row-major index is the reference domain's (its shape is the
+        reference's, no broadcast axis, and the groups are consecutive reference axes in
+        order): then the innermost group's V lanes are consecutive indices and lane 0's index
+        is a multiple of V (the group's index steps by V and its extent is a multiple of V)."""
+        order = [k for grp in self.p.groups for k in grp]
+        return tuple(node.key) == tuple(("r", i) for i in range(self.g.n)) and \
+            order == sorted(order) and all(grp == list(range(grp[0], grp[0] + len(grp)))
+                                           for grp in self.p.groups)
 
     def load_value(self, a, index):
         dt = a.tv.dtype

@@ -231,9 +231,19 @@ def _philox_uniform(seed, offset, k, index, digits):
     return uniform(seed, offset, k, index, digits)
 
 
+def _philox_uniform_q(seed, offset, k, quad, word, digits):
+    from .philox import uniform
+    return uniform(seed, offset, k, quad * 4 + word, digits)
+
+
+# philox_uniform_q(seed, offset, k, quad, word, digits) is philox_uniform at index 4 * quad + word:
+# the lanes of a vector that share a quad compute one Philox block (the compiler merges the
+# calls of an unrolled lane loop whose quad is the same expression)
 RANDOM_OPS: dict[str, RandomInfo] = {
     "philox_uniform": RandomInfo("philox_uniform", 5, _philox_uniform,
                                  "pf_philox_uniform({0}, {1}, {2}, {3}, {4})"),
+    "philox_uniform_q": RandomInfo("philox_uniform_q", 6, _philox_uniform_q,
+                                   "pf_philox_uniform_q({0}, {1}, {2}, {3}, {4}, {5})"),
 }
 
 
