@@ -107,6 +107,37 @@ def test_gpu_kernel_draws_the_cpu_interpreters_bits(shape):
             assert torch.equal(a.cpu(), b)
 
 
+def _rand_norm_fusion(shape, dtype):
+    """u = rand (dtype), y = x * (u < 0.75), the row sums of y and y minus them: a reduction
+    kernel drawing random numbers (one Philox block per four lanes when vectorized)."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1] * len(shape), DataType.Float)
+        u = B.rand([d.extent for d in x.logical], dtype)
+        y = B.elementwise("mul", x, B.elementwise("lt", u, 0.75))
+        f.add_output(B.elementwise("sub", y, B.reduction("sum", y, [-1], keepdim=True)))
+        f.add_output(u)
+    return f
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dtype", [((512, 768), DataType.BFloat16),
+                                         ((64, 1000), DataType.Float),
+                                         ((6, 4096), DataType.Float)])
+def test_gpu_reduction_kernel_draws_the_reference_numbers(shape, dtype):
+    f = _rand_norm_fusion(shape, dtype)
+    x = torch.randn(shape)
+    with rng.fixed(77, 12):
+        gpu = dispatch.execute_fusion(f, [x.cuda()])
+    report = dispatch.last_report(f)
+    assert report.launched == 1 and report.segments[-1].scheduler == "inner_persistent", report
+    digits = {DataType.Float: 24, DataType.BFloat16: 8}[dtype]
+    want = philox.uniform(77, 12, 0, torch.arange(x.numel()), digits).view(shape)
+    assert torch.equal(gpu[1].cpu().float(), want)
+    y = x * (want < 0.75)
+    torch.testing.assert_close(gpu[0].cpu(), y - y.sum(-1, keepdim=True), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.gpu
 def test_dropout_backward_uses_the_forwards_mask_on_cuda():
     """The mask drawn in the forward kernel is the one the backward applies: x.grad is the
