@@ -280,6 +280,36 @@ def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
     del f
 
 
+def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
+    """A region whose only source is a factory op (a model's `arange(S) + 0`, the packed-sequence
+    checks after it) computes CUDA values from no CUDA input: the arange is left to eager,
+    which makes it on the device, and the ops after it stay one region reading it there."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.partition import partition
+    from pyfuser.frontend.fx.support import node_support
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    ar = g.call_function(torch.ops.aten.arange.default, (8,), {"device": torch.device("cuda")})
+    a = g.call_function(torch.ops.aten.add.Tensor, (ar, 1))
+    m = g.call_function(torch.ops.aten.mul.Tensor, (a, 3))
+    b = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, b))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake_x = torch.empty(3, device="cuda")
+    FakeTensorProp(gm, mode).propagate(fake_x)
+    nodes = list(gm.graph.nodes)
+    outs = set(nodes[-1].all_input_nodes)
+    supported = {n for n in nodes if node_support(n, outs)[0]}
+    assert {ar, a, m, b} <= supported
+    regions = partition(nodes, supported)
+    assert sorted([reg.nodes for reg in regions], key=len) == [[b], [a, m]]
+    (am,) = [reg for reg in regions if a in reg.nodes]
+    assert am.inputs == [ar]                     # the eager arange's CUDA value
+
+
 def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
     """The attention-mask pattern of HF models: where(mask, scalar_tensor(0), scalar_tensor(-inf))."""
     def f(m, x):

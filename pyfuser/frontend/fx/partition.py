@@ -15,7 +15,9 @@ Afterwards each region is trimmed and kept only when worth a call:
   of the region's inputs) are left to FX, as are getitems of nodes left out;
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
-  `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are.
+  `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
+  factory ops with no tensor input (an `arange`, a `full`) are left to eager first, and the
+  rest stays a region where it then reads their values on the device.
 
 Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
 autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .support import is_compute, is_getitem
-from ..lowering.registry import METADATA, POINTWISE
+from ..lowering.registry import FACTORY, METADATA, POINTWISE
 from .support import op_class
 
 
@@ -146,6 +148,14 @@ def partition(nodes, supported: set) -> list[Region]:
         if any(is_compute(n) for n in kept):
             r = Region(kept)
             r.boundary()
+            if not _runs_where_it_computes(r):
+                # its factory ops (an arange, a full) are left to eager, which makes their
+                # values on the device; the rest reads them there
+                kept = _trim([n for n in kept if n.all_input_nodes or op_class(n) != FACTORY])
+                if not any(is_compute(n) for n in kept):
+                    continue
+                r = Region(kept)
+                r.boundary()
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
