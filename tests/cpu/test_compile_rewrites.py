@@ -250,22 +250,12 @@ def test_bfloat16_and_unfused_readers_keep_the_addmm():
     assert targets.count(torch.mm) == 1
 
 
-def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
-    """A fusion runs on its inputs' device; `rand(..., device="cuda") * 2` has none (found while
-    adding factory ops: the region would have run on the CPU)."""
+def _partition_on_fake_cuda(g):
+    """(supported nodes, regions) of graph g (one placeholder: a fake CUDA tensor of 3)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     from pyfuser.frontend.fx.partition import partition
     from pyfuser.frontend.fx.support import node_support
-
-    def f(x):
-        return torch.ops.aten.rand.default([4, 4], device=torch.device("cuda")) * 2, x + 1
-    g = torch.fx.Graph()
-    x = g.placeholder("x")
-    r = g.call_function(torch.ops.aten.rand.default, ([4, 4],), {"device": torch.device("cuda")})
-    m = g.call_function(torch.ops.aten.mul.Tensor, (r, 2))
-    a = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
-    g.output((m, a))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode:
@@ -274,20 +264,27 @@ def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
     nodes = list(gm.graph.nodes)
     outs = set(nodes[-1].all_input_nodes)
     supported = {n for n in nodes if node_support(n, outs)[0]}
+    return supported, partition(nodes, supported)
+
+
+def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
+    """A fusion runs on its inputs' device; `rand(..., device="cuda") * 2` has none (found while
+    adding factory ops: the region would have run on the CPU)."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.ops.aten.rand.default, ([4, 4],), {"device": torch.device("cuda")})
+    m = g.call_function(torch.ops.aten.mul.Tensor, (r, 2))
+    a = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, a))
+    supported, regions = _partition_on_fake_cuda(g)
     assert {r, m, a} <= supported
-    regions = partition(nodes, supported)
     assert [reg.nodes for reg in regions] == [[a]]          # the rand region is dissolved
-    del f
 
 
 def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
     """A region whose only source is a factory op (a model's `arange(S) + 0`, the packed-sequence
     checks after it) computes CUDA values from no CUDA input: the arange is left to eager,
     which makes it on the device, and the ops after it stay one region reading it there."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-    from pyfuser.frontend.fx.partition import partition
-    from pyfuser.frontend.fx.support import node_support
     g = torch.fx.Graph()
     x = g.placeholder("x")
     ar = g.call_function(torch.ops.aten.arange.default, (8,), {"device": torch.device("cuda")})
@@ -295,16 +292,8 @@ def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
     m = g.call_function(torch.ops.aten.mul.Tensor, (a, 3))
     b = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
     g.output((m, b))
-    gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        fake_x = torch.empty(3, device="cuda")
-    FakeTensorProp(gm, mode).propagate(fake_x)
-    nodes = list(gm.graph.nodes)
-    outs = set(nodes[-1].all_input_nodes)
-    supported = {n for n in nodes if node_support(n, outs)[0]}
+    supported, regions = _partition_on_fake_cuda(g)
     assert {ar, a, m, b} <= supported
-    regions = partition(nodes, supported)
     assert sorted([reg.nodes for reg in regions], key=len) == [[b], [a, m]]
     (am,) = [reg for reg in regions if a in reg.nodes]
     assert am.inputs == [ar]                     # the eager arange's CUDA value
