@@ -96,6 +96,23 @@ class Emitter:
             return st
         return self._param(self.stride_params, f"T{a.tv.number}_s{j}", self.it, ("stride", a.seg, j))
 
+    def random_number(self, n_ops: int, k: int, digits: int, index, lane=None):
+        """The op table's Philox number (ir/philox.py) of random op `k` of the launch's `n_ops`
+        at element `index`, from the launch's seed and offset (kernel parameters; the launch
+        reserves 4 * n_ops of the offset). With `lane`: `index` is lane 0's, a multiple of 4,
+        and the number is the lane's (philox_uniform_q): lanes 4q..4q+3 write one quad
+        expression, whose Philox block the compiler computes once for the four."""
+        seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
+        offset = self._param(self.scalar_params, "pf_offset", "int64_t",
+                             ("philox", "offset", 4 * n_ops))
+        k, digits = K.Const(k, "int"), K.Const(digits, "int")
+        if lane is None:
+            return K.Op("philox_uniform", (seed, offset, k, index, digits), DataType.Int)
+        four = K.Const(4, "int")
+        quad = K.add(K.Bin("/", index, K.Const(4, "int64_t")), K.Bin("/", lane, four))
+        return K.Op("philox_uniform_q", (seed, offset, k, quad, K.Bin("%", lane, four), digits),
+                    DataType.Int)
+
     def const(self, v: int):
         return K.Const(int(v), "nidx_t")
 

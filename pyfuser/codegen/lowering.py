@@ -13,8 +13,9 @@ the reference index plus a constant, clamped into the operand where it may fall 
 or cat node selects, by the consumer's index, the operand's value or the pad value (a `where`),
 so no load is ever out of bounds and no element is computed twice per output. With vectors
 (only where every vector lies on one side of each such bound:
-schedule/pointwise_resize.index_vec_ok) the shifted loads are vector loads at the affine offset plus the shift, guarded by the bounds
-test of the vector's first element, and an iota along the vectors adds each lane.
+schedule/pointwise_resize.index_vec_ok) the shifted loads are vector loads at the affine offset
+plus the shift, guarded by the bounds test of the vector's first element, and an iota along the
+vectors adds each lane.
 Random numbers (PhiloxUniformOp) are computed where a load would be, from the element's row-major
 index in the random op's shape (its access's offset, as if it were a dense tensor) and the
 launch's seed and offset (kernel parameters pf_seed, pf_offset).
@@ -155,29 +156,18 @@ class Lowering(Emitter):
         return st
 
     def rng_value(self, a, gvars):
-        """The random number of access `a` at the current lane: the op table's philox_uniform
-        of the launch's seed and offset (kernel parameters), the op's number in the launch and
-        the element's row-major index (offset of lane 0 plus the lane's step)."""
-        seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
-        offset = self._param(self.scalar_params, "pf_offset", "int64_t",
-                             ("philox", "offset", 4 * self.n_rng))
-        index = self.offset(a, gvars)
-        k, digits = K.Const(a.rng, "int"), K.Const(a.node.expr.digits, "int")
+        """The random number of access `a` at the current lane (Emitter.random_number): at the
+        element's row-major index, lane 0's offset plus the lane's step; in vector mode with a
+        multiple of 4 lanes, lane 0's index is a multiple of the width, so lanes share quads."""
+        index, lane = self.offset(a, gvars), K.Var("v")
         if a.mode == "vector" and self.p.vec % 4 == 0:
-            # lane 0's index is a multiple of vec (vector mode): lanes 4q..4q+3 share a quad
-            v = K.Var("v")
-            quad = K.add(K.Bin("/", index, self.const(4)), K.Bin("/", v, K.Const(4, "int")))
-            return K.Op("philox_uniform_q", (seed, offset, k, quad, K.Bin("%", v, K.Const(4, "int")),
-                                             digits), DataType.Int)
+            return self.random_number(self.n_rng, a.rng, a.node.expr.digits, index, lane)
         if a.mode == "vector":
-            index = K.add(index, K.Var("v"))
+            index = K.add(index, lane)
         elif a.mode == "strided" and self.p.vec > 1:
             inner = self.p.groups[-1][-1]
-            index = K.add(index, K.mul(K.Var("v"), self.stride(a, a.eff[inner][1])))
-        digits = a.node.expr.digits
-        value = K.Op("philox_uniform", (seed, offset, K.Const(a.rng, "int"), index,
-                                        K.Const(digits, "int")), DataType.Int)
-        return value
+            index = K.add(index, K.mul(lane, self.stride(a, a.eff[inner][1])))
+        return self.random_number(self.n_rng, a.rng, a.node.expr.digits, index)
 
     def group_extent(self, gi):
         g = self.p.groups[gi]

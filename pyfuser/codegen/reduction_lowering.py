@@ -285,19 +285,15 @@ class ReductionLowering(Emitter):
         return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
 
     def rng_expr(self, node, where):
-        """The random number of a PhiloxUniformOp at this position (ir/philox.py's stream): the
-        op table's philox_uniform of the launch's seed and offset (kernel parameters), the op's
-        number in the launch and the element's row-major index in the op's own shape (its axes
-        line up with the reference axes of its key; broadcast axes have extent 1)."""
-        g = self.g
-        seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
-        offset = self._param(self.scalar_params, "pf_offset", "int64_t",
-                             ("philox", "offset", 4 * len(g.rng_numbers)))
+        """The random number of a PhiloxUniformOp at this position (Emitter.random_number) at
+        the element's row-major index in the op's own shape (its axes line up with the reference
+        axes of its key; broadcast axes have extent 1). Where that index is the reference
+        domain's and V is a multiple of 4, lanes share quads: the index is lane 0's."""
         idx, lane = where
         quads = self.V % 4 == 0 and self._dense_in_reference(node)
         index, stride = None, None
         for d, c in reversed(list(zip(node.tv.logical, node.key))):
-            if c != 0:      # with quads: lane 0's index, a multiple of V (see below)
+            if c != 0:
                 term = self.axis_index(c[1], (idx, _c(0)) if quads else where)
                 term = term if stride is None else K.mul(term, stride)
                 index = term if index is None else K.add(index, term)
@@ -305,14 +301,8 @@ class ReductionLowering(Emitter):
             stride = ext if stride is None else K.mul(stride, ext)
         index = K.Convert("cast", index if index is not None else _c(0),
                           DataType.Int if self.it == "int64_t" else DataType.Int32, DataType.Int)
-        k, digits = K.Const(g.rng_numbers[id(node.expr)], "int"), K.Const(node.expr.digits, "int")
-        if quads:           # lanes 4q..4q+3 share a quad: one Philox block for four numbers
-            four = K.Const(4, "int")
-            quad = K.add(K.Bin("/", index, K.Const(4, "int64_t")), K.Bin("/", lane, four))
-            value = K.Op("philox_uniform_q", (seed, offset, k, quad, K.Bin("%", lane, four),
-                                              digits), DataType.Int)
-        else:
-            value = K.Op("philox_uniform", (seed, offset, k, index, digits), DataType.Int)
+        value = self.random_number(len(self.g.rng_numbers), self.g.rng_numbers[id(node.expr)],
+                                   node.expr.digits, index, lane if quads else None)
         dt = node.tv.dtype
         return K.Convert("cast", value, DataType.Float, dt) if dt is DataType.Double else value
 
