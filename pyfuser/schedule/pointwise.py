@@ -96,6 +96,18 @@ def _extent_classes(fusion) -> dict:
     return {"find": find}
 
 
+def _add_cat_extents(fusion, uf, known_classes: set) -> None:
+    """A cat's extent along its dim is the sum of its operands': where each of those is a
+    signature fact (or a constant), their common divisors divide the sum, so the cat's extent
+    class joins `known_classes` (in program order, so that a cat of cats counts too). The
+    vector width is still checked per operand (pointwise_resize.index_vec_ok)."""
+    def known(s):
+        return s.is_const or id(uf["find"](s)) in known_classes
+    for e in fusion.exprs:
+        if isinstance(e, E.CatOp) and all(known(t.logical[e.dim].full_extent) for t in e.inputs):
+            known_classes.add(id(uf["find"](e.outputs[0].logical[e.dim].full_extent)))
+
+
 def _same_extent(uf, a, b) -> bool:
     if a.is_broadcast and b.is_broadcast and a.expanded_extent is None and b.expanded_extent is None:
         return True
@@ -217,6 +229,7 @@ def schedule(fusion, inputs, kind: str | None = None) -> PointwiseSchedule:
         # facts are the cat's
         uf = _extent_classes(fusion)
         known_classes = {id(uf["find"](d.extent)) for t in fusion.tensor_inputs() for d in t.logical}
+        _add_cat_extents(fusion, uf, known_classes)
 
         def proven_inner(k):
             s = fusion.outputs[0].logical[k].full_extent

@@ -205,13 +205,19 @@ def _inner_pad(lo):
     return f
 
 
+def _cat3(a, b, c):       # no op joins the cat's extent to an input's: its operands' facts
+    return torch.cat((a, b, c), dim=-1)
+
+
 @pytest.mark.parametrize("fn,shapes,dtype,vec", [
+    (_cat3, [(4, 8, 48), (4, 8, 40), (4, 8, 48)], torch.bfloat16, 8),
+    (_cat3, [(4, 8, 48), (4, 8, 44), (4, 8, 48)], torch.bfloat16, 4),
     (_halves(32), [(2, 3, 16, 64), (16, 64)], torch.bfloat16, 8),
     (_halves(30), [(2, 3, 16, 64), (16, 64)], torch.bfloat16, 2),
     (_halves(32), [(2, 3, 16, 64), (16, 64)], torch.float32, 4),
     (_inner_pad(8), [(3, 5, 56), (3, 5, 64)], torch.bfloat16, 8),
     (_inner_pad(3), [(3, 5, 61), (3, 5, 64)], torch.bfloat16, 1),
-], ids=["rotary-bf16", "split-30", "rotary-f32", "pad-8", "pad-3"])
+], ids=["cat3-bf16", "cat3-44", "rotary-bf16", "split-30", "rotary-f32", "pad-8", "pad-3"])
 def test_slices_cats_and_pads_keep_vectors_where_their_bounds_are_aligned(fn, shapes, dtype, vec,
                                                                            monkeypatch):
     """A rotary embedding's halves (a cat of two slices at 32 of 64) read and write 16-byte
