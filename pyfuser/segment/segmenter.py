@@ -11,7 +11,8 @@
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
    group graph stays acyclic; so what remains cut are the lightest edges. Groups of views /
    permutes only join after that (`_only_reshapes`), so a reshape never pulls a compute op
-   away from the kernel it would join. A group no scheduler
+   away from the kernel it would join; one that joined a kernel as its last step leaves it
+   again when the rest schedules alone (`_peel_output_views`). A group no scheduler
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
@@ -219,6 +220,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             verdict[a] = result
             verdict.pop(b)
             changed = True
+    _peel_output_views(fusion, groups, verdict, orders)
     first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
@@ -238,6 +240,37 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             res = (extract(fusion, members, ins, outs, orders), res)
         out.append((members, sched, res))
     return out
+
+
+def _peel_output_views(fusion, groups: _Groups, verdict: dict, orders) -> None:
+    """A view that joined a kernel group as its last step (every use of its output lies
+    outside the group) leaves it again when the rest still schedules: the kernel writes the
+    view's input and the view runs on the host (`_views_on_host`). Inside the kernel it bought
+    nothing (the same bytes are written) and could cost much: a view after a cat or pad turns
+    the shifted loads into div / mod index arithmetic of one element a thread (GPT-2's q/k/v
+    gradient cat before the bias gradient's row sum). Chains of views peel one by one."""
+    changed = True
+    while changed:
+        changed = False
+        for g in list(groups.members):
+            members = groups.members[g]
+            if verdict[g][0] is None or len(members) < 2:
+                continue
+            ids = {id(e) for e in members}
+            for e in reversed(members):
+                if type(e) is not E.ViewOp or id(e.inputs[0].definition) not in ids or any(
+                        id(u) in ids for o in e.outputs for u in getattr(o, "uses", [])):
+                    continue
+                rest = [m for m in members if m is not e]
+                result = _offer(fusion, groups, rest, orders)
+                if result[0] is None:
+                    continue
+                groups.members[g], verdict[g] = rest, result
+                h = max(groups.members) + 1
+                groups.members[h], groups.of[id(e)] = [e], h
+                verdict[h] = (None, "a view of a kernel's output: runs on the host")
+                changed = True
+                break
 
 
 def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:

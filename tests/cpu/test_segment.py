@@ -218,3 +218,36 @@ def test_view_between_two_kernels_runs_on_the_host(mode, monkeypatch):
     torch.testing.assert_close(u, want)
     torch.testing.assert_close(s, want.reshape(-1, 8).sum(0))
     assert dispatch.last_report(f).eager_segments == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_view_after_a_cat_leaves_the_cat_kernel_for_the_host(mode, monkeypatch):
+    """GPT-2's q/k/v gradients: cat -> view -> the bias gradient's row sum, the view also an
+    output. The view joined the cat's kernel, whose loads then went through div / mod index
+    arithmetic one bf16 element a thread; it is peeled off to the host, the cat keeps vectors
+    of 8 and the values are eager's."""
+    from pyfuser.codegen import api
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = Fusion()
+    with f:
+        xs = [B.define_tensor([-1, -1, -1], DataType.BFloat16) for _ in range(3)]
+        v = B.reshape(B.cat(xs, 2), [-1, 48])
+        f.add_output(v)
+        f.add_output(B.cast(B.reduction("sum", B.cast(v, DataType.Float), [0]), DataType.BFloat16))
+    sf = segment(f)
+    assert [(s.kind, s.scheduler) for s in sf.segments] == \
+        [("kernel", "pointwise"), ("host", None), ("kernel", "reduction")]
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")      # plan here, not from disk
+    plans = []
+    real = api.plan_kernel
+    monkeypatch.setattr(api, "plan_kernel", lambda g, i: plans.append(real(g, i)) or plans[-1])
+    args = [torch.randn(2, 8, 16, dtype=torch.bfloat16) for _ in range(3)]
+    v, s = dispatch.execute_fusion(f, args)
+    if mode == "interpret":
+        assert [p.params.vec for p in plans if p.scheduler == "pointwise"] == [8]
+    want = torch.cat(args, 2).view(-1, 48)
+    assert torch.equal(v, want) and v.stride() == want.stride()
+    torch.testing.assert_close(s, want.float().sum(0).to(torch.bfloat16))
