@@ -2,7 +2,7 @@
 by kernel, from the torch profiler (for finding why a model is slower than Inductor).
 
     PYTHONPATH=. python3 tools/profile_models.py [--model bert] [--dtype float32] [--top 25]
-        [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE]
+        [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE] [--gaps N]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
 
@@ -11,6 +11,9 @@ per mode, warms it up, then profiles a few forwards and prints, per mode: GPU ti
 kernels per forward, and the `--top` kernels by total time (name, calls per forward, µs per
 forward, share). pyfuser's kernels are named after their ops (`pf_..._kernel`), so the rows
 show which fused regions cost what against the aten and Triton kernels of the other modes.
+With `--gaps N`, the GPU's idle time between the first and the last kernel of the profiled
+steps and its N largest gaps, each between the kernels around it: a step slower than its GPU
+time is either host-bound (many small gaps) or synchronized (a few long ones).
 """
 from __future__ import annotations
 
@@ -43,11 +46,13 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
         if device == "cuda":
             torch.cuda.synchronize()
     per = collections.defaultdict(lambda: [0, 0.0])
+    intervals = []
     for ev in prof.events():
         if device == "cuda":
             if ev.device_type != torch.autograd.DeviceType.CUDA:
                 continue
             t = ev.device_time
+            intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
         else:
             if not ev.name.startswith("aten::"):
                 continue
@@ -56,7 +61,29 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
         per[ev.name][1] += t
     rows = [(name, calls / reps, us / reps) for name, (calls, us) in per.items()]
     rows.sort(key=lambda r: -r[2])
+    profile_forward.intervals = intervals
     return sum(r[2] for r in rows), sum(r[1] for r in rows), rows
+
+
+def gpu_gaps(intervals, top: int):
+    """(span µs, busy µs, [(gap µs, kernel before, kernel after)] largest first) of GPU
+    intervals (start µs, end µs, name): where the GPU waited for the host between the first
+    kernel's start and the last one's end (a host-bound stretch or a synchronization)."""
+    if not intervals:
+        return 0.0, 0.0, []
+    iv = sorted(intervals)
+    busy, gaps = 0.0, []
+    cur_s, cur_e, cur_name = iv[0]
+    for s, e, name in iv[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            gaps.append((s - cur_e, cur_name, name))
+            cur_s, cur_e, cur_name = s, e, name
+        elif e > cur_e:
+            cur_e, cur_name = e, name
+    busy += cur_e - cur_s
+    gaps.sort(key=lambda g: -g[0])
+    return max(e for _, e, _ in iv) - iv[0][0], busy, gaps[:top]
 
 
 def main(argv=None) -> int:
@@ -69,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, CPU op times")
     ap.add_argument("--step", default="forward", choices=("forward", "train"))
     ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
+    ap.add_argument("--gaps", type=int, default=0, help="print the N largest stretches the "
+                    "GPU sat idle between kernels (host-bound or synchronized)")
     ap.add_argument("--graphs", default="", help="write pyfuser's rewritten graphs (code and "
                     "each region's ops) to this file")
     args = ap.parse_args(argv)
@@ -90,6 +119,13 @@ def main(argv=None) -> int:
         print("| name | calls | µs | share |\n|---|---|---|---|")
         for name, calls, us in rows[:args.top]:
             print(f"| {name[:90]} | {calls:.0f} | {us:.1f} | {100 * us / max(total, 1e-9):.1f}% |")
+        if args.gaps and device == "cuda":
+            span, busy, gaps = gpu_gaps(profile_forward.intervals, args.gaps)
+            print(f"\nGPU idle: {span - busy:.0f} of {span:.0f} µs over {args.reps} steps "
+                  f"({args.reps} back to back); largest gaps:")
+            print("| gap µs | after | before |\n|---|---|---|")
+            for g, a, b in gaps:
+                print(f"| {g:.1f} | {a[:60]} | {b[:60]} |")
     if args.graphs and "pyfuser" in modes:
         write_graphs(args.graphs)
     return 0
