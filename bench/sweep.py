@@ -8,7 +8,8 @@ pointwise cases of bench/pointwise.py (seed 000 left out: 3.6 GB, DRAM-bound) an
 transpose; `bn` - 1-D / 2-D, block and unroll on the batch-norm graph; `copy` - pyfuser's copy
 kernel (`set`) against torch's copy_ at the batch-norm graph's and GELU's byte counts; `1d` -
 block and unroll of the 1-D schedule on GELU and SiLU-mul; `2d` - the 2-D schedule's block on the
-batch-norm graph and the broadcast add.
+batch-norm graph and the broadcast add; `outer` - splits, block and unroll of the outer
+reduction on bfloat16 bias-gradient column sums (GPT-2's backward: 4096 rows of 768-3072).
 Each variant (environment knobs, read when a new Fusion is planned) is timed three ways
 (bench/common.py):
   write  - do_bench, L2 flushed by zeroing 256 MB before each call (the issues' method)
@@ -53,7 +54,11 @@ _ONE_D = [("b128 u2", {}), ("b128 u1", {"PYFUSER_PW_UNROLL": "1"}),
 _TWO_D = [("2d default", {}), ("2d b64", {"PYFUSER_PW_BLOCK": "64"}),
           ("2d b128", {"PYFUSER_PW_BLOCK": "128"}), ("2d b256", {"PYFUSER_PW_BLOCK": "256"}),
           ("2d b512", {"PYFUSER_PW_BLOCK": "512"})]
-KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D + _TWO_D for k in env})
+_OUTER = [("default", {})] + [(f"splits {n}", {"PYFUSER_RED_SPLITS": str(n)})
+                               for n in (16, 64, 96, 128)] + \
+         [("bdimx 16", {"PYFUSER_RED_BDIMX": "16"}), ("bdimy 16", {"PYFUSER_RED_BDIMY": "16"}),
+          ("unroll 2", {"PYFUSER_RED_UNROLL": "2"}), ("unroll 8", {"PYFUSER_RED_UNROLL": "8"})]
+KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D + _TWO_D + _OUTER for k in env})
 
 
 def _segment_cases():
@@ -79,6 +84,24 @@ def _copy_case(mb: int):
             lambda: [torch.randn(n, device="cuda")], {})
 
 
+def _def_column_sum():
+    """A bfloat16 bias gradient: the float32 sum over the rows, cast back (GPT-2's backward)."""
+    fs = PWB.Fusion()
+    with PWB.FusionDefinition(fs) as fd:
+        x = fd.define_tensor(symbolic_sizes=[-1, -1], contiguous=[True, True],
+                             dtype=PWB.DataType.BFloat16)
+        s = fd.ops.sum(fd.ops.cast(x, PWB.DataType.Float), [0])
+        fd.add_output(fd.ops.cast(s, PWB.DataType.BFloat16))
+    return fs
+
+
+def _column_sum_case(rows: int, cols: int):
+    return (f"bias grad sum(0) bf16 {rows}x{cols}", _def_column_sum,
+            lambda x: x.float().sum(0).to(torch.bfloat16),
+            lambda: [torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)],
+            {"rtol": 2e-2, "atol": 1e-1})
+
+
 def _sets():
     """{set name: (cases, variants)}."""
     C = _segment_cases()
@@ -90,7 +113,9 @@ def _sets():
     one_d = [c for c in pointwise if c[0].startswith(("GELU", "SiLU"))]
     return {"cache": (pointwise + [transpose], _CACHE), "bn": (bn, _BN),
             "copy": ([_copy_case(77), _copy_case(201)], _COPY), "1d": (one_d, _ONE_D),
-            "2d": ([c for c in pointwise if c[0].startswith(("seed003", "broadcast"))], _TWO_D)}
+            "2d": ([c for c in pointwise if c[0].startswith(("seed003", "broadcast"))], _TWO_D),
+            "outer": ([_column_sum_case(4096, c) for c in (768, 2304, 3072)] +
+                      [_column_sum_case(8192, 3072)], _OUTER)}
 
 
 def run_case(variants, name, define, eager, make_inputs, tol):

@@ -321,14 +321,17 @@ class OuterKernel(ReductionLowering):
             names, out = self.combine_grid(reds, names, out)
         return {id(e): [K.ArrayRef(n, (K.Var("v"),)) for n in names[id(e)]] for e in reds}, out
 
-    def combine_block(self, reds, out) -> dict:
+    def combine_block(self, reds, out, src=None) -> dict:
+        """The bdimy rows' partials of every column (the accumulators, or `src`: {id(e): names
+        of V-lane arrays}) meet in a shared-memory tree; {id(e): names of the results}."""
         p, V = self.p, self.V
+        src = src or {id(e): self.acc_names(e) for e in reds}
         assert p.bdimy & (p.bdimy - 1) == 0, "the block tree needs a power-of-two bdimy"
         col = K.add(K.mul(TX, _c(V)), K.Var("v"))
         sms, writes = {}, []
         for e in reds:
             sms[id(e)] = []
-            for n, dt in zip(self.acc_names(e), self.comb.dtypes(e)):
+            for n, dt in zip(src[id(e)], self.comb.dtypes(e)):
                 sm = self.comb.fresh("red")
                 self.shared.append(K.Alloc(sm, dt, (p.bdimy, p.bdimx * V), "shared"))
                 writes.append(K.Assign(sm, (TY, col), K.ArrayRef(n, (K.Var("v"),))))
@@ -361,10 +364,11 @@ class OuterKernel(ReductionLowering):
         """The blocks of blockIdx.z (splits of the reduced index) meet in global memory: each
         writes its partial (threadIdx.y 0, per column), fences, and counts itself in on the
         column block's semaphore; the block that arrives last (the atomic's old value is
-        splits - 1) reads every partial in z order, goes on with the results and sets the
-        semaphore back to 0 (so a semaphore buffer can serve the next launch on the same
-        stream). No float atomics: the combination order is fixed. Returns (result arrays,
-        where the rest of the pass goes: inside that last block's branch)."""
+        splits - 1) reads the partials, row ty of the block those of z = ty, ty + bdimy, ...
+        in z order, meets its other rows in the shared-memory tree, goes on with the results
+        (row 0) and sets the semaphore back to 0 (so a semaphore buffer can serve the next
+        launch on the same stream). No float atomics: the combination order is fixed. Returns
+        (result arrays, where the rest of the pass goes: inside that last block's branch)."""
         p, V = self.p, self.V
         zero = _c(0)
         first = _and(K.Bin("==", TX, zero), K.Bin("==", TY, zero))
@@ -386,15 +390,15 @@ class OuterKernel(ReductionLowering):
                 K.If(first, [K.AtomicAdd("arrived", sem, sem_at, _c(1)),
                              K.Assign(last, (), K.Bin("==", K.Var("arrived"), _c(p.splits - 1)))]),
                 K.Sync()]
-        final, body = {}, []
+        branch: list = [K.Fence()]
+        accs = {}
         for e in reds:
-            fin = []
+            accs[id(e)] = []
             for ws, dt in names[id(e)]:
-                body.append(K.Alloc(ws + "_all", dt, (V,)))
-                fin.append(ws + "_all")
-            final[id(e)] = fin
-            body.append(self.lanes([K.Assign(n, (K.Var("v"),), init)
-                                    for n, init in zip(fin, self.comb.identity(e))]))
+                branch.append(K.Alloc(ws + "_acc", dt, (V,)))
+                accs[id(e)].append(ws + "_acc")
+            branch.append(self.lanes([K.Assign(n, (K.Var("v"),), init)
+                                      for n, init in zip(accs[id(e)], self.comb.identity(e))]))
         zloop: list = []
         for e in reds:
             tmp = []
@@ -403,14 +407,19 @@ class OuterKernel(ReductionLowering):
                           K.Load(ws + "_z", (), ws, part_at(K.Var("z")), V, None, "cg")]
                 tmp.append(ws + "_z")
             merge: list = []
-            new = self.comb.combine(e, [K.ArrayRef(n, (K.Var("v"),)) for n in final[id(e)]],
+            new = self.comb.combine(e, [K.ArrayRef(n, (K.Var("v"),)) for n in accs[id(e)]],
                                     [K.ArrayRef(t, (K.Var("v"),)) for t in tmp], merge)
-            self.comb.assign_all(e, final[id(e)], (K.Var("v"),), new, merge)
+            self.comb.assign_all(e, accs[id(e)], (K.Var("v"),), new, merge)
             zloop.append(self.lanes(merge))
-        body.append(K.Loop("z", zero, _c(p.splits), _c(1), "serial", zloop, "partials in order"))
+        # every row of the block takes every bdimy-th partial (a chain of splits / bdimy loads
+        # a thread, not splits), then the rows meet in the shared-memory tree: a fixed order
+        branch += _guard(self.col_ok, [K.Loop("z", TY, _c(p.splits), _c(p.bdimy), "serial", zloop,
+                                              "this row's partials in order")])
+        final = self.combine_block(reds, branch, accs) if p.bdimy > 1 else accs
+        rest: list = []
         reset = [K.Alloc("sem_zero", DataType.Int32, (1,)), K.Assign("sem_zero", (zero,), zero),
                  K.Store(sem, sem_at, "sem_zero", (), 1)]
-        out.append(K.If(K.ArrayRef(last, ()),
-                        [K.Fence(), *_guard(_and(self.col_ok, K.Bin("==", TY, zero)), body),
-                         K.If(first, reset)]))    # the semaphore is left zero for the next launch
-        return final, body                     # the pass goes on in the last block
+        branch += _guard(_and(self.col_ok, K.Bin("==", TY, zero)), rest)
+        branch.append(K.If(first, reset))  # the semaphore is left zero for the next launch
+        out.append(K.If(K.ArrayRef(last, ()), branch))
+        return final, rest                     # the pass goes on in the last block

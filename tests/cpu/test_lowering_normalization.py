@@ -279,3 +279,37 @@ def test_batch_norm_module_in_training(momentum):
     st = f.last_run
     assert st.eager_groups == 0 and not [fb for fb in st.fallbacks
                                          if "batch_norm" in fb.get("kind", "")], st
+
+
+@pytest.mark.parametrize("splits", [5, 13, 40])
+def test_grid_combine_spreads_the_partials_over_the_block_rows(splits, monkeypatch):
+    """The last block of a grid reduction reads the splits' partials, row ty of the block
+    those of z = ty, ty + bdimy, ... (some rows none), then its rows meet in the shared-memory
+    tree: sums, maxima and Welford triples equal eager's, the same bits on a second run, and
+    NVRTC compiles the kernels."""
+    from pyfuser.codegen import api
+    from pyfuser.frontend.fx.compile_graph import clear_cache
+    from pyfuser.runtime import dispatch, nvrtc
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setenv("PYFUSER_RED_SPLITS", str(splits))
+    clear_cache()                      # plan here, with this knob (plans are kept per fusion)
+    dispatch.clear_caches()
+    plans = []
+    real = api.plan_kernel
+    monkeypatch.setattr(api, "plan_kernel", lambda g, i: plans.append(real(g, i)) or plans[-1])
+
+    def f(x):
+        v, m = torch.var_mean(x, 0)
+        return x.sum(0), x.amax(0), v, m
+    x = torch.randn(1000, 24)
+    with torch.no_grad():
+        fn = pyfuser.compile(f)
+        got, again = fn(x), fn(x)
+    for g, a, w in zip(got, again, f(x)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
+        assert torch.equal(g, a)
+    grid = [p for p in plans if getattr(p.params, "splits", 1) == splits]
+    assert grid and all(p.params.bdimy > 1 for p in grid)
+    for p in grid:
+        assert "z = ((nidx_t)threadIdx.y);" in p.kernel.source   # the rows share the partials
+        assert nvrtc.compile_cuda(p.kernel.source, p.kernel.name, "sm_90") is not None
