@@ -291,3 +291,20 @@ def test_nll_loss_forward_left_to_eager_says_why(case, reason):
     reasons = {r for g in compiled_graphs() for n, r in g.unsupported.items()
                if n.startswith("nll_loss_forward")}
     assert reasons == {reason}, reasons
+
+
+def test_nll_loss_backward_out_of_range_target_is_a_nan_row():
+    """Eager stops on a device assert for a target class out of range; the decomposed
+    gradient gives that row NaN (as the forward's loss and the op's lowering do), never a
+    silent zero, and keeps the other rows and an ignored row exact."""
+    from pyfuser.frontend.fx.backend import _nll_loss_backward
+    x = torch.randn(4, 5)
+    target = torch.tensor([1, 7, -100, -3])
+    two, three = torch.tensor(2.0), torch.tensor(3.0)
+    g = _nll_loss_backward(two, x, target, None, 1, -100, two)
+    assert torch.isnan(g[1]).all() and torch.isnan(g[3]).all()
+    assert torch.equal(g[0], torch.tensor([0.0, -1.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(g[2], torch.zeros(5))
+    ok = torch.tensor([1, 4, -100, 0])
+    want = torch.ops.aten.nll_loss_backward(two, x, ok, None, 1, -100, three)
+    assert torch.equal(_nll_loss_backward(two, x, ok, None, 1, -100, three), want)

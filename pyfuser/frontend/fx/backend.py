@@ -49,8 +49,10 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
                        total_weight):
     """nll_loss's gradient for [N, C] log-probabilities and class indices, written without
     reading `self`'s values (its shape, dtype and device only): -grad (over total_weight for a
-    mean) where a row's target class is, 0 elsewhere and on rows whose target is ignore_index.
-    Class weights, other ranks: NotImplemented (the op stays, and lowers as it is)."""
+    mean) where a row's target class is, 0 elsewhere and on rows whose target is ignore_index;
+    a row whose target is out of range (eager: a device assert) is NaN, as the forward's loss
+    and the op's own lowering are, never a silent zero. Class weights, other ranks:
+    NotImplemented (the op stays, and lowers as it is)."""
     if weight is not None or self.dim() != 2 or target.dim() != 1:
         return NotImplemented
     g = grad_output
@@ -59,8 +61,10 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     elif reduction == 0:                                 # none: one gradient per row
         g = g.unsqueeze(1)
     classes = torch.arange(self.shape[1], device=self.device)
-    hit = (target.unsqueeze(1) == classes) & (target != ignore_index).unsqueeze(1)
-    return torch.where(hit, -g, 0.0).to(self.dtype)
+    kept = target != ignore_index
+    hit = (target.unsqueeze(1) == classes) & kept.unsqueeze(1)
+    bad = (kept & ((target < 0) | (target >= self.shape[1]))).unsqueeze(1)
+    return torch.where(bad, float("nan"), torch.where(hit, -g, 0.0)).to(self.dtype)
 
 
 def _compiler(kind: str):
