@@ -1,0 +1,107 @@
+"""The torch.compile backend's factory ops and where their regions run: `full`,
+`scalar_tensor` and integer `arange` fuse (constants, an iota) with eager's values and dtypes;
+the partitioner never makes a CUDA region with no CUDA input (it could not tell its device):
+random factories are left to eager, and a region fed only by an `arange` leaves the arange to
+eager and keeps its compute (partition tests on fake CUDA tensors, no GPU needed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs
+
+bf16 = torch.bfloat16
+
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+def _partition_on_fake_cuda(g):
+    """(supported nodes, regions) of graph g (one placeholder: a fake CUDA tensor of 3)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.partition import partition
+    from pyfuser.frontend.fx.support import node_support
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake_x = torch.empty(3, device="cuda")
+    FakeTensorProp(gm, mode).propagate(fake_x)
+    nodes = list(gm.graph.nodes)
+    outs = set(nodes[-1].all_input_nodes)
+    supported = {n for n in nodes if node_support(n, outs)[0]}
+    return supported, partition(nodes, supported)
+
+
+def test_a_region_making_cuda_values_from_no_cuda_input_is_left_to_eager():
+    """A fusion runs on its inputs' device; `rand(..., device="cuda") * 2` has none (found while
+    adding factory ops: the region would have run on the CPU)."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.ops.aten.rand.default, ([4, 4],), {"device": torch.device("cuda")})
+    m = g.call_function(torch.ops.aten.mul.Tensor, (r, 2))
+    a = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, a))
+    supported, regions = _partition_on_fake_cuda(g)
+    assert {r, m, a} <= supported
+    assert [reg.nodes for reg in regions] == [[a]]          # the rand region is dissolved
+
+
+def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
+    """A region whose only source is a factory op (a model's `arange(S) + 0`, the packed-sequence
+    checks after it) computes CUDA values from no CUDA input: the arange is left to eager,
+    which makes it on the device, and the ops after it stay one region reading it there."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    ar = g.call_function(torch.ops.aten.arange.default, (8,), {"device": torch.device("cuda")})
+    a = g.call_function(torch.ops.aten.add.Tensor, (ar, 1))
+    m = g.call_function(torch.ops.aten.mul.Tensor, (a, 3))
+    b = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, b))
+    supported, regions = _partition_on_fake_cuda(g)
+    assert {ar, a, m, b} <= supported
+    assert sorted([reg.nodes for reg in regions], key=len) == [[b], [a, m]]
+    (am,) = [reg for reg in regions if a in reg.nodes]
+    assert am.inputs == [ar]                     # the eager arange's CUDA value
+
+
+def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
+    """The attention-mask pattern of HF models: where(mask, scalar_tensor(0), scalar_tensor(-inf))."""
+    def f(m, x):
+        zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=bf16)
+        ninf = torch.ops.aten.scalar_tensor.default(float("-inf"), dtype=bf16)
+        return torch.where(m, zero, ninf), x + torch.full((3,), 2.5, dtype=torch.float64), \
+            torch.full((2,), 7)                    # no dtype: eager infers int64, left to eager
+    m, x = torch.rand(3) > 0.5, torch.randn(3)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(m, x)
+    for g, w in zip(got, f(m, x)):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    ops = sorted(tuple(r.ops) for r in graph.regions)
+    assert ops == [("aten.full.default", "aten.add.Tensor"),
+                   ("aten.scalar_tensor.default", "aten.scalar_tensor.default", "aten.where.self")]
+    assert list(graph.unsupported.values()) == [
+        "full without a dtype (eager infers it from the value; left to eager)"]
+
+
+def test_integer_arange_fuses_as_an_iota_and_floating_ones_stay_eager():
+    """arange(end), arange(start, end), arange(start, end, step) of integers (a class index
+    compared with targets, positions): an iota in the kernel with eager's values and dtype; a
+    floating arange is left to eager with the reason."""
+    def f(t, x):
+        hit = t.unsqueeze(1) == torch.arange(7)
+        pos = torch.arange(2, 9) * 3 + torch.arange(1, 22, 3, dtype=torch.int32)
+        return hit, pos + t[:1], x + torch.arange(0.5, 3.5)
+    t, x = torch.randint(0, 7, (5,)), torch.randn(3)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(t, x)
+    for g, w in zip(got, f(t, x)):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    fused = [op for r in graph.regions for op in r.ops]
+    assert fused.count("aten.arange.default") == 1 and fused.count("aten.arange.start") == 1
+    assert fused.count("aten.arange.start_step") == 1
+    assert list(graph.unsupported.values()) == [
+        "arange of other than integer bounds and a nonzero step (left to eager)"]
