@@ -431,3 +431,33 @@ def test_a_residual_gradient_add_fuses_into_the_layer_norm_backward():
     report = dispatch.last_report(region.fusion)
     scheds = [s.scheduler for s in report.segments if s.kind == "kernel"]
     assert "pointwise" not in scheds, report
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_a_cast_naming_the_current_device_without_an_index_moves_and_fuses(device):
+    """Traced graphs may name the device of a cast without an index (`device="cuda"`); on the
+    tensor's own (current) device that is no move: `sink_views` moves the cast above the view
+    and the cast stays fusible (fake CUDA tensors, no GPU needed). cuda:1 is a move."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.rewrites import _same_device
+    from pyfuser.frontend.fx.support import node_support
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    s = g.call_function(aten.sum.dim_IntList, (x, [0], True))
+    v = g.call_function(aten.view.default, (s, [48]))
+    c = g.call_function(aten._to_copy.default, (v,),
+                        {"dtype": bf16, "device": torch.device(device)})
+    g.output((c,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake_x = torch.empty(8, 48, device="cuda")
+    FakeTensorProp(gm, mode).propagate(fake_x)
+    assert node_support(c, set())[0]
+    assert sink_views(gm.graph) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [aten.sum.dim_IntList, aten._to_copy.default, aten.view.default]
+    assert not _same_device(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not _same_device("cpu", torch.device("cuda", 0))

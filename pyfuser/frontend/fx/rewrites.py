@@ -89,11 +89,26 @@ def _dtype_only_cast(node) -> bool:
     src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
     if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
         return False
-    same_place = extra.get("device", src.device) == src.device and \
+    same_place = _same_device(extra.get("device", src.device), src.device) and \
         extra.get("layout", torch.strided) == torch.strided and \
         extra.get("memory_format") in (None, torch.preserve_format, torch.contiguous_format)
     allowed = set(extra) <= {"device", "layout", "memory_format", "pin_memory"}
     return allowed and same_place and not extra.get("pin_memory", False)
+
+
+def _same_device(want, have) -> bool:
+    """Whether a cast to device `want` leaves a tensor on `have` where it is: a device named
+    without an index (`device="cuda"`, as traced graphs write it) is the current one of its
+    type (CUDA's current device; 0 where there is none, as under fake CUDA tensors)."""
+    want, have = torch.device(want), torch.device(have)
+    if want.type != have.type:
+        return False
+    if want.index is None or have.index is None:
+        current = torch.cuda.current_device() if want.type == "cuda" and \
+            torch.cuda.is_available() else 0
+        return (current if want.index is None else want.index) == \
+            (current if have.index is None else have.index)
+    return want.index == have.index
 
 
 def _maker(node):

@@ -136,8 +136,8 @@ def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
 
 def _special(target, named, ins, outs) -> str:
     """Reasons particular to an op's arguments (see the module docstring)."""
-    device = named.get("device")
-    if device is not None and torch.device(device) != outs[0].device and ins:
+    # (the result's device, not the argument: `device="cuda"` names cuda:0 when that is current)
+    if named.get("device") is not None and any(t.device != outs[0].device for t in ins):
         return f"{target}: a copy to another device"
     fmt = named.get("memory_format")
     contiguous_copy = fmt is torch.contiguous_format and target in _CONTIGUOUS_COPIES
