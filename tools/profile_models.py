@@ -133,13 +133,16 @@ def main(argv=None) -> int:
 
 def write_graphs(path: str) -> None:
     """Every graph the backend compiled in this process: its report, its rewritten code, and
-    the ops of each fused region (to map the profile's pf_ kernels and aten kernels to nodes)."""
+    the ops of each fused region with its nodes and their arguments (to map the profile's pf_
+    kernels and aten kernels to nodes)."""
     from pyfuser.frontend.fx import compiled_graphs
     with open(path, "w") as f:
         for g in compiled_graphs():
             f.write(f"===== {g.kind} graph: {g.report()}\n{g.gm.code}\n")
             for r in g.regions:
                 f.write(f"{r}: {', '.join(map(str, r.ops))}\n")
+                for n in r.region.nodes:          # each node with its arguments
+                    f.write(f"    {n.format_node()}\n")
     print(f"graphs written to {path}")
 
 
