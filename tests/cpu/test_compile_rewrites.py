@@ -461,3 +461,15 @@ def test_a_cast_naming_the_current_device_without_an_index_moves_and_fuses(devic
     assert targets == [aten.sum.dim_IntList, aten._to_copy.default, aten.view.default]
     assert not _same_device(torch.device("cuda", 1), torch.device("cuda", 0))
     assert not _same_device("cpu", torch.device("cuda", 0))
+    # a 0-dim CPU tensor cast onto the device is read as a scalar: fusible; a [2] one is a move
+    for shape, fusible in (((), True), ((2,), False)):
+        g = torch.fx.Graph()
+        t = g.placeholder("t")
+        c = g.call_function(aten._to_copy.default, (t,),
+                            {"dtype": bf16, "device": torch.device(device)})
+        g.output((c,))
+        gm = torch.fx.GraphModule(torch.nn.Module(), g)
+        with mode:
+            fake_t = torch.empty(shape)
+        FakeTensorProp(gm, mode).propagate(fake_t)
+        assert node_support(c, set())[0] is fusible

@@ -136,8 +136,10 @@ def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
 
 def _special(target, named, ins, outs) -> str:
     """Reasons particular to an op's arguments (see the module docstring)."""
-    # (the result's device, not the argument: `device="cuda"` names cuda:0 when that is current)
-    if named.get("device") is not None and any(t.device != outs[0].device for t in ins):
+    # (the inputs' devices against the result's, not the argument: `device="cuda"` names
+    # cuda:0 when that is current; a 0-dim CPU tensor is read as a scalar wherever it is)
+    if named.get("device") is not None and any(
+            t.device != outs[0].device and (t.dim() > 0 or t.device.type != "cpu") for t in ins):
         return f"{target}: a copy to another device"
     fmt = named.get("memory_format")
     contiguous_copy = fmt is torch.contiguous_format and target in _CONTIGUOUS_COPIES
