@@ -27,8 +27,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def profile_forward(case, mode: str, reps: int, device: str, step: str = "forward"):
-    """(total µs per step, kernels per step, [(name, calls, µs)] per step); a step is a forward
-    or, with step="train", a training step (forward, loss, backward, SGD)."""
+    """(total µs per step, kernels per step, [(name, calls, µs)] per step, GPU intervals
+    [(start µs, end µs, name)] of all the profiled steps); a step is a forward or, with
+    step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     model, fn, opt = case.make(mode)
@@ -61,8 +62,7 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
         per[ev.name][1] += t
     rows = [(name, calls / reps, us / reps) for name, (calls, us) in per.items()]
     rows.sort(key=lambda r: -r[2])
-    profile_forward.intervals = intervals
-    return sum(r[2] for r in rows), sum(r[1] for r in rows), rows
+    return sum(r[2] for r in rows), sum(r[1] for r in rows), rows, intervals
 
 
 def gpu_gaps(intervals, top: int):
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
         modes = [m for m in modes if m != "inductor"]
     for mode in modes:
         torch._dynamo.reset()
-        total, kernels, rows = profile_forward(case, mode, args.reps, device, args.step)
+        total, kernels, rows, intervals = profile_forward(case, mode, args.reps, device,
+                                                          args.step)
         unit = "GPU" if device == "cuda" else "CPU (aten ops)"
         print(f"\n== {args.model} {args.dtype} {mode}: {total:.1f} µs {unit} per {args.step}, "
               f"{kernels:.0f} {'kernels' if device == 'cuda' else 'ops'} per {args.step}")
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
         for name, calls, us in rows[:args.top]:
             print(f"| {name[:90]} | {calls:.0f} | {us:.1f} | {100 * us / max(total, 1e-9):.1f}% |")
         if args.gaps and device == "cuda":
-            span, busy, gaps = gpu_gaps(profile_forward.intervals, args.gaps)
+            span, busy, gaps = gpu_gaps(intervals, args.gaps)
             print(f"\nGPU idle: {span - busy:.0f} of {span:.0f} µs over {args.reps} steps "
                   f"({args.reps} back to back); largest gaps:")
             print("| gap µs | after | before |\n|---|---|---|")
