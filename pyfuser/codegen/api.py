@@ -156,7 +156,7 @@ def _reduction_family_plan(fusion, sched, lower) -> KernelPlan:
 
 
 def _plan_reduction(fusion, inputs, sched) -> KernelPlan:
-    from .reduction_lowering import plan_reduction_kernel
+    from .reduction_launch import plan_reduction_kernel
     plan = _reduction_family_plan(fusion, sched, plan_reduction_kernel)
     outs = {id(o): k for k, o in enumerate(fusion.outputs)}
     ins = {id(v): j for j, v in enumerate(fusion.inputs)}

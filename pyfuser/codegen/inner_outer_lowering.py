@@ -33,7 +33,7 @@ order, the tree and the z order of the finish are fixed by the plan and the grid
 finishes which columns does not change any sum. No floating-point atomics.
 
 The workspace buffers come from the runtime like the outer grid reduction's
-(reduction_lowering.workspace_fn): "partials" (any contents) and "semaphores" (zero before a
+(reduction_launch.workspace_fn): "partials" (any contents) and "semaphores" (zero before a
 launch, left zero by it). The CPU interpreter runs the whole grid at once for this kernel
 (interpreter.py: a WaitCount), so arrival is in block order there.
 """
@@ -44,7 +44,8 @@ from ..schedule import layout as L
 from . import kernel_ir as K
 from .kernel import LaunchConfig
 from .reduction_kernels import TX, TY, InnerKernel
-from .reduction_lowering import MAX_GRID_X, _and, _c, _check_cover, _guard
+from .reduction_launch import _check_cover
+from .reduction_lowering import MAX_GRID_X, _and, _c, _guard
 
 NB = K.Special("gridDim.x")
 

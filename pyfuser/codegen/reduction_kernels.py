@@ -18,7 +18,6 @@ to arrive combines them in order); reduced outputs are written by threadIdx.y 0.
 """
 from __future__ import annotations
 
-from ..ir import exprs as E
 from ..ir.dtypes import DataType
 from . import kernel_ir as K
 from .reduction_lowering import ReductionLowering, _and, _c, _guard, _lane_dependent
@@ -310,7 +309,7 @@ class OuterKernel(ReductionLowering):
     def combine(self, reds, out) -> tuple:
         """The bdimy partials of every column meet in shared memory (a tree), then, with splits,
         the blocks' partials in a workspace (combine_grid); {id(e): partial exprs of lane v}."""
-        p, V = self.p, self.V
+        p = self.p
         if not reds:
             return {}, out
         if p.bdimy == 1:

@@ -1,0 +1,216 @@
+"""The accumulators of a reduction-family kernel (a mixin of reduction_lowering's
+ReductionLowering): their names and identities, the per-element combine of sum / prod / max /
+min, the chunks of Welford statistics and online (max, sum of exp) pairs merged after a step
+loop, and each reduction's result in its node's dtype.
+
+Invariants: accumulators are per lane ([V]) except the Welford statistics and online pairs of an
+inner kernel (one a thread, `LANE_WELFORD` false); a chunk's values are computed again from the
+loaded registers (no copy) and merged in lane order, so results do not depend on timing.
+"""
+from __future__ import annotations
+
+from ..ir import exprs as E
+from ..schedule import reduction_graph as RG
+from . import kernel_ir as K
+from .reduction_combine import pair_sum_result, shift_exp
+
+
+def _c(v):
+    return K.Const(int(v), "nidx_t")
+
+
+class Accumulators:
+    """Accumulator methods; the class using it provides g, comb, plans, lvl, V, LANE_WELFORD,
+    lanes, unroll, at_step, step_expr and lane_values (ReductionLowering)."""
+
+    def acc_names(self, e) -> list:
+        if isinstance(e, RG.OnlinePair):
+            return [f"acc{self.g.reduces.index(x)}_0" for x in (e.max_expr, e.sum_expr)]
+        i = self.g.reduces.index(e)
+        return [f"acc{i}_{k}" for k in range(len(self.comb.dtypes(e)))]
+
+    @staticmethod
+    def chunked(e) -> bool:
+        """Accumulated by chunks after the step loop (Welford, online pairs), not per element."""
+        return isinstance(e, (E.WelfordOp, RG.OnlinePair))
+
+    def lane_accs(self, e) -> bool:
+        """Accumulators per lane ([V]) or one per thread (Welford and online pairs of an inner
+        kernel)."""
+        return self.LANE_WELFORD or not self.chunked(e)
+
+    def init_accs(self, reds, out: list) -> None:
+        """Allocate every accumulator of `reds` and set it to the identity."""
+        for e in reds:
+            lanes = self.lane_accs(e)
+            for name, dt, init in zip(self.acc_names(e), self.comb.dtypes(e), self.comb.identity(e)):
+                if lanes:
+                    out.append(K.Alloc(name, dt, (self.V,)))
+                    out.append(self.lanes([K.Assign(name, (K.Var("v"),), init)]))
+                else:
+                    out.append(K.Alloc(name, dt, ()))
+                    out.append(K.Assign(name, (), init))
+
+    def accumulate(self, e, val, vnode, out: list) -> None:
+        """acc[v] = combine(acc[v], val) for sum / prod / max / min (Welford goes by chunks)."""
+        (name,) = self.acc_names(e)
+        dt = self.comb.dtypes(e)[0]
+        src = vnode.tv.dtype
+        x = val if src.compute is dt else K.Convert("cast", val, src, dt)
+        lane = (K.Var("v"),)
+        out.append(K.Assign(name, lane, self.comb.combine(e, [K.ArrayRef(name, lane)], [x], out)[0]))
+
+    def result_exprs(self, e, partial: list) -> dict:
+        """{id(reduce node): value in the node's dtype} from the final partial of e."""
+        dts = self.comb.dtypes(e)
+        out = {}
+        if isinstance(e, RG.OnlinePair):
+            vals = {id(e.max_expr): partial[0], id(e.sum_expr): pair_sum_result(*partial, dts[0])}
+            for node in self.g.nodes:
+                if node.kind == "reduce" and id(node.expr) in vals:
+                    x, dt = vals[id(node.expr)], node.tv.dtype
+                    out[id(node)] = x if dt is dts[0] else K.Convert("cast", x, dts[0], dt)
+            return out
+        for node in self.g.nodes:
+            if node.kind != "reduce" or node.expr is not e:
+                continue
+            k = e.outputs.index(node.tv)
+            src, x = dts[k], partial[k]
+            if isinstance(e, E.WelfordOp) and k == 0:     # the mean of nothing is NaN, as eager
+                n_dt = dts[2]
+                x = K.Op("where", (K.Op("gt", (partial[2], K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt)),
+                                        n_dt), x, K.Const(float("nan"), K.REGISTER_CTYPE[src], src)), src)
+            dt = node.tv.dtype
+            out[id(node)] = x if src is dt else K.Convert("cast", x, src, dt)
+        return out
+
+    def chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        (self.pair_chunk if isinstance(e, RG.OnlinePair) else self.welford_chunk)(
+            e, q, known, step_var, nsteps, streamed, out)
+
+    def pair_chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        """Merge the values of online pair e's X over the step loop just run (its loads still
+        in their buffers) into e's (max, sum) accumulators: the chunk's max, the new running
+        max m, the running sum rescaled by exp(old max - m), plus the chunk's sum of
+        exp(x - m) (per lane, then in lane order). Inner kernels: one pair a thread (the
+        chunk's max over every lane); outer: a pair per lane (column)."""
+        xnode = e.x
+        nodes = RG.ancestors(self.g, [xnode], lambda n: self.lvl[id(n)] == "row")
+        nodes = [n for n in nodes if self.lvl[id(n)] == "full"]
+        dt = self.comb.dtypes(e)[0]
+        per_lane = self.LANE_WELFORD
+        v = K.Var("v")
+        here = (v,) if per_lane else ()
+        dims = (self.V,) if per_lane else ()
+        acc_m, acc_s = self.acc_names(e)
+        tag = self.comb.fresh("o")
+        cm, cs, mn = f"{tag}_max", f"{tag}_sum", f"{tag}_m"
+        step = K.Var(step_var)
+        pos = self.step_expr(step, streamed)
+        ref = lambda name: K.ArrayRef(name, here)  # noqa: E731
+
+        def value(body, idx, lane):
+            x = self.lane_values(nodes, known, step, lane, body, idx)[id(xnode)]
+            return x if xnode.tv.dtype.compute is dt else K.Convert("cast", x, xnode.tv.dtype, dt)
+
+        def add_max(idx):                                 # per lane: independent chains
+            body: list = []
+            x = value(body, idx, v)
+            body.append(K.Assign(cm, (v,), K.Op("maximum", (K.ArrayRef(cm, (v,)), x), dt)))
+            return [self.lanes(body)]
+
+        def add_exp(idx):
+            body: list = []
+            x = value(body, idx, v)
+            body.append(K.Assign(cs, (v,), K.Op("add", (K.ArrayRef(cs, (v,)),
+                                                          shift_exp(x, ref(mn), dt)), dt)))
+            return [self.lanes(body)]
+
+        ninf, zero = self.comb.identity(e)
+        out += [K.Alloc(cm, dt, (self.V,)), K.Alloc(mn, dt, dims), K.Alloc(cs, dt, (self.V,)),
+                self.lanes([K.Assign(cs, (v,), zero), K.Assign(cm, (v,), ninf)])]
+        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_max)))
+        if per_lane:
+            out.append(self.lanes([K.Assign(mn, here, K.Op("maximum", (ref(acc_m), ref(cm)), dt))]))
+        else:                                             # the lanes' maxima, in lane order
+            top = K.ArrayRef(acc_m, ())
+            for lane in range(self.V):
+                top = K.Op("maximum", (top, K.ArrayRef(cm, (_c(lane),))), dt)
+            out.append(K.Assign(mn, (), top))
+        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))
+        total = K.ArrayRef(cs, (v,))
+        if not per_lane:                                  # the lanes' sums, in lane order
+            total = K.ArrayRef(cs, (_c(0),))
+            for lane in range(1, self.V):
+                total = K.Op("add", (total, K.ArrayRef(cs, (_c(lane),))), dt)
+        fold = [K.Assign(acc_s, here, K.Op("add", (K.Op("mul", (ref(acc_s), shift_exp(
+                    ref(acc_m), ref(mn), dt)), dt), total), dt)),
+                K.Assign(acc_m, here, ref(mn))]
+        out += [self.lanes(fold)] if per_lane else fold
+
+    def welford_chunk(self, e, q, known, step_var, nsteps, streamed, out: list) -> None:
+        """Merge the values of e's input over the step loop just run (its loads still in their
+        buffers) into e's accumulators: exact chunk mean and m2 in registers (the values computed
+        again), then Chan's merge. Inner kernels: one chunk of every lane into one statistic;
+        outer: a chunk per lane."""
+        reds, outs, full, inputs = self.plans[q]
+        vnode = inputs[id(e)]
+        nodes = RG.ancestors(self.g, [vnode], lambda n: self.lvl[id(n)] == "row")
+        nodes = [n for n in nodes if self.lvl[id(n)] == "full"]
+        dt, n_dt = self.comb.dtypes(e)[0], self.comb.dtypes(e)[2]
+        ct = K.REGISTER_CTYPE[dt]
+        zero = K.Const(0.0, ct, dt)
+        per_lane = self.LANE_WELFORD
+        lane_var = K.Var("v") if per_lane else K.Var("q")
+        tag = self.comb.fresh("c")
+        cn, cs, cm, c2 = f"{tag}_n", f"{tag}_sum", f"{tag}_mean", f"{tag}_m2"
+        here = (K.Var("v"),) if per_lane else ()
+        ref = lambda name: K.ArrayRef(name, here)  # noqa: E731
+        dims = (self.V,) if per_lane else ()
+        out += [K.Alloc(cn, n_dt, ()), K.Assign(cn, (), K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt)),
+                K.Alloc(cs, dt, dims), K.Alloc(c2, dt, dims), K.Alloc(cm, dt, dims)]
+        inits = [K.Assign(cs, here, zero), K.Assign(c2, here, zero)]
+        out += [self.lanes(inits)] if per_lane else inits
+        step = K.Var(step_var)
+
+        def value(body, idx):
+            vals = self.lane_values(nodes, known, step, lane_var, body, idx)
+            src = vnode.tv.dtype
+            x = vals[id(vnode)]
+            return x if src.compute is dt else K.Convert("cast", x, src, dt)
+
+        def over_lanes(fn, idx):   # fn(body, idx) -> statements for one lane
+            body: list = []
+            if per_lane:
+                return [self.lanes(fn(body, idx))]
+            return [self.unroll("q", self.V, fn(body, idx))]
+
+        count = K.Const(1 if per_lane else self.V, K.REGISTER_CTYPE[n_dt], n_dt)
+        add_n = K.Assign(cn, (), K.Op("add", (K.ArrayRef(cn, ()), count), n_dt))
+
+        def add_sum(body, idx):
+            x = value(body, idx)
+            return body + [K.Assign(cs, here, K.Op("add", (ref(cs), x), dt))]
+
+        def add_sq(body, idx):
+            x = value(body, idx)
+            d = K.Op("sub", (x, ref(cm)), dt)
+            return body + [K.Let("dd", ct, d), K.Assign(c2, here, K.Op(
+                "add", (ref(c2), K.Op("mul", (K.Var("dd"), K.Var("dd")), dt)), dt))]
+
+        pos = self.step_expr(step, streamed)
+        out.append(self.unroll(step_var, nsteps, self.at_step(
+            pos, lambda idx: [add_n] + over_lanes(add_sum, idx))))
+        nf = K.Convert("cast", K.ArrayRef(cn, ()), n_dt, dt)
+        inside: list = []
+        mean_set = K.Assign(cm, here, K.Op("div", (ref(cs), nf), dt))
+        inside.append(self.lanes([mean_set]) if per_lane else mean_set)
+        inside.append(self.unroll(step_var, nsteps, self.at_step(pos, lambda idx: over_lanes(add_sq, idx))))
+        names = self.acc_names(e)
+        merge: list = []
+        new = self.comb.combine(e, [K.ArrayRef(n, here) for n in names],
+                                [ref(cm), ref(c2), K.ArrayRef(cn, ())], merge)
+        self.comb.assign_all(e, names, here, new, merge)
+        inside += [self.lanes(merge)] if per_lane else merge
+        out.append(K.If(K.Bin("<", K.Const(0, K.REGISTER_CTYPE[n_dt], n_dt), K.ArrayRef(cn, ())),
+                        inside))
