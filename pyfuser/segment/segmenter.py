@@ -248,13 +248,16 @@ def _peel_output_views(fusion, groups: _Groups, verdict: dict, orders) -> None:
     view's input and the view runs on the host (`_views_on_host`). Inside the kernel it bought
     nothing (the same bytes are written) and could cost much: a view after a cat or pad turns
     the shifted loads into div / mod index arithmetic of one element a thread (GPT-2's q/k/v
-    gradient cat before the bias gradient's row sum). Chains of views peel one by one."""
+    gradient cat before the bias gradient's row sum). Chains of views peel one by one. Only
+    from a group that writes row-major values (no permute in it, no input known to be laid
+    out otherwise), where the host's reshape is a view and not a copy."""
     changed = True
     while changed:
         changed = False
         for g in list(groups.members):
             members = groups.members[g]
-            if verdict[g][0] is None or len(members) < 2:
+            if verdict[g][0] is None or len(members) < 2 or not _row_major_group(
+                    groups, members, orders):
                 continue
             ids = {id(e) for e in members}
             for e in reversed(members):
@@ -271,6 +274,15 @@ def _peel_output_views(fusion, groups: _Groups, verdict: dict, orders) -> None:
                 verdict[h] = (None, "a view of a kernel's output: runs on the host")
                 changed = True
                 break
+
+
+def _row_major_group(groups: _Groups, members, orders) -> bool:
+    """No permute among `members` and every input whose order is known (a fusion input, a host
+    output) row-major: the kernel's outputs are written row-major (eager's layout of them)."""
+    if any(isinstance(e, E.PermuteOp) for e in members):
+        return False
+    ins, _ = groups.boundary(members)
+    return all(id(t) not in orders or orders[id(t)] == list(range(t.ndim)) for t in ins)
 
 
 def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:

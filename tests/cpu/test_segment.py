@@ -251,3 +251,29 @@ def test_view_after_a_cat_leaves_the_cat_kernel_for_the_host(mode, monkeypatch):
     want = torch.cat(args, 2).view(-1, 48)
     assert torch.equal(v, want) and v.stride() == want.stride()
     torch.testing.assert_close(s, want.float().sum(0).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_view_of_a_permuted_value_stays_in_its_kernel(mode, monkeypatch):
+    """The view after a pointwise op of a permuted input is not peeled off to the host: the
+    kernel would write the op's value permuted (eager's layout) and the host's reshape would
+    copy it; in the kernel the view costs nothing. Values and strides are eager's."""
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    monkeypatch.setenv("PYFUSER_CPU_EXECUTOR", mode)
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1, -1], DataType.Float)
+        v = B.reshape(B.elementwise("mul", B.permute(x, [0, 2, 1]), 2.0), [-1, 8])
+        f.add_output(v)
+        f.add_output(B.reduction("sum", v, [0]))
+    segs = segment(f).segments
+    assert [(s.kind, s.scheduler) for s in segs] == \
+        [("host", None), ("kernel", "pointwise"), ("kernel", "reduction")]
+    assert [e.op_name for e in segs[1].exprs] == ["mul", "view"]
+    x = torch.randn(2, 8, 16)
+    v, s = dispatch.execute_fusion(f, [x])
+    want = (x.permute(0, 2, 1) * 2).reshape(-1, 8)
+    assert torch.equal(v, want) and v.stride() == want.stride()
+    torch.testing.assert_close(s, want.sum(0))
