@@ -210,8 +210,10 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
         reason="open: as seed 110571, an integer fmod evaluated by the CPU interpreter on "
                "lanes no thread owns, where the divisor is 0, raises ZeroDivisionError",
         strict=True)),
+    300088,   # fixed in the fuzzer: a float32 mean cast to float64 was held to float64's
+              # tolerance; outputs now take that of the least precise float input too
 ], ids=["amin_of_bool_then_masked_fill", "integer_remainder_of_a_sum_by_itself",
-        "integer_fmod_of_a_sum_by_itself"])
+        "integer_fmod_of_a_sum_by_itself", "float32_mean_cast_to_float64"])
 def test_program_fuzz_findings(seed):
     from program_fuzz import check, generate
     assert check(generate(seed)) is None
