@@ -217,6 +217,7 @@ class OuterKernel(ReductionLowering):
 
     def kernel_body(self) -> list:
         p, V = self.p, self.V
+        self.tree_arrays = {}             # id(reduction) -> its block tree's shared arrays
         self.kin = self.kg[-1]
         kout = self.kg[:-1]
         body = [K.Let("cols", "nidx_t", K.Var(f"e{self.kin}")),
@@ -320,21 +321,27 @@ class OuterKernel(ReductionLowering):
             names, out = self.combine_grid(reds, names, out)
         return {id(e): [K.ArrayRef(n, (K.Var("v"),)) for n in names[id(e)]] for e in reds}, out
 
-    def combine_block(self, reds, out, src=None) -> dict:
+    def combine_block(self, reds, out, src=None, suffix="_res") -> dict:
         """The bdimy rows' partials of every column (the accumulators, or `src`: {id(e): names
-        of V-lane arrays}) meet in a shared-memory tree; {id(e): names of the results}."""
+        of V-lane arrays}) meet in a shared-memory tree; {id(e): names of the results, the tree
+        arrays' names + `suffix`}. The tree arrays are allocated once (`self.tree_arrays`) and
+        serve a later tree again (the grid combine's, after barriers): a block of bfloat16
+        Welford triples would not fit 48 KB of shared memory twice."""
         p, V = self.p, self.V
         src = src or {id(e): self.acc_names(e) for e in reds}
         assert p.bdimy & (p.bdimy - 1) == 0, "the block tree needs a power-of-two bdimy"
         col = K.add(K.mul(TX, _c(V)), K.Var("v"))
         sms, writes = {}, []
         for e in reds:
-            sms[id(e)] = []
-            for n, dt in zip(src[id(e)], self.comb.dtypes(e)):
-                sm = self.comb.fresh("red")
-                self.shared.append(K.Alloc(sm, dt, (p.bdimy, p.bdimx * V), "shared"))
+            if id(e) not in self.tree_arrays:
+                self.tree_arrays[id(e)] = []
+                for dt in self.comb.dtypes(e):
+                    sm = self.comb.fresh("red")
+                    self.shared.append(K.Alloc(sm, dt, (p.bdimy, p.bdimx * V), "shared"))
+                    self.tree_arrays[id(e)].append(sm)
+            sms[id(e)] = self.tree_arrays[id(e)]
+            for n, sm in zip(src[id(e)], sms[id(e)]):
                 writes.append(K.Assign(sm, (TY, col), K.ArrayRef(n, (K.Var("v"),))))
-                sms[id(e)].append(sm)
         out += [self.lanes(writes), K.Sync()]
         s = p.bdimy // 2
         while s >= 1:
@@ -351,7 +358,7 @@ class OuterKernel(ReductionLowering):
         for e in reds:
             res = []
             for sm, dt in zip(sms[id(e)], self.comb.dtypes(e)):
-                name = sm + "_res"
+                name = sm + suffix
                 out.append(K.Alloc(name, dt, (V,)))
                 reads.append(K.Assign(name, (K.Var("v"),), K.ArrayRef(sm, (_c(0), col))))
                 res.append(name)
@@ -414,7 +421,7 @@ class OuterKernel(ReductionLowering):
         # a thread, not splits), then the rows meet in the shared-memory tree: a fixed order
         branch += _guard(self.col_ok, [K.Loop("z", TY, _c(p.splits), _c(p.bdimy), "serial", zloop,
                                               "this row's partials in order")])
-        final = self.combine_block(reds, branch, accs) if p.bdimy > 1 else accs
+        final = self.combine_block(reds, branch, accs, "_all") if p.bdimy > 1 else accs
         rest: list = []
         reset = [K.Alloc("sem_zero", DataType.Int32, (1,)), K.Assign("sem_zero", (zero,), zero),
                  K.Store(sem, sem_at, "sem_zero", (), 1)]

@@ -313,3 +313,27 @@ def test_grid_combine_spreads_the_partials_over_the_block_rows(splits, monkeypat
     for p in grid:
         assert "z = ((nidx_t)threadIdx.y);" in p.kernel.source   # the rows share the partials
         assert nvrtc.compile_cuda(p.kernel.source, p.kernel.name, "sm_90") is not None
+
+
+def test_grid_combine_of_bfloat16_welford_fits_shared_memory(monkeypatch):
+    """The grid combine's tree reuses the block tree's shared arrays: a bfloat16 var_mean over
+    the rows (vectors of 8, three float32 Welford arrays of 8 x 256) used them twice, 48 KB and
+    more, and ptxas refused the kernel. It compiles, and equals eager."""
+    from pyfuser.codegen import api
+    from pyfuser.frontend.fx.compile_graph import clear_cache
+    from pyfuser.runtime import dispatch, nvrtc
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setenv("PYFUSER_RED_SPLITS", "6")
+    clear_cache()
+    dispatch.clear_caches()
+    plans = []
+    real = api.plan_kernel
+    monkeypatch.setattr(api, "plan_kernel", lambda g, i: plans.append(real(g, i)) or plans[-1])
+    x = torch.randn(1000, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = pyfuser.compile(lambda t: torch.var_mean(t, 0))(x)
+    for g, w in zip(got, torch.var_mean(x, 0)):
+        torch.testing.assert_close(g, w)
+    (p,) = [p for p in plans if getattr(p.params, "splits", 1) == 6]
+    assert p.params.vec == 8 and p.kernel.source.count("__shared__ float") == 2
+    assert nvrtc.compile_cuda(p.kernel.source, p.kernel.name, "sm_90") is not None
