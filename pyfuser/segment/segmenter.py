@@ -251,29 +251,30 @@ def _peel_output_views(fusion, groups: _Groups, verdict: dict, orders) -> None:
     gradient cat before the bias gradient's row sum). Chains of views peel one by one. Only
     from a group that writes row-major values (no permute in it, no input known to be laid
     out otherwise), where the host's reshape is a view and not a copy."""
-    changed = True
-    while changed:
-        changed = False
-        for g in list(groups.members):
-            members = groups.members[g]
-            if verdict[g][0] is None or len(members) < 2 or not _row_major_group(
-                    groups, members, orders):
-                continue
-            ids = {id(e) for e in members}
-            for e in reversed(members):
-                if type(e) is not E.ViewOp or id(e.inputs[0].definition) not in ids or any(
-                        id(u) in ids for o in e.outputs for u in getattr(o, "uses", [])):
-                    continue
-                rest = [m for m in members if m is not e]
-                result = _offer(fusion, groups, rest, orders)
-                if result[0] is None:
-                    continue
-                groups.members[g], verdict[g] = rest, result
-                h = max(groups.members) + 1
-                groups.members[h], groups.of[id(e)] = [e], h
-                verdict[h] = (None, "a view of a kernel's output: runs on the host")
-                changed = True
-                break
+    for g in [g for g in groups.members if verdict[g][0] is not None]:
+        while _peel_one_view(fusion, groups, verdict, orders, g):
+            pass                          # a peel only changes g: the next view of g
+
+
+def _peel_one_view(fusion, groups: _Groups, verdict: dict, orders, g) -> bool:
+    """Peel a trailing view off kernel group g (see _peel_output_views); whether one was."""
+    members = groups.members[g]
+    ids = {id(e) for e in members}
+    trailing = [e for e in reversed(members) if type(e) is E.ViewOp and
+                id(e.inputs[0].definition) in ids and not any(
+                    id(u) in ids for o in e.outputs for u in getattr(o, "uses", []))]
+    if len(members) < 2 or not trailing or not _row_major_group(groups, members, orders):
+        return False
+    for e in trailing:
+        rest = [m for m in members if m is not e]
+        result = _offer(fusion, groups, rest, orders)
+        if result[0] is not None:
+            groups.members[g], verdict[g] = rest, result
+            h = max(groups.members) + 1
+            groups.members[h], groups.of[id(e)] = [e], h
+            verdict[h] = (None, "a view of a kernel's output: runs on the host")
+            return True
+    return False
 
 
 def _row_major_group(groups: _Groups, members, orders) -> bool:
