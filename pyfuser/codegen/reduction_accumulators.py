@@ -15,13 +15,9 @@ from . import kernel_ir as K
 from .reduction_combine import pair_sum_result, shift_exp
 
 
-def _c(v):
-    return K.Const(int(v), "nidx_t")
-
-
 class Accumulators:
     """Accumulator methods; the class using it provides g, comb, plans, lvl, V, LANE_WELFORD,
-    lanes, unroll, at_step, step_expr and lane_values (ReductionLowering)."""
+    lanes, unroll, at_step, step_expr, lane_values and const (ReductionLowering, an Emitter)."""
 
     def acc_names(self, e) -> list:
         if isinstance(e, RG.OnlinePair):
@@ -135,14 +131,14 @@ class Accumulators:
         else:                                             # the lanes' maxima, in lane order
             top = K.ArrayRef(acc_m, ())
             for lane in range(self.V):
-                top = K.Op("maximum", (top, K.ArrayRef(cm, (_c(lane),))), dt)
+                top = K.Op("maximum", (top, K.ArrayRef(cm, (self.const(lane),))), dt)
             out.append(K.Assign(mn, (), top))
         out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))
         total = K.ArrayRef(cs, (v,))
         if not per_lane:                                  # the lanes' sums, in lane order
-            total = K.ArrayRef(cs, (_c(0),))
+            total = K.ArrayRef(cs, (self.const(0),))
             for lane in range(1, self.V):
-                total = K.Op("add", (total, K.ArrayRef(cs, (_c(lane),))), dt)
+                total = K.Op("add", (total, K.ArrayRef(cs, (self.const(lane),))), dt)
         fold = [K.Assign(acc_s, here, K.Op("add", (K.Op("mul", (ref(acc_s), shift_exp(
                     ref(acc_m), ref(mn), dt)), dt), total), dt)),
                 K.Assign(acc_m, here, ref(mn))]

@@ -50,7 +50,6 @@ class FusedRegion:
         self.picks = tensors + list(lowered.scalar_inputs)
         self.identity = self.picks == list(range(len(region.inputs)))
         self.outputs = list(lowered.outputs)
-        self.single = self.outputs == [0] and len(self.fusion.outputs) == 1
         self.layouts = [(order, order == list(range(len(order)))) if dense else None
                         for order, dense in lowered.out_layouts]
         self.empty = _empty_outputs(region)
