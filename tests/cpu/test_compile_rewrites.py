@@ -109,6 +109,29 @@ def test_sink_views_keeps_values_and_strides_and_skips_what_it_cannot_prove():
         assert torch.equal(g, w) and g.stride() == w.stride()
 
 
+def test_sink_views_moves_a_view_past_a_chain_of_casts():
+    """GPT-2's bias gradient under autocast: sum(0, keepdim, f32) -> view -> bf16 -> f32. The
+    view sinks past both casts (it once stopped after the first, and the view between the casts
+    cost a kernel of its own after every bias-gradient sum)."""
+    def f(g):
+        s = g.sum(0, keepdim=True, dtype=torch.float32)
+        return s.view(6).to(bf16).to(torch.float32)
+    g = torch.randn(4, 6, dtype=bf16)
+    gm = _aten_graph(f, g)
+    assert sink_views(gm.graph) == 2
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets[-1] is torch.ops.aten.view.default
+    assert targets.count(torch.ops.aten.view.default) == 1
+    got, want = gm(g), f(g)
+    assert got.dtype == want.dtype and torch.equal(got, want) and got.stride() == want.stride()
+    with torch.no_grad():
+        fused = pyfuser.compile(f)(g)
+    assert torch.equal(fused, want) and fused.shape == want.shape
+    (region,) = _regions()
+    assert "aten.view.default" not in region.ops and region.kernels() == 1
+
+
 def test_autocast_training_step_with_joined_casts_matches_eager():
     class Net(torch.nn.Module):
         def __init__(self):

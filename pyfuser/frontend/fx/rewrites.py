@@ -132,8 +132,11 @@ def sink_views(graph: torch.fx.Graph, views=None) -> int:
     """Apply the rewrite of the module docstring (to `views` only, when given); returns how
     many casts moved."""
     moved = 0
-    for view in list(graph.nodes) if views is None else list(views):
-        if view.op != "call_function" or view.target not in _VIEWS or not view.users:
+    work = list(graph.nodes) if views is None else list(views)
+    while work:
+        view = work.pop(0)
+        if view.graph is not graph or view.op != "call_function" or view.target not in _VIEWS \
+                or not view.users:
             continue
         src = view.args[0]
         if not _contiguous(src) or not all(_dtype_only_cast(u) for u in view.users):
@@ -147,6 +150,7 @@ def sink_views(graph: torch.fx.Graph, views=None) -> int:
                 late.meta = dict(cast.meta)
             cast.replace_all_uses_with(late)
             graph.erase_node(cast)
+            work.append(late)             # a cast of a cast: the view sinks past it too
             moved += 1
         if not view.users:
             graph.erase_node(view)
