@@ -97,10 +97,12 @@ def test_layer_norm_backward_fuses(affine):
                                      getattr(ln64, name).grad, name)
     bw = _graphs("backward")[0]
     region = next(r for r in bw.regions if "aten.native_layer_norm_backward.default" in r.ops)
-    # dx (two row sums), then dweight / dbias (sums over the rows): the inner-outer persistent
-    # kernel that does both is off by default (tests/cpu/test_inner_outer.py turns it on);
-    # without affine parameters dx alone, one kernel
-    assert region.kernels() == (2 if affine else 1)
+    # dx (two row sums) and dweight / dbias (sums over the rows) in one inner-outer persistent
+    # kernel; without affine parameters dx alone, one inner persistent kernel
+    assert region.kernels() == 1
+    report = pyfuser.runtime.dispatch.last_report(region.fusion)
+    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == \
+        ["inner_outer_persistent" if affine else "inner_persistent"], report
 
 
 def test_rms_norm_as_llama_writes_it_fuses_forward_and_backward():

@@ -33,7 +33,7 @@ ew = B.elementwise
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setenv("PYFUSER_INNER_OUTER", "1")       # off by default (schedule/inner_outer.py)
+    monkeypatch.delenv("PYFUSER_INNER_OUTER", raising=False)   # on by default (schedule/inner_outer.py)
     # few SMs: grids of a few blocks, fewer finishers than blocks, grid-stride row loops
     monkeypatch.setenv("PYFUSER_SM_COUNT", "3")
     torch._dynamo.reset()

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setenv("PYFUSER_INNER_OUTER", "1")       # off by default (schedule/inner_outer.py)
+    monkeypatch.delenv("PYFUSER_INNER_OUTER", raising=False)   # on by default (schedule/inner_outer.py)
     monkeypatch.setenv("PYFUSER_POISON_OUTPUTS", "1")     # unwritten elements show as NaN
     torch._dynamo.reset()
     reset_compiled()
