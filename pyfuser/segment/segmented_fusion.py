@@ -14,8 +14,10 @@ segment, the original Val feeding each input of `fusion` (tensors, then scalars)
 Invariants:
 - `segments` is a valid run order: every tensor a segment reads is a fusion input or an output
   of an earlier segment;
-- every Expr the fusion outputs need is in exactly one segment (scalar-only exprs are computed on
-  the host by `bind`, in no segment).
+- every Expr the fusion outputs need is in one segment (scalar-only exprs are computed on the
+  host by `bind`, in no segment), except that a kernel segment may recompute cheap pointwise
+  exprs of another one from that one's inputs rather than read their result (`recomputed`,
+  recompute.py); a value is an output of at most one segment.
 `cuts` lists, when the compute exprs did not fit one scheduler (`split_reason` says why), each
 tensor passed between two kernel / eager segments and why those two stayed apart (`Cut`).
 `RunReport` (what `fs.last_run` shows) lists per run the segments in order with their kind and
@@ -38,6 +40,7 @@ class Segment:
     fusion: object = None
     sub_inputs: list = field(default_factory=list)
     reason: str = ""
+    recomputed: list = field(default_factory=list)   # exprs another segment computes too
 
     def describe(self) -> str:
         head = f"{self.kind}" + (f" [{self.scheduler}]" if self.scheduler else "")
@@ -45,7 +48,9 @@ class Segment:
             head += f" ({self.reason})"
         ins = ", ".join(v.name for v in self.inputs)
         outs = ", ".join(v.name for v in self.outputs)
-        body = "\n".join(f"    {_expr_text(e)}" for e in self.exprs)
+        again = {id(e) for e in self.recomputed}
+        body = "\n".join(f"    {_expr_text(e)}" + ("   (recomputed)" if id(e) in again else "")
+                         for e in self.exprs)
         return f"  {head}\n    inputs: {ins}\n    outputs: {outs}\n{body}"
 
 

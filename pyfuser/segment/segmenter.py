@@ -16,10 +16,13 @@
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
-   (`_merge_siblings`); last, pointwise groups that do not depend on each other join into
+   (`_merge_siblings`); then pointwise groups that do not depend on each other join into
    horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
    different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
    exceeds one kernel's capacity).
+   Last, a tensor a kernel group writes for other kernel groups is recomputed in its readers
+   when its producers are cheap pointwise ops of the fusion's inputs and that moves fewer bytes
+   (recompute.py: a layer norm backward's x_hat in its dx kernel).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -43,6 +46,7 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
+from .recompute import recompute_producers
 from .segmented_fusion import Cut, Segment, SegmentedFusion
 from ..ir.object_cache import ObjectCache
 
@@ -88,8 +92,25 @@ class _Groups:
         self.outputs = {id(o) for o in fusion.outputs}
         self.members = {i: [e] for i, e in enumerate(exprs)}
         self.of = {id(e): i for i, e in enumerate(exprs)}
+        self.extra: dict = {}     # group -> copies of other groups' exprs it computes (recompute.py)
 
-    def boundary(self, exprs):
+    def member_ids(self, g) -> set:
+        return {id(e) for e in self.members[g]}
+
+    def extra_ids(self, g) -> set:
+        return {id(e) for e in self.extra.get(g, ())}
+
+    def sorted_exprs(self, exprs) -> list:
+        return sorted(exprs, key=lambda e: self.order[id(e)])
+
+    def exprs_of(self, g) -> list:
+        """What group g's kernel computes: its exprs and its copies, in program order."""
+        return self.sorted_exprs(self.members[g] + self.extra.get(g, []))
+
+    def boundary(self, exprs, copies=frozenset()):
+        """(inputs, outputs) of a kernel computing `exprs`, of which the ids in `copies` are
+        recomputed copies (their outputs belong to another group). An output read only by
+        groups that recompute it is no output."""
         ids = {id(e) for e in exprs}
         produced = {id(o) for e in exprs for o in e.outputs}
         ins, outs, seen = [], [], set()
@@ -98,13 +119,21 @@ class _Groups:
                 if isinstance(v, TensorView) and id(v) not in produced and id(v) not in seen:
                     seen.add(id(v))
                     ins.append(v)
+            if id(e) in copies:
+                continue
             for o in e.outputs:
                 if not isinstance(o, TensorView):
                     continue
-                external = [u for u in o.uses if id(u) in self.all_ids and id(u) not in ids]
+                external = [u for u in o.uses if id(u) in self.all_ids and id(u) not in ids
+                            and not self._recomputes(u, e)]
                 if external or id(o) in self.outputs:
                     outs.append(o)
         return ins, outs
+
+    def _recomputes(self, u, e) -> bool:
+        """Whether the group of expr u computes its own copy of expr e."""
+        g = self.of.get(id(u))
+        return g is not None and bool(self.extra) and id(e) in self.extra_ids(g)
 
     def succ(self, g) -> set:
         out = set()
@@ -135,10 +164,11 @@ class _Groups:
             self.of[id(e)] = a
 
 
-def _offer(fusion, groups: _Groups, exprs, orders):
-    """(scheduler, Extracted) of the first scheduler taking `exprs`, or (None, reasons)."""
+def _offer(fusion, groups: _Groups, exprs, orders, copies=frozenset()):
+    """(scheduler, Extracted) of the first scheduler taking `exprs` (`copies`: the ids of those
+    that are recomputed copies, see Groups.boundary), or (None, reasons)."""
     from ..schedule import registry
-    ins, outs = groups.boundary(exprs)
+    ins, outs = groups.boundary(exprs, copies)
     ex = extract(fusion, exprs, ins, outs, orders)
     what = (f"{', '.join(e.op_name for e in exprs)} "
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
@@ -180,7 +210,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     groups = _Groups(fusion, compute, all_exprs)
     sched, res = _offer(fusion, groups, compute, orders)
     if sched is not None:
-        return [(compute, sched, res)]
+        return [(compute, sched, res, [])]
     notes["split_reason"] = res
     verdict = {}
     for g, members in groups.members.items():
@@ -224,11 +254,16 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
+    recompute_producers(fusion, groups, verdict, orders,
+                        lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies), _bytes)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
         # siblings joined since: a group is found again through its first expr
         a, b = groups.of[id(first[a])], groups.of[id(first[b])]
+        if a == b or groups.of.get(id(o.definition)) != a or \
+                id(o.definition) in groups.extra_ids(b):
+            continue                      # joined since, or recomputed by the reader: no cut
         if (id(o), a, b) not in seen:
             seen.add((id(o), a, b))
             notes["cuts"].append(Cut(o, groups.members[a], groups.members[b], -nb, why))
@@ -238,7 +273,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
         if sched is None:
             ins, outs = groups.boundary(members)
             res = (extract(fusion, members, ins, outs, orders), res)
-        out.append((members, sched, res))
+        out.append((groups.exprs_of(g), sched, res, groups.extra.get(g, [])))
     return out
 
 
@@ -371,15 +406,18 @@ def _segment(fusion) -> SegmentedFusion:
     compute = [e for e in all_exprs if id(e) not in host]
     units = [("host", [e], None, None) for e in all_exprs if id(e) in host]
     notes = {"split_reason": "", "cuts": []}
+    copies = {}                           # unit index -> ids of its recomputed copies
     if compute:
-        for members, sched, res in _partition(fusion, compute, all_exprs, orders, notes):
+        for members, sched, res, extra in _partition(fusion, compute, all_exprs, orders, notes):
             if _views_on_host(sched, members):
                 units += [("host", [e], None, None) for e in members]
                 continue
+            copies[len(units)] = {id(e) for e in extra}
             units.append(("kernel" if sched else "eager", members, sched, res))
     from ..runtime.executor import note_fallback
     segments = []
-    for kind, members, sched, res in _run_order(units, all_exprs):
+    for k in _run_order(units, all_exprs, copies):
+        kind, members, sched, res = units[k]
         if kind == "host" and segments and segments[-1].kind == "host":
             last = segments[-1]
             last.exprs.append(members[0])
@@ -390,7 +428,8 @@ def _segment(fusion) -> SegmentedFusion:
             _host_boundary(seg, fusion)
         elif kind == "kernel":
             seg = Segment("kernel", members, list(res.inputs), list(res.outputs), sched,
-                          res.fusion, list(res.inputs))
+                          res.fusion, list(res.inputs),
+                          recomputed=[e for e in members if id(e) in copies.get(k, ())])
             res.fusion.kernel_scheduler = sched
         else:
             ex, reason = res
@@ -443,15 +482,19 @@ def _host_boundary(seg: Segment, fusion) -> None:
     seg.outputs = [e.output for e in seg.exprs]
 
 
-def _run_order(units, all_exprs) -> list:
-    """Units in dependency order (Kahn); ties go to the unit whose first expr comes first."""
+def _run_order(units, all_exprs, copies) -> list:
+    """Indices of units in dependency order (Kahn); ties go to the unit whose first expr comes
+    first. A value belongs to the unit that computes it other than as a recomputed copy
+    (`copies`: unit index -> ids of its copies)."""
     pos = {id(e): i for i, e in enumerate(all_exprs)}
-    owner = {id(o): k for k, u in enumerate(units) for e in u[1] for o in e.outputs}
+    owner = {id(o): k for k, u in enumerate(units) for e in u[1]
+             if id(e) not in copies.get(k, ()) for o in e.outputs}
     deps = [set() for _ in units]
     for k, u in enumerate(units):
+        made = {id(o) for e in u[1] for o in e.outputs}
         for e in u[1]:
             for v in e.inputs:
-                j = owner.get(id(v))
+                j = owner.get(id(v)) if id(v) not in made else None
                 if j is not None and j != k:
                     deps[k].add(j)
     done, order = set(), []
@@ -460,5 +503,5 @@ def _run_order(units, all_exprs) -> list:
         assert ready, "segment graph has a cycle"
         k = min(ready, key=lambda k: min(pos[id(e)] for e in units[k][1]))
         done.add(k)
-        order.append(units[k])
+        order.append(k)
     return order

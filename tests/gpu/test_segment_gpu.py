@@ -97,3 +97,43 @@ def test_cached_calls_with_fresh_tensors():
         torch.testing.assert_close(res, C.gelu_eager(y, C.FULL_GELU))
         assert view._base is y and view.shape == (64, 128, 3072)
     assert fs.last_run.segments[1].scheduler == "transpose" and fs.last_run.launched == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_layer_norm_backward_cut_recomputes_x_hat(monkeypatch, dtype):
+    """A layer norm's backward cut in two kernels (as rows too long for the inner-outer kernel
+    are; here with that scheduler off), the dx kernel recomputing x_hat and dy * w from the
+    inputs (segment/recompute.py), against eager, at 1024 x 65536."""
+    monkeypatch.setenv("PYFUSER_INNER_OUTER", "0")
+    import pyfuser.frontend.lowering.aten_backward as AB
+    from pyfuser.ir import DataType, Fusion
+    from pyfuser.ir import builder as B
+    from pyfuser.runtime import dispatch
+    from pyfuser.segment.segmenter import segment
+    dt = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}[dtype]
+    m, n = 1024, 65536
+    f = Fusion()
+    with f:
+        dy, x = B.define_tensor([-1, -1], dt), B.define_tensor([-1, -1], dt)
+        mean, rstd = B.define_tensor([-1, 1], DataType.Float), B.define_tensor([-1, 1], DataType.Float)
+        w = B.define_tensor([-1], dt)
+        for o in AB._layer_norm_backward(dy, x, [n], mean, rstd, w, w, [True, True, True]):
+            f.add_output(o)
+    torch.manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    _, mean, rstd = torch.native_layer_norm(x, [n], w, w, 1e-5)
+    dy = torch.randn(m, n, device="cuda", dtype=dtype)
+    got = dispatch.execute_fusion(f, [dy, x, mean, rstd, w])
+    want = torch.ops.aten.native_layer_norm_backward(dy, x, [n], mean, rstd, w, w, [True] * 3)
+    for g, w_ in zip(got, want):
+        assert g.dtype == w_.dtype and g.shape == w_.shape
+        scale = max(1.0, w_.float().abs().max().item())
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(g.float(), w_.float(), rtol=tol, atol=tol * scale)
+    report = dispatch.last_report(f)
+    assert report.eager_segments == 0 and report.launched == 2
+    kernels = [s for s in segment(f).segments if s.kind == "kernel"]
+    written = {id(o) for s in kernels for o in s.outputs}
+    assert len(kernels) == 2 and not [v for s in kernels for v in s.inputs if id(v) in written]
+    assert any(s.recomputed for s in kernels)
