@@ -8,8 +8,9 @@ could load x and dy (bfloat16 under autocast) and recompute them. This pass copi
 producer chain into each reader:
 
 - the chain is every expr of A (its own or its copies) that T derives from, back to tensors A
-  reads from outside (its leaves); each is elementwise, a cast, a copy, a broadcast, an expand
-  or a squeeze (no reduction, view or random op); at most `MAX_CHAIN` exprs;
+  reads from outside (its leaves); each is a cast, a copy, a broadcast, an expand, a squeeze or
+  an elementwise op of a few instructions (`CHEAP`: no transcendental, reduction, view or
+  random op); at most `MAX_CHAIN` exprs;
 - every leaf is a fusion input or a host view of one: a copy never reads another kernel's
   output, so no later decision can stop a kernel from writing what a copy reads, and no copy
   makes a cycle;
@@ -34,8 +35,18 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 
 MAX_CHAIN = 32
-RECOMPUTABLE = (E.UnaryOp, E.BinaryOp, E.TernaryOp, E.CastOp, E.SetOp, E.BroadcastOp,
-                E.ExpandOp, E.SqueezeOp)
+MOVES = (E.CastOp, E.SetOp, E.BroadcastOp, E.ExpandOp, E.SqueezeOp)
+# elementwise ops of a few instructions; transcendental ones (exp, log, sin, tanh, erf, pow...)
+# are not recomputed: one more of those per element can make a memory-bound kernel
+# compute-bound (a rotary embedding's cos, recomputed per element of q instead of loaded)
+CHEAP = frozenset("""neg abs bitwise_not logical_not relu sign ceil floor round trunc isnan
+    isinf isfinite add sub mul div maximum minimum eq ne lt le gt ge logical_and logical_or
+    logical_xor bitwise_and bitwise_or bitwise_xor leaky_relu clamp_min clamp_max where clamp
+    lerp addcmul threshold hardtanh hardsigmoid hardswish""".split())
+
+
+def _recomputable(e) -> bool:
+    return isinstance(e, MOVES) or (isinstance(e, E.ElementwiseOp) and e.info.name in CHEAP)
 
 
 def recompute_producers(fusion, groups, verdict, orders, offer, nbytes) -> int:
@@ -84,7 +95,7 @@ def _chain(t, ids):
         if d is None or id(d) not in ids:
             leaves.append(v)
             continue
-        if type(d) not in RECOMPUTABLE or len(chain) == MAX_CHAIN:
+        if not _recomputable(d) or len(chain) == MAX_CHAIN:
             return None
         chain.append(d)
         stack.extend(x for x in d.inputs if isinstance(x, TensorView))

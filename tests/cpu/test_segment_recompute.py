@@ -148,3 +148,20 @@ def test_a_chain_reading_another_kernels_output_is_not_recomputed():
     assert sf.num_kernels == 3
     assert "sub" not in [e.op_name for s in sf.segments for e in s.recomputed]
     _check_eager(f, lambda a, b: a.float() - a.float().sum(1, keepdim=True))
+
+
+def test_a_transcendental_chain_is_not_recomputed():
+    # t = exp(float(a)): one exp more per element of the reader could make it compute-bound
+    f = _two_reductions(lambda a, b: ew("exp", B.cast(a, DataType.Float)))
+    sf = segment(f)
+    assert sf.num_kernels == 2
+    assert not [e for s in sf.segments for e in s.recomputed]
+    assert sorted(map(len, _kernel_inputs(sf))) == [0, 1]
+    _check_eager(f, lambda a, b: a.float().exp())
+
+
+def test_the_cheap_ops_are_ops_of_the_table():
+    from pyfuser.ir.ops import OPS
+    from pyfuser.segment import recompute
+    assert recompute.CHEAP <= set(OPS)
+    assert not {"exp", "log", "sin", "cos", "tanh", "erf", "pow"} & recompute.CHEAP
