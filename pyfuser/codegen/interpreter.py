@@ -502,7 +502,32 @@ class Interpreter:
             else:
                 dt = torch.bool if (x.name == "where" and i == 0) else reg
                 targs.append(torch.tensor(a, dtype=dt))
+        if x.name in INTEGER_DIVISIONS and not reg.is_floating_point and reg != torch.bool:
+            return _integer_division(info, targs)
         return info.ref(*targs)
+
+
+# Integer divisions whose torch reference raises on a zero divisor (a GPU's integer division
+# does not trap).
+INTEGER_DIVISIONS = frozenset(("div_trunc", "div_floor", "remainder", "fmod"))
+
+
+def _integer_division(info, targs):
+    """An integer division evaluated on every lane, as the interpreter evaluates each op: lanes
+    no thread owns (past the bounds, reduction lanes not yet combined) hold values the kernel
+    never stores, zero divisors among them, where torch's reference raises. Those lanes divide
+    by 1 and give -1 (a division) or the dividend (a remainder); no output holds them unless
+    the program itself divides an integer by zero (eager raises on the CPU; a CUDA kernel,
+    eager's or pyfuser's, returns an unspecified value)."""
+    a, b = targs
+    if not isinstance(b, torch.Tensor) or not bool((b == 0).any()):
+        return info.ref(a, b)
+    zero = b == 0
+    out = info.ref(a, torch.where(zero, torch.ones_like(b), b))
+    fill = torch.full_like(out, -1) if info.name.startswith("div") else \
+        torch.broadcast_to(a, out.shape).to(out.dtype) if isinstance(a, torch.Tensor) else \
+        torch.full_like(out, a)
+    return torch.where(torch.broadcast_to(zero, out.shape), fill, out)
 
 
 def _garbage(shape, dtype) -> torch.Tensor:

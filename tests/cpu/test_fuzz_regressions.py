@@ -200,16 +200,11 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
 @pytest.mark.parametrize("seed", [
     110466,   # fixed: an expanded input made the kernel's layout run (layout._meta_expr) take
               # a bool amin as a sum (int64), and a masked_fill by it failed there
-    pytest.param(110571, marks=pytest.mark.xfail(
-        reason="open (TorchScript fuzz, 2026-11-27): the CPU interpreter evaluates an integer "
-               "remainder on lanes no thread owns, where the divisor is 0, and raises "
-               "ZeroDivisionError (eager's result is 0)", strict=True)),
-    # the same open cause through fmod (TorchScript fuzz, 2026-11-27, seed 303046): shrunk,
-    # `fmod(sum(unsqueeze(x0, 2), [0, 1, 2]), itself)` of an int64 [5, 3] input
-    pytest.param(303046, marks=pytest.mark.xfail(
-        reason="open: as seed 110571, an integer fmod evaluated by the CPU interpreter on "
-               "lanes no thread owns, where the divisor is 0, raises ZeroDivisionError",
-        strict=True)),
+    110571,   # fixed: the CPU interpreter evaluated an integer remainder on lanes no thread
+              # owns, where the divisor is 0, and raised ZeroDivisionError (eager: 0); such
+              # lanes now divide by 1 (interpreter._integer_division)
+    303046,   # fixed, the same cause through fmod: `fmod(sum(unsqueeze(x0, 2), [0, 1, 2]),
+              # itself)` of an int64 [5, 3] input
     300088,   # fixed in the fuzzer: a float32 mean cast to float64 was held to float64's
               # tolerance; outputs now take that of the least precise float input too
 ], ids=["amin_of_bool_then_masked_fill", "integer_remainder_of_a_sum_by_itself",
@@ -217,3 +212,18 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
 def test_program_fuzz_findings(seed):
     from program_fuzz import check, generate
     assert check(generate(seed)) is None
+
+
+@pytest.mark.parametrize("name,want", [("remainder", [0, 2, 7]), ("fmod", [0, 2, 7]),
+                                       ("div_trunc", [3, 1, -1]), ("div_floor", [3, 1, -1])])
+def test_interpreter_integer_division_by_zero_lanes(name, want):
+    """The interpreter's integer divisions on lanes holding a zero divisor (values no thread
+    owns) give -1 or the dividend instead of raising; the other lanes are torch's."""
+    from pyfuser.codegen.interpreter import _integer_division
+    from pyfuser.ir.ops import kernel_op
+    a = torch.tensor([9, 5, 7])
+    b = torch.tensor([3, 3, 0])
+    got = _integer_division(kernel_op(name), [a, b])
+    assert got.dtype == torch.int64 and got.tolist() == want
+    assert _integer_division(kernel_op(name), [a, torch.tensor([2, 2, 2])]).tolist() == \
+        kernel_op(name).ref(a, torch.tensor([2, 2, 2])).tolist()
