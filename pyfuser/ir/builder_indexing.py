@@ -1,0 +1,245 @@
+"""Building Fusion IR, continued: indexing (gather, index_select), slices, pads, concatenation
+and random numbers — the checked constructors of builder.py's module docstring, with the same
+invariants. Reached through `builder` too (its module `__getattr__` hands out the public names
+here), so frontends call `B.cat(...)` as before.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..errors import FusionDefinitionError
+from . import exprs as E
+from .base import Scalar
+from .builder import (Operandish, _as_val, _check_tv, _copy_id, _new_tv, _norm_dim, _operand,
+                      cast)
+from .dtypes import DataType, result_type
+from .fusion import Fusion
+from .iterdomain import IterDomain, IterType
+from .tensor import TensorView
+
+
+# ---- indexing, concatenation, random numbers --------------------------------------------------
+def _index_tensor(index, opname: str) -> TensorView:
+    index = _check_tv(index, opname)
+    if index.dtype not in (DataType.Int, DataType.Int32):
+        raise FusionDefinitionError(
+            f"{opname}: the index tensor {index.name} must be Int or Int32, got {index.dtype.name}")
+    return index
+
+
+def gather(x: TensorView, index: TensorView, dim: int) -> TensorView:
+    """torch.gather(x, dim, index): index has x's rank; the output has index's shape."""
+    x, index = _check_tv(x, "gather"), _index_tensor(index, "gather")
+    if index.ndim != x.ndim:
+        raise FusionDefinitionError(
+            f"gather: the index {index.name} has rank {index.ndim}, the input {x.name} rank {x.ndim}")
+    d = _norm_dim(dim, x.ndim, "gather")
+    out = _new_tv(index.logical, x.dtype)
+    E.GatherOp(out, x, index, d)
+    return out
+
+
+def index_select(x: TensorView, index: TensorView, dim: int) -> TensorView:
+    """torch.index_select(x, dim, index): a 1-D (or 0-dim) index picks slices along `dim`."""
+    x, index = _check_tv(x, "index_select"), _index_tensor(index, "index_select")
+    if index.ndim > 1:
+        raise FusionDefinitionError(
+            f"index_select: the index {index.name} must have rank 0 or 1, got {index.ndim}")
+    d = _norm_dim(dim, x.ndim, "index_select")
+    fusion = Fusion.current()
+    picked = _copy_id(index.logical[0]) if index.ndim else \
+        IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast)
+    root = [picked if i == d else _copy_id(a) for i, a in enumerate(x.logical)]
+    out = TensorView(root, x.dtype, fusion)
+    E.IndexSelectOp(out, x, index, d)
+    return out
+
+
+def _int_list(v, opname: str, what: str) -> list[int]:
+    if not isinstance(v, (list, tuple)) or \
+            any(not isinstance(i, int) or isinstance(i, bool) for i in v):
+        raise FusionDefinitionError(f"{opname}: {what} must be a list of ints, got {v!r}")
+    return list(v)
+
+
+def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
+           steps: Sequence[int] | None = None) -> TensorView:
+    """x[starts[0]:ends[0], ...] with unit steps; constant bounds, checked against known sizes
+    now and against run-time sizes at execute."""
+    x = _check_tv(x, "slice")
+    starts = _int_list(starts, "slice", "start_indices")
+    ends = _int_list(ends, "slice", "end_indices")
+    steps = [1] * len(starts) if steps is None else _int_list(steps, "slice", "strides")
+    if not len(starts) == len(ends) == len(steps):
+        raise FusionDefinitionError(
+            f"slice: start_indices, end_indices and strides have {len(starts)}, {len(ends)} and "
+            f"{len(steps)} entries; they must have one per axis")
+    if len(starts) != x.ndim:
+        raise FusionDefinitionError(
+            f"slice: {len(starts)} start/end indices for the rank-{x.ndim} tensor {x.name}")
+    fusion, root = Fusion.current(), []
+    hints = getattr(x, "sizes_hint", None) or [-1] * x.ndim
+    for i, (a, b, st, ax, hint) in enumerate(zip(starts, ends, steps, x.logical, hints)):
+        if a < 0:
+            raise FusionDefinitionError(f"slice: start index {a} of axis {i} is negative")
+        if b < a:
+            raise FusionDefinitionError(
+                f"slice: end index {b} of axis {i} is smaller than its start index {a}")
+        if st != 1:
+            raise FusionDefinitionError(f"slice: stride {st} of axis {i}: only stride 1 is supported")
+        known = ax.known_size()
+        if known is None and hint > 1:
+            known = hint
+        if known is not None and b > known:
+            raise FusionDefinitionError(f"slice: end index {b} of axis {i} is past its size {known}")
+        n = b - a
+        root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1 else
+                    IterDomain(Scalar(DataType.Int, n, fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    E.SliceOp(out, x, starts, ends)
+    return out
+
+
+def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorView:
+    """x sliced on axis `dim` from `start` to `end` (None: to the end, however long the axis is at
+    run time); the frontends' form of slice, whose sizes may be symbolic. A constant end past
+    a symbolic size is checked at run time."""
+    x = _check_tv(x, "slice")
+    if not 0 <= dim < x.ndim or start < 0 or (end is not None and end < start):
+        raise FusionDefinitionError(f"slice: bad bounds {start}:{end} on axis {dim} of {x.name}")
+    fusion, root = Fusion.current(), []
+    for j, d in enumerate(x.logical):
+        if j != dim or (start == 0 and end is None):
+            root.append(_copy_id(d))
+            continue
+        size = d.known_size()
+        if size is not None:
+            stop = size if end is None else end
+            if stop > size:
+                raise FusionDefinitionError(
+                    f"slice: end {end} of axis {dim} is past its size {size}")
+            n = stop - start
+        else:
+            n = None if end is None else end - start
+        root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1
+                    else IterDomain(Scalar(DataType.Int, n, fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    starts = [start if j == dim else 0 for j in range(x.ndim)]
+    ends = [end if j == dim else None for j in range(x.ndim)]
+    E.SliceOp(out, x, starts, ends)
+    return out
+
+
+def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
+    """A constant pad: `pads[j] = (lo, hi)` elements of `value` before and after axis j (one
+    pair per axis, non-negative ints); a padded axis of symbolic size gets a symbolic size."""
+    x = _check_tv(x, "pad")
+    if not isinstance(pads, (list, tuple)) or len(pads) != x.ndim:
+        raise FusionDefinitionError(f"pad: expects one (lo, hi) pair per axis of the rank-{x.ndim} "
+                                    f"tensor {x.name}, got {pads!r}")
+    pairs = []
+    for j, p in enumerate(pads):
+        if not (isinstance(p, (list, tuple)) and len(p) == 2 and
+                all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)):
+            raise FusionDefinitionError(
+                f"pad: axis {j}: expects a pair of non-negative ints, got {p!r}")
+        pairs.append((int(p[0]), int(p[1])))
+    v = _as_val(value, "pad")
+    if not isinstance(v, Scalar):
+        raise FusionDefinitionError(f"pad: the value must be a scalar, got {v}")
+    v = cast(v, x.dtype)
+    fusion, root = Fusion.current(), []
+    for j, ((lo, hi), d) in enumerate(zip(pairs, x.logical)):
+        if lo == 0 and hi == 0:
+            root.append(_copy_id(d))
+            continue
+        size = d.known_size()
+        root.append(IterDomain(Scalar(DataType.Int, None if size is None else size + lo + hi,
+                                      fusion)))
+    out = TensorView(root, x.dtype, fusion)
+    E.PadOp(out, x, pairs, v)
+    return out
+
+
+def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:
+    """torch.cat: tensors of one rank joined along `dim` (dtypes promoted as eager does)."""
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise FusionDefinitionError(f"cat: expects a non-empty list of tensors, got {tensors!r}")
+    xs = [_check_tv(t, "cat") for t in tensors]
+    rank = xs[0].ndim
+    for t in xs[1:]:
+        if t.ndim != rank:
+            raise FusionDefinitionError(
+                f"cat: {xs[0].name} has rank {rank} but {t.name} has rank {t.ndim}")
+    if rank == 0:
+        raise FusionDefinitionError("cat: 0-dim tensors cannot be concatenated")
+    d = _norm_dim(dim, rank, "cat")
+    dtype = result_type(*(_operand(t) for t in xs))
+    xs = [cast(t, dtype) for t in xs]
+    fusion = Fusion.current()
+    exts = [t.logical[d].extent if t.logical[d].expanded_extent is None else
+            t.logical[d].expanded_extent for t in xs]
+    total = Scalar(DataType.Int, sum(e.value for e in exts) if all(e.is_const for e in exts)
+                   else None, fusion)
+    root = []
+    for i in range(rank):
+        if i == d:
+            root.append(IterDomain(total))
+            continue
+        axes = [t.logical[i] for t in xs]
+        real = [a for a in axes if not a.is_broadcast or a.expanded_extent is not None]
+        root.append(_copy_id(real[0] if real else axes[0]))
+    out = TensorView(root, dtype, fusion)
+    E.CatOp(out, xs, d)
+    return out
+
+
+RANDOM_KINDS = ("uniform", "normal")
+
+
+def random(kind: str, a: Operandish, b: Operandish, shape: Sequence,
+           dtype: DataType = DataType.Float) -> TensorView:
+    """A tensor of `shape` drawn from U[a, b) ("uniform") or N(a, b^2) ("normal")."""
+    if kind not in RANDOM_KINDS:
+        raise FusionDefinitionError(f"unknown random distribution {kind!r}")
+    if not isinstance(dtype, DataType) or not dtype.is_floating:
+        raise FusionDefinitionError(f"{kind}: dtype must be a floating DataType, got {dtype!r}")
+    params = []
+    for what, p in (("first", a), ("second", b)):
+        v = _as_val(p, kind)
+        if not isinstance(v, Scalar) or v.dtype.is_complex:
+            raise FusionDefinitionError(f"{kind}: the {what} parameter must be a real scalar, got {v}")
+        params.append(v)
+    fusion = Fusion.current()
+    if not isinstance(shape, (list, tuple)):
+        raise FusionDefinitionError(f"{kind}: shape must be a list of sizes, got {shape!r}")
+    out, exts = _drawn_tensor(kind, shape, dtype, fusion)
+    E.RandomOp(kind, out, params, exts)
+    return out
+
+
+def _drawn_tensor(kind: str, shape: Sequence, dtype: DataType, fusion):
+    """(the output TensorView, its extents) of a tensor drawn in the kernel: sizes as ints or
+    Int scalars, size-1 axes broadcast."""
+    exts = []
+    for i, s in enumerate(shape):
+        if isinstance(s, Scalar) and s.dtype.is_integral:
+            exts.append(s)
+        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+            exts.append(Scalar(DataType.Int, s, fusion))
+        else:
+            raise FusionDefinitionError(f"{kind}: size {i} is {s!r}, not a size or an Int scalar")
+    root = [IterDomain(e, IterType.Broadcast) if e.is_const and e.value == 1 else IterDomain(e)
+            for e in exts]
+    return TensorView(root, dtype, fusion), exts
+
+
+def rand(shape: Sequence, dtype: DataType = DataType.Float) -> TensorView:
+    """A tensor of `shape` of uniform numbers in [0, 1) drawn in the kernel (Philox4x32-10 from
+    the launch's seed and offset: exprs.PhiloxUniformOp); float32, half or bfloat16."""
+    from .philox import DIGITS
+    if not isinstance(dtype, DataType) or dtype.torch not in DIGITS:
+        raise FusionDefinitionError(f"rand: dtype must be Float, Half or BFloat16, got {dtype!r}")
+    out, exts = _drawn_tensor("rand", shape, dtype, Fusion.current())
+    E.PhiloxUniformOp(out, exts)
+    return out
