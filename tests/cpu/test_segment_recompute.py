@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import pyfuser.frontend.lowering.aten_backward as AB
-from pyfuser.ir import DataType, Fusion
+from pyfuser.ir import DataType
 from pyfuser.ir import builder as B
 from pyfuser.runtime import dispatch
 from pyfuser.segment.segmenter import segment
+
+from test_inner_outer import _fusion
 
 ew = B.elementwise
 DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
@@ -21,14 +23,6 @@ DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
 @pytest.fixture(autouse=True)
 def _two_kernels(monkeypatch):
     monkeypatch.setenv("PYFUSER_INNER_OUTER", "0")   # the cut a too-long row gets
-
-
-def _fusion(build):
-    f = Fusion()
-    with f:
-        for o in build():
-            f.add_output(o)
-    return f
 
 
 def _kernel_inputs(sf):
