@@ -8,9 +8,9 @@ could load x and dy (bfloat16 under autocast) and recompute them. This pass copi
 producer chain into each reader:
 
 - the chain is every expr of A (its own or its copies) that T derives from, back to tensors A
-  reads from outside (its leaves); each is a cast, a copy, a broadcast, an expand, a squeeze or
-  an elementwise op of a few instructions (`CHEAP`: no transcendental, reduction, view or
-  random op); at most `MAX_CHAIN` exprs;
+  reads from outside (its leaves); each is a cast, a copy, a broadcast, an expand, a squeeze,
+  an iota or full (which load nothing) or an elementwise op of a few instructions (`CHEAP`: no
+  transcendental, reduction, view or random op); at most `MAX_CHAIN` exprs;
 - every leaf is a fusion input or a host view of one: a copy never reads another kernel's
   output, so no later decision can stop a kernel from writing what a copy reads, and no copy
   makes a cycle;
@@ -35,7 +35,9 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 
 MAX_CHAIN = 32
-MOVES = (E.CastOp, E.SetOp, E.BroadcastOp, E.ExpandOp, E.SqueezeOp)
+# data movement and factories that load nothing (iota, full); never random numbers (a copy
+# would draw other numbers)
+MOVES = (E.CastOp, E.SetOp, E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.IotaOp, E.FullOp)
 # elementwise ops of a few instructions; transcendental ones (exp, log, sin, tanh, erf, pow...)
 # are not recomputed: one more of those per element can make a memory-bound kernel
 # compute-bound (a rotary embedding's cos, recomputed per element of q instead of loaded)

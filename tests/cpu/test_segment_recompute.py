@@ -159,3 +159,16 @@ def test_the_cheap_ops_are_ops_of_the_table():
     from pyfuser.segment import recompute
     assert recompute.CHEAP <= set(OPS)
     assert not {"exp", "log", "sin", "cos", "tanh", "erf", "pow"} & recompute.CHEAP
+
+
+def test_a_tensor_made_from_nothing_is_recomputed():
+    # t = float(a) + iota (an arange along the rows' axis): the chain loads a only, and the
+    # iota loads nothing, so each reader computes t itself
+    def make_t(a, b):
+        rows = B.broadcast(B.cast(B.iota(a.logical[1].extent), DataType.Float), [True, False])
+        return ew("add", B.cast(a, DataType.Float), rows)
+    f = _two_reductions(make_t)
+    sf = segment(f)
+    assert _kernel_inputs(sf) == [[], []]
+    assert "iota" in [e.op_name for s in sf.segments for e in s.recomputed]
+    _check_eager(f, lambda a, b: a.float() + torch.arange(a.shape[1]).float())
