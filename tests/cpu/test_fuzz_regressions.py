@@ -202,7 +202,7 @@ def test_reduction_result_broadcast_along_another_axis(mode, layout):
               # a bool amin as a sum (int64), and a masked_fill by it failed there
     110571,   # fixed: the CPU interpreter evaluated an integer remainder on lanes no thread
               # owns, where the divisor is 0, and raised ZeroDivisionError (eager: 0); such
-              # lanes now divide by 1 (interpreter._integer_division)
+              # lanes now divide by 1 (interpreter_values._integer_division)
     303046,   # fixed, the same cause through fmod: `fmod(sum(unsqueeze(x0, 2), [0, 1, 2]),
               # itself)` of an int64 [5, 3] input
     300088,   # fixed in the fuzzer: a float32 mean cast to float64 was held to float64's
@@ -219,7 +219,7 @@ def test_program_fuzz_findings(seed):
 def test_interpreter_integer_division_by_zero_lanes(name, want):
     """The interpreter's integer divisions on lanes holding a zero divisor (values no thread
     owns) give -1 or the dividend instead of raising; the other lanes are torch's."""
-    from pyfuser.codegen.interpreter import _integer_division
+    from pyfuser.codegen.interpreter_values import _integer_division
     from pyfuser.ir.ops import kernel_op
     a = torch.tensor([9, 5, 7])
     b = torch.tensor([3, 3, 0])
