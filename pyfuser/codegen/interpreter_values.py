@@ -36,6 +36,7 @@ def convert_value(x: K.Convert, v):
         return out.item()
     return out
 
+
 def apply_op(x: K.Op, args):
     info = kernel_op(x.name)
     reg = x.compute.compute.torch
