@@ -441,9 +441,9 @@ class Interpreter:
                 val = val.unsqueeze(1)
             return val
         if isinstance(x, K.Convert):
-            return self.convert(x, self.ev(x.arg, sc))
+            return convert_value(x, self.ev(x.arg, sc))
         if isinstance(x, K.Op):
-            return self.op(x, [self.ev(a, sc) for a in x.args])
+            return apply_op(x, [self.ev(a, sc) for a in x.args])
         if isinstance(x, K.Shfl):
             return self.shfl(x, sc)
         if isinstance(x, K.RemoteRef):
@@ -463,9 +463,6 @@ class Interpreter:
         full = torch.zeros((self.P, *val.shape[1:]), dtype=val.dtype)
         full[rows] = val.expand(n, *val.shape[1:]) if val.shape[0] != n else val
         return full[rows ^ x.lane_xor]
-
-    convert = staticmethod(convert_value)
-    op = staticmethod(apply_op)
 
 
 def _and(a, b):
