@@ -12,7 +12,7 @@
    group graph stays acyclic; so what remains cut are the lightest edges. Groups of views /
    permutes only join after that (`_only_reshapes`), so a reshape never pulls a compute op
    away from the kernel it would join; one that joined a kernel as its last step leaves it
-   again when the rest schedules alone (`_peel_output_views`). A group no scheduler
+   again when the rest schedules alone (peel.py). A group no scheduler
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
@@ -46,6 +46,7 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
+from .peel import peel_output_views
 from .recompute import recompute_producers
 from .segmented_fusion import Cut, Segment, SegmentedFusion
 from ..ir.object_cache import ObjectCache
@@ -92,7 +93,7 @@ class _Groups:
         self.outputs = {id(o) for o in fusion.outputs}
         self.members = {i: [e] for i, e in enumerate(exprs)}
         self.of = {id(e): i for i, e in enumerate(exprs)}
-        self.extra: dict = {}     # group -> copies of other groups' exprs it computes (recompute.py)
+        self.extra: dict = {}     # group -> copies of others' exprs it computes (recompute.py)
 
     def member_ids(self, g) -> set:
         return {id(e) for e in self.members[g]}
@@ -250,7 +251,8 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             verdict[a] = result
             verdict.pop(b)
             changed = True
-    _peel_output_views(fusion, groups, verdict, orders)
+    peel_output_views(groups, verdict, orders,
+                      lambda exprs: _offer(fusion, groups, exprs, orders))
     first = {g: members[0] for g, members in groups.members.items()}
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
@@ -275,50 +277,6 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             res = (extract(fusion, members, ins, outs, orders), res)
         out.append((groups.exprs_of(g), sched, res, groups.extra.get(g, [])))
     return out
-
-
-def _peel_output_views(fusion, groups: _Groups, verdict: dict, orders) -> None:
-    """A view that joined a kernel group as its last step (every use of its output lies
-    outside the group) leaves it again when the rest still schedules: the kernel writes the
-    view's input and the view runs on the host (`_views_on_host`). Inside the kernel it bought
-    nothing (the same bytes are written) and could cost much: a view after a cat or pad turns
-    the shifted loads into div / mod index arithmetic of one element a thread (GPT-2's q/k/v
-    gradient cat before the bias gradient's row sum). Chains of views peel one by one. Only
-    from a group that writes row-major values (no permute in it, no input known to be laid
-    out otherwise), where the host's reshape is a view and not a copy."""
-    for g in [g for g in groups.members if verdict[g][0] is not None]:
-        while _peel_one_view(fusion, groups, verdict, orders, g):
-            pass                          # a peel only changes g: the next view of g
-
-
-def _peel_one_view(fusion, groups: _Groups, verdict: dict, orders, g) -> bool:
-    """Peel a trailing view off kernel group g (see _peel_output_views); whether one was."""
-    members = groups.members[g]
-    ids = {id(e) for e in members}
-    trailing = [e for e in reversed(members) if type(e) is E.ViewOp and
-                id(e.inputs[0].definition) in ids and not any(
-                    id(u) in ids for o in e.outputs for u in getattr(o, "uses", []))]
-    if len(members) < 2 or not trailing or not _row_major_group(groups, members, orders):
-        return False
-    for e in trailing:
-        rest = [m for m in members if m is not e]
-        result = _offer(fusion, groups, rest, orders)
-        if result[0] is not None:
-            groups.members[g], verdict[g] = rest, result
-            h = max(groups.members) + 1
-            groups.members[h], groups.of[id(e)] = [e], h
-            verdict[h] = (None, "a view of a kernel's output: runs on the host")
-            return True
-    return False
-
-
-def _row_major_group(groups: _Groups, members, orders) -> bool:
-    """No permute among `members` and every input whose order is known (a fusion input, a host
-    output) row-major: the kernel's outputs are written row-major (eager's layout of them)."""
-    if any(isinstance(e, E.PermuteOp) for e in members):
-        return False
-    ins, _ = groups.boundary(members)
-    return all(id(t) not in orders or orders[id(t)] == list(range(t.ndim)) for t in ins)
 
 
 def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
@@ -404,20 +362,18 @@ def _segment(fusion) -> SegmentedFusion:
     host = host_exprs(fusion, all_exprs)
     orders = host_layout(fusion, all_exprs, host)
     compute = [e for e in all_exprs if id(e) not in host]
-    units = [("host", [e], None, None) for e in all_exprs if id(e) in host]
+    # units: (kind, exprs, scheduler, Extracted or (Extracted, reason), recomputed copies)
+    units = [("host", [e], None, None, []) for e in all_exprs if id(e) in host]
     notes = {"split_reason": "", "cuts": []}
-    copies = {}                           # unit index -> ids of its recomputed copies
     if compute:
         for members, sched, res, extra in _partition(fusion, compute, all_exprs, orders, notes):
             if _views_on_host(sched, members):
-                units += [("host", [e], None, None) for e in members]
+                units += [("host", [e], None, None, []) for e in members]
                 continue
-            copies[len(units)] = {id(e) for e in extra}
-            units.append(("kernel" if sched else "eager", members, sched, res))
+            units.append(("kernel" if sched else "eager", members, sched, res, extra))
     from ..runtime.executor import note_fallback
     segments = []
-    for k in _run_order(units, all_exprs, copies):
-        kind, members, sched, res = units[k]
+    for kind, members, sched, res, extra in _run_order(units, all_exprs):
         if kind == "host" and segments and segments[-1].kind == "host":
             last = segments[-1]
             last.exprs.append(members[0])
@@ -429,7 +385,7 @@ def _segment(fusion) -> SegmentedFusion:
         elif kind == "kernel":
             seg = Segment("kernel", members, list(res.inputs), list(res.outputs), sched,
                           res.fusion, list(res.inputs),
-                          recomputed=[e for e in members if id(e) in copies.get(k, ())])
+                          recomputed=[e for e in members if any(e is x for x in extra)])
             res.fusion.kernel_scheduler = sched
         else:
             ex, reason = res
@@ -482,13 +438,15 @@ def _host_boundary(seg: Segment, fusion) -> None:
     seg.outputs = [e.output for e in seg.exprs]
 
 
-def _run_order(units, all_exprs, copies) -> list:
-    """Indices of units in dependency order (Kahn); ties go to the unit whose first expr comes
-    first. A value belongs to the unit that computes it other than as a recomputed copy
-    (`copies`: unit index -> ids of its copies)."""
+def _run_order(units, all_exprs) -> list:
+    """Units in dependency order (Kahn); ties go to the unit whose first expr comes first. A
+    value belongs to the unit that computes it other than as a recomputed copy (a unit's last
+    item)."""
     pos = {id(e): i for i, e in enumerate(all_exprs)}
-    owner = {id(o): k for k, u in enumerate(units) for e in u[1]
-             if id(e) not in copies.get(k, ()) for o in e.outputs}
+    owner = {}
+    for k, u in enumerate(units):
+        copied = {id(e) for e in u[4]}
+        owner.update((id(o), k) for e in u[1] if id(e) not in copied for o in e.outputs)
     deps = [set() for _ in units]
     for k, u in enumerate(units):
         made = {id(o) for e in u[1] for o in e.outputs}
@@ -503,5 +461,5 @@ def _run_order(units, all_exprs, copies) -> list:
         assert ready, "segment graph has a cycle"
         k = min(ready, key=lambda k: min(pos[id(e)] for e in units[k][1]))
         done.add(k)
-        order.append(k)
+        order.append(units[k])
     return order
