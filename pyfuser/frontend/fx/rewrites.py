@@ -69,6 +69,7 @@ Invariant: a rewrite never adds a kernel to the graph; nodes it makes carry `met
 """
 from __future__ import annotations
 
+import collections
 import operator
 
 import torch
@@ -132,9 +133,9 @@ def sink_views(graph: torch.fx.Graph, views=None) -> int:
     """Apply the rewrite of the module docstring (to `views` only, when given); returns how
     many casts moved."""
     moved = 0
-    work = list(graph.nodes) if views is None else list(views)
+    work = collections.deque(graph.nodes if views is None else views)
     while work:
-        view = work.pop(0)
+        view = work.popleft()
         if view.graph is not graph or view.op != "call_function" or view.target not in _VIEWS \
                 or not view.users:
             continue
@@ -162,9 +163,9 @@ def hoist_views(graph: torch.fx.Graph, fusible) -> int:
     fused; a cast of such a node's value is left alone, it fuses already); returns how many
     views moved."""
     moved = 0
-    work = list(graph.nodes)
+    work = collections.deque(graph.nodes)
     while work:
-        cast = work.pop(0)
+        cast = work.popleft()
         if cast.graph is not graph or not _dtype_only_cast(cast) or not cast.users:
             continue
         src = cast.args[0]
