@@ -10,8 +10,11 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   same calls, slower); anything else, or unset, uses it where it is built.
 - It is built once, at install time: `python -m pyfuser.runtime.native` (what `make setup`
   runs; torch.utils.cpp_extension with the system's C++ compiler and ninja, about 15-60 s per
-  machine, torch version and source) under `$PYFUSER_CACHE_DIR/native/`. `runner_module()`
-  only loads a build that is there (about 0.05 s, the first time a program is recorded for CUDA
+  machine, torch version and source). It is an install artifact, not a cache entry, so its
+  place does not follow `$PYFUSER_CACHE_DIR` (a fresh kernel cache must not silently turn the
+  runner off): `$PYFUSER_NATIVE_DIR` when set, else `_native/` beside this module when that is
+  writable, else `~/.cache/pyfuser/native/`; a build found in any of those (or, as before, under
+  `$PYFUSER_CACHE_DIR/native/`) is used. `runner_module()` only loads a build that is there (about 0.05 s, the first time a program is recorded for CUDA
   tensors): nothing is compiled on a user's call. Without a build, one INFO line says how to
   make it and the Python path runs (the same calls, a few microseconds slower per call).
   `build()` builds (or loads) it explicitly.
@@ -55,9 +58,40 @@ def _name() -> str:
     return f"pyfuser_native_{tag}"
 
 
-def build_dir() -> str:
+def _places() -> list:
+    """The directories a build may live in, the one a new build goes to first."""
     from .disk_cache import cache_dir
-    return os.path.join(cache_dir(), "native", _name())
+    env = os.environ.get("PYFUSER_NATIVE_DIR")
+    if env:
+        return [os.path.expanduser(env)]
+    beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native")
+    home = os.path.join(os.path.expanduser("~"), ".cache", "pyfuser", "native")
+    places = [beside, home, os.path.join(cache_dir(), "native")]
+    if not _writable(beside):
+        places.remove(beside)
+        places.append(beside)
+    return list(dict.fromkeys(places))
+
+
+def _writable(directory: str) -> bool:
+    """Whether `directory` exists writable, or can be made in a writable parent."""
+    d = directory
+    while not os.path.exists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False
+        d = parent
+    return os.access(d, os.W_OK)
+
+
+def _so(directory: str) -> str:
+    return os.path.join(directory, os.path.basename(directory) + ".so")
+
+
+def build_dir() -> str:
+    """Where this source's build is (the first place holding one), else where one is built."""
+    dirs = [os.path.join(p, _name()) for p in _places()]
+    return next((d for d in dirs if os.path.exists(_so(d))), dirs[0])
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,8 +110,7 @@ def built() -> bool:
     """Whether a build for this source, torch and Python is on disk (or loaded)."""
     if _load.cache_info().currsize:
         return _load() is not None
-    d = build_dir()
-    return os.path.exists(os.path.join(d, os.path.basename(d) + ".so"))
+    return os.path.exists(_so(build_dir()))
 
 
 _told = [False]
@@ -88,7 +121,7 @@ def build_or_import(directory: str, source: str):
     building it there first if it is not (or is damaged); None, with a warning naming the first
     compiler error (else the exception's last line), when that fails."""
     name = os.path.basename(directory)
-    path = os.path.join(directory, name + ".so")
+    path = _so(directory)
     try:
         if os.path.exists(path):
             try:
