@@ -478,10 +478,13 @@ def _report(rows, args, size, device, start) -> tuple:
     facts = {"device": gpu, "torch": torch.__version__, "batch": size.batch, "seq": size.seq,
              "hidden": size.hidden, "layers": size.layers, "reps": args.reps,
              "seconds": round(time.perf_counter() - start, 1), "date": time.strftime("%Y-%m-%d")}
+    from pyfuser.runtime import native
+    facts["native_runner"] = native.runner_module() is not None
     text = (f"bench/models.py on {gpu}, torch {torch.__version__}, {facts['date']}: batch "
             f"{size.batch} x {size.seq}, hidden {size.hidden}, {size.layers} layers (ResNet-18: "
             f"batch {size.batch}, {'224' if device == 'cuda' else '32'} px); median of "
-            f"{args.reps}; {facts['seconds']:.0f} s\n\n{table(rows)}\n\n{ratios(rows)}\n")
+            f"{args.reps}; {facts['seconds']:.0f} s; native cached-call runner "
+            f"{'on' if facts['native_runner'] else 'OFF'}\n\n{table(rows)}\n\n{ratios(rows)}\n")
     summary = compile_summary(rows)
     if summary:
         text += ("\nCompile time (first forward + first training step; targets: cold <= 1/3 of "
