@@ -2,8 +2,9 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
-0. `rewrites.skip_detach` lets fused ops read a detached tensor itself; `sink_views` /
-   `hoist_views` move dtype casts next to the compute they fuse with (above the views they
+0. `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
+   masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
+   `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the views they
    read, or below a view of an unfused op's result); `sink_views_past_binary` moves an add of
    a fused value's view and an input below the view (and the casts after it),
    `hoist_views_past_binary` a view of an add of unfused values (or their casts) above it;
@@ -43,6 +44,7 @@ from . import plan_cache
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
+from .rewrite_index import index_by_aranges
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
@@ -124,7 +126,8 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
-    if skip_detach(graph, fusible) + sink_views(graph) + hoist_views(graph, fusible) + \
+    if index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
+            hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible):
         gm.recompile()

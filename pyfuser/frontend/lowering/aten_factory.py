@@ -1,6 +1,7 @@
 """Lowerings of aten's factory ops: `scalar_tensor` and `full` (what an FX graph writes for
 `torch.where(mask, x, float("-inf"))`, an attention mask's fill or a `torch.full` in a model),
-and `arange` of integers (a class index compared with a target, positions). In a fused region
+`arange` of integers (a class index compared with a target, positions), and `new_ones` /
+`new_zeros` / `new_full` (a mask's `True` made beside a tensor). In a fused region
 the value becomes a constant broadcast, or an iota, in the kernel: no allocation, no fill
 kernel.
 
@@ -56,3 +57,27 @@ def _arange(*args):
     if not dt.is_integral:
         raise UnsupportedOpError("arange of a floating dtype (left to eager)")
     return B.iota(max(0, math.ceil((end - start) / step)), start, step, dt)
+
+
+def _new_filled(self, size, value, dtype, what: str):
+    dt = _dtype(dtype) if dtype is not None else self.dtype
+    return B.full(list(size), _number(value, what), dt)
+
+
+@lowers("aten::new_ones", op_class=FACTORY, n_args=(6,), const_args=(1, 2, 3, 4, 5))
+def _new_ones(self, size, dtype=None, layout=None, device=None, pin_memory=None):
+    """`x.new_ones(size)`: ones in `dtype`, else x's dtype (x's values are not read)."""
+    return _new_filled(self, size, 1, dtype, "new_ones")
+
+
+@lowers("aten::new_zeros", op_class=FACTORY, n_args=(6,), const_args=(1, 2, 3, 4, 5))
+def _new_zeros(self, size, dtype=None, layout=None, device=None, pin_memory=None):
+    """`x.new_zeros(size)`: zeros in `dtype`, else x's dtype (x's values are not read)."""
+    return _new_filled(self, size, 0, dtype, "new_zeros")
+
+
+@lowers("aten::new_full", op_class=FACTORY, n_args=(7,), const_args=(1, 2, 3, 4, 5, 6))
+def _new_full(self, size, value, dtype=None, layout=None, device=None, pin_memory=None):
+    """`x.new_full(size, value)`: `value` in `dtype`, else x's dtype (eager does not infer the
+    dtype from the value here, unlike `full`)."""
+    return _new_filled(self, size, value, dtype, "new_full")

@@ -1,0 +1,97 @@
+"""The torch.compile backend's rewrite of advanced indexing by arange grids into views
+(fx/rewrite_index.py): HF's attention-mask pattern `x[arange(B)[:, None, None, None],
+arange(Q)[None, None, :, None]]` read by fused ops becomes a view of x inside the mask's region
+(no index kernel, no arange kernels); every case where it would not be exact keeps the index.
+Results are compared with eager; the graph's remaining ops are asserted."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+INDEX = "aten.index.Tensor"
+
+
+def _check(f, *args):
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    want = f(*args)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    return graph
+
+
+def test_hf_mask_grid_indexing_becomes_views_in_the_masks_region():
+    def f(pos, packed):
+        b, q = pos.shape
+        bi = torch.arange(b)[:, None, None, None]
+        qi = (torch.arange(q) + 0)[None, None, :, None]
+        ki = (torch.arange(q) + 0)[None, None, None, :]
+        causal = pos[bi, ki] <= pos[bi, qi]
+        same = packed[bi, qi] == packed[bi, ki]
+        return torch.where(causal & same, 0.0, float("-inf"))
+    pos = torch.arange(8).expand(2, 8)
+    packed = torch.tensor([[0, 0, 0, 1, 1, 1, 2, 2], [0] * 8])
+    graph = _check(f, pos, packed)
+    assert INDEX not in str(graph.gm.graph)
+    assert len(graph.regions) == 1 and "aten.arange.default" not in graph.regions[0].ops
+
+
+def test_offsets_permuted_axes_and_a_batch_of_one():
+    def f(x, y):
+        a = x[(torch.arange(3) + 2)[:, None], torch.arange(1, 5)[None, :]]   # slices of x
+        b = x[torch.arange(4)[None, :], torch.arange(5)[:, None]]            # x's axes swapped
+        c = y[torch.arange(1)[:, None], torch.arange(6)[None, :]]            # batch of one
+        return a * 2, b + 1, c - 1
+    x, y = torch.randn(5, 6), torch.randn(1, 6)
+    x = x[:, :5]                                       # a non-contiguous input
+    graph = _check(f, x, y)
+    assert INDEX not in str(graph.gm.graph)
+
+
+@pytest.mark.parametrize("case", ["beyond", "negative_start", "unfused_reader", "output",
+                                  "repeated_axis", "step"])
+def test_what_the_rewrite_cannot_prove_keeps_the_index(case):
+    def f(x):
+        i = torch.arange(4)
+        if case == "beyond":                           # 2 + 4 > 5: eager would raise
+            return x[(i + 1)[:, None], i[None, :]] * 2
+        if case == "negative_start":                   # -1 wraps around in eager
+            return x[(i - 1)[:, None], i[None, :]] * 2
+        if case == "unfused_reader":
+            return torch.mm(x[i[:, None], i[None, :]], x[:4, :4])
+        if case == "output":                           # eager returns a fresh contiguous tensor
+            return x[i[:, None], i[None, :]]
+        if case == "repeated_axis":                    # a diagonal, not a view of axes
+            return x[i, i] * 2
+        return x[torch.arange(0, 4, 2)[:, None], i[None, :]] * 2
+    x = torch.randn(5, 5)
+    if case == "beyond":
+        x = torch.randn(4, 5)
+        with pytest.raises(Exception):
+            pyfuser.compile(f)(x)
+        return
+    graph = _check(f, x)
+    assert INDEX in str(graph.gm.graph)
+    if case == "output":
+        with torch.no_grad():
+            assert pyfuser.compile(f)(x).is_contiguous()
+
+
+def test_new_ones_zeros_and_full_fuse_with_eagers_dtypes():
+    def f(x):
+        t = x.new_ones([], dtype=torch.bool)
+        z = x.new_zeros((2, 3))
+        h = x.new_full((3,), 1.5)
+        return (x > 0) & t, x + z, x * h
+    x = torch.randn(2, 3)
+    graph = _check(f, x)
+    ops = [op for r in graph.regions for op in r.ops]
+    for name in ("aten.new_ones.default", "aten.new_zeros.default", "aten.new_full.default"):
+        assert name in ops
