@@ -21,7 +21,8 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .aten_reduction import _channel_param, _float_compute, _target_masks
+from .aten_loss import _target_masks
+from .aten_reduction import _channel_param, _float_compute
 from .registry import NORMALIZATION, lowers
 
 ew = B.elementwise

@@ -1,0 +1,117 @@
+"""Lowerings of the classification losses: `nll_loss_forward` and `cross_entropy_loss` (log_softmax
+and the picked target's negative log-likelihood in the pass that reads the row).
+
+Written, as aten_reduction's normalizations are, with the builder's reductions and elementwise
+ops in the order of PyTorch's own kernels: half / bfloat16 logits are computed in float and the
+loss is rounded once; the target's logit is picked by comparing the target with a class iota in
+the row pass (no gather); a row whose target is `ignore_index` adds 0 to the loss and is not
+counted in a mean; a class index out of range gives NaN (eager raises there). Class weights and
+label smoothing are left to eager.
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedOpError
+from ...ir import builder as B
+from ...ir.dtypes import DataType
+from ...ir.tensor import TensorView
+from .aten_reduction import _float_compute, ew
+from .registry import NORMALIZATION, lowers
+
+
+def _pick_target(xc: TensorView, target: TensorView) -> TensorView:
+    """[N]: xc[i, target[i]] for [N, C] xc, as a sum over the row of xc where the class (an
+    iota) is the target: exactly that element, 0 for a class out of range; read in the pass
+    that reads the row anyway (no gather)."""
+    classes = B.broadcast(B.iota(xc.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+    onehot = ew("eq", classes, B.broadcast(target, [False, True]))
+    return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
+
+
+def _target_masks(target: TensorView, classes, ignore_index):
+    """(in_range, valid) for class-index targets, elementwise on `target` (of any shape): the
+    target is a class in [0, classes) the row has; it is not ignore_index. nll_loss and its
+    backward give NaN where a target is valid but out of range (eager raises there) and 0
+    where it is ignored; ignore_index itself may be out of range (eager's -100)."""
+    in_range = ew("logical_and", ew("ge", target, 0), ew("lt", target, classes))
+    valid = ew("ne", target, int(ignore_index))
+    return in_range, valid
+
+
+def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_index):
+    """(per-row loss -picked, 0 where the target is ignore_index, NaN where it is out of
+    [0, C) (eager raises there); the count of rows not ignored), in the compute dtype."""
+    in_range, valid = _target_masks(target, x.logical[1].full_extent, ignore_index)
+    nan = ew("where", in_range, ew("neg", picked), float("nan"))
+    total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
+    return ew("where", valid, nan, 0.0), total
+
+
+@lowers("aten::nll_loss_forward", op_class=NORMALIZATION, n_args=(5,), const_args=(3, 4))
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    """(output, total_weight) as eager's for [N, C] log-probabilities and int64 class indices:
+    -x[i, target[i]] per row (0 where ignored, NaN for a class out of range: eager raises),
+    summed, averaged over the rows not ignored (NaN when none is) or per row; total_weight the
+    count of rows not ignored (0 for reduction none). The target's element is picked by an
+    iota compare in the pass over the row (with the log_softmax before it, in one kernel).
+    Class weights are left to eager."""
+    if weight is not None:
+        raise UnsupportedOpError("nll_loss with class weights (left to eager)")
+    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
+        raise UnsupportedOpError("nll_loss of other than [N, C] floating inputs (left to eager)")
+    if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype is not DataType.Int:
+        raise UnsupportedOpError("nll_loss: class-index targets must be int64 [N]")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"nll_loss: reduction {reduction!r}")
+    xc = _float_compute(x)
+    loss, total = _row_losses(x, _pick_target(xc, target), target, ignore_index)
+    if reduction == 0:
+        return B.cast(loss, x.dtype), B.full([], 0.0, x.dtype)
+    s = B.reduction("sum", loss, [0])
+    out = s if reduction == 2 else ew("div", s, total)
+    return B.cast(out, x.dtype), B.cast(total, x.dtype)
+
+
+@lowers("aten::cross_entropy_loss", op_class=NORMALIZATION, n_args=(6,), const_args=(3, 4, 5))
+def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
+    """As eager (log_softmax, then nll_loss) for [N, C] logits and class-index or probability
+    targets: lp = (x - max) - log(sum(exp(x - max))) in float, rounded to x's dtype; the loss of
+    a row is -lp[target] (picked by comparing the class index with an iota, so the logits are
+    read once), 0 for ignore_index, NaN for a class index out of range (eager raises there);
+    reduction none / sum / mean (over the rows not ignored). Class weights and label smoothing
+    are left to eager.
+
+    With class indices, lp[target] is computed per row, not per element: the target's logit
+    (a sum over the row of x where the class is the target: x[target] exactly) minus the max
+    minus log(sum(exp(x - max))), the same operations as eager's log_softmax on that element.
+    Every reduction over the classes (max and sum of exp as an online pair, the target's logit)
+    then runs in one pass: one read of the logits, one combine. The mean over
+    the rows is a second reduction domain: its own small kernel."""
+    if weight is not None:
+        raise UnsupportedOpError("cross_entropy with class weights (left to eager)")
+    if label_smoothing:
+        raise UnsupportedOpError("cross_entropy with label smoothing (left to eager)")
+    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
+        raise UnsupportedOpError("cross_entropy of other than [N, C] floating logits (left to eager)")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"cross_entropy: reduction {reduction!r}")
+    xc = _float_compute(x)
+    m = B.reduction("max", xc, [1], keepdim=True)
+    shifted = ew("sub", xc, m)
+    lse = ew("log", B.reduction("sum", ew("exp", shifted), [1], keepdim=True))
+    if target.dtype.is_floating:                           # class probabilities
+        if target.ndim != 2:
+            raise UnsupportedOpError("cross_entropy: probability targets must be [N, C]")
+        lp = B.cast(B.cast(ew("sub", shifted, lse), x.dtype), xc.dtype)   # log_softmax, rounded
+        loss = ew("neg", B.reduction("sum", ew("mul", lp, _float_compute(target)), [1]))
+        total = B.num_elements(x, [0])
+    else:
+        if target.ndim != 1 or target.dtype is not DataType.Int:
+            raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
+        x_t = _pick_target(xc, target)                      # x[target] (or 0)
+        lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))
+        picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
+        loss, total = _row_losses(x, picked, target, ignore_index)
+    if reduction == 0:
+        return B.cast(loss, x.dtype)
+    s = B.reduction("sum", loss, [0])
+    return B.cast(s if reduction == 2 else ew("div", s, total), x.dtype)
