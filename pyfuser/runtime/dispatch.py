@@ -39,7 +39,8 @@ import torch
 
 from ..ir.tensor import TensorView
 from ..segment.segmented_fusion import RunReport, SegmentRun
-from .executor import _RAW_ENV, _workspace, slow_env as _slow_env, stream_of
+from .call_keys import _RAW_ENV, slow_env as _slow_env
+from .executor import _workspace, stream_of
 
 # Executors live in an attribute of their Fusion (so they die with it: an executor refers to its
 # fusion, which a WeakKeyDictionary value must not); _holders lets clear_caches find them.
@@ -77,7 +78,7 @@ class _Programs:
                  "native_data", "pending", "__weakref__")
 
     def __init__(self, fusion):
-        from .executor import key_function
+        from .call_keys import key_function
         self.key_of = key_function(fusion.inputs)
         self.runs: dict = {}
         self.pending: dict = {}          # key -> steps() of a program not yet handed over
@@ -141,9 +142,9 @@ class _Programs:
 
 def _run_function(fusion, runs, progs):
     """Generate `run(inputs)`: what `execute_fusion(fusion, inputs)` does, in one frame on a hit
-    (the key expression of executor.key_function inlined, one dict lookup, the env check; a
+    (the key expression of call_keys.key_function inlined, one dict lookup, the env check; a
     program still pending for the native runner is handed over on its first hit)."""
-    from .executor import key_parts
+    from .call_keys import key_parts
     names, ptrs, key = key_parts(fusion.inputs)
     unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
     env = {"get": runs.get, "FD": fusion.__dict__, "REPORT": _REPORT, "slow": _execute_slow,

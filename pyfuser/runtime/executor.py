@@ -12,7 +12,7 @@ Caches, from cheapest to dearest:
    `launch_config`. In "cuda" mode, from the second call with a key on, the hit runs `_Fast.call`
    (generated): outputs by `new_empty_strided` of the first tensor input (or `torch.empty_strided`)
    with cached sizes/strides, then `prep.go(ptrs)` of a `Prepared` launch (launch.py) whose
-   buffer already holds every constant parameter: one cuLaunchKernelEx through ctypes. `key_function`
+   buffer already holds every constant parameter: one cuLaunchKernelEx through ctypes. `call_keys.key_function`
    generates the key code once per input list shape (no per-call interpretation).
 2. signature -> _Entry (plan, packer, launcher): a new size with the same signature reuses the
    compiled kernel (sizes are kernel arguments, not compile-time constants). Entries may be made
@@ -40,7 +40,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 
@@ -51,6 +50,7 @@ from ..errors import ExecuteError, SchedulerError
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import nvrtc
+from .call_keys import _RAW_ENV, _env_set, key_function, poison, poison_enabled, slow_env
 from .params import ParamPacker
 
 log = logging.getLogger("pyfuser")
@@ -90,80 +90,6 @@ class _Fast:
         self.prep = self.specs = self.hit = None
         self.workspaces = ()      # (elements, dtype, kind) of the buffers each launch needs
         self.semaphores = {}      # raw stream -> this key's semaphore buffer on that stream
-
-
-def key_function(fusion_inputs):
-    """Generate `key_of(inputs) -> (key, tensor pointers)` for a fusion with these inputs.
-
-    The key is one flat tuple: per tensor input (dtype, shape, strides, data_ptr & 15, device
-    index), per scalar input (type, value, sign) (the sign tells -0.0 from 0.0; a 0-dim tensor's
-    value is (dtype, shape, item), never the tensor: it hashes by identity, so a value changed in
-    place would hit the old key); each input gives a fixed number of entries, so flat is
-    unambiguous (and cheaper to build and hash than a tuple per input). The pointers come as a
-    list the caller may extend. A wrong input list (count, or a non-tensor where a tensor is
-    declared) raises; callers then take their checked slow path.
-    """
-    names, ptrs, key = key_parts(fusion_inputs)
-    unpack = (", ".join(names) + ("," if len(names) == 1 else "")) if names else "()"
-    lines = ["def key_of(inputs):", f"    {unpack} = inputs"]
-    lines += [f"    {p} = x{p[1:]}.data_ptr()" for p in ptrs]
-    lines.append(f"    return ({key}), [{', '.join(ptrs)}]")
-    env = {"_sign": math.copysign, "_T": torch.Tensor}
-    exec(compile("\n".join(lines) + "\n", "<pyfuser key>", "exec"), env)  # noqa: S102
-    return env["key_of"]
-
-
-def key_parts(fusion_inputs):
-    """(names x0.., pointer names p.., the key's tuple body) for generated key code: inputs
-    unpacked to x<i>, tensor pointers read into p<i> first; `_sign` is math.copysign, `_T`
-    torch.Tensor."""
-    names, parts, ptrs = [], [], []
-    for i, v in enumerate(fusion_inputs):
-        names.append(f"x{i}")
-        if isinstance(v, TensorView):
-            ptrs.append(f"p{i}")
-            parts.append(f"x{i}.dtype, x{i}.shape, x{i}.stride(), p{i} & 15, x{i}.get_device()")
-        else:
-            parts.append(f"type(x{i}), (x{i}.dtype, x{i}.shape, x{i}.item()) "
-                         f"if isinstance(x{i}, _T) else x{i}, _sign(1.0, x{i})")
-    return names, ptrs, "".join(q + ", " for q in parts)
-
-
-# os.environ.get costs ~1 us (it encodes the key); the hot path reads the raw POSIX dict, which
-# os.environ (and pytest's monkeypatch) keeps in sync. Elsewhere it falls back to os.environ.
-_RAW_ENV = getattr(os.environ, "_data", None)
-if not (isinstance(_RAW_ENV, dict) and os.name == "posix"):
-    _RAW_ENV = None
-
-
-def _env_set(name: str, raw: bytes) -> bool:
-    """True when the variable is set to something other than '' or '0'."""
-    v = _RAW_ENV.get(raw) if _RAW_ENV is not None else os.environ.get(name)
-    return bool(v) and v not in (b"0", "0")
-
-
-def poison_enabled() -> bool:
-    return _env_set("PYFUSER_POISON_OUTPUTS", b"PYFUSER_POISON_OUTPUTS")
-
-
-def slow_env() -> bool:
-    """True when PYFUSER_POISON_OUTPUTS or PYFUSER_DUMP is set: fast calls step aside."""
-    if _RAW_ENV is not None:
-        return b"PYFUSER_DUMP" in _RAW_ENV or b"PYFUSER_POISON_OUTPUTS" in _RAW_ENV
-    return "PYFUSER_DUMP" in os.environ or "PYFUSER_POISON_OUTPUTS" in os.environ
-
-
-def poison(outputs) -> None:
-    """Fill outputs with NaN (floating/complex) or 0x7f bytes over their whole storage."""
-    for out in outputs:
-        if out.numel() == 0:
-            continue
-        if out.is_floating_point() or out.is_complex():
-            out.fill_(float("nan"))
-        else:
-            raw = torch.empty(0, dtype=torch.uint8, device=out.device)
-            raw.set_(out.untyped_storage())
-            raw.fill_(0x7F)
 
 
 class FusionExecutor:

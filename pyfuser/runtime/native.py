@@ -26,7 +26,7 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
 Invariants: a program is handed to the runner only when every launch in it is a "ctypes"-mode
 Prepared whose driver has cuLaunchKernelEx (the runner calls that entry point); switching a
 launcher's mode clears the runners that replay it (launch.Prepared.listeners). The runner's key
-fixes the same things as executor.key_function's key, so a native hit is a Python hit.
+fixes the same things as call_keys.key_function's key, so a native hit is a Python hit.
 """
 from __future__ import annotations
 

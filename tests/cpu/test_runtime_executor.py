@@ -15,6 +15,7 @@ from pyfuser.errors import ExecuteError, SchedulerError  # noqa: E402
 from pyfuser.ir import DataType, Fusion  # noqa: E402
 from pyfuser.ir import builder as B  # noqa: E402
 from pyfuser.runtime import dispatch, executor as X  # noqa: E402
+from pyfuser.runtime.call_keys import poison  # noqa: E402
 
 SRC = r'''
 extern "C" __global__ void pf_fake_add(const float* a, const float* b, float* out, long long n) {
@@ -119,7 +120,7 @@ def test_poison_hook(fake_api, monkeypatch):
     (out,) = X.FusionExecutor(f, mode="interpret").run([torch.randn(3, 3), torch.randn(3, 3)])
     assert torch.isnan(out).all()
     ints = [torch.empty(2, 3, dtype=torch.int32), torch.empty(4, dtype=torch.bool)]
-    X.poison(ints)
+    poison(ints)
     assert (ints[0] == 0x7F7F7F7F).all()
     assert (ints[1].view(torch.uint8) == 0x7F).all()
 

@@ -37,7 +37,7 @@ from ...dump import dump
 from ...errors import ExecuteError, PyfuserError
 from ...ir.shapes import bind
 from ...runtime import dispatch
-from ...runtime.executor import slow_env
+from ...runtime.call_keys import slow_env
 from ..lowering import lower_graph
 from ..lowering.lower import HostValue, specialised_inputs
 from .passes.groups import GROUP_KIND

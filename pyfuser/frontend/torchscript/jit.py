@@ -232,7 +232,7 @@ class CompiledGraph:
 
     def _miss(self, variant, args, key):
         """No plan for this key: run checked, and make the plan from that run."""
-        from ...runtime.executor import slow_env
+        from ...runtime.call_keys import slow_env
         if key is None or slow_env():
             return self._checked(args)
         from .plan import build_plan
@@ -257,7 +257,7 @@ class CompiledGraph:
         whole call: key, lookup, allocation, launch in C++; a miss (or grad mode on) calls the
         Python path."""
         from ...runtime import native
-        from ...runtime.executor import _RAW_ENV
+        from ...runtime.call_keys import _RAW_ENV
         plan.native_tried = True
         if self._rebuild is not None or self.cuda_graphs:
             return
@@ -307,7 +307,7 @@ def _dispatcher(compiled, variant):
     """`call(args)`: the plan key, one lookup, the plan (a plan error names its node); a miss,
     a key that fails (inputs not of the declared kinds) or a debugging environment runs
     checked."""
-    from ...runtime.executor import _RAW_ENV, slow_env
+    from ...runtime.call_keys import _RAW_ENV, slow_env
     key_of, plans, miss = variant.key_of, variant.plans, compiled._miss
     get = plans.get
     if _RAW_ENV is not None:
