@@ -95,3 +95,69 @@ def test_new_ones_zeros_and_full_fuse_with_eagers_dtypes():
     ops = [op for r in graph.regions for op in r.ops]
     for name in ("aten.new_ones.default", "aten.new_zeros.default", "aten.new_full.default"):
         assert name in ops
+
+
+def _grid_case(rng):
+    """A random arange-grid index of a random x: per axis of x a start, a length (1 sometimes)
+    and an output axis; the output rank may exceed x's (size-1 axes no index varies along)."""
+    rank = int(rng.integers(1, 4))
+    shape = [int(rng.integers(1, 6)) for _ in range(rank)]
+    out_rank = rank + int(rng.integers(0, 2))
+    out_axes = [int(a) for a in rng.permutation(out_rank)[:rank]]
+    spec = []
+    for d in range(rank):
+        n = int(rng.integers(1, shape[d] + 1))
+        start = int(rng.integers(0, shape[d] - n + 1))
+        spec.append((start, n, out_axes[d]))
+    return shape, out_rank, spec
+
+
+def test_random_arange_grids_match_eager():
+    import numpy as np
+    rng = np.random.default_rng(20261128)
+    rewritten = 0
+    for case in range(16):
+        shape, out_rank, spec = _grid_case(rng)
+
+        def f(x, spec=spec, out_rank=out_rank, odd=case % 2):
+            idx = [_placed(torch.arange(n) + start if odd else torch.arange(start, start + n),
+                           axis, out_rank) for start, n, axis in spec]
+            return x[tuple(idx)] * 2 + 1
+        torch._dynamo.reset()
+        from pyfuser.frontend.fx import reset_compiled
+        reset_compiled()
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            got = pyfuser.compile(f)(x)
+        want = f(x)
+        assert got.shape == want.shape and torch.equal(got, want), (shape, spec)
+        rewritten += INDEX not in str(compiled_graphs()[0].gm.graph)
+    assert rewritten == 16
+
+
+def _placed(i, axis, rank):
+    """The 1-D index i with size-1 axes added by unsqueeze so that it varies along `axis`."""
+    for _ in range(axis):
+        i = i.unsqueeze(0)
+    for _ in range(rank - axis - 1):
+        i = i.unsqueeze(-1)
+    return i
+
+
+def test_symbolic_sizes_rewrite_and_reuse_the_compiled_graph():
+    """dynamic=True: the aranges' lengths and x's sizes are the same symbols, so the rewrite is
+    proven for every size; a new batch and length reuse the graph."""
+    def f(pos):
+        b, q = pos.shape
+        bi = torch.arange(b)[:, None, None]
+        qi = torch.arange(q)[None, :, None]
+        ki = torch.arange(q)[None, None, :]
+        return pos[bi, ki] <= pos[bi, qi]
+    cf = pyfuser.compile(f, dynamic=True)
+    for b, q in ((2, 5), (3, 7)):
+        pos = torch.randint(0, 9, (b, q))
+        with torch.no_grad():
+            got = cf(pos)
+        assert torch.equal(got, f(pos))
+    (graph,) = compiled_graphs()
+    assert INDEX not in str(graph.gm.graph)

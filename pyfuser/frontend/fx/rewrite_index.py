@@ -2,7 +2,7 @@
 
 `index_by_aranges(graph, fusible)`: an `aten.index.Tensor(x, [i_0, ..., i_{m-1}])` that indexes
 every axis of x with an integer tensor built from an arange (`arange(n)` or `arange(s, s + n)`,
-plus an optional integer constant, then `unsqueeze`s) reads `x[p_{a_0} + c_0, ..., p_{a_{m-1}} +
+plus an optional integer constant, then `unsqueeze`s and slices keeping whole axes) reads `x[p_{a_0} + c_0, ..., p_{a_{m-1}} +
 c_{m-1}]` at output position p: each index varies along one output axis a_d only. That is a view
 of x: a slice `[c_d, c_d + n_d)` of each axis, the axes put in the order of their output axes,
 and size-1 axes where no index varies. An index of one element (`arange(1)`, a batch of one)
@@ -30,6 +30,7 @@ _aten = torch.ops.aten
 _ARANGES = (_aten.arange.default, _aten.arange.start, _aten.arange.start_step)
 _ADDS = (_aten.add.Tensor, _aten.add.Scalar)
 _INT_TYPES = (torch.int64, torch.int32)
+_TO_THE_END = 2 ** 62        # `t[a:]` slices to INT64_MAX: no tensor axis is that long
 
 
 def _val(node):
@@ -70,7 +71,7 @@ def _placement(index):
     chain = []
     node = index
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
-            node.target is _aten.unsqueeze.default:
+            (node.target is _aten.unsqueeze.default or _whole_slice(node)):
         chain.append(node)
         node = node.args[0]
     if not isinstance(node, torch.fx.Node):
@@ -89,6 +90,20 @@ def _placement(index):
     if len(big) != 1 or not statically_known_true(shape[big[0]] == n):
         return None
     return big[0], start, n, chain + more
+
+
+def _whole_slice(node) -> bool:
+    """`aten.slice.Tensor(t, dim, 0, end)` of step 1 keeping all of t's axis (what `t[None, :]`
+    writes under symbolic sizes): the same values."""
+    if node.target is not _aten.slice.Tensor or node.kwargs:
+        return False
+    t, *rest = node.args
+    dim, start, end, step = (rest + [0, None, None, 1][len(rest):])[:4]
+    tv = _val(t)
+    if tv is None or type(dim) is not int or start not in (None, 0) or step != 1:
+        return False
+    return end is None or (type(end) is int and end >= _TO_THE_END) or \
+        statically_known_true(end >= tv.shape[dim])
 
 
 def index_by_aranges(graph: torch.fx.Graph, fusible) -> int:
