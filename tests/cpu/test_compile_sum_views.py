@@ -45,6 +45,18 @@ def test_merged_kept_axes_and_a_dtype_argument():
     assert all("aten.view.default" not in r.ops for r in graph.regions)
 
 
+def test_a_chain_of_views_merging_axes_reads_the_value():
+    """The masked-LM loss's backward: the logits' gradient viewed twice before the decoder
+    bias's sum; the views' other reader (a matmul) keeps them."""
+    def f(g, w):
+        d = torch.log_softmax(g, -1) * 3                  # [2, 8, 24]
+        v = d.view(16, 24).view(-1, 24)
+        return torch.mm(v, w), v.sum(0)
+    graph = _run(f, torch.randn(2, 8, 24), torch.randn(24, 4))
+    (region,) = graph.regions
+    assert "aten.view.default" not in region.ops and region.kernels() == 1
+
+
 def _aten_graph(f, *args):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp

@@ -1,7 +1,7 @@
 """Graph rewrite before partitioning: a sum reads the fused value, not its flattening view.
 
-`sum_through_views(graph, fusible)`: `sum(view(d, s), dims)` where the view only merges runs of
-d's axes (a backward graph's `view(gelu_backward(...), [B * T, C])` before the bias gradient's
+`sum_through_views(graph, fusible)`: `sum(view(d, s), dims)` (or a view of views of d) where the
+view only merges runs of d's axes (a backward graph's `view(gelu_backward(...), [B * T, C])` before the bias gradient's
 `sum(0)`, the same for a decoder bias) becomes `sum(d, dims')` over the axes of d that make up
 the reduced axes of the view, followed by a view to the old result's shape where the kept axes
 were merged too. The sum then reads d's own value in d's shape and joins d's kernel: a reduction
@@ -58,6 +58,8 @@ def sum_through_views(graph: torch.fx.Graph, fusible) -> int:
                 v.target not in _VIEWS or not isinstance(dims, (list, tuple)) or not dims:
             continue
         d = v.args[0]
+        while isinstance(d, torch.fx.Node) and d.op == "call_function" and d.target in _VIEWS:
+            d = d.args[0]                 # a view of a view of contiguous d is a view of d
         if not isinstance(d, torch.fx.Node) or not fusible(_maker(d)) or not _contiguous(d):
             continue
         dv, vv, sv = (x.meta.get("val") for x in (d, v, s))
@@ -90,7 +92,9 @@ def sum_through_views(graph: torch.fx.Graph, fusible) -> int:
                 out.meta = dict(s.meta)
         s.replace_all_uses_with(out)
         graph.erase_node(s)
-        if not v.users:
+        while v is not d and not v.users:          # the views only the sum read
+            up = v.args[0]
             graph.erase_node(v)
+            v = up
         done += 1
     return done
