@@ -183,7 +183,9 @@ def analyze(fusion) -> InnerOuterGraph:
         raise NotInnerOuter("one reduction domain (the reduction schedulers')")
     if len(sets) > 2:
         raise NotInnerOuter(f"reductions over more than two axis sets ({sets})")
-    I = next(s for s in sets if n - 1 in s)
+    I = next((s for s in sets if n - 1 in s), None)
+    if I is None:
+        raise NotInnerOuter(f"no reduction over the innermost axis ({sets}): no rows")
     O = next(s for s in sets if s is not I)
     if set(I) | set(O) != set(range(n)) or set(I) & set(O):
         raise NotInnerOuter(f"the reduced axes {list(I)} and {list(O)} do not split the domain "

@@ -227,3 +227,22 @@ def test_interpreter_integer_division_by_zero_lanes(name, want):
     assert got.dtype == torch.int64 and got.tolist() == want
     assert _integer_division(kernel_op(name), [a, torch.tensor([2, 2, 2])]).tolist() == \
         kernel_op(name).ref(a, torch.tensor([2, 2, 2])).tolist()
+
+
+def test_fx_fuzz_304033_softmax_then_log_softmax_over_other_outer_axes():
+    """fx_fuzz seed 304033: softmax over axis 1 then log_softmax over axis 0 of a [1, 33, 1]
+    tensor (two reduction domains, neither over the innermost axis) raised StopIteration in the
+    inner-outer scheduler's compile check instead of refusing."""
+    import pyfuser
+
+    def f(x1, x2):
+        return torch.log_softmax(torch.softmax(torch.rsqrt(x1) - x2, 1), 0)
+    torch.manual_seed(0)
+    x1 = torch.rand(1, 33, 1, dtype=torch.float16) + 0.1
+    x2 = torch.randint(-3, 3, (1, 33, 1))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x1, x2)
+    want = f(x1, x2)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)

@@ -218,7 +218,10 @@ def test_compile_check_takes_row_and_column_sums():
                              ew("add", B.reduction("sum", dy, [0]),
                                 B.reduction("sum", x, [1]))])(*_inputs()),
      "combined with a sum over the rows"),
-], ids=["single_domain", "max_over_rows", "row_value_needs_column_sum", "mixed_output"])
+    (lambda: (lambda x: [B.reduction("sum", x, [1]), B.reduction("sum", x, [0])])(
+        B.define_tensor([2, 3, 4], DataType.Float)), "no reduction over the innermost axis"),
+], ids=["single_domain", "max_over_rows", "row_value_needs_column_sum", "mixed_output",
+        "no_innermost_axis"])
 def test_compile_check_refusals_say_why(build, reason):
     ok, why = inner_outer.compile_check(_fusion(build))
     assert not ok and reason in why, why
