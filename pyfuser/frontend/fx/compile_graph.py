@@ -4,9 +4,9 @@
 it with one list of arguments). Steps:
 0. `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
    masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
-   `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the views they
-   read, or below a view of an unfused op's result); `sink_views_past_binary` moves an add of
-   a fused value's view and an input below the view (and the casts after it),
+   `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the
+   views they read, or below a view of an unfused op's result); `sink_views_past_binary` moves
+   an add of a fused value's view and an input below the view (and the casts after it),
    `hoist_views_past_binary` a view of an add of unfused values (or their casts) above it;
    `rewrites.unfuse_bias` splits a float32 addmm read by fused ops into mm + add;
    `rewrite_reduce.sum_through_views` lets a sum of a flattening view of a fused value read

@@ -2,15 +2,15 @@
 
 `index_by_aranges(graph, fusible)`: an `aten.index.Tensor(x, [i_0, ..., i_{m-1}])` that indexes
 every axis of x with an integer tensor built from an arange (`arange(n)` or `arange(s, s + n)`,
-plus an optional integer constant, then `unsqueeze`s and slices keeping whole axes) reads `x[p_{a_0} + c_0, ..., p_{a_{m-1}} +
-c_{m-1}]` at output position p: each index varies along one output axis a_d only. That is a view
-of x: a slice `[c_d, c_d + n_d)` of each axis, the axes put in the order of their output axes,
-and size-1 axes where no index varies. An index of one element (`arange(1)`, a batch of one)
-reads the constant c_d: a `select`. HF transformers builds every attention mask this way
-(`padding_mask[batch_idx, kv_idx]`, the packed-sequence mask's `cumsum[batch_idx, q_idx]`
-against `cumsum[batch_idx, kv_idx]`, vmapped over arange grids), each index an eager gather
-kernel and each arange a kernel of its own ahead of the mask's fused region; as views, the
-mask's region reads x directly and the aranges are dead.
+plus an optional integer constant, then `unsqueeze`s and slices keeping whole axes) reads
+`x[p_{a_0} + c_0, ..., p_{a_{m-1}} + c_{m-1}]` at output position p: each index varies along one
+output axis a_d only. That is a view of x: a slice `[c_d, c_d + n_d)` of each axis, the axes put
+in the order of their output axes, and size-1 axes where no index varies. An index of one
+element (`arange(1)`, a batch of one) reads the constant c_d: a `select`. HF transformers builds
+every attention mask this way (`padding_mask[batch_idx, kv_idx]`, the packed-sequence mask's
+`cumsum[batch_idx, q_idx]` against `cumsum[batch_idx, kv_idx]`, vmapped over arange grids), each
+index an eager gather kernel and each arange a kernel of its own ahead of the mask's fused
+region; as views, the mask's region reads x directly and the aranges are dead.
 
 Only where it is exact: all m axes are indexed (no None), every index is an int64 / int32 arange
 placement as above with distinct output axes, start >= 0, step 1, each `[c_d, c_d + n_d)` known

@@ -1,13 +1,13 @@
 """Graph rewrite before partitioning: a sum reads the fused value, not its flattening view.
 
-`sum_through_views(graph, fusible)`: `sum(view(d, s), dims)` (or a view of views of d) where the
-view only merges runs of d's axes (a backward graph's `view(gelu_backward(...), [B * T, C])` before the bias gradient's
-`sum(0)`, the same for a decoder bias) becomes `sum(d, dims')` over the axes of d that make up
-the reduced axes of the view, followed by a view to the old result's shape where the kept axes
-were merged too. The sum then reads d's own value in d's shape and joins d's kernel: a reduction
-kernel accepts no view between its compute ops, so the region was a pointwise kernel writing d
-and a reduction kernel reading it back (Inductor fuses these too). The view's other readers (the
-matmuls of the gradient) keep reading the view.
+`sum_through_views(graph, fusible)`: `sum(view(d, s), dims)` (or a view of views of d) where
+the view only merges runs of d's axes (a backward graph's `view(gelu_backward(...), [B * T, C])`
+before the bias gradient's `sum(0)`, the same for a decoder bias) becomes `sum(d, dims')` over
+the axes of d that make up the reduced axes of the view, followed by a view to the old result's
+shape where the kept axes were merged too. The sum then reads d's own value in d's shape and
+joins d's kernel: a reduction kernel accepts no view between its compute ops, so the region was
+a pointwise kernel writing d and a reduction kernel reading it back (Inductor fuses these too).
+The view's other readers (the matmuls of the gradient) keep reading the view.
 
 Only where it is exact: d is contiguous and its value comes from a fused op (else there is no
 kernel to join), the view's every axis is the product of a run of d's axes (statically known,
