@@ -14,8 +14,9 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   place does not follow `$PYFUSER_CACHE_DIR` (a fresh kernel cache must not silently turn the
   runner off): `$PYFUSER_NATIVE_DIR` when set, else `_native/` beside this module when that is
   writable, else `~/.cache/pyfuser/native/`; a build found in any of those (or, as before, under
-  `$PYFUSER_CACHE_DIR/native/`) is used. `runner_module()` only loads a build that is there (about 0.05 s, the first time a program is recorded for CUDA
-  tensors): nothing is compiled on a user's call. Without a build, one INFO line says how to
+  `$PYFUSER_CACHE_DIR/native/`) is used. `runner_module()` only loads a build that is there
+  (about 0.05 s, the first time a program is recorded for CUDA tensors): nothing is compiled on
+  a user's call. Without a build, one INFO line says how to
   make it and the Python path runs (the same calls, a few microseconds slower per call).
   `build()` builds (or loads) it explicitly.
 - `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
