@@ -16,9 +16,9 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   writable, else `~/.cache/pyfuser/native/`; a build found in any of those (or, as before, under
   `$PYFUSER_CACHE_DIR/native/`) is used. `runner_module()` only loads a build that is there
   (about 0.05 s, the first time a program is recorded for CUDA tensors): nothing is compiled on
-  a user's call. Without a build, one INFO line says how to
-  make it and the Python path runs (the same calls, a few microseconds slower per call).
-  `build()` builds (or loads) it explicitly.
+  a user's call. Without a build, one INFO line says how to make it and the Python path runs
+  (the same calls, a few microseconds slower per call). `build()` builds (or loads) it
+  explicitly.
 - `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
   into the runner's plain data: the prepared buffer (CUlaunchConfig then the packed
   parameters), the parameter offsets and, per tensor pointer, its byte offset and slot
