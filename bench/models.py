@@ -13,7 +13,8 @@ running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`
 - `fwd_ms`: an inference forward (eval mode, torch.no_grad()); `train_ms`: a training step
   (train mode with the configs' own dropout, `--dropout` to override; the loss, backward and an
   SGD step, the optimizer eager in every mode). Median of `--reps` calls timed by CUDA events
-  (wall clock on the CPU), after warm-up calls;
+  (wall clock on the CPU), after warm-up calls; with `--rounds R` the modes of a model and dtype
+  are then timed again interleaved (bench/models_timing.py) and those medians are the columns;
 - `fwd_kernels`, `train_kernels`: CUDA kernels one call launches (torch.profiler; memcpy and
   memset not counted);
 - `cold_s`: the first forward plus the first training step (Dynamo, AOTAutograd, the backend's
@@ -54,7 +55,6 @@ import copy
 import dataclasses
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from bench.models_timing import interleaved_times, sync, time_ms  # noqa: E402
 
 MODELS = ("bert", "gpt2", "llama", "resnet18")
 DTYPES = ("float32", "bfloat16")
@@ -187,41 +188,13 @@ def _logits(out):
     return out if not isinstance(out, (tuple, list)) else out[0]
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-        torch.cuda.synchronize()
-
-
-def time_ms(fn, device: str, reps: int, warmup: int) -> float:
-    """Median ms of `reps` calls after `warmup` calls: CUDA events on the GPU, wall clock else."""
-    import torch
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def _first_calls(case, mode) -> tuple:
     """(seconds, model, fn, opt, forward output, first loss) of a new compile of `mode`."""
     model, fn, opt = case.make(mode)
     t0 = time.perf_counter()
     fwd = case.forward(model, fn)
     loss = case.train_step(model, fn, opt)
-    _sync(case.device)
+    sync(case.device)
     return time.perf_counter() - t0, model, fn, opt, fwd, loss
 
 
@@ -413,6 +386,9 @@ def parse_args(argv=None):
                    help="dtypes whose rows measure the warm compile too (default float32)")
     p.add_argument("--dry-run", action="store_true",
                    help="on the CPU (kernel interpreter), small sizes, float32, no Inductor")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="time the modes of each model and dtype again interleaved, in this many "
+                        "rounds (bench/models_timing.py); fwd_ms / train_ms then come from there")
     p.add_argument("--budget", type=float, default=270.0, help="seconds; no new case after")
     p.add_argument("--out", default=os.environ.get("OUT"), help="output directory (default $OUT)")
     return p.parse_args(argv)
@@ -463,6 +439,9 @@ def main(argv=None) -> int:
                 if args.out:           # as it goes: a run stopped from outside keeps its rows
                     text, facts = _report(rows, args, size, device, start)
                     write_outputs(args.out, text, rows, facts, with_plot=False)
+            if args.rounds > 0:
+                _interleave(TC, args, [r for r in rows if (r["model"], r["dtype"]) ==
+                                       (name, dtype)], size, device)
     text, facts = _report(rows, args, size, device, start)
     print(text)
     if args.out:
@@ -471,19 +450,42 @@ def main(argv=None) -> int:
     return 1 if any("error" in r for r in rows) else 0
 
 
+def _interleave(TC, args, case_rows, size, device) -> None:
+    """Replace the rows' fwd_ms / train_ms by the interleaved timing (the blocked medians kept
+    as fwd_ms_block / train_ms_block, the rounds' spread as fwd_spread / train_spread)."""
+    ok = [r for r in case_rows if "error" not in r and "fwd_ms" in r]
+    if len(ok) < 2:
+        return
+    r0 = ok[0]
+    case = Case(TC, r0["model"], r0["dtype"], size, device, args.dropout)
+    try:
+        got = interleaved_times(case, [r["mode"] for r in ok], args.rounds, args.reps, device)
+    except Exception as e:  # noqa: BLE001 - the blocked times stay, with the reason
+        traceback.print_exc()
+        for r in ok:
+            r["rounds_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        return
+    for r in ok:
+        for step in ("fwd", "train"):
+            r[f"{step}_ms_block"] = r[f"{step}_ms"]
+            r[f"{step}_ms"] = got[r["mode"]][f"{step}_ms"]
+            r[f"{step}_spread"] = got[r["mode"]][f"{step}_spread"]
+
+
 def _report(rows, args, size, device, start) -> tuple:
     """(markdown text, run facts) of the rows so far."""
     import torch
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (kernel interpreter)"
     facts = {"device": gpu, "torch": torch.__version__, "batch": size.batch, "seq": size.seq,
-             "hidden": size.hidden, "layers": size.layers, "reps": args.reps,
+             "hidden": size.hidden, "layers": size.layers, "reps": args.reps, "rounds": args.rounds,
              "seconds": round(time.perf_counter() - start, 1), "date": time.strftime("%Y-%m-%d")}
     from pyfuser.runtime import native
     facts["native_runner"] = native.runner_module() is not None
     text = (f"bench/models.py on {gpu}, torch {torch.__version__}, {facts['date']}: batch "
             f"{size.batch} x {size.seq}, hidden {size.hidden}, {size.layers} layers (ResNet-18: "
             f"batch {size.batch}, {'224' if device == 'cuda' else '32'} px); median of "
-            f"{args.reps}; {facts['seconds']:.0f} s; native cached-call runner "
+            f"{args.reps}{f' (interleaved in {args.rounds} rounds)' if args.rounds else ''}; "
+            f"{facts['seconds']:.0f} s; native cached-call runner "
             f"{'on' if facts['native_runner'] else 'OFF'}\n\n{table(rows)}\n\n{ratios(rows)}\n")
     summary = compile_summary(rows)
     if summary:

@@ -78,3 +78,42 @@ def test_compile_summary_states_the_targets_whole_and_without_tracing(bench):
                     "backend's own (minus aot_eager's 6.00 s) 3.00 s vs Inductor 24.00 s = 0.12; "
                     "warm 4.50 s vs Inductor 5.00 s = 0.90 (misses the target 0.10); backend's "
                     "own (minus aot_eager's 4.00 s) 0.50 s vs Inductor 1.00 s = 0.50")
+
+
+def test_rounds_time_the_modes_interleaved(bench, tmp_path):
+    """--rounds: after the blocked rows, the modes are timed again in alternation; the columns
+    come from there, the blocked medians and each mode's spread over the rounds are kept."""
+    rc = bench.main(["--dry-run", "--models", "llama", "--size", "2,8,32,1", "--reps", "2",
+                     "--warmup", "0", "--no-compile-times", "--no-trace-baseline",
+                     "--rounds", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "bench_models.json").read_text())
+    assert data["facts"]["rounds"] == 2
+    for r in data["rows"]:
+        assert "error" not in r and "rounds_error" not in r
+        for step in ("fwd", "train"):
+            assert r[f"{step}_ms"] > 0 and r[f"{step}_ms_block"] > 0
+            lo, hi = (float(v) for v in r[f"{step}_spread"].split("-"))
+            assert 0 < lo <= hi
+    assert "(interleaved in 2 rounds)" in (tmp_path / "bench_models.md").read_text()
+
+
+def test_interleaved_times_rotate_the_order_and_take_every_mode(bench):
+    from bench.models_timing import interleaved_times
+    calls = []
+
+    class FakeCase:
+        def make(self, mode):
+            return mode, mode, None
+
+        def forward(self, model, fn):
+            calls.append(("fwd", model))
+
+        def train_step(self, model, fn, opt):
+            calls.append(("train", model))
+    got = interleaved_times(FakeCase(), ["a", "b", "c"], 3, 6, "cpu")
+    assert set(got) == {"a", "b", "c"}
+    timed = [m for s, m in calls[6:] if s == "fwd"]      # after each mode's warm-up calls
+    firsts = [timed[i] for i in range(0, len(timed), 3 * 3)]   # 2 calls + 1 warm-up per block
+    assert firsts == ["a", "b", "c"]                      # each round starts with another mode
+    assert all(v["fwd_ms"] >= 0 and "-" in v["train_spread"] for v in got.values())
