@@ -400,64 +400,6 @@ def reduction(name: str, x: TensorView, axes: Sequence[int] | None, keepdim: boo
     return out
 
 
-def num_elements(x: TensorView, axes: Sequence[int]) -> Val:
-    """The product of the extents of `axes` of x, as a Scalar (folded when constant); an
-    expanded axis counts its expanded size."""
-    const, symbolic = 1, []
-    for a in axes:
-        ext = x.logical[a].full_extent
-        if ext.is_const:
-            const *= ext.value
-        else:
-            symbolic.append(ext)
-    n: Val = constant(const) if not symbolic or const != 1 else symbolic.pop(0)
-    for ext in symbolic:
-        n = elementwise("mul", n, ext)
-    return n
-
-
-def mean(x: TensorView, axes, keepdim: bool = False, dtype: DataType | None = None):
-    """sum / count. Half and bfloat16 are summed and divided in float and rounded once, as
-    eager's mean does (its accumulation type)."""
-    x = _check_tv(x, "mean")
-    if dtype is None and not (x.dtype.is_floating or x.dtype.is_complex):
-        raise FusionDefinitionError(f"mean: needs a floating input or dtype=, got {x.dtype.name}")
-    axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "mean") for a in axes})
-    axes = axes if x.ndim else []            # rank 0: one element, no axis (see reduction)
-    if dtype is not None:
-        x = cast(x, dtype)
-    out_dtype = x.dtype
-    if out_dtype.is_reduced_float:
-        x = cast(x, out_dtype.compute)
-    s = reduction("sum", x, axes, keepdim)
-    return cast(elementwise("div", s, num_elements(x, axes)), out_dtype)
-
-
-def var_mean(x: TensorView, axes, correction: float = 1, keepdim: bool = False):
-    """(var, mean) from one Welford pass over x (half / bfloat16 in float, rounded once);
-    var = m2 / max(n - correction, 0) as eager divides."""
-    x = _check_tv(x, "var_mean")
-    if not x.dtype.is_floating:
-        raise FusionDefinitionError(f"var_mean: needs a floating input, got {x.dtype.name}")
-    axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "var") for a in axes})
-    out_dtype = x.dtype
-    xc = cast(x, out_dtype.compute) if out_dtype.is_reduced_float else x
-    if x.ndim == 0:                          # one element, no axis (see reduction)
-        axes = []
-        dev = elementwise("sub", xc, xc)     # 0, or NaN for a NaN / infinite element, as eager
-        avg, m2 = set_(xc), elementwise("mul", dev, dev)
-    else:
-        avg, m2, _ = welford(xc, axes)
-    n = num_elements(x, axes)
-    denom = elementwise("sub", n, constant(correction)) if correction else n
-    denom = elementwise("maximum", denom, constant(0)) if correction else denom
-    var, avg = cast(elementwise("div", m2, denom), out_dtype), cast(avg, out_dtype)
-    if keepdim:
-        flags = [i in axes for i in range(x.ndim)]
-        var, avg = broadcast(var, flags), broadcast(avg, flags)
-    return var, avg
-
-
 def full(shape: Sequence, fill: Operandish, dtype: DataType) -> TensorView:
     fusion = Fusion.current()
     exts = [s if isinstance(s, Scalar) else Scalar(DataType.Int, int(s), fusion) for s in shape]
@@ -466,24 +408,6 @@ def full(shape: Sequence, fill: Operandish, dtype: DataType) -> TensorView:
     out = TensorView(root, dtype, fusion)
     E.FullOp(out, cast(_as_val(fill, "full"), dtype), exts)
     return out
-
-
-def welford(x: TensorView, axes: Sequence[int]) -> tuple:
-    """One-pass (avg, m2, n) over `axes`: m2 is the sum of squared deviations, n the count."""
-    x = _check_tv(x, "welford")
-    if not x.dtype.is_floating:
-        raise FusionDefinitionError(f"welford: needs a floating input, got {x.dtype.name}")
-    axes = list(range(x.ndim)) if not axes else sorted({_norm_dim(a, x.ndim, "welford") for a in axes})
-    fusion = Fusion.current()
-
-    def reduced(dtype):
-        root = [IterDomain(a.extent, IterType.Reduction) if i in axes else _copy_id(a)
-                for i, a in enumerate(x.logical)]
-        return TensorView(root, dtype, fusion)
-
-    avg, m2, n = reduced(x.dtype), reduced(x.dtype), reduced(DataType.Int)
-    E.WelfordOp(avg, m2, n, x, axes)
-    return avg, m2, n
 
 
 def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
@@ -498,14 +422,19 @@ def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
     return out
 
 
-# the indexing, slice / pad / cat and random-number constructors live in builder_indexing.py,
-# which imports the helpers above: reached through this module lazily (no import cycle)
+# the indexing, slice / pad / cat and random-number constructors live in builder_indexing.py, the
+# statistics (mean, var_mean, welford, num_elements) in builder_stats.py; both import the helpers
+# above and are reached through this module lazily (no import cycle)
 _INDEXING = frozenset(("cat", "gather", "index_select", "pad", "rand", "random", "slice_",
                        "slice_axis"))
+_STATS = frozenset(("mean", "num_elements", "var_mean", "welford"))
 
 
 def __getattr__(name):
     if name in _INDEXING:
         from . import builder_indexing
         return getattr(builder_indexing, name)
+    if name in _STATS:
+        from . import builder_stats
+        return getattr(builder_stats, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
