@@ -214,6 +214,32 @@ def test_fast_calls_of_glue_ops_match_eager():
     assert gm(*args)[1]._base is None          # the returned _unsafe_view: not a view
 
 
+def test_fast_calls_bind_split_and_static_slices_as_the_same_views():
+    """aten.split.Tensor as `x.split`, aten.slice.Tensor of step 1 with static sizes as
+    `x.narrow` (to the end, past the end, from a start); a strided slice stays the OpOverload."""
+    from pyfuser.frontend.fx.rewrites import fast_calls
+    aten = torch.ops.aten
+
+    def f(x):
+        q, k, v = aten.split.Tensor(x, 4, 1)
+        a = aten.slice.Tensor(x, 1, 2, 9223372036854775807)
+        b = aten.slice.Tensor(x, -1, 1, 7)
+        c = aten.slice.Tensor(x, 0, 0, 100)
+        d = aten.slice.Tensor(x, 1, 0, 12, 2)
+        return q, k, v, a, b, c, d
+    x = torch.randn(3, 12)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(x)
+    assert fast_calls(gm.graph) == 4               # the split and three slices
+    gm.recompile()
+    left = [n.target for n in gm.graph.nodes if n.op == "call_function" and
+            isinstance(n.target, torch._ops.OpOverload)]
+    assert left == [aten.slice.Tensor]             # the step-2 slice
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"].count("narrow") == 3
+    for got, want in zip(gm(x), f(x)):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+        assert got.storage_offset() == want.storage_offset() and got._base is not None
+
+
 def test_fast_calls_leave_keyword_calls_alone():
     from pyfuser.frontend.fx.rewrites import fast_calls
 

@@ -61,9 +61,9 @@ aten op (`x.view(shape)` for `aten.view.default(x, shape)`, `torch.addmm` for
 instead of the boxed `OpOverload` call, about half the host time of such a call (a model's
 forward has dozens: BERT's has 68 views). Only overloads whose method or function resolves to
 exactly that overload for the node's arguments (and keyword arguments) are mapped; besides
-views and matmuls: detach, clone, embedding, cumsum, arange, new_ones, and `_unsafe_view` as
+views and matmuls: detach, clone, embedding, cumsum, arange, new_ones, split, `_unsafe_view` as
 `view` where the graph does not return it (a returned value stays the non-view AOTAutograd
-traced).
+traced), and `slice` of step 1 with static sizes as `narrow` (the same view).
 
 Invariant: a rewrite never adds a kernel to the graph; nodes it makes carry `meta["val"]`.
 """
@@ -400,16 +400,42 @@ _FAST = {
                          {"dtype", "layout", "device", "pin_memory"}),
     _aten.new_ones.default: ("call_method", "new_ones", (2,),
                              {"dtype", "layout", "device", "pin_memory"}),
+    _aten.split.Tensor: ("call_method", "split", (2, 3)),
 }
 # `_unsafe_view` is `view` without the autograd view relation: the same result where the graph
 # itself reads it, but a value the graph returns stays what AOTAutograd traced (not a view)
 _UNSAFE_VIEW = _aten._unsafe_view.default
 
 
+def _slice_as_narrow(n):
+    """(dim, start, length) when `aten.slice.Tensor(x, dim, start, end[, 1])` is
+    `x.narrow(dim, start, length)` (the same view): static sizes, 0 <= start <= x's size."""
+    if n.kwargs or not 2 <= len(n.args) <= 5 or not isinstance(n.args[0], torch.fx.Node):
+        return None
+    x, *rest = n.args
+    dim, start, _, step = (rest + [0, None, None, 1][len(rest):])[:4]
+    xv, out = x.meta.get("val"), n.meta.get("val")
+    if not isinstance(xv, torch.Tensor) or not isinstance(out, torch.Tensor) or \
+            type(dim) is not int or step != 1 or not -xv.ndim <= dim < xv.ndim:
+        return None
+    start = 0 if start is None else start
+    size, length = xv.shape[dim], out.shape[dim]
+    if type(start) is not int or type(size) is not int or type(length) is not int or \
+            not 0 <= start <= size:
+        return None
+    return dim, start, length
+
+
 def fast_calls(graph: torch.fx.Graph) -> int:
     """Apply the second rewrite of the module docstring; returns how many nodes it changed."""
     changed = 0
     for n in graph.nodes:
+        if n.op == "call_function" and n.target is _aten.slice.Tensor:
+            narrow = _slice_as_narrow(n)
+            if narrow is not None:
+                n.op, n.target, n.args = "call_method", "narrow", (n.args[0], *narrow)
+                changed += 1
+            continue
         how = _FAST.get(n.target) if n.op == "call_function" else None
         if n.op == "call_function" and n.target is _UNSAFE_VIEW and \
                 not any(u.op == "output" for u in n.users):
