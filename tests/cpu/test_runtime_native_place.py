@@ -1,6 +1,6 @@
 """Where the native cached-call runner's build lives: an install artifact whose place does not
-follow the kernel cache (bench/models.py points PYFUSER_CACHE_DIR at fresh directories, which
-turned the runner off and put the Python path into every timed call)."""
+follow the kernel cache (a process whose PYFUSER_CACHE_DIR differed from the install's found no
+build and ran the Python replay)."""
 import os
 
 from pyfuser.runtime import native
