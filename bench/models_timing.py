@@ -1,12 +1,14 @@
 """Timing for bench/models.py: `time_samples` / `time_ms` (CUDA events on the GPU, the wall
 clock on the CPU, after warm-up calls) and interleaved timing (`--rounds R`): the modes of one
-model and dtype timed in alternation, so that a host whose speed drifts during the run (bfloat16 steps are bound by
-the host's Python and launch time, and a shared host's speed moves by tens of percent within
-minutes) slows every mode alike instead of whichever mode's block it fell on.
+model and dtype timed in alternation, so that a host whose speed drifts during the run
+(bfloat16 steps are bound by the host's Python and launch time, and a shared host's speed moves
+by tens of percent within minutes) slows every mode alike instead of whichever mode's block it
+fell on.
 
 `interleaved_times(case, modes, rounds, reps, device)`: after bench/models.py's rows of that
-model and dtype (cold compile, check, blocked timing), each mode's model is compiled again with
-the caches those rows left (no reset in between, so all of them stay compiled at once; Dynamo's
+model and dtype (cold compile, check, blocked timing), each mode's model is compiled again (from
+whatever caches the last row left: the cache directories are that row's, so Inductor compiles
+about as long as cold; no reset in between, so all of them stay compiled at once; Dynamo's
 per-code-object cache limit is raised, as the modes share the model's code objects and a limit
 hit would silently run a frame eagerly), warmed up, and then timed in `rounds` rounds: per
 round every mode in turn (the order rotated each round) runs `reps // rounds` forwards, then
