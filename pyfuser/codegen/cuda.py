@@ -61,6 +61,7 @@ class Printer:
         self.lines: list[str] = []
         self.dims: dict = {}             # array name -> its Alloc's dims (element vs row access)
         self.packed: dict = {}           # packed array name -> its dtype
+        self.rounded: dict = {}          # Let name -> (half/bf16, C expr before its rounding)
 
     # ---- expressions ----------------------------------------------------------------------
     def e(self, x) -> str:
@@ -100,7 +101,11 @@ class Printer:
         if x.kind == "load":
             return f"pf_to_reg({a})" if x.src.is_reduced_float else a
         if x.kind == "store":
-            return f"pf_to_storage<{K.STORAGE_CTYPE[x.dst]}>({a})" if x.dst.is_reduced_float else a
+            if not x.dst.is_reduced_float:
+                return a
+            if isinstance(x.arg, K.Var) and self.rounded.get(x.arg.name, (None,))[0] is x.dst:
+                a = self.rounded[x.arg.name][1]  # storing a value just rounded to its type
+            return f"pf_to_storage<{K.STORAGE_CTYPE[x.dst]}>({a})"
         if x.kind == "round":
             return f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({a})"
         # cast: eager conversion between register types, then rounding to half/bf16
@@ -110,14 +115,35 @@ class Printer:
             out = f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({out})"
         return out
 
+    def _unrounded(self, x):
+        """(half/bf16 type, the C expression before the rounding) of a Convert that rounds a
+        float value to that type, else None."""
+        if not isinstance(x, K.Convert) or not x.dst.is_reduced_float:
+            return None
+        if x.kind == "round":
+            return x.dst, self.e(x.arg)
+        if x.kind == "cast" and x.src is not x.dst:
+            src_reg, dst_reg = K.REGISTER_CTYPE[x.src], K.REGISTER_CTYPE[x.dst]
+            a = self.e(x.arg)
+            return x.dst, (a if src_reg == dst_reg else f"pf_cast<{dst_reg}>({a})")
+        return None
+
     # ---- statements -----------------------------------------------------------------------
     def emit(self, stmts, ind: int) -> None:
+        """Print `stmts` at depth `ind`. A store of a Let's value rounded to half/bf16 in the
+        same statement list converts the value before the rounding instead (one conversion, not
+        round-then-convert: the same bits; the conversions are inline asm, which the compiler
+        does not fold). Only within one list: there the Let's operands name the same values."""
         pad = "  " * ind
+        outer, self.rounded = self.rounded, {}
         for s in stmts:
             if isinstance(s, K.Let):
                 ct = s.ctype
                 note = f"  // {s.comment}" if s.comment else ""
                 self.lines.append(f"{pad}const {ct} {s.name} = {self.e(s.expr)};{note}")
+                un = self._unrounded(s.expr)
+                if un is not None:
+                    self.rounded[s.name] = un
             elif isinstance(s, K.Alloc):
                 space = "__shared__ " if s.space == "shared" else ""
                 self.dims[s.name] = tuple(s.dims)
@@ -158,6 +184,7 @@ class Printer:
                 self.lines.append(f"{pad}pf_cluster_sync();")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
+        self.rounded = outer
 
     def loop(self, s: K.Loop, ind: int) -> None:
         pad = "  " * ind

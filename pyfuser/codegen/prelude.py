@@ -215,8 +215,15 @@ PF_D uint8_t pf_sign(uint8_t a) { return a > 0; }
 
 template <typename T> PF_D T pf_maximum(T a, T b) { return a > b ? a : b; }
 template <typename T> PF_D T pf_minimum(T a, T b) { return a < b ? a : b; }
+// float: NaN wins, as in eager; sm_80+ has it in one instruction (a canonical NaN; otherwise the
+// value of fmaxf / fminf, the same instruction without .NaN)
+#if __CUDA_ARCH__ >= 800
+PF_D float pf_maximum(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+PF_D float pf_minimum(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+#else
 PF_D float pf_maximum(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
 PF_D float pf_minimum(float a, float b) { return a != a ? a : (b != b ? b : fminf(a, b)); }
+#endif
 PF_D double pf_maximum(double a, double b) { return a != a ? a : (b != b ? b : fmax(a, b)); }
 PF_D double pf_minimum(double a, double b) { return a != a ? a : (b != b ? b : fmin(a, b)); }
 template <typename T> PF_D T pf_clamp_min(T a, T lo) { return pf_maximum(a, lo); }
