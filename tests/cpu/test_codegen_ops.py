@@ -180,3 +180,28 @@ def test_stored_only_results_round_once(dt, tdt):
     add_let = next(v for v in lets.values() if "pf_add(" in v)
     assert "pf_round_" in mul_let and "pf_round_" not in add_let
     assert torch.equal(outs[0], a * b) and torch.equal(outs[1], a * b + a)
+
+
+@pytest.mark.parametrize("dt,tdt,kind", [(DataType.BFloat16, torch.bfloat16, "bf16"),
+                                         (DataType.Half, torch.float16, "half")])
+def test_store_of_a_rounded_value_converts_once(dt, tdt, kind):
+    """A value rounded to half/bf16 (it feeds another op) and also stored: the store converts the
+    value before the rounding (one conversion, the same bits), never the rounded one again; the
+    kernel compiles for sm_90 and both outputs equal eager bit for bit."""
+    import re
+    from codegen_cases import B, make_fusion, run_plan
+    from pyfuser.runtime.nvrtc import compile_cuda
+
+    def build():
+        a, b = B.define_tensor([-1], dt), B.define_tensor([-1], dt)
+        m = B.elementwise("mul", a, b)
+        return [m, B.elementwise("add", m, a)]
+    a, b = torch.randn(4099).to(tdt), torch.randn(4099).to(tdt)
+    plan, outs = run_plan(make_fusion(build), [a, b])
+    rounded = dict(re.findall(rf"const float (t\d+) = pf_round_{kind}\((.*)\);", plan.body))
+    assert rounded, plan.body
+    for name, inner in rounded.items():
+        assert f"pf_to_storage<pf_{kind}>({name})" not in plan.body
+        assert f"pf_to_storage<pf_{kind}>({inner})" in plan.body
+    assert torch.equal(outs[0], a * b) and torch.equal(outs[1], a * b + a)
+    compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90", use_disk_cache=False)
