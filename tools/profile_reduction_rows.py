@@ -6,7 +6,7 @@ inside an NVTX range named after the row, so that Nsight Compute can profile the
 
 (the first call compiles; every call launches the kernels). Without a GPU, --dry-run lists the
 rows it would run. Prints, per row and dtype, the torch profiler's kernel names and µs of the
-last call (--no-timing: not), so that a plain run (no ncu) is a quick per-kernel timing too.
+last call (--no-timing: not; --host N: and its N costliest host ops), so that a plain run (no ncu) is a quick per-kernel timing too.
 """
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def main():
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--no-timing", dest="timing", action="store_false",
                     help="skip the torch profiler (under ncu: both use CUPTI)")
+    ap.add_argument("--times", action="store_true",
+                    help="also time each call four ways: host µs, back to back (steady), do_bench "
+                         "with the write flush (the benchmark's method), and eager's do_bench")
+    ap.add_argument("--cprofile", type=int, default=0,
+                    help="also print the N functions of most own time over 200 calls (cProfile)")
+    ap.add_argument("--host", type=int, default=0,
+                    help="also print the N host ops of most self CPU time in the profiled call")
     a = ap.parse_args()
     rows = selected(a.only)
     if a.dry_run:
@@ -53,14 +60,32 @@ def main():
                 pf(*xs)
                 torch.cuda.nvtx.range_pop()
             torch.cuda.synchronize()
+            if a.times:
+                from common import bench_us, host_us_per_call, steady_us
+                print(f"{name} {dt}: host {host_us_per_call(lambda: pf(*xs)):.1f} us, steady "
+                      f"{steady_us([lambda: pf(*xs)]):.1f} us, do_bench {bench_us(lambda: pf(*xs)):.1f} us, "
+                      f"eager do_bench {bench_us(lambda: fn(*xs)):.1f} us", flush=True)
+            if a.cprofile:
+                import cProfile
+                import pstats
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(200):
+                    pf(*xs)
+                prof.disable()
+                torch.cuda.synchronize()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(a.cprofile)
             if not a.timing:
                 continue
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if a.host else [])
+            with profile(activities=acts) as prof:
                 pf(*xs)
                 torch.cuda.synchronize()
             kernels = [(e.name, e.device_time) for e in prof.events()
                        if e.device_type == torch.autograd.DeviceType.CUDA]
             print(f"{name} {dt}: " + ", ".join(f"{k[:40]} {us:.1f} us" for k, us in kernels), flush=True)
+            if a.host:
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.host), flush=True)
 
 
 if __name__ == "__main__":

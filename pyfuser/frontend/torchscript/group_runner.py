@@ -227,12 +227,17 @@ class GroupRunner:
         return env["key_of"]
 
     def fast(self, args):
-        """The outputs through this group's fast entry for `args`, or None."""
+        """The outputs through this group's fast entry for `args`, or None (then the checked
+        path runs: also when grad mode is on and an input requires grad, which the fast key
+        does not hold)."""
         try:
             entry = self._fast.get(self.key_of(args))
         except Exception:  # noqa: BLE001 - not the declared kinds of input: the checked path
             return None
         if entry is None or slow_env():
+            return None
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args):
             return None
         return entry(args)
 
@@ -242,13 +247,16 @@ class GroupRunner:
             cb()
 
     def _remember(self, args, lowered, fargs, host) -> None:
-        """Keep a fast entry for these inputs if the dispatcher recorded a program for them."""
-        entry = self.entry_for(args, lowered, fargs, host)
-        if entry is None:
-            return
+        """Keep a fast entry for these inputs if the dispatcher recorded a program for them
+        (once per fast key: a plan that calls the checked path does not build it again)."""
         try:
             key = self.key_of(args)
         except Exception:  # noqa: BLE001
+            return
+        if key in self._fast:
+            return
+        entry = self.entry_for(args, lowered, fargs, host)
+        if entry is None:
             return
         if len(self._fast) >= _MAX_FAST:
             self.drop_fast()

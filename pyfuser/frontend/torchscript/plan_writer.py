@@ -312,11 +312,12 @@ class Writer:
         if site is not None:
             contrib, source, on_cuda = site
             # Under grad mode a group fuses only when no input requires grad: bound inputs are
-            # fixed by the key (requires_grad included); a fast key does not hold it.
+            # fixed by the key (requires_grad included); a fast key does not hold it, so the
+            # fast call checks it (GroupRunner.fast) and misses to the checked path.
             if contrib[3] == 0 and on_cuda:
                 if source is not None and self.bindable(node, runner):
                     mode = "bound"
-                elif runner.key_of is not None and not torch.is_grad_enabled():
+                elif runner.key_of is not None:
                     mode = "fast"
         self.sites[node] = mode
         args = f"[{', '.join(ins)}]"
