@@ -314,3 +314,51 @@ def test_fast_calls_under_grad_mode_build_their_entry_once(fake, monkeypatch):
     out = f(xg, xs[1])
     assert out.requires_grad and f.last_run.eager_groups == 1 and f.last_run.kernels == 0
     torch.testing.assert_close(out, xg * 3 + xs[1])
+
+
+class _LayerNormBackward(torch.nn.Module):
+    """aten's layer norm backward over `[self.n]`, read from the module at each call (so the
+    plan cannot bind the group's program: a fast-call group) and specialised on (not a fusion
+    input: the fusion's inputs are all tensors, which the native runner takes)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, dy, x, mean, rstd, w, b):
+        return torch.ops.aten.native_layer_norm_backward(dy, x, [self.n], mean, rstd, w, b,
+                                                         [True, True, True])
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_group_entries_call_the_native_runner(monkeypatch, tmp_path, native):
+    """A group's fast entry (and a bound program) calls the fusion's cached call, which the
+    native runner answers once the program was handed to it (the Python program where it is
+    off); results match eager call after call, with new tensors."""
+    fake = fake_cuda.install(monkeypatch, tmp_path, native=native)
+    try:
+        f = pyfuser.jit(torch.jit.script(_LayerNormBackward(24)))
+        with torch.no_grad():
+            for _ in range(4):
+                x, dy = torch.randn(40, 24), torch.randn(40, 24)
+                w, b = torch.randn(24), torch.randn(24)
+                _, mean, rstd = torch.native_layer_norm(x, [24], w, b, 1e-5)
+                args = (dy, x, mean, rstd, w, b)
+                n = len(fake.launches)
+                got, want = f(*args), _LayerNormBackward(24)(*args)
+                for g, e in zip(got, want):
+                    torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+                assert len(fake.launches) == n + f.last_run.kernels and f.last_run.kernels >= 1
+        (runner,) = f.runners.values()
+        (entry,) = runner._fast.values()
+        bound = {k for k in entry.__globals__ if k[:1] in "RP" and k[1:2] == "G"}
+        progs = dispatch.programs(runner.lowered.fusion)
+        if native:          # the fusion's cached call, answered by the native runner
+            assert {k[0] for k in bound} == {"R"} and progs.native and len(progs.native) >= 1
+            assert progs.run == progs.native.run
+        else:               # the recorded Python program, called directly
+            assert {k[0] for k in bound} == {"P"} and not progs.native
+        assert not fake.callback_errors
+    finally:
+        dispatch.clear_caches()
+

@@ -317,6 +317,12 @@ class GroupRunner:
                 else:
                     env[f"V{tag}_{len(direct)}"] = spec
                     direct.append(f"{fnames[k]}.as_strided(*V{tag}_{len(direct)})")
+        elif prog is not None and _native_program(found[1], fargs):
+            # the program is the native runner's: the fusion's whole cached call runs there
+            # (key, allocations, launches in C++); a miss falls through to the Python program
+            # or the checked path
+            env[f"R{tag}"] = found[1]
+            lines.append(f"_o = R{tag}.run([{', '.join(fnames)}])")
         elif prog is not None:
             env[f"P{tag}"] = prog
             lines.append(f"_o = P{tag}([{', '.join(fnames)}], "
@@ -348,6 +354,20 @@ class GroupRunner:
             f"    return [{', '.join(outs)}]\n"
         exec(compile(src, f"<pyfuser group {self.index} entry>", "exec"), env)  # noqa: S102
         return env["entry"]
+
+
+def _native_program(progs, fargs) -> bool:
+    """Whether the program recorded for `fargs` is (now) the native runner's: a pending one is
+    handed over here, as the fusion's first cached hit would."""
+    if progs.native is False:
+        return False
+    try:
+        key = progs.key_of(fargs)[0]
+    except Exception:  # noqa: BLE001
+        return False
+    if key in progs.pending:
+        progs.handoff(fargs, key)
+    return key in progs.native_data and bool(progs.native)
 
 
 __all__ = ["GroupRunner", "GRAD_REASON", "MAX_VARIANTS", "freeze", "key_expr"]
