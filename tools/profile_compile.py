@@ -116,7 +116,8 @@ def install(timer: PhaseTimer) -> None:
 
 def child(args) -> dict:
     import torch
-    from bench.models import Case, load_corpus, _sync
+    from bench.models import Case, load_corpus
+    from bench.models_timing import sync
     TC = load_corpus()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = TC.SMALL if device == "cpu" and not args.size else TC.BENCH
@@ -140,7 +141,7 @@ def child(args) -> dict:
     t0 = time.perf_counter()
     case.forward(model, fn)
     case.train_step(model, fn, opt)
-    _sync(device)
+    sync(device)
     total = time.perf_counter() - t0
     r1, m1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)

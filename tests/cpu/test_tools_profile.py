@@ -1,4 +1,6 @@
-"""tools/profile_models.py's pure helpers (the tool itself needs a GPU for its numbers)."""
+"""tools/profile_models.py's pure helpers (the tool itself needs a GPU for its numbers), and every lazy
+import of the tools and benchmarks resolving (they run only on a GPU machine, so a moved name
+would fail there first)."""
 import os
 import sys
 
@@ -13,3 +15,38 @@ def test_gpu_gaps_merges_overlapping_kernels_and_ranks_the_idle_stretches():
     assert span == 101 and busy == 12 + 10 + 9 + 1
     assert gaps == [(60, "d", "e"), (8, "b", "c")]
     assert P.gpu_gaps([], 3) == (0.0, 0.0, [])
+
+
+def _imports_from_project(path):
+    """(module, name) of every `from bench... / pyfuser... import name` in a file, also inside
+    functions (the tools import lazily, so a moved name fails only when the tool runs)."""
+    import ast
+    tree = ast.parse(open(path).read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] in ("bench", "pyfuser"):
+            for alias in node.names:
+                yield node.module, alias.name
+
+
+def test_every_lazy_import_of_the_tools_names_something_that_exists():
+    """tools/profile_compile.py imported `_sync` from bench.models after it had moved to
+    bench/models_timing.py: the tool failed at its first run. Every such import must resolve."""
+    import importlib
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    sys.path.insert(0, os.path.abspath(root))
+    missing = []
+    checked = 0
+    for folder in ("tools", "bench"):
+        for fname in sorted(os.listdir(os.path.join(root, folder))):
+            if not fname.endswith(".py"):
+                continue
+            for module, name in _imports_from_project(os.path.join(root, folder, fname)):
+                mod = importlib.import_module(module)
+                checked += 1
+                if name != "*" and not hasattr(mod, name):
+                    try:
+                        importlib.import_module(f"{module}.{name}")
+                    except ImportError:
+                        missing.append(f"{folder}/{fname}: from {module} import {name}")
+    assert checked > 10 and not missing, missing
