@@ -6,7 +6,9 @@ inside an NVTX range named after the row, so that Nsight Compute can profile the
 
 (the first call compiles; every call launches the kernels). Without a GPU, --dry-run lists the
 rows it would run. Prints, per row and dtype, the torch profiler's kernel names and µs of the
-last call (--no-timing: not; --host N: and its N costliest host ops), so that a plain run (no ncu) is a quick per-kernel timing too.
+last call (--no-timing: not; --host N: and its N costliest host ops), so that a plain run (no
+ncu) is a quick per-kernel timing too; --times adds host / back-to-back / do_bench times beside
+eager's, --cprofile N the Python functions of most own time over 200 calls.
 """
 from __future__ import annotations
 
