@@ -332,9 +332,10 @@ class _LayerNormBackward(torch.nn.Module):
 
 @pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
 def test_group_entries_call_the_native_runner(monkeypatch, tmp_path, native):
-    """A group's fast entry (and a bound program) calls the fusion's cached call, which the
-    native runner answers once the program was handed to it (the Python program where it is
-    off); results match eager call after call, with new tensors."""
+    """A group's fast entry (a bound plan's group code comes from the same source) calls the
+    fusion's cached call, which the native runner answers once the program was handed to it
+    (the Python program where the runner is off); results match eager call after call, with
+    new tensors."""
     fake = fake_cuda.install(monkeypatch, tmp_path, native=native)
     try:
         f = pyfuser.jit(torch.jit.script(_LayerNormBackward(24)))
