@@ -107,13 +107,10 @@ class Printer:
                 a = self.rounded[x.arg.name][1]  # storing a value just rounded to its type
             return f"pf_to_storage<{K.STORAGE_CTYPE[x.dst]}>({a})"
         if x.kind == "round":
-            return f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({a})"
+            return _round(x.dst, a)
         # cast: eager conversion between register types, then rounding to half/bf16
-        src_reg, dst_reg = K.REGISTER_CTYPE[x.src], K.REGISTER_CTYPE[x.dst]
-        out = a if src_reg == dst_reg else f"pf_cast<{dst_reg}>({a})"
-        if x.dst.is_reduced_float and x.src is not x.dst:
-            out = f"pf_round_{'half' if x.dst is DataType.Half else 'bf16'}({out})"
-        return out
+        out = _cast(x, a)
+        return _round(x.dst, out) if x.dst.is_reduced_float and x.src is not x.dst else out
 
     def _unrounded(self, x):
         """(half/bf16 type, the C expression before the rounding) of a Convert that rounds a
@@ -123,9 +120,7 @@ class Printer:
         if x.kind == "round":
             return x.dst, self.e(x.arg)
         if x.kind == "cast" and x.src is not x.dst:
-            src_reg, dst_reg = K.REGISTER_CTYPE[x.src], K.REGISTER_CTYPE[x.dst]
-            a = self.e(x.arg)
-            return x.dst, (a if src_reg == dst_reg else f"pf_cast<{dst_reg}>({a})")
+            return x.dst, _cast(x, self.e(x.arg))
         return None
 
     # ---- statements -----------------------------------------------------------------------
@@ -140,10 +135,11 @@ class Printer:
             if isinstance(s, K.Let):
                 ct = s.ctype
                 note = f"  // {s.comment}" if s.comment else ""
-                self.lines.append(f"{pad}const {ct} {s.name} = {self.e(s.expr)};{note}")
                 un = self._unrounded(s.expr)
                 if un is not None:
                     self.rounded[s.name] = un
+                text = _round(*un) if un is not None else self.e(s.expr)
+                self.lines.append(f"{pad}const {ct} {s.name} = {text};{note}")
             elif isinstance(s, K.Alloc):
                 space = "__shared__ " if s.space == "shared" else ""
                 self.dims[s.name] = tuple(s.dims)
@@ -270,6 +266,17 @@ class Printer:
         head = (f'extern "C" __global__ void __launch_bounds__({lb}){cluster} {self.k.name}(\n'
                 f"    {self.signature()}) {{")
         return "\n".join([head, *self.lines, "}"])
+
+
+def _round(dst, a: str) -> str:
+    """`a` (a float expression) rounded to half / bfloat16 `dst`, kept in a float register."""
+    return f"pf_round_{'half' if dst is DataType.Half else 'bf16'}({a})"
+
+
+def _cast(x: K.Convert, a: str) -> str:
+    """`a` converted as eager converts between the register types of x.src and x.dst."""
+    src_reg, dst_reg = K.REGISTER_CTYPE[x.src], K.REGISTER_CTYPE[x.dst]
+    return a if src_reg == dst_reg else f"pf_cast<{dst_reg}>({a})"
 
 
 def kernel_body(k: K.Kernel) -> str:

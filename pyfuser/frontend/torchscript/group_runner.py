@@ -367,7 +367,7 @@ def _native_program(progs, fargs) -> bool:
         return False
     if key in progs.pending:
         progs.handoff(fargs, key)
-    return key in progs.native_data and bool(progs.native)
+    return key in progs.native_data
 
 
 __all__ = ["GroupRunner", "GRAD_REASON", "MAX_VARIANTS", "freeze", "key_expr"]
