@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one-shot GPU run: GPU tests, then the benchmarks, logs under $OUT.
-#   OUT=/some/dir bash bench/run_gpu_suite.sh      (SKIP_TESTS=1, BENCHES="views graphs": subsets)
+#   OUT=/some/dir bash bench/run_gpu_suite.sh      (SKIP_TESTS=1, BENCHES="views graphs": subsets;
+#   BENCHES="" (set and empty): no benchmark)
 # Keeps going when tests fail (the benchmark still runs); prints a summary and exits non-zero
 # if anything failed.
 set -x
@@ -38,7 +39,7 @@ bench_rc=0
 # BENCHES="views graphs" runs a subset (pointwise takes ~4 minutes: three timing methods);
 # "pointwise_host" is pointwise.py --host-only (its host-overhead table alone); "host" is
 # bench/host.py (call overhead and start-up: issue 14)
-for b in ${BENCHES:-pointwise views graphs host}; do
+for b in ${BENCHES-pointwise views graphs host}; do
     args=""
     [ "$b" = pointwise_host ] && { b=pointwise; args="--host-only"; }
     limit=330
