@@ -330,7 +330,9 @@ class OuterKernel(ReductionLowering):
         p, V = self.p, self.V
         src = src or {id(e): self.acc_names(e) for e in reds}
         assert p.bdimy & (p.bdimy - 1) == 0, "the block tree needs a power-of-two bdimy"
-        col = K.add(K.mul(TX, _c(V)), K.Var("v"))
+        # lane v of thread tx at v * bdimx + tx: for each lane the warp's 32 threads touch 32
+        # consecutive words (tx * V + v was a V-way bank conflict on every access of the tree)
+        col = K.add(K.mul(K.Var("v"), _c(p.bdimx)), TX)
         sms, writes = {}, []
         for e in reds:
             if id(e) not in self.tree_arrays:

@@ -233,6 +233,8 @@ class ReductionLowering(Accumulators, Emitter):
                 expr = self.iota_expr(node, where)
             elif node.kind == "rng":
                 expr = self.rng_expr(node, where)
+            elif node.kind == "pick":
+                expr = self.pick_expr(node, vals, where, out)
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
             else:
@@ -241,6 +243,50 @@ class ReductionLowering(Accumulators, Emitter):
             out.append(K.Let(name, K.REGISTER_CTYPE[node.tv.dtype], expr))
             vals[id(node)] = K.Var(name)
         return vals
+
+    def pick_expr(self, node, vals, where, out):
+        """A pick's value (reduction_graph.Pick) for this row: 0.0 + X at position `index` along
+        the reduced axis, read as one element where the row is in bounds and 0 <= index <
+        extent, else 0.0 (what the sum of where(iota == index, X, 0) gives). Inner kernels
+        (the scheduler plans picks for them only): the row's kept-group indices are where[0]."""
+        pk = self.g.picks[id(node)]
+        dt = node.tv.dtype
+        name = self.names[id(node)]
+        idt = pk.index.tv.dtype
+        pos = vals[id(pk.index)]
+        pos = pos if idt is DataType.Int else K.Convert("cast", pos, idt, DataType.Int)
+        out.append(K.Let(name + "_at", "int64_t", pos))
+        at = K.Var(name + "_at")
+        ext = K.Convert("cast", self.extent_expr(self.ref.logical[pk.axis]), self.nidx_dtype,
+                        DataType.Int)
+        cond = _and(getattr(self, "row_ok", None),
+                    K.Bin("<=", K.Const(0, "int64_t", DataType.Int), at), K.Bin("<", at, ext))
+        a = next(x for x in self.loads if x.node is pk.load)
+        off = self.offset(a, dict(where[0]) if where else {})
+        gi = next((i for i, grp in enumerate(self.p.groups) if pk.axis in grp), None)
+        if gi is not None:                  # the reduced group is [axis] alone (one axis)
+            off = K.add(off, K.mul(K.Convert("cast", at, DataType.Int, self.nidx_dtype),
+                                   self.gstride(a, gi)))
+        buf, acc = name + "_e", name + "_p"
+        chain = []
+        n = pk.x
+        while n is not pk.load:
+            chain.append(n)
+            n = n.args[0]
+        got = {id(pk.load): K.Convert("load", K.ArrayRef(buf, (_c(0),)), a.tv.dtype, a.tv.dtype)}
+        inside = [K.Load(buf, (_c(0),), self.ptr(a), off, 1)]
+        for c in reversed(chain):
+            got[id(c)] = got[id(c.args[0])] if c.kind in ("set", "alias") else \
+                self.node_expr(c, lambda x: got[id(x)])
+        zero = K.Const(0.0, K.REGISTER_CTYPE[dt], dt)
+        inside.append(K.Assign(acc, (), K.Op("add", (zero, got[id(pk.x)]), dt)))
+        out += [K.Alloc(buf, a.tv.dtype, (1,)), K.Alloc(acc, dt, ()), K.Assign(acc, (), zero),
+                *_guard(cond, inside)]
+        return K.ArrayRef(acc, ())
+
+    @property
+    def nidx_dtype(self):
+        return DataType.Int if self.it == "int64_t" else DataType.Int32
 
     def lane_values(self, nodes, known, step, lane, out, idx=None) -> dict:
         """Lets of `nodes` for lane `lane` of vector step `step` at group indices `idx` (loads
@@ -343,11 +389,18 @@ class ReductionLowering(Accumulators, Emitter):
     def buf(self, a) -> str:
         return self.names[("buf", id(a.node))]
 
-    def load_stmt(self, a, index: tuple, off):
-        """Load of access `a` into its buffer at `index` (a row of V lanes, or one for bcast)."""
+    def load_stmt(self, a, index: tuple, off, q=None):
+        """Load of access `a` into its buffer at `index` (a row of V lanes, or one for bcast);
+        `q`: the pass of a streamed kernel loading it (a load that a later pass reads again
+        asks L2 to keep it: evict_last instead of the schedule's evict_first)."""
         p = self.ptr(a)
         if a.mode == "vector":
-            return K.Load(self.buf(a), index, p, off, self.V)
+            cache = a.cache
+            if cache == "ef" and q is not None and any(
+                    any(n is a.node for n in self.plans[later][2])
+                    for later in range(q + 1, len(self.plans))):
+                cache = "el"
+            return K.Load(self.buf(a), index, p, off, self.V, None, cache)
         if a.mode == "strided" and self.V > 1:
             inner = self.p.groups[-1][-1]
             return K.Load(self.buf(a), index, p, off, self.V, self.stride(a, a.eff[inner][1]))
@@ -414,7 +467,7 @@ class ReductionLowering(Accumulators, Emitter):
             loads = [a for a in self.loads if any(n is a.node for n in full)]
             it_body = [self.buffer(a, self.p.unroll) for a in loads]
             it_body.append(self.unroll("u", self.p.unroll, self.at_step(
-                self.step_expr(u, True), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx))
+                self.step_expr(u, True), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx), q)
                                                       for a in loads])))
             if steps_needed:
                 it_body.append(self.unroll("u", self.p.unroll, self.at_step(

@@ -138,6 +138,8 @@ class Access:
                                 # indexed as a dense row-major tensor of its shape would be
     shifts: dict = field(default_factory=dict)   # R axis -> (off, minus): a slice / pad / cat
                                                  # operand read at r_k + off - sizes of minus
+    cache: str = ""             # this access's cache policy where the scheduler chooses one per
+                                # access (reduction kinds; schedule/cache_policy.py)
 
     @property
     def affine(self) -> bool:

@@ -26,6 +26,15 @@ combine pairs (m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)). One combin
 of two; S's value is that of the two-pass form, special values included (NaN when M is not
 finite and the row is not empty). $PYFUSER_RED_ONLINE=0 keeps the two passes.
 
+*Picks* (cross-entropy's target logit): a sum over the one reduced axis k of
+where(iota_k == index, X, 0), with `index` one integer per row, iota_k the position along k
+(start 0, step 1), X a float load (through casts) and the 0 a +0.0 constant, is the element of
+X at `index` (0.0 + X[index]: a -0.0 comes out +0.0 as from the sum; +0.0 when `index` is out
+of range, where no element matches). Its reduce Node becomes a row-level "pick" Node (args:
+the index Node, X): the lowering reads that one element per row instead of comparing, selecting
+and adding on every element (`Pick`). Only where a real reduction remains;
+$PYFUSER_RED_PICK=0 keeps the sums.
+
 Random numbers (PhiloxUniformOp) are "rng" Nodes, full-size sources like loads: the lowering
 draws them at the element's row-major index in the op's shape (numbered in expr order, as the
 reference evaluator numbers them), and a later pass that needs them again gets them kept
@@ -40,6 +49,7 @@ compile checks that call it are size-free.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -48,7 +58,7 @@ from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.tensor import TensorView
 from .pointwise import _extent_classes, _same_extent
-from .pointwise_graph import Node, producer_key
+from .pointwise_graph import Node, key_axes, producer_key
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
 ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.PhiloxUniformOp,
@@ -82,6 +92,16 @@ class OnlinePair:
         return self.max_expr.outputs[0].dtype
 
 
+@dataclass(eq=False)
+class Pick:
+    """The element of X at position `index` along the reduced axis `axis`, which a sum of
+    where(iota == index, X, 0) computes (see the module docstring)."""
+    axis: int                    # the reference axis (the one reduced axis)
+    index: object                # row-level Node of integer dtype
+    x: object                    # full-level Node: a float load, through casts / sets / aliases
+    load: object                 # the load Node under x
+
+
 @dataclass
 class ReductionGraph:
     fusion: object
@@ -100,6 +120,8 @@ class ReductionGraph:
     pairs: list = field(default_factory=list)     # OnlinePair, in the order of their max
     rng_numbers: dict = field(default_factory=dict)  # id(PhiloxUniformOp) -> its number
     online: dict = field(default_factory=dict)    # id(max or sum expr) -> its OnlinePair
+    picks: dict = field(default_factory=dict)     # id(pick Node) -> its Pick
+    online_asked: bool = True    # analyze's `online` (pairs were looked for)
 
     @property
     def is_pure_reduction(self) -> bool:
@@ -116,9 +138,10 @@ class ReductionGraph:
                             f"{self.n} nor the kept axes' {len(self.K)}")
 
 
-def analyze(fusion, online: bool = True) -> ReductionGraph:
+def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
     """The ReductionGraph of `fusion`; NotAReduction (with the reason) when it is none.
-    `online=False`: no online pairs (max and sum of exp in two passes)."""
+    `online=False`: no online pairs (max and sum of exp in two passes); `picks=False`: no
+    picks (the sums of where(iota == index, X, 0) stay sums)."""
     reds = reductions(fusion)
     if not reds:
         raise NotAReduction("no reduction")
@@ -132,12 +155,15 @@ def analyze(fusion, online: bool = True) -> ReductionGraph:
             raise NotAReduction(f"reductions over different axes ({list(R)} of rank {n} and "
                                 f"{list(e.axes)} of rank {e.inputs[0].ndim})")
     g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
+    g.online_asked = online
     _Builder(g).build()
     # random ops numbered in expr order, as the reference evaluator numbers them
     g.rng_numbers = {id(e): k for k, e in enumerate(
         x for x in fusion.used_exprs() if isinstance(x, E.PhiloxUniformOp))}
     if online and os.environ.get("PYFUSER_RED_ONLINE") != "0":
         _find_online_pairs(g)
+    if picks and os.environ.get("PYFUSER_RED_PICK") != "0":
+        _find_picks(g)
     _levels_and_passes(g)
     return g
 
@@ -191,6 +217,76 @@ def _find_online_pairs(g: ReductionGraph) -> None:
         pair = OnlinePair(m.expr, s_expr, x)
         g.pairs.append(pair)
         g.online[id(m.expr)] = g.online[id(s_expr)] = pair
+
+
+def _const(a, value) -> bool:
+    return isinstance(a, Scalar) and a.is_const and a.value == value and \
+        (value != 0 or math.copysign(1.0, float(a.value)) > 0)
+
+
+def _pick_of(g: ReductionGraph, node) -> Pick | None:
+    """The Pick a reduce Node is (module docstring), or None."""
+    k = g.R[0]
+    e = node.expr
+    if not isinstance(e, E.ReductionOp) or e.info.name != "sum" or id(e) in g.online:
+        return None
+    w = node.args[0]
+    if w.kind != "op" or w.expr.info.name != "where" or len(w.args) != 3:
+        return None
+    cond, x, zero = w.args
+    if not isinstance(cond, Node) or not isinstance(x, Node) or not _const(zero, 0):
+        return None
+    if cond.kind != "op" or cond.expr.info.name != "eq" or \
+            not all(isinstance(a, Node) for a in cond.args):
+        return None
+    a, b = (_through_aliases(v) for v in cond.args)
+    iota, index = (a, b) if a.kind == "iota" else (b, a)
+    if iota.kind != "iota" or iota.tv.ndim != 1 or iota.key[0] != ("r", k) or \
+            not _const(iota.args[0], 0) or not _const(iota.args[1], 1) or \
+            not iota.tv.dtype.is_integral or not index.tv.dtype.is_integral:
+        return None
+    if any(k in key_axes(c) for c in index.key):
+        return None                               # the index varies along the reduced axis
+    load = x
+    while True:
+        # every value of the chain read at the element's own index (no shift, view or
+        # broadcast along the reduced axis): the pick reads the load at (row, index)
+        if len(load.key) != g.n or load.key[k] != ("r", k) or \
+                any(c != 0 and c != ("r", j) for j, c in enumerate(load.key)):
+            return None
+        if load.kind == "load":
+            break
+        if load.kind not in ("cast", "set", "alias") or not load.args or \
+                not isinstance(load.args[0], Node):
+            return None
+        load = load.args[0]
+    dts = {x.tv.dtype, w.tv.dtype, e.outputs[0].dtype}
+    if len(dts) != 1 or not x.tv.dtype.is_floating:
+        return None
+    return Pick(k, index, x, load)
+
+
+def _find_picks(g: ReductionGraph) -> None:
+    """Turn the reduce Nodes that are picks into "pick" Nodes (module docstring), all Nodes of
+    an expr or none, where a reduction remains."""
+    if len(g.R) != 1:
+        return
+    by_expr: dict = {}
+    for n in g.nodes:
+        if n.kind == "reduce":
+            by_expr.setdefault(id(n.expr), []).append(n)
+    found = {}
+    for e in g.reduces:
+        picks = [_pick_of(g, n) for n in by_expr.get(id(e), [])]
+        if picks and all(p is not None for p in picks):
+            found[id(e)] = picks
+    if not found or len(found) == len(g.reduces):
+        return
+    for eid, picks in found.items():
+        for n, pk in zip(by_expr[eid], picks):
+            n.kind, n.args = "pick", [pk.index, pk.x]
+            g.picks[id(n)] = pk
+    g.reduces = [e for e in g.reduces if id(e) not in found]
 
 
 def reduce_input(g: ReductionGraph, node):

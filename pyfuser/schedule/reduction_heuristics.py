@@ -184,7 +184,9 @@ def _outer(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     nvc = max(1, -(-cols // p.vec))
     p.bdimx = knobs["bdimx"] or min(32, _pow2ceil(nvc))
     p.bdimy = knobs["bdimy"] or max(1, min(256 // p.bdimx, _pow2ceil(nr)))
-    p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
+    # pure reductions: 8 rows a step (H200, column sums of 8192x3072: bfloat16 73% -> 79% of a
+    # copy, float32 85% -> 86%: more loads in flight for the few blocks a column block gets)
+    p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or (4 if normalization else 8)
     if normalization:
         _persistent(p, nr, p.bdimy, per_step, p.bdimx * p.bdimy, knobs)
     else:

@@ -1,0 +1,166 @@
+"""Picks (reduction_graph.Pick): a sum over the row of where(iota == index, X, 0), the way
+cross-entropy picks its target's logit, is read as the one element X[row, index] instead of a
+compare, a select and an add on every element. The kernels run through the CPU interpreter of
+their kernel IR and are compared with the reference evaluator bit for bit: the pick is exact
+(a -0.0 at the index comes out +0.0, as from the sum; an index out of range gives 0.0; a NaN
+elsewhere in the row does not reach it). Every kernel compiles with NVRTC for sm_90."""
+import pytest
+import torch
+
+import reduction_cases as RC
+from codegen_cases import compile_many, poison
+from pyfuser.codegen import api
+from pyfuser.ir import DataType
+from pyfuser.ir import builder as B
+from pyfuser.ir.evaluator import evaluate
+from pyfuser.ir.shapes import bind
+
+ew = B.elementwise
+PLANS: list = []
+
+
+def picked_and_max(dt, index_dt=torch.int64):
+    """(sum over the row of where(class == index, x, 0), max over the row) of [N, C] x."""
+    x = RC.tensor(2, dt)
+    t = B.define_tensor([-1], RC.TORCH[index_dt])
+    xc = B.cast(x, DataType.Float) if dt in (torch.bfloat16, torch.float16) else x
+    classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+    onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+    return B.reduction("sum", ew("where", onehot, xc, 0.0), [1]), B.reduction("max", xc, [1])
+
+
+def _run(dt, x, t, index_dt=torch.int64):
+    f = RC.fusion(lambda: picked_and_max(dt, index_dt))
+    plan = api.plan_kernel(f, [x, t])
+    b = bind(f, [x, t])
+    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
+    for o in outs:
+        poison(o)
+    api.interpret(plan, [x, t], outs, b)
+    want = evaluate(f, [x, t])
+    PLANS.append(plan)
+    return plan, outs, want
+
+
+def _same_bits(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (got, want)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_the_pick_reads_one_element_and_matches_the_sum_bit_for_bit(dt):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(9, 37, generator=gen).to(dt)
+    t = torch.tensor([0, 36, 5, -1, 37, -100, 12, 12, 2])   # out of range: -1, 37, -100
+    x[6, 12] = -0.0                                          # comes out +0.0, as from the sum
+    x[7, 3] = float("nan")                                   # not at the index: not read
+    plan, outs, want = _run(dt, x, t)
+    assert "_at" in plan.kernel.source                       # the pick's position
+    assert " == T" not in plan.kernel.source.split('extern "C"')[1]   # no per-element compare
+    _same_bits(outs[0], want[0])
+    assert outs[0][3] == 0 and outs[0][4] == 0 and outs[0][5] == 0
+    assert torch.copysign(torch.ones(()), outs[0][6]) > 0
+    RC.check_close(outs[1], want[1], "max", 37, "max")
+
+
+def test_an_int32_index_and_a_wide_row():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 1031, generator=gen)
+    t = torch.tensor([1030, 0, 517], dtype=torch.int32)
+    plan, outs, want = _run(torch.float32, x, t, torch.int32)
+    assert "_at" in plan.kernel.source
+    _same_bits(outs[0], want[0])
+
+
+def test_a_sliced_row_stride_and_a_transposed_input():
+    gen = torch.Generator().manual_seed(2)
+    base = torch.randn(6, 80, generator=gen)
+    t = torch.tensor([0, 39, 7, 20, 3, 38])
+    plan, outs, want = _run(torch.float32, base[:, ::2], t)       # strided rows: still a pick
+    _same_bits(outs[0], want[0])
+    plan, outs, want = _run(torch.float32, base[:, :40].t().contiguous().t(), t)
+    assert plan.params.kind == "outer" and "_at" not in plan.kernel.source   # summed instead
+    _same_bits(outs[0], want[0])
+
+
+@pytest.mark.parametrize("knobs", [{}, {"PYFUSER_RED_CLUSTER": "2"}, {"PYFUSER_RED_STEPS": "0"}],
+                         ids=["persistent", "cluster", "streamed"])
+def test_a_pick_beside_a_normalization(knobs, monkeypatch):
+    """log_softmax rows (written full size) and the pick, one inner-persistent kernel (on a
+    cluster, or streamed, by the knobs)."""
+    for k, v in knobs.items():
+        monkeypatch.setenv(k, v)
+
+    def build():
+        x = RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Int)
+        m = B.reduction("max", x, [1], keepdim=True)
+        sh = ew("sub", x, m)
+        lse = ew("log", B.reduction("sum", ew("exp", sh), [1], keepdim=True))
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        return ew("sub", sh, lse), B.reduction("sum", ew("where", onehot, x, 0.0), [1])
+    f = RC.fusion(build)
+    gen = torch.Generator().manual_seed(3)
+    x, t = torch.randn(5, 600, generator=gen), torch.tensor([0, 599, 600, 17, -3])
+    plan = api.plan_kernel(f, [x, t])
+    assert plan.scheduler == "inner_persistent" and "_at" in plan.kernel.source
+    if knobs.get("PYFUSER_RED_CLUSTER"):
+        assert plan.params.cluster == 2
+    b = bind(f, [x, t])
+    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
+    for o in outs:
+        poison(o)
+    api.interpret(plan, [x, t], outs, b)
+    want = evaluate(f, [x, t])
+    PLANS.append(plan)
+    RC.check_close(outs[0], want[0], "log_softmax", 600, "log_softmax")
+    _same_bits(outs[1], want[1])
+
+
+def test_switched_off_the_sum_stays(monkeypatch):
+    monkeypatch.setenv("PYFUSER_RED_PICK", "0")
+    x = torch.randn(4, 50)
+    t = torch.tensor([1, 2, 3, 49])
+    plan, outs, want = _run(torch.float32, x, t)
+    assert "_at" not in plan.kernel.source
+    _same_bits(outs[0], want[0])
+
+
+def test_a_pick_alone_stays_a_sum():
+    """With no other reduction the fusion would have none left: the sum stays."""
+    def build():
+        x = RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Int)
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        return B.reduction("sum", ew("where", onehot, x, 0.0), [1])
+    f = RC.fusion(build)
+    x, t = torch.randn(4, 30), torch.tensor([0, 29, 30, 4])
+    plan = api.plan_kernel(f, [x, t])
+    assert "_at" not in plan.kernel.source
+    b = bind(f, [x, t])
+    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
+    api.interpret(plan, [x, t], outs, b)
+    _same_bits(outs[0], evaluate(f, [x, t])[0])
+
+
+def test_cross_entropy_through_jit_matches_eager():
+    import pyfuser
+    F = torch.nn.functional
+
+    def ce(x, t):
+        return F.cross_entropy(x, t, ignore_index=-100)
+    f = pyfuser.jit(torch.jit.script(ce))
+    x = torch.randn(16, 300)
+    t = torch.randint(0, 300, (16,))
+    t[3] = -100
+    torch.testing.assert_close(f(x, t), ce(x, t), rtol=1e-5, atol=1e-5)
+    assert f.last_run.kernels >= 1 and not f.last_run.fallbacks
+
+
+def test_kernels_compile_for_sm90():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    if not PLANS:
+        _run(torch.float32, torch.randn(4, 50), torch.tensor([1, 2, 3, 4]))
+    compile_many(PLANS)
