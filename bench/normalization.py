@@ -51,7 +51,8 @@ class LayerNormBackward(torch.nn.Module):
     calls it: row sums for dx and sums over the rows for dweight / dbias (pyfuser: one
     inner-outer persistent kernel). `n` is a TorchScript constant, as nn.LayerNorm declares its
     `normalized_shape` (read as a module attribute, the call's fusion group could not be bound
-    by the call plan: one more key over the six inputs, ~15 µs of host time a call)."""
+    by the call plan: one more key over the six inputs; host time a call 35 -> 11 µs through
+    tools/host_stub.py on the CPU machine)."""
     __constants__ = ["n"]
 
     def __init__(self, n: int):

@@ -11,7 +11,6 @@ lists the rows.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -31,16 +30,9 @@ def _kernels(fn, xs) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="sum(-1),sum(0)")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args()
-    from profile_reduction_rows import selected
-    rows = selected(a.only)
-    if a.dry_run:
-        for name, _, _ in rows:
-            print(name)
+    from profile_reduction_rows import parse_rows, row_parser
+    a, rows = parse_rows(row_parser("sum(-1),sum(0)"))
+    if rows is None:
         return
     import torch
 

@@ -26,12 +26,29 @@ def selected(only: str):
     return [(n, fn, make) for n, fn, make in WORKLOADS if not names or any(n.startswith(o) for o in names)]
 
 
-def main():
+def row_parser(only: str = "") -> argparse.ArgumentParser:
+    """The options every row tool takes: --only (row name prefixes), --dtypes, --dry-run."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default=only)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--dry-run", action="store_true")
+    return ap
+
+
+def parse_rows(ap: argparse.ArgumentParser):
+    """(arguments, the selected rows); None for the rows after --dry-run listed them."""
+    a = ap.parse_args()
+    rows = selected(a.only)
+    if a.dry_run:
+        for name, _, _ in rows:
+            print(name)
+        return a, None
+    return a, rows
+
+
+def main():
+    ap = row_parser()
+    ap.add_argument("--calls", type=int, default=2)
     ap.add_argument("--no-timing", dest="timing", action="store_false",
                     help="skip the torch profiler (under ncu: both use CUPTI)")
     ap.add_argument("--times", action="store_true",
@@ -41,11 +58,8 @@ def main():
                     help="also print the N functions of most own time over 200 calls (cProfile)")
     ap.add_argument("--host", type=int, default=0,
                     help="also print the N host ops of most self CPU time in the profiled call")
-    a = ap.parse_args()
-    rows = selected(a.only)
-    if a.dry_run:
-        for name, _, _ in rows:
-            print(name)
+    a, rows = parse_rows(ap)
+    if rows is None:
         return
     import torch
     from torch.profiler import ProfilerActivity, profile

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 import reduction_cases as RC
-from codegen_cases import compile_many, poison
-from pyfuser.codegen import api
+from codegen_cases import compile_many, run_plan
 from pyfuser.ir import DataType
 from pyfuser.ir import builder as B
 from pyfuser.ir.evaluator import evaluate
-from pyfuser.ir.shapes import bind
 
 ew = B.elementwise
 PLANS: list = []
@@ -29,17 +27,15 @@ def picked_and_max(dt, index_dt=torch.int64):
     return B.reduction("sum", ew("where", onehot, xc, 0.0), [1]), B.reduction("max", xc, [1])
 
 
-def _run(dt, x, t, index_dt=torch.int64):
-    f = RC.fusion(lambda: picked_and_max(dt, index_dt))
-    plan = api.plan_kernel(f, [x, t])
-    b = bind(f, [x, t])
-    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
-    for o in outs:
-        poison(o)
-    api.interpret(plan, [x, t], outs, b)
-    want = evaluate(f, [x, t])
+def _interpret(f, xs):
+    """(plan, outputs of its kernel IR on the CPU, the reference evaluator's outputs)."""
+    plan, outs = run_plan(f, xs)
     PLANS.append(plan)
-    return plan, outs, want
+    return plan, outs, evaluate(f, xs)
+
+
+def _run(dt, x, t, index_dt=torch.int64):
+    return _interpret(RC.fusion(lambda: picked_and_max(dt, index_dt)), [x, t])
 
 
 def _same_bits(got, want):
@@ -100,20 +96,12 @@ def test_a_pick_beside_a_normalization(knobs, monkeypatch):
         classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
         onehot = ew("eq", classes, B.broadcast(t, [False, True]))
         return ew("sub", sh, lse), B.reduction("sum", ew("where", onehot, x, 0.0), [1])
-    f = RC.fusion(build)
     gen = torch.Generator().manual_seed(3)
     x, t = torch.randn(5, 600, generator=gen), torch.tensor([0, 599, 600, 17, -3])
-    plan = api.plan_kernel(f, [x, t])
+    plan, outs, want = _interpret(RC.fusion(build), [x, t])
     assert plan.scheduler == "inner_persistent" and "_at" in plan.kernel.source
     if knobs.get("PYFUSER_RED_CLUSTER"):
         assert plan.params.cluster == 2
-    b = bind(f, [x, t])
-    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
-    for o in outs:
-        poison(o)
-    api.interpret(plan, [x, t], outs, b)
-    want = evaluate(f, [x, t])
-    PLANS.append(plan)
     RC.check_close(outs[0], want[0], "log_softmax", 600, "log_softmax")
     _same_bits(outs[1], want[1])
 
@@ -135,14 +123,9 @@ def test_a_pick_alone_stays_a_sum():
         classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
         onehot = ew("eq", classes, B.broadcast(t, [False, True]))
         return B.reduction("sum", ew("where", onehot, x, 0.0), [1])
-    f = RC.fusion(build)
-    x, t = torch.randn(4, 30), torch.tensor([0, 29, 30, 4])
-    plan = api.plan_kernel(f, [x, t])
+    plan, outs, want = _interpret(RC.fusion(build), [torch.randn(4, 30), torch.tensor([0, 29, 30, 4])])
     assert "_at" not in plan.kernel.source
-    b = bind(f, [x, t])
-    outs = plan.allocate_outputs(b, [x, t], torch.device("cpu"))
-    api.interpret(plan, [x, t], outs, b)
-    _same_bits(outs[0], evaluate(f, [x, t])[0])
+    _same_bits(outs[0], want[0])
 
 
 def test_cross_entropy_through_jit_matches_eager():
