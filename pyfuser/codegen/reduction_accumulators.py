@@ -10,6 +10,7 @@ loaded registers (no copy) and merged in lane order, so results do not depend on
 from __future__ import annotations
 
 from ..ir import exprs as E
+from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
 from . import kernel_ir as K
 from .reduction_combine import pair_sum_result, shift_exp
@@ -115,11 +116,12 @@ class Accumulators:
             body.append(K.Assign(cm, (v,), K.Op("maximum", (K.ArrayRef(cm, (v,)), x), dt)))
             return [self.lanes(body)]
 
-        def add_exp(idx):
+        def add_exp(idx, finite=False):
             body: list = []
             x = value(body, idx, v)
-            body.append(K.Assign(cs, (v,), K.Op("add", (K.ArrayRef(cs, (v,)),
-                                                          shift_exp(x, ref(mn), dt)), dt)))
+            ex = K.Op("exp_shifted", (K.Op("sub", (x, ref(mn)), dt),), dt) if finite \
+                else shift_exp(x, ref(mn), dt)
+            body.append(K.Assign(cs, (v,), K.Op("add", (K.ArrayRef(cs, (v,)), ex), dt)))
             return [self.lanes(body)]
 
         ninf, zero = self.comb.identity(e)
@@ -133,7 +135,17 @@ class Accumulators:
             for lane in range(self.V):
                 top = K.Op("maximum", (top, K.ArrayRef(cm, (self.const(lane),))), dt)
             out.append(K.Assign(mn, (), top))
-        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))
+        if per_lane:
+            out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))
+        else:
+            # a finite running max (every row but one of infinities or NaN): exp(x - m) as is,
+            # the same bits as shift_exp's guard (x == m gives x - m = +0; NaN stays NaN),
+            # without its compare and select per element
+            fin = K.Op("isfinite", (ref(mn),), dt)
+            out += [K.If(fin, [self.unroll(step_var, nsteps, self.at_step(
+                        pos, lambda idx: add_exp(idx, True)))]),
+                    K.If(K.Op("logical_not", (fin,), DataType.Bool),
+                         [self.unroll(step_var, nsteps, self.at_step(pos, add_exp))])]
         total = K.ArrayRef(cs, (v,))
         if not per_lane:                                  # the lanes' sums, in lane order
             total = K.ArrayRef(cs, (self.const(0),))

@@ -71,6 +71,18 @@ def test_special_rows_inner(builder, n, mode, monkeypatch):
         assert not plan.params.persistent
 
 
+def test_a_finite_running_max_skips_the_guard():
+    """Inner kernels branch once per chunk on the running max: finite (every row above but
+    those of infinities or NaN), exp(x - m) without the per-element compare and select that
+    keeps inf - inf from making a NaN; the special rows above take the guarded branch, and
+    every row matches eager (check)."""
+    x = RC.special_rows(12, 300, torch.float32)
+    plan = check(RC.logsumexp, x, [1], "logsumexp branches")
+    src = plan.kernel.source.split('extern "C"')[1]
+    assert "if (pf_isfinite(" in src and "(!pf_isfinite(" in src
+    assert "pf_exp_shifted(pf_sub(" in src
+
+
 @pytest.mark.parametrize("n", [300, 77])
 @pytest.mark.parametrize("builder", [RC.softmax, RC.log_softmax, RC.logsumexp],
                          ids=lambda b: b.__name__)
