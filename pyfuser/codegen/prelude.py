@@ -64,8 +64,17 @@ template <typename T> PF_D T pf_ldcg(const T* p) {
   }
   return v.t;
 }
+// L2 cache hints (createpolicy, .L2::cache_hint) need sm_80: before it, those accesses are plain
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define PF_L2_HINTS 0
+#else
+#define PF_L2_HINTS 1
+#endif
+template <int P> constexpr bool pf_policy_ok() { return PF_L2_HINTS || (P != PF_EF && P != PF_EL); }
 template <int P, int N, typename T> PF_D void pf_ldc(T* dst, const T* __restrict__ src) {
-  if constexpr (pf_word_sized<T, N>()) {
+  if constexpr (!pf_policy_ok<P>()) {
+    pf_ld<N>(dst, src);
+  } else if constexpr (pf_word_sized<T, N>()) {
     pf_words<T, N> u;
     pf_mem<P, sizeof(T) * N>::ld(src, u.w);
 #pragma unroll
@@ -78,7 +87,7 @@ template <int P, int N, typename T> PF_D void pf_ldc(T* dst, const T* __restrict
   }
 }
 template <int P, int N, typename T> PF_D void pf_stc(T* __restrict__ dst, const T* src) {
-  if constexpr (pf_word_sized<T, N>()) {
+  if constexpr (pf_word_sized<T, N>() && pf_policy_ok<P>()) {
     pf_words<T, N> u;
 #pragma unroll
     for (int i = 0; i < N; ++i) u.v.v[i] = src[i];

@@ -133,11 +133,19 @@ def _common_refusals(fusion):
     return None
 
 
+def _pure(fusion) -> bool:
+    """Whether the fusion is a pure reduction, judged without picks: a pick is a row value from
+    the first pass, so a full-size value computed from it would look pure, and the reduction
+    scheduler's split grid cannot run the two passes that an outer kernel (which plans without
+    picks) needs."""
+    return _graph(fusion, picks=False).is_pure_reduction
+
+
 def reduction_check(fusion) -> tuple[bool, str]:
     why = _common_refusals(fusion)
     if why:
         return False, why
-    if not _graph(fusion).is_pure_reduction:
+    if not _pure(fusion):
         return False, "a reduction result flows back into full-size values (a normalization)"
     return True, ""
 
@@ -146,7 +154,7 @@ def normalization_check(fusion) -> tuple[bool, str]:
     why = _common_refusals(fusion)
     if why:
         return False, why
-    if _graph(fusion).is_pure_reduction:
+    if _pure(fusion):
         return False, "a pure reduction (the reduction scheduler's)"
     return True, ""
 
@@ -245,7 +253,8 @@ def _classify(p: ReductionParams, accesses) -> None:
     bfloat16 21.2 -> 18.7, cross-entropy float32 156.7 -> 147.1). A normalization writing rows
     as large as its input was 2-4% slower so (layer_norm, rms_norm 8192x3072 float32): plain;
     loads broadcast along an axis (a layer norm's weight) stay plain. $PYFUSER_LOAD_CACHE
-    overrides."""
+    overrides. Only contiguous vector loads take a policy (strided and per-row loads are
+    plain); before sm_80 the prelude makes evict_first / evict_last accesses plain."""
     inner = p.groups[-1][-1] if p.groups else None
     axes = [k for g0 in p.groups for k in g0]
 
@@ -256,7 +265,7 @@ def _classify(p: ReductionParams, accesses) -> None:
     for a in accesses:
         s = a.eff.get(inner, (0,))[0] if inner is not None else 0
         a.mode = "bcast" if s == 0 else ("vector" if s == 1 else "strided")
-        if not a.is_store:
+        if not a.is_store and a.mode == "vector":      # the accesses a policy applies to
             a.cache = cache_policy.env_override("PYFUSER_LOAD_CACHE",
                                                 "ef" if pure and every_axis(a) else "")
 

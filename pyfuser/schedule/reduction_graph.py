@@ -28,12 +28,13 @@ finite and the row is not empty). $PYFUSER_RED_ONLINE=0 keeps the two passes.
 
 *Picks* (cross-entropy's target logit): a sum over the one reduced axis k of
 where(iota_k == index, X, 0), with `index` one integer per row, iota_k the position along k
-(start 0, step 1), X a float load (through casts) and the 0 a +0.0 constant, is the element of
-X at `index` (0.0 + X[index]: a -0.0 comes out +0.0 as from the sum; +0.0 when `index` is out
-of range, where no element matches). Its reduce Node becomes a row-level "pick" Node (args:
-the index Node, X): the lowering reads that one element per row instead of comparing, selecting
-and adding on every element (`Pick`). Only where a real reduction remains;
-$PYFUSER_RED_PICK=0 keeps the sums.
+(start 0, step 1, int64: a narrower one may wrap), X a float load (through casts) and the 0 a
++0.0 constant, is the element of X at `index` (0.0 + X[index]: a -0.0 comes out +0.0 as from
+the sum; +0.0 when `index` is out of range, where no element matches). Its reduce Node becomes
+a row-level "pick" Node (args: the index Node, X): the lowering reads that one element per row
+instead of comparing, selecting and adding on every element (`Pick`). Only where a real
+reduction remains; $PYFUSER_RED_PICK=0 keeps the sums. Whether a fusion is a pure reduction
+is judged without picks (schedule/reduction.py), since outer kernels plan without them.
 
 Random numbers (PhiloxUniformOp) are "rng" Nodes, full-size sources like loads: the lowering
 draws them at the element's row-major index in the op's shape (numbered in expr order, as the
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 
 from ..ir import exprs as E
 from ..ir.base import Scalar
+from ..ir.dtypes import DataType
 from ..ir.tensor import TensorView
 from .pointwise import _extent_classes, _same_extent
 from .pointwise_graph import Node, key_axes, producer_key
@@ -243,8 +245,8 @@ def _pick_of(g: ReductionGraph, node) -> Pick | None:
     iota, index = (a, b) if a.kind == "iota" else (b, a)
     if iota.kind != "iota" or iota.tv.ndim != 1 or iota.key[0] != ("r", k) or \
             not _const(iota.args[0], 0) or not _const(iota.args[1], 1) or \
-            not iota.tv.dtype.is_integral or not index.tv.dtype.is_integral:
-        return None
+            iota.tv.dtype is not DataType.Int or not index.tv.dtype.is_integral:
+        return None                 # (a narrower iota may wrap: several elements would match)
     if any(k in key_axes(c) for c in index.key):
         return None                               # the index varies along the reduced axis
     load = x

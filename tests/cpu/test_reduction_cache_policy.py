@@ -101,3 +101,17 @@ def test_kernels_compile_for_sm90():
     if not PLANS:
         run(RC.layer_norm, (37, 300), [1], torch.float32, "contiguous")
     compile_many(PLANS)
+
+
+def test_hints_compile_away_before_sm80(monkeypatch):
+    """createpolicy / .L2::cache_hint need sm_80: for an older arch the prelude makes those
+    accesses plain, so a kernel with evict_first loads and stores still compiles."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from codegen_cases import PRELUDE
+    from pyfuser.runtime.nvrtc import compile_cuda
+    monkeypatch.setenv("PYFUSER_STORE_CACHE", "ef")
+    plan = run(RC.reduce_op("sum"), (37, 300), [1], torch.float32, "contiguous")
+    assert "pf_ldc<PF_EF" in plan.kernel.source
+    src = PRELUDE + f"\ntypedef {plan.index_type} nidx_t;\n" + plan.body
+    for arch in ("sm_75", "sm_80"):
+        compile_cuda(src, plan.kernel.name, arch)

@@ -106,6 +106,46 @@ def test_a_pick_beside_a_normalization(knobs, monkeypatch):
     _same_bits(outs[1], want[1])
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_a_full_size_value_of_the_pick_is_a_normalization(layout):
+    """y = x - pick: with the pick the fusion would look like a pure reduction, but an outer
+    kernel plans without picks and then needs two passes, which the reduction scheduler's
+    split grid cannot run (regression: most of y was never written). Purity is judged without
+    picks: a normalization scheduler takes it, and every element of y is right."""
+    def build():
+        x = RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Int)
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        p = B.reduction("sum", ew("where", onehot, x, 0.0), [1])
+        return B.reduction("sum", x, [1]), ew("sub", x, B.broadcast(p, [False, True]))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 8192, generator=gen)
+    if layout == "columns":
+        x = x.t().contiguous().t()
+    t = torch.tensor([0, 8191, 77, -1])
+    plan, outs, want = _interpret(RC.fusion(build), [x, t])
+    assert plan.scheduler in ("inner_persistent", "outer_persistent")
+    RC.check_close(outs[0], want[0], "sum", 8192, "sum")
+    _same_bits(outs[1], want[1])
+
+
+def test_a_narrow_iota_that_wraps_is_no_pick():
+    """An int8 iota over 300 classes wraps: several elements match the index, and the sum adds
+    them all; it stays a sum (regression: the pick read one of them)."""
+    def build():
+        x = RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Char)
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Char), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        return B.reduction("sum", ew("where", onehot, x, 0.0), [1]), B.reduction("max", x, [1])
+    gen = torch.Generator().manual_seed(5)
+    x, t = torch.randn(5, 300, generator=gen), torch.tensor([4, 44, -56, -1, 100], dtype=torch.int8)
+    plan, outs, want = _interpret(RC.fusion(build), [x, t])
+    assert "_at" not in plan.kernel.source
+    RC.check_close(outs[0], want[0], "sum", 300, "wrapped picks")
+
+
 def test_switched_off_the_sum_stays(monkeypatch):
     monkeypatch.setenv("PYFUSER_RED_PICK", "0")
     x = torch.randn(4, 50)
