@@ -151,27 +151,47 @@ class InnerKernel(ReductionLowering):
 
     def combine_cluster(self, reds, out) -> None:
         """The blocks of the row's cluster: each block's partial in its shared memory (a buffer
-        per combine), a cluster barrier, every thread reads the partials of ranks 0, 1, ...
-        from distributed shared memory (the same order in every block: the same result). The
-        cluster barrier at the end of the row orders these reads before the next row's writes
-        (and keeps a block from exiting while another reads its shared memory)."""
+        per combine), a cluster barrier; then warp 0 combines the C ranks' partials as a tree:
+        lane r < C reads rank r's partial from distributed shared memory (one remote load a
+        lane, all in flight together, where a chain of C loads and combines waited for each
+        load in turn), xor shuffles from C / 2 down to 1 combine them (C a power of two: lanes
+        below C pair among themselves), lane 0 writes the result to shared memory, and after a
+        block barrier every thread reads it. Every block of the cluster runs the same tree on
+        the same partials: the same result. The cluster barrier at the end of the row orders
+        the remote reads before the next row's writes (and keeps a block from exiting while
+        another reads its shared memory)."""
+        p = self.p
+        assert p.bdimx >= WARP and p.cluster <= WARP and p.cluster & (p.cluster - 1) == 0, \
+            "a cluster combine needs a team of a warp or more and a power-of-two cluster"
         first = _and(K.Bin("==", TX, _c(0)), K.Bin("==", TY, _c(0)))
-        writes, reads = [], []
+        writes, own, gather, tree, results, reads = [], [], [], [], [], []
         for e in reds:
             names = self.partial_names(e)
-            sms = []
-            for n, dt in zip(names, self.comb.dtypes(e)):
-                sm = self.comb.fresh("cred")
-                self.shared.append(K.Alloc(sm, dt, (), "shared"))
+            dts = self.comb.dtypes(e)
+            tmps, ress = [], []
+            for n, dt in zip(names, dts):
+                sm, res, t = self.comb.fresh("cred"), self.comb.fresh("cres"), self.comb.fresh("crk")
+                self.shared += [K.Alloc(sm, dt, (), "shared"), K.Alloc(res, dt, (), "shared")]
                 writes.append(K.Assign(sm, (), K.ArrayRef(n, ())))
-                sms.append(sm)
-            for n, sm in zip(names, sms):
-                reads.append(K.Assign(n, (), K.RemoteRef(sm, (), _c(0))))
-            for r in range(1, self.p.cluster):
-                new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
-                                        [K.RemoteRef(sm, (), _c(r)) for sm in sms], reads)
-                self.comb.assign_all(e, names, (), new, reads)
-        out += [K.If(first, writes), K.ClusterSync()] + reads
+                own += [K.Alloc(t, dt, ()), K.Assign(t, (), K.ArrayRef(n, ()))]
+                gather.append(K.Assign(t, (), K.RemoteRef(sm, (), TX)))
+                results.append(K.Assign(res, (), K.ArrayRef(t, ())))
+                reads.append(K.Assign(n, (), K.ArrayRef(res, ())))
+                tmps.append(t)
+            m = p.cluster // 2
+            while m >= 1:
+                shf = []
+                for t, dt in zip(tmps, dts):
+                    v = self.comb.fresh("cshf")
+                    tree.append(K.Let(v, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(t, ()), m, dt)))
+                    shf.append(K.Var(v))
+                new = self.comb.combine(e, [K.ArrayRef(t, ()) for t in tmps], shf, tree)
+                self.comb.assign_all(e, tmps, (), new, tree)
+                m //= 2
+        warp0 = [K.If(K.Bin("<", TX, _c(p.cluster)), gather)] + tree + \
+            [K.If(K.Bin("==", TX, _c(0)), results)]
+        out += [K.If(first, writes), K.ClusterSync()] + own + \
+            [K.If(K.Bin("<", TX, _c(WARP)), warp0), K.Sync()] + reads
 
     def combine_threads(self, reds, out) -> None:
         p = self.p

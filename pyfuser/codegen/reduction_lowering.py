@@ -237,6 +237,8 @@ class ReductionLowering(Accumulators, Emitter):
                 expr = self.pick_expr(node, vals, where, out)
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
+            elif id(node) in self.g.shifted_exps:    # exp of x - max(x): never positive
+                expr = K.Op("exp_shifted", (vals[id(node.args[0])],), node.tv.dtype)
             else:
                 expr = self.node_expr(node, lambda x: vals[id(x)])
             name = self.names[id(node)]

@@ -36,6 +36,12 @@ instead of comparing, selecting and adding on every element (`Pick`). Only where
 reduction remains; $PYFUSER_RED_PICK=0 keeps the sums. Whether a fusion is a pure reduction
 is judged without picks (schedule/reduction.py), since outer kernels plan without them.
 
+*Shifted exponentials* (softmax's output, the two-pass sum): exp(sub(X, broadcast(M))) with M
+= max(X) over the reduced axes and X of float or double dtype has an argument that is never
+positive (or NaN where exp's is), so the lowering computes it as `exp_shifted` (ir/ops.py
+KERNEL_OPS: 2 instructions on the exp2 unit, where expf takes about 9), as the online pairs'
+exponentials are (`shifted_exps`). $PYFUSER_RED_SHIFTED_EXP=0 keeps exp.
+
 Random numbers (PhiloxUniformOp) are "rng" Nodes, full-size sources like loads: the lowering
 draws them at the element's row-major index in the op's shape (numbered in expr order, as the
 reference evaluator numbers them), and a later pass that needs them again gets them kept
@@ -123,6 +129,7 @@ class ReductionGraph:
     rng_numbers: dict = field(default_factory=dict)  # id(PhiloxUniformOp) -> its number
     online: dict = field(default_factory=dict)    # id(max or sum expr) -> its OnlinePair
     picks: dict = field(default_factory=dict)     # id(pick Node) -> its Pick
+    shifted_exps: set = field(default_factory=set)  # id(exp Node) computed as exp_shifted
     online_asked: bool = True    # analyze's `online` (pairs were looked for)
 
     @property
@@ -166,6 +173,8 @@ def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
         _find_online_pairs(g)
     if picks and os.environ.get("PYFUSER_RED_PICK") != "0":
         _find_picks(g)
+    if os.environ.get("PYFUSER_RED_SHIFTED_EXP") != "0":
+        _find_shifted_exps(g)
     _levels_and_passes(g)
     return g
 
@@ -219,6 +228,29 @@ def _find_online_pairs(g: ReductionGraph) -> None:
         pair = OnlinePair(m.expr, s_expr, x)
         g.pairs.append(pair)
         g.online[id(m.expr)] = g.online[id(s_expr)] = pair
+
+
+def _shifted_max(node):
+    """For an op Node exp(sub(X, broadcast(M))) whose M is the max of the same X Node (values of
+    float or double dtype), the max's reduce Node; else None."""
+    if node.kind != "op" or node.expr.info.name != "exp" or not isinstance(node.args[0], Node):
+        return None
+    d = node.args[0]
+    if d.kind != "op" or d.expr.info.name != "sub" or \
+            not all(isinstance(a, Node) for a in d.args):
+        return None
+    x, m = d.args[0], _through_aliases(d.args[1])
+    if m.kind != "reduce" or not isinstance(m.expr, E.ReductionOp) or m.expr.info.name != "max":
+        return None
+    if m.args[0] is not x or {v.tv.dtype.name for v in (x, d, node)} - set(ONLINE_DTYPES) or \
+            len({v.tv.dtype for v in (x, d, node)} | {m.expr.outputs[0].dtype}) != 1:
+        return None
+    return m
+
+
+def _find_shifted_exps(g: ReductionGraph) -> None:
+    """The exp Nodes whose argument is never positive (module docstring)."""
+    g.shifted_exps = {id(n) for n in g.nodes if _shifted_max(n) is not None}
 
 
 def _const(a, value) -> bool:

@@ -114,12 +114,17 @@ def test_schedule_knobs(builder, shape, axes, knobs, monkeypatch):
         assert not plan.params.persistent
 
 
-@pytest.mark.parametrize("cluster", ["2", "4"])
+# remote loads of a cluster row's combine: one per accumulator field (a lane per rank reads it)
+CLUSTER_FIELDS = {"softmax": 2, "layer_norm": 3, "rms_norm": 1, "log_softmax": 2}
+
+
+@pytest.mark.parametrize("cluster", ["2", "4", "8"])
 @pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.rms_norm, RC.welford,
                                      RC.log_softmax], ids=lambda b: b.__name__)
 def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
     """A row held by a cluster of blocks (each its share in registers, partials combined through
-    distributed shared memory): the same results; long rows pick clusters by themselves."""
+    distributed shared memory by a tree in warp 0: one remote load per field, whatever the
+    cluster's size): the same results; long rows pick clusters by themselves."""
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")            # a normalization is persistent then
     shape = (3, 2 * 256 * 4 * int(cluster) + 44)
@@ -128,6 +133,8 @@ def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
     plan = run(builder, shape, [1], torch.float32, "contiguous")
     if builder is not RC.welford:
         assert plan.params.cluster == int(cluster) and "__cluster_dims__" in plan.kernel.source
+        body = plan.kernel.source[plan.kernel.source.index('extern "C" __global__'):]
+        assert body.count("pf_dsmem_load(") == CLUSTER_FIELDS[builder.__name__]
     monkeypatch.delenv("PYFUSER_RED_CLUSTER")
     monkeypatch.delenv("PYFUSER_RED_STEPS", raising=False)
     if builder is not RC.welford:

@@ -99,7 +99,7 @@ def test_special_rows_bfloat16():
     assert plan.params.passes == 1
 
 
-@pytest.mark.parametrize("cluster", ["2", "4"])
+@pytest.mark.parametrize("cluster", ["2", "4", "8"])
 @pytest.mark.parametrize("builder", [RC.softmax, RC.log_softmax], ids=lambda b: b.__name__)
 def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     """A row over a cluster: -inf over whole ranks' shares, the same results, and one cluster
