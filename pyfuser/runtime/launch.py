@@ -81,6 +81,24 @@ _extra_as_list = [False]
 _NO_EXTRA = [0]
 
 
+PORTABLE_CLUSTER = 8     # blocks a cluster may hold on every GPU with clusters
+
+
+def _allow_wide_clusters(fn, name: str) -> None:
+    """A kernel compiled with __cluster_dims__ wider than the portable 8 blocks (sm_90 allows 16)
+    launches only once its function allows non-portable cluster sizes."""
+    drv = D.driver()
+    attrs = drv.CUfunction_attribute
+    width = getattr(attrs, "CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH", None)
+    if width is None:
+        return
+    if D.check(drv.cuFuncGetAttribute(width, fn), f"cuFuncGetAttribute(cluster width) of {name}") \
+            <= PORTABLE_CLUSTER:
+        return
+    D.check(drv.cuFuncSetAttribute(fn, attrs.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+            f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for {name}")
+
+
 class KernelLauncher:
     def __init__(self, binary: CompiledBinary, packer: ParamPacker, mode: str | None = None):
         self.binary, self.packer = binary, packer
@@ -140,6 +158,7 @@ class KernelLauncher:
                                 f"cuModuleLoadData({self.binary.name})")
                     fn = D.check(drv.cuModuleGetFunction(mod, self.binary.lowered_name.encode()),
                                f"cuModuleGetFunction({self.binary.lowered_name})")
+                    _allow_wide_clusters(fn, self.binary.name)
                 self._modules[device_index] = mod
                 D.verify_layout(fn, self.packer, self.binary.name)
                 self._fn_ints[device_index] = int(fn)

@@ -27,8 +27,8 @@ reduction through a workspace), until the grid covers every SM twice.
 
 Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY (powers of two),
 $PYFUSER_RED_UNROLL, $PYFUSER_RED_STEPS (0 turns persistence off, any other value forces it),
-$PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cluster, forcing
-one); $PYFUSER_CLUSTERS=0 never uses clusters.
+$PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cluster, a power
+of two up to 16, forcing one); $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
 STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
 CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
+MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 
 
@@ -92,6 +93,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     for d in (p.bdimx, p.bdimy):
         if d & (d - 1):
             raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")
+    c = knobs["cluster"]
+    if c is not None and (c < 1 or c > MAX_CLUSTER or c & (c - 1)):
+        raise ValueError(f"$PYFUSER_RED_CLUSTER={c}: a power of two from 1 to {MAX_CLUSTER}")
     w = knobs["waves"]
     # inner: a block per row block, no cap (blocks start as others finish, so one block's loads
     # overlap another's combine, and the last wave is balanced by the hardware; H200, rows of

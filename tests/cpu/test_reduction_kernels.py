@@ -173,3 +173,12 @@ def test_kernels_compile_for_sm90():
     if not PLANS:
         run(RC.softmax, (37, 300), [1], torch.float32, "contiguous")
     compile_many(PLANS)
+
+
+@pytest.mark.parametrize("value", ["3", "32"])
+def test_a_cluster_knob_out_of_range_is_an_error(value, monkeypatch):
+    """$PYFUSER_RED_CLUSTER takes powers of two up to 16 (the widest cluster sm_90 launches);
+    anything else is a one-line error naming the knob, not a kernel that cannot launch."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", value)
+    with pytest.raises(ValueError, match=f"PYFUSER_RED_CLUSTER={value}"):
+        run(RC.softmax, (3, 20000), [1], torch.float32, "contiguous")

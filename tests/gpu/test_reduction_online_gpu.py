@@ -67,3 +67,14 @@ def test_cross_entropy_4096x32000(fn, kernels, dt):
     if fn is ce_none:
         x[:10] = RC.special_rows(10, 32000, dt).cuda()
     _check(fn, [x, t], kernels)
+
+
+@pytest.mark.parametrize("cluster", ["8", "16"])
+def test_clusters_wider_than_the_portable_size(cluster, monkeypatch):
+    """$PYFUSER_RED_CLUSTER=16 (wider than the portable 8 blocks): the launcher allows
+    non-portable cluster sizes for such a kernel (runtime/launch._allow_wide_clusters), and the
+    row's 16 ranks combine to eager's result."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    x = torch.randn(64, 65536, device="cuda")
+    x[:10] = RC.special_rows(10, 65536, torch.float32).cuda()
+    _check(softmax, [x], 1)
