@@ -43,6 +43,7 @@ from .reduction import ReductionParams, ReductionSchedule, _classify, _collapse
 NAME = "inner_outer_persistent"
 REG_BUDGET = 96          # registers a thread for held row vectors, kept values, column partials
 STEPS_TARGET = 4         # vectors of the row a thread holds, about
+MAX_VEC = 4              # elements a vector (half / bfloat16: 8-byte accesses)
 BLOCK_TARGET = 256       # threads a block, about
 SHARED_BUDGET = 40 * 1024  # bytes of static shared memory the combines may take
 REGS_OVERHEAD = 40       # registers a thread besides the held data (addresses, loop state)
@@ -206,6 +207,10 @@ def plan(fusion, inputs) -> InnerOuterSchedule:
     inner_k = p.groups[-1][-1] if p.groups else None
     moving = [a for a in row_acc + col_acc if a.eff.get(inner_k, (0,))[0] != 0]
     p.vec = _vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
+    # column partials take registers per element: vectors of at most MAX_VEC elements (H200,
+    # bfloat16 layer-norm backward 8192x3072: 8 -> 4 elements, 128 -> 70 registers, 2 -> 3
+    # blocks an SM, 71.3 -> 60.5 µs); $PYFUSER_IO_VEC overrides the cap
+    p.vec = max(1, min(p.vec, _env("PYFUSER_IO_VEC") or MAX_VEC))
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, row_acc)
     _classify(p, col_acc)
