@@ -249,7 +249,8 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 
 # Ops only the schedulers write into kernel IR (no frontend or Fusion IR names them).
 # `exp_shifted`: exp(x) of a value shifted below a running maximum (x <= 0: an online softmax
-# pair's terms and rescales, and exp(x - max(x)) over a reduction's axes: softmax's output). float computes 2^(x log2 e) on the hardware exp2 unit: relative
+# pair's terms and rescales, and exp(x - max(x)) over a reduction's axes: softmax's output).
+# float computes 2^(x log2 e) on the hardware exp2 unit: relative
 # error about 2^-22 plus |x| 2^-24 from the scaling (under 3e-6 for x > -20; below that the
 # term is under 2e-9 of the row's largest, which is 1), in 2 instructions instead of expf's ~8,
 # which bounded the throughput of bfloat16 rows; results under 2^-126 flush to 0. Other

@@ -367,3 +367,31 @@ def test_ctypes_prepared_launch_from_threads(fake):
         t.join()
     assert not errors and len(seen) == 120
     assert all(d[1] == d[0] + 1 and d[3] == d[0] + 2 for d in seen)
+
+
+class _ClusterDriver:
+    """cuFuncGetAttribute answers a kernel's compiled cluster width; cuFuncSetAttribute records."""
+    CUfunction_attribute = types.SimpleNamespace(CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH=12,
+                                                 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED=14)
+
+    def __init__(self, width):
+        self.width, self.set = width, []
+
+    def cuFuncGetAttribute(self, attr, fn):
+        assert attr == 12
+        return (0, self.width)
+
+    def cuFuncSetAttribute(self, fn, attr, value):
+        self.set.append((attr, value))
+        return (0,)
+
+
+@pytest.mark.parametrize("width,allowed", [(0, False), (8, False), (16, True)])
+def test_clusters_wider_than_eight_are_allowed_at_load(width, allowed, monkeypatch):
+    """A kernel compiled with __cluster_dims__ wider than the portable 8 blocks launches only
+    with non-portable cluster sizes allowed: the launcher sets that attribute when it loads such
+    a function, and only then ($PYFUSER_RED_CLUSTER=16 ran on an H200 so)."""
+    drv = _ClusterDriver(width)
+    monkeypatch.setattr(D, "driver", lambda: drv)
+    L._allow_wide_clusters("fn", "k")
+    assert drv.set == ([(14, 1)] if allowed else [])
