@@ -180,18 +180,23 @@ class InnerKernel(ReductionLowering):
                 tmps.append(t)
             m = p.cluster // 2
             while m >= 1:
-                shf = []
-                for t, dt in zip(tmps, dts):
-                    v = self.comb.fresh("cshf")
-                    tree.append(K.Let(v, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(t, ()), m, dt)))
-                    shf.append(K.Var(v))
-                new = self.comb.combine(e, [K.ArrayRef(t, ()) for t in tmps], shf, tree)
-                self.comb.assign_all(e, tmps, (), new, tree)
+                self.shuffle_step(e, tmps, m, tree, "cshf")
                 m //= 2
         warp0 = [K.If(K.Bin("<", TX, _c(p.cluster)), gather)] + tree + \
             [K.If(K.Bin("==", TX, _c(0)), results)]
         out += [K.If(first, writes), K.ClusterSync()] + own + \
             [K.If(K.Bin("<", TX, _c(WARP)), warp0), K.Sync()] + reads
+
+    def shuffle_step(self, e, names, m: int, out, stem: str = "shf") -> None:
+        """One xor-shuffle round of reduction e's partials `names` (scalar arrays): each lane
+        combines its partial with that of lane ^ m (its own first)."""
+        shf = []
+        for n, dt in zip(names, self.comb.dtypes(e)):
+            t = self.comb.fresh(stem)
+            out.append(K.Let(t, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(n, ()), m, dt)))
+            shf.append(K.Var(t))
+        new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out)
+        self.comb.assign_all(e, names, (), new, out)
 
     def combine_threads(self, reds, out) -> None:
         p = self.p
@@ -200,14 +205,7 @@ class InnerKernel(ReductionLowering):
         m = min(p.bdimx, WARP) // 2
         while m >= 1:
             for e in reds:
-                names = self.partial_names(e)
-                shf = []
-                for n, dt in zip(names, self.comb.dtypes(e)):
-                    t = self.comb.fresh("shf")
-                    out.append(K.Let(t, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(n, ()), m, dt)))
-                    shf.append(K.Var(t))
-                new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out)
-                self.comb.assign_all(e, names, (), new, out)
+                self.shuffle_step(e, self.partial_names(e), m, out)
             m //= 2
         if p.bdimx <= WARP:
             return
