@@ -1,0 +1,163 @@
+"""Random normalization cases for differential fuzzing: softmax-like and normalization programs
+(softmax, log_softmax, exp(x - amax) / sum written out, exp(x - amax) alone and its mirror
+exp(amax - x), logsumexp, layer norm, RMS norm) over random row counts and lengths, reduced
+dims, dtypes, value scales and offsets, special rows (infinities, NaN), transposed layouts and
+reduction knobs (clusters, the two-pass form, streamed rows, exponentials through expf),
+through `pyfuser.jit` against eager.
+
+Case i is `case(i)`, reproducible from its seed alone. `check(i, device)` runs it and returns
+None or the failure's description. An output passes when it is within the reduction tests'
+tolerance of eager's (tests/cpu/reduction_cases.py: per dtype for normalized values, a sum's
+tolerance for reductions), or, for ill-conditioned inputs (large offsets), when it is no
+farther from the float64 result than twice eager's distance; NaN positions must be eager's.
+The long run is bench/fuzz_norms.py; tests/cpu/test_norm_fuzz.py runs a few cases in CI.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+import reduction_cases as RC
+
+
+def softmax(x, d: int):
+    return torch.softmax(x, d)
+
+
+def log_softmax(x, d: int):
+    return torch.log_softmax(x, d)
+
+
+def softmax_written_out(x, d: int):
+    e = torch.exp(x - x.amax(d, keepdim=True))
+    return e / e.sum(d, keepdim=True)
+
+
+def shifted_exp(x, d: int):
+    return torch.exp(x - x.amax(d, keepdim=True)), x.sum(d)
+
+
+def mirrored_exp(x, d: int):
+    return torch.exp(x.amax(d, keepdim=True) - x) * 1e-3, x.sum(d)
+
+
+def float_softmax(x, d: int):
+    return torch.softmax(x.float(), d).to(x.dtype)
+
+
+def logsumexp(x, d: int):
+    return torch.logsumexp(x, d)
+
+
+def layer_norm(x, d: int):
+    return torch.nn.functional.layer_norm(x, [x.shape[-1]])
+
+
+def rms_norm(x, d: int):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+PROGRAMS = [softmax, log_softmax, softmax_written_out, shifted_exp, mirrored_exp, float_softmax,
+            logsumexp, layer_norm, rms_norm]
+LAST_AXIS_ONLY = (layer_norm, rms_norm)
+KNOBS = [{}, {"PYFUSER_RED_ONLINE": "0"}, {"PYFUSER_RED_CLUSTER": "2", "PYFUSER_RED_STEPS": "1"},
+         {"PYFUSER_RED_CLUSTER": "4", "PYFUSER_RED_STEPS": "1"}, {"PYFUSER_RED_STEPS": "0"},
+         {"PYFUSER_RED_SHIFTED_EXP": "0"}]
+DTYPES = [torch.float32, torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+@dataclass
+class Case:
+    seed: int
+    program: object
+    dtype: torch.dtype
+    shape: tuple
+    dim: int
+    knobs: dict = field(default_factory=dict)
+    scale: float = 1.0
+    offset: float = 0.0
+    special: bool = False
+    transposed: bool = False
+
+    def describe(self) -> str:
+        return (f"seed {self.seed}: {self.program.__name__} {self.dtype} {self.shape} "
+                f"dim={self.dim} scale={self.scale} offset={self.offset} special={self.special} "
+                f"transposed={self.transposed} knobs={self.knobs}")
+
+    def input(self, device="cpu") -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed)
+        rows, cols = self.shape
+        x = torch.randn(rows, cols, generator=g, dtype=torch.float64) * self.scale + self.offset
+        if self.special:
+            x = RC.special_rows(rows, cols, torch.float64, gen=g)
+        x = x.to(self.dtype)
+        if self.transposed:
+            x = x.t().contiguous().t()
+        return x.to(device)
+
+
+def case(seed: int) -> Case:
+    rnd = random.Random(seed)
+    program = rnd.choice(PROGRAMS)
+    dim = -1 if program in LAST_AXIS_ONLY else rnd.choice([-1, -1, 0])
+    return Case(seed, program, rnd.choice(DTYPES),
+                (rnd.choice([1, 2, 3, 7]), rnd.choice([1, 3, 17, 128, 300, 1031, 2100, 4099, 8236])),
+                dim, rnd.choice(KNOBS), rnd.choice([1.0, 10.0, 100.0]),
+                rnd.choice([0.0, 50.0, -1000.0]), dim == -1 and rnd.random() < 0.3,
+                rnd.random() < 0.3)
+
+
+def _tolerance(c: Case, want: torch.Tensor, reduced: int) -> tuple:
+    # float_softmax computes in float32 and rounds to the input's dtype: both tolerances
+    computed = torch.float32 if c.program is float_softmax else c.dtype
+    r = max(RC.NORM_TOL[computed], RC.NORM_TOL[want.dtype])
+    if want.ndim == 2:
+        return r, r
+    scale = max(1.0, float(want.double().nan_to_num(0, 0, 0).abs().max())) if want.numel() else 1.0
+    return r, max(r, 2.0 ** -20 * (1 + reduced ** 0.5) * scale * (1 if r <= 1e-5 else 64))
+
+
+def check(seed: int, device: str = "cpu") -> str | None:
+    """None if case `seed` matches eager, else what differs."""
+    import pyfuser
+    c = case(seed)
+    x = c.input(device)
+    old = {k: os.environ.get(k) for k in c.knobs}
+    os.environ.update(c.knobs)
+    try:
+        f = pyfuser.jit(torch.jit.script(c.program))
+        with torch.no_grad():
+            got = f(x, c.dim)
+        want = c.program(x, c.dim)
+        exact = None
+        got, want = (g if isinstance(g, tuple) else (g,) for g in (got, want))
+        for k, (a, b) in enumerate(zip(got, want)):
+            if a.dtype != b.dtype or a.shape != b.shape:
+                return f"{c.describe()}: output {k} {a.dtype} {tuple(a.shape)}, eager {b.dtype} {tuple(b.shape)}"
+            if not torch.equal(a.isnan(), b.isnan()):
+                return f"{c.describe()}: output {k}: NaN positions differ from eager's"
+            rtol, atol = _tolerance(c, b, x.shape[c.dim])
+            try:
+                torch.testing.assert_close(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True)
+            except AssertionError as e:
+                if exact is None:
+                    exact = c.program(x.double(), c.dim)
+                    exact = exact if isinstance(exact, tuple) else (exact,)
+                ref = exact[k].to(b.dtype).double()
+                ours = float((a.double() - ref).abs().nan_to_num(0, 0, 0).max())
+                theirs = float((b.double() - ref).abs().nan_to_num(0, 0, 0).max())
+                if ours > 2 * theirs + atol:
+                    return (f"{c.describe()}: output {k}: {str(e).splitlines()[0]}; from float64 "
+                            f"{ours:.3g}, eager {theirs:.3g}")
+        return None
+    except Exception as e:  # noqa: BLE001 - any error is a finding, reported with its case
+        return f"{c.describe()}: {type(e).__name__}: {e}"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

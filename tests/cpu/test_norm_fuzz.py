@@ -1,0 +1,26 @@
+"""A few random normalization cases (norm_fuzz.py) through pyfuser.jit against eager on the CPU
+interpreter, in every CI run; bench/fuzz_norms.py is the long run
+(PYFUSER_NORM_FUZZ_CASES=N here for another count)."""
+import os
+
+import pytest
+
+import norm_fuzz as NF
+
+N = int(os.environ.get("PYFUSER_NORM_FUZZ_CASES", "40"))
+
+
+@pytest.mark.parametrize("seed", range(N))
+def test_norm_case_matches_eager(seed):
+    why = NF.check(seed)
+    assert why is None, why
+
+
+def test_cases_cover_every_program_knob_and_dtype():
+    """The generator draws every program, knob set and dtype within a few hundred seeds, and a
+    case is the same for the same seed."""
+    cases = [NF.case(s) for s in range(300)]
+    assert {c.program for c in cases} == set(NF.PROGRAMS)
+    assert {str(c.knobs) for c in cases} == {str(k) for k in NF.KNOBS}
+    assert {c.dtype for c in cases} == set(NF.DTYPES)
+    assert NF.case(7).describe() == NF.case(7).describe()
