@@ -60,6 +60,8 @@ class Printer:
         self.k = k
         self.lines: list[str] = []
         self.dims: dict = {}             # array name -> its Alloc's dims (element vs row access)
+        self.dtypes: dict = {}           # array name -> its Alloc's dtype
+        self.async_dsts = {s.dst for s in k.walk() if isinstance(s, K.Load) and s.async_copy}
         self.packed: dict = {}           # packed array name -> its dtype
         self.rounded: dict = {}          # Let name -> (half/bf16, C expr before its rounding)
 
@@ -142,7 +144,10 @@ class Printer:
                 self.lines.append(f"{pad}const {ct} {s.name} = {text};{note}")
             elif isinstance(s, K.Alloc):
                 space = "__shared__ " if s.space == "shared" else ""
+                if s.name in self.async_dsts:        # cp.async writes 16-byte-aligned vectors
+                    space += "__align__(16) "
                 self.dims[s.name] = tuple(s.dims)
+                self.dtypes[s.name] = s.dtype
                 ctype = K.STORAGE_CTYPE[s.dtype]
                 dims = list(s.dims)
                 if s.packed:
@@ -176,6 +181,8 @@ class Printer:
                 ct = K.STORAGE_CTYPE[self.k.tensors[s.ptr].dtype]
                 self.lines.append(f"{pad}while (atomicAdd({s.ptr} + {self.e(s.offset)}, ({ct})0) < "
                                   f"({ct})({self.e(s.value)})) {{ __nanosleep(64); }}")
+            elif isinstance(s, K.AsyncWait):
+                self.lines.append(f"{pad}pf_cp_async_wait();")
             elif isinstance(s, K.ClusterSync):
                 self.lines.append(f"{pad}pf_cluster_sync();")
             elif isinstance(s, K.Comment):
@@ -207,6 +214,11 @@ class Printer:
 
     def load(self, s: K.Load, pad: str) -> None:
         dst, off = self._dst(s.dst, s.index), self.e(s.offset)
+        if s.async_copy:
+            nbytes = s.width * self.dtypes[s.dst].itemsize
+            assert s.stride is None and s.dst not in self.packed and nbytes in (4, 8, 16), s
+            self.lines.append(f"{pad}pf_cp_async<{nbytes}>(&{dst}[0], {s.ptr} + {off});")
+            return
         if s.dst in self.packed:
             assert s.stride is None and s.width == self.dims[s.dst][-1], s
             src = f"reinterpret_cast<const uint32_t*>({s.ptr} + {off})"

@@ -17,7 +17,8 @@ Threads run statement by statement in lockstep, which is one of the schedules a 
 interpreter also checks what would make the kernel depend on the schedule (a `KernelRaceError`):
 - a `Sync` reached by part of a block, a `Shfl` by part of a warp;
 - a shared-memory element written by one thread and read or written by another, or read by one
-  and written by another, with no `Sync` between the two accesses.
+  and written by another, with no `Sync` between the two accesses;
+- an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`.
 Atomics apply in thread order (rows ascending), which is one valid order of a GPU's. A kernel
 with a `WaitCount` (blocks waiting for other blocks' atomics) runs its whole grid as one chunk.
 """
@@ -72,8 +73,9 @@ class _Shared:
     """One shared-memory array of every block of the chunk, with its race bookkeeping: per
     element the thread (row) that wrote it and the one that read it since the block's last Sync
     (-1 none, -2 several readers); and, for other blocks of a cluster, who wrote it and who read
-    it remotely since the last ClusterSync."""
-    __slots__ = ("data", "writer", "reader", "cwriter", "rreader")
+    it remotely since the last ClusterSync; and the thread whose async copy to it has not been
+    waited for (-1 none)."""
+    __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "pending")
 
     def __init__(self, nblocks, dims, dtype):
         self.data = torch.zeros((nblocks, *dims), dtype=dtype)
@@ -81,6 +83,7 @@ class _Shared:
         self.reader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.cwriter = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.rreader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.pending = torch.full((nblocks, *dims), -1, dtype=torch.int64)
 
 
 class Interpreter:
@@ -178,6 +181,8 @@ class Interpreter:
                 self.sync(sc)
             elif isinstance(s, K.ClusterSync):
                 self.cluster_sync(sc)
+            elif isinstance(s, K.AsyncWait):
+                self.async_wait(sc)
             elif isinstance(s, K.AtomicAdd):
                 self.atomic_add(s, sc)
             elif isinstance(s, K.WaitCount):
@@ -271,6 +276,9 @@ class Interpreter:
 
     def _shared_read(self, name, index, sc):
         sh, key, rid = self._shared_key(name, index, sc)
+        if bool((sh.pending[key] != -1).any()):
+            raise KernelRaceError(f"{self.k.name}: shared {name} read before the async copy "
+                                  "writing it was waited for (no AsyncWait)")
         w = sh.writer[key]
         bad = (w != -1) & (w != rid)
         if bool(bad.any()):
@@ -293,7 +301,7 @@ class Interpreter:
         new = torch.where(one & ((prev == -1) | (prev == lo)), lo, torch.full_like(prev, -2))
         prev[touched] = new[touched]
 
-    def _shared_write(self, name, index, sc, value):
+    def _shared_write(self, name, index, sc, value, pending=False):
         sh, key, rid = self._shared_key(name, index, sc)
         lin = torch.arange(sh.writer.numel()).view(sh.writer.shape)[key].reshape(-1)
         if lin.unique().numel() != lin.numel():
@@ -307,6 +315,7 @@ class Interpreter:
                                   "__syncthreads is unordered with it")
         sh.writer[key] = rid
         sh.cwriter[key] = rid
+        sh.pending[key] = rid if pending else -1
         if isinstance(value, torch.Tensor):
             value = value.to(sh.data.dtype).expand(key[0].shape) if value.dim() else value.item()
         sh.data[key] = value
@@ -322,6 +331,13 @@ class Interpreter:
         for sh in self.shared.values():
             sh.writer[blocks] = -1
             sh.reader[blocks] = -1
+
+    def async_wait(self, sc: _Scope) -> None:
+        """The active threads' async copies have landed."""
+        rows = torch.arange(self.P) if sc.sel is None else sc.sel
+        for sh in self.shared.values():
+            if bool((sh.pending != -1).any()):
+                sh.pending[torch.isin(sh.pending, rows)] = -1
 
     def cluster_sync(self, sc: _Scope) -> None:
         C = self.k.cluster
@@ -361,9 +377,20 @@ class Interpreter:
     def load(self, s: K.Load, sc: _Scope) -> None:
         vals = self.values[s.ptr][self._offsets(s, sc)]
         if s.dst in self.shared:
-            assert s.width == 1, "shared-memory loads are of one element"
-            self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
+            if s.width == 1 and not s.async_copy:
+                self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
+                return
+            assert s.stride is None, "a vector into shared memory is contiguous"
+            outer = sc.env.get("v")
+            sc.env["v"] = torch.arange(s.width).view(1, -1)       # the vector's lanes
+            try:
+                self._shared_write(s.dst, (*s.index, K.Var("v")), sc, vals, s.async_copy)
+            finally:
+                del sc.env["v"]
+                if outer is not None:
+                    sc.env["v"] = outer
             return
+        assert not s.async_copy, "async copies write shared memory"
         arr, key, element = self._local_ref(s.dst, s.index, sc)
         if element:
             assert s.width == 1, "an element access has width 1"

@@ -30,8 +30,10 @@ Statements:
       kind: "grid" (grid-stride over blocks), "serial" (a runtime loop: start/stop/step may differ
       per thread), "unroll" (constant trip count, unrolled), "lanes" (the vector lanes)
   If(cond, body)
-  Load(dst, index, ptr, offset, width, stride, cache)   width elements at ptr[offset + lane*stride]
-      (stride None: one contiguous vector access of `width` elements); dst may be shared
+  Load(dst, index, ptr, offset, width, stride, cache, async_copy)   width elements at
+      ptr[offset + lane*stride] (stride None: one contiguous vector access of `width` elements);
+      dst may be shared. async_copy (contiguous, into shared memory, 4 / 8 / 16 bytes, sm_80+):
+      a `cp.async` the thread does not wait for; it reads the elements only after an AsyncWait
   Store(ptr, offset, src, index, width, stride, cache)
       cache (contiguous accesses only): "" plain, "cs" streaming (.cs), "ef" L2 evict_first,
       "el" L2 evict_last (speed only), "cg" cached in L2 only (loads of what other blocks wrote
@@ -49,6 +51,8 @@ Statements:
                            (then a Fence makes their fenced writes visible). Deadlock-free only
                            when the blocks it waits for can all be resident while it spins: the
                            lowering that emits it says why they can (inner_outer_lowering.py)
+  AsyncWait()              `cp.async.wait_all`: this thread's async copies have landed and it
+                           may read them (other threads only after a Sync as well)
   ClusterSync()            a barrier of every thread of every block of the cluster (release /
                            acquire): shared-memory writes before it are seen by remote reads
                            after it, remote reads before it end before writes after it
@@ -206,6 +210,7 @@ class Load:
     width: int
     stride: Any = None
     cache: str = ""          # see CACHE_POLICIES
+    async_copy: bool = False
 
 
 @dataclass
@@ -249,6 +254,11 @@ class WaitCount:
     ptr: str
     offset: Any
     value: Any
+
+
+@dataclass
+class AsyncWait:
+    pass
 
 
 @dataclass
@@ -323,7 +333,8 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}ALLOC{space} {s.name}{list(s.dims)} : {s.dtype.name}")
             elif isinstance(s, Load):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
-                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = LOAD{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st}")
+                op = "ASYNC_LOAD" if s.async_copy else "LOAD"
+                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))} = {op}{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st}")
             elif isinstance(s, Store):
                 st = "" if s.stride is None else f" stride {fmt(s.stride)}"
                 lines.append(f"{pad}STORE{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
@@ -337,6 +348,8 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}FENCE")
             elif isinstance(s, WaitCount):
                 lines.append(f"{pad}WAIT {s.ptr}[{fmt(s.offset)}] >= {fmt(s.value)}")
+            elif isinstance(s, AsyncWait):
+                lines.append(f"{pad}ASYNC_WAIT")
             elif isinstance(s, ClusterSync):
                 lines.append(f"{pad}CLUSTER_SYNC")
             elif isinstance(s, Comment):

@@ -163,6 +163,28 @@ template <int N, typename T> PF_D void pf_st(T* __restrict__ dst, const T* src) 
   for (int i = 0; i < N; ++i) x.v[i] = src[i];
   *reinterpret_cast<pf_vec<T, N>*>(dst) = x;
 }
+// global -> shared copies of 4, 8 or 16 bytes the thread does not wait for (sm_80+: cp.async,
+// 16 bytes cached in L2 only; older GPUs: a plain copy); it reads what they wrote only after
+// pf_cp_async_wait(), other threads only after a barrier as well
+template <int BYTES> PF_D void pf_cp_async(void* dst, const void* src) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "async copies of 4, 8 or 16 bytes");
+#if __CUDA_ARCH__ >= 800
+  unsigned d;
+  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(d) : "l"(dst));
+  if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" :: "r"(d), "l"(src), "n"(BYTES) : "memory");
+  }
+#else
+  *reinterpret_cast<pf_vec<uint32_t, BYTES / 4>*>(dst) = *reinterpret_cast<const pf_vec<uint32_t, BYTES / 4>*>(src);
+#endif
+}
+PF_D void pf_cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 
 // cache-policy accesses (speed only: the same bytes as pf_ld / pf_st), generated below
 """ + _cache_policy_cpp() + r"""

@@ -13,6 +13,9 @@ between passes the threads combine their partials (one_pass):
   `steps` vectors a thread. A load used by several passes (or by a Welford statistic) is read once,
   at the start of the first pass needing it; a load used by one pass only is read step by step
   in that pass; values costly to compute again (schedule.kept: softmax's exp) are kept;
+  a plan that stages (ReductionParams.stage) holds the held loads in shared memory instead, as
+  `cp.async` copies all issued before one AsyncWait; each thread reads back only its own
+  elements, so no barrier is needed;
 - a *streamed* kernel reads again in every pass, `unroll` vectors a step, all loads of a step
   issued before the first use.
 Online pairs (reduction_graph.OnlinePair: a max and the sum of exp(x - max) in one pass) are
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
+from ..schedule.reduction_heuristics import stageable
 from . import kernel_ir as K
 from .emitter import Emitter
 from .reduction_accumulators import Accumulators
@@ -105,6 +109,7 @@ class ReductionLowering(Accumulators, Emitter):
         self.plans = [self.pass_plan(q) for q in range(RG.total_passes(self.g))]
         self.kept = self._kept()
         self.pass_long = RG.held_loads(self.g)
+        self.staged = {id(a.node) for a in self.loads if stageable(p, a, self.pass_long)}
         self.inplace = self._inplace()
         sched.inplace_tvs = {i for pair in self.inplace for i in pair}
 
@@ -396,6 +401,8 @@ class ReductionLowering(Accumulators, Emitter):
         `q`: the pass of a streamed kernel loading it (a load that a later pass reads again
         asks L2 to keep it: evict_last instead of the schedule's evict_first)."""
         p = self.ptr(a)
+        if id(a.node) in self.staged and len(index) == 1:      # a held step, into shared memory
+            return K.Load(self.buf(a), self.staged_index(index[0]), p, off, self.V, None, "", True)
         if a.mode == "vector":
             cache = a.cache
             if cache == "ef" and q is not None and any(
@@ -418,7 +425,14 @@ class ReductionLowering(Accumulators, Emitter):
         """Index of lane `lane` (default v) of load `a`'s buffer at `step` (None: a buffer
         without steps)."""
         lane = _c(0) if a.mode == "bcast" or self.V == 1 else (lane or K.Var("v"))
+        if step is not None and id(a.node) in self.staged:
+            return (*self.staged_index(step), lane)
         return (lane,) if step is None else (step, lane)
+
+    def staged_index(self, step) -> tuple:
+        """This thread's row of V lanes at `step` of a staged buffer [steps][bdimy][bdimx][V]
+        (neighbouring threads' vectors are neighbours: no bank conflicts)."""
+        return (step, K.Special("threadIdx.y"), K.Special("threadIdx.x"))
 
     def store_stmts(self, a, value, off, lanes: bool) -> tuple[list, list]:
         """(statements inside the lanes loop, statements after it) storing `value` for output
@@ -496,13 +510,24 @@ class ReductionLowering(Accumulators, Emitter):
         return lets + _guard(cond, inner + body_fn(idx))
 
     def pass_long_loads(self, q) -> list:
-        """Persistent: the buffers [steps][V] of the loads held from pass q on, loaded."""
+        """Persistent: the buffers [steps][V] of the loads held from pass q on, loaded (staged
+        ones: shared [steps][bdimy][bdimx][V], by async copies all in flight, then waited for)."""
         out = []
         s = K.Var("s")
+        staged = False
         for a in self.loads:
             if self.pass_long.get(id(a.node)) == q:
-                out += [self.buffer(a, self.p.steps), self.unroll("s", self.p.steps, self.at_step(
-                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))]))]
+                if id(a.node) in self.staged:
+                    staged = True
+                    p = self.p
+                    self.shared.append(K.Alloc(self.buf(a), a.tv.dtype,
+                                               (p.steps, p.bdimy, p.bdimx, self.V), "shared"))
+                else:
+                    out.append(self.buffer(a, self.p.steps))
+                out.append(self.unroll("s", self.p.steps, self.at_step(
+                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))])))
+        if staged:
+            out.append(K.AsyncWait())      # every copy in flight at once, then this thread's landed
         for nid, (name, first) in self.kept.items():
             if first == q:
                 node = next(n for n in self.g.nodes if id(n) == nid)

@@ -46,7 +46,7 @@ from . import cache_policy
 from . import layout as L
 from . import reduction_graph as RG
 from .pointwise import Access, _access, _known_extent_ids, _vector_width
-from .reduction_heuristics import choose
+from .reduction_heuristics import choose, stageable
 
 
 @dataclass
@@ -63,6 +63,8 @@ class ReductionParams:
                                  # (blockIdx.z), combined through global memory
     cluster: int = 1             # inner persistent rows too long for a block: a thread-block
                                  # cluster per row (sm_90), combined in distributed shared memory
+    stage: bool = False          # persistent inner: held loads staged in shared memory by
+                                 # async copies (reduction_heuristics.stageable)
     max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
     index_type: str = "int"
     groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
@@ -78,7 +80,8 @@ class ReductionParams:
     def size_class(self) -> tuple:
         """What of the plan follows from sizes rather than from the layout signature."""
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
-                self.steps, self.kept, self.splits, self.cluster, tuple(map(tuple, self.groups)),
+                self.steps, self.kept, self.splits, self.cluster, self.stage,
+                tuple(map(tuple, self.groups)),
                 tuple(self.dropped), self.online)
 
 
@@ -332,8 +335,10 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
 
 def _describe(s: ReductionSchedule) -> str:
     p = s.params
+    held = RG.held_loads(s.graph)
     lines = [f"kind={p.kind} persistent={p.persistent} vec={p.vec} block=({p.bdimx}, {p.bdimy}) "
              f"unroll={p.unroll} steps={p.steps} splits={p.splits} cluster={p.cluster} "
+             f"stage={p.stage} "
              f"kept={[n.tv.name for n in s.kept]} "
              f"index={p.index_type} passes={p.passes} online={p.online}"
              + (f" picks={[n.tv.name for n in s.graph.nodes if id(n) in s.graph.picks]}"
@@ -342,7 +347,8 @@ def _describe(s: ReductionSchedule) -> str:
     for a in s.accesses:
         lines.append(f"  {'store' if a.is_store else 'load '} {a.tv.name}: mode={a.mode} "
                      f"level={s.graph.level[id(a.node)]}"
-                     + ("" if a.is_store else f" cache={a.cache or 'plain'}"))
+                     + ("" if a.is_store else f" cache={a.cache or 'plain'}")
+                     + (" staged" if stageable(p, a, held) else ""))
     return "\n".join(lines)
 
 

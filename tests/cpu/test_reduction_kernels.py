@@ -10,6 +10,8 @@ import torch
 import reduction_cases as RC
 from codegen_cases import compile_many, poison
 from pyfuser.codegen import api
+from pyfuser.codegen import kernel_ir as K
+from pyfuser.schedule import reduction_heuristics as H
 from pyfuser.ir.evaluator import evaluate
 from pyfuser.ir.shapes import bind
 
@@ -152,6 +154,86 @@ def test_persistent_row_over_outer_reduced_groups(builder, cluster, monkeypatch)
     if builder is not RC.welford:
         assert plan.params.persistent and plan.params.kind == "inner"
         assert len(plan.params.groups) == 3 and plan.params.cluster == int(cluster or 1)
+
+
+STAGED_BUILDERS = [RC.softmax, RC.layer_norm, RC.rms_norm, RC.log_softmax, RC.welford, RC.var_mean,
+                   RC.logsumexp]
+
+
+def _async_loads(plan) -> int:
+    return sum(1 for s in plan.kernel_ir.walk() if isinstance(s, K.Load) and s.async_copy)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("builder", STAGED_BUILDERS, ids=lambda b: b.__name__)
+def test_a_cluster_row_is_staged_in_shared_memory(builder, dt, monkeypatch):
+    """A row's cluster holds its held loads in shared memory, copied by cp.async all in flight
+    and waited for once (odd length: the last steps' copies are skipped and so are their reads):
+    float32 by default, bfloat16 with $PYFUSER_RED_STAGE=1 (by default packed in registers);
+    with $PYFUSER_RED_STAGE=0 the same plan holds them in registers. Both equal eager."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "2")
+    shape = (3, 2 * 256 * 8 * 2 - 20)
+    if dt is torch.bfloat16:
+        assert not run(builder, shape, [1], dt, "contiguous").params.stage
+        monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
+    plan = run(builder, shape, [1], dt, "contiguous")
+    staged = plan.params.stage
+    if builder in (RC.softmax, RC.layer_norm, RC.rms_norm, RC.log_softmax):
+        assert staged and plan.params.cluster == 2     # these hold their input a pass or more
+    if staged:
+        assert _async_loads(plan) >= 1 and "pf_cp_async_wait();" in plan.kernel.source
+        assert "__align__(16)" in plan.kernel.source
+    monkeypatch.setenv("PYFUSER_RED_STAGE", "0")
+    regs = run(builder, shape, [1], dt, "contiguous")
+    assert not regs.params.stage and _async_loads(regs) == 0
+    assert "cp_async" not in regs.kernel.source.split('extern "C"')[1]
+
+
+@pytest.mark.parametrize("shape,axes", [((37, 300), [1]), ((5, 3, 2 * 256 * 4 + 8), [0, 2]),
+                                        ((64, 1031), [1])], ids=str)
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.welford], ids=lambda b: b.__name__)
+def test_staging_forced_on_blocks_of_several_rows(builder, shape, axes, monkeypatch):
+    """$PYFUSER_RED_STAGE=1 stages wherever it fits (STAGE_BYTES a block): blocks of several
+    rows (the buffer is [steps][bdimy][bdimx][V]), rows over outer reduced groups, odd lengths."""
+    monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
+    plan = run(builder, shape, axes, torch.float32, "contiguous")
+    p = plan.params
+    if p.persistent and p.kind == "inner":                # one held float32 input
+        fits = p.steps * p.bdimx * p.bdimy * p.vec * 4 <= H.STAGE_BYTES
+        assert p.stage == fits and (_async_loads(plan) >= 1) == fits
+
+
+def test_a_staged_read_before_its_wait_is_caught(monkeypatch):
+    """The interpreter fails a kernel that reads what an async copy writes before the thread's
+    AsyncWait (the copy may not have landed on a GPU)."""
+    from pyfuser.codegen.interpreter import KernelRaceError
+    monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
+    f = RC.fusion(RC.softmax, 2, torch.float32, [1])
+    xs = RC.inputs_for(f, (37, 300), torch.float32, [1], "contiguous", torch.Generator().manual_seed(1))
+    plan = api.plan_kernel(f, xs)
+    assert plan.params.stage
+
+    def drop(stmts):
+        out = []
+        for s in stmts:
+            if isinstance(s, K.AsyncWait):
+                continue
+            if isinstance(s, (K.Loop, K.If)):
+                s.body = drop(s.body)
+            out.append(s)
+        return out
+    plan.kernel_ir.body = drop(plan.kernel_ir.body)
+    b = bind(f, xs)
+    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
+    with pytest.raises(KernelRaceError, match="async copy"):
+        api.interpret(plan, xs, outs, b)
+
+
+def test_a_stage_knob_out_of_range_is_an_error(monkeypatch):
+    monkeypatch.setenv("PYFUSER_RED_STAGE", "2")
+    with pytest.raises(ValueError, match="PYFUSER_RED_STAGE=2"):
+        run(RC.softmax, (3, 20000), [1], torch.float32, "contiguous")
 
 
 def test_schedules_are_what_the_layout_says():
