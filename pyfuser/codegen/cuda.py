@@ -169,6 +169,10 @@ class Printer:
                 assert s.name not in self.packed, f"packed array {s.name} is written by loads only"
                 idx = "".join(f"[{self.e(i)}]" for i in s.index)
                 self.lines.append(f"{pad}{s.name}{idx} = {self.e(s.expr)};")
+            elif isinstance(s, K.VecCopy):
+                assert s.dst not in self.packed and s.src not in self.packed, s
+                self.lines.append(f"{pad}pf_ld<{s.width}>(&{self._dst(s.dst, s.dst_index)}[0], "
+                                  f"&{self._dst(s.src, s.src_index)}[0]);")
             elif isinstance(s, K.Sync):
                 self.lines.append(f"{pad}__syncthreads();")
             elif isinstance(s, K.AtomicAdd):

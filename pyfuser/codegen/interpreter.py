@@ -183,6 +183,8 @@ class Interpreter:
                 self.cluster_sync(sc)
             elif isinstance(s, K.AsyncWait):
                 self.async_wait(sc)
+            elif isinstance(s, K.VecCopy):
+                self.vec_copy(s, sc)
             elif isinstance(s, K.AtomicAdd):
                 self.atomic_add(s, sc)
             elif isinstance(s, K.WaitCount):
@@ -331,6 +333,19 @@ class Interpreter:
         for sh in self.shared.values():
             sh.writer[blocks] = -1
             sh.reader[blocks] = -1
+
+    def vec_copy(self, s: K.VecCopy, sc: _Scope) -> None:
+        outer = sc.env.get("v")
+        sc.env["v"] = torch.arange(s.width).view(1, -1)           # the row's elements
+        try:
+            vals = self.ev(K.ArrayRef(s.src, (*s.src_index, K.Var("v"))), sc)
+        finally:
+            del sc.env["v"]
+            if outer is not None:
+                sc.env["v"] = outer
+        arr, key, element = self._local_ref(s.dst, s.dst_index, sc)
+        assert not element, "a vector copy writes a row"
+        arr[(*key, slice(0, s.width))] = vals
 
     def async_wait(self, sc: _Scope) -> None:
         """The active threads' async copies have landed."""

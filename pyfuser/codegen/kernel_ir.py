@@ -39,6 +39,9 @@ Statements:
       "el" L2 evict_last (speed only), "cg" cached in L2 only (loads of what other blocks wrote
       in this launch: never a stale L1 line)
   Assign(name, index, expr)
+  VecCopy(dst, dst_index, src, src_index, width)   the row of `width` elements of array src at
+                           src_index (local or shared, 16-byte aligned) into local array dst at
+                           dst_index, as one vector access (a staged row read back: `ld.shared.v4`)
   Sync()                   `__syncthreads()`: every thread of the block reaches it (block-uniform
                            control flow); orders shared-memory accesses before and after it
   AtomicAdd(dst, ptr, offset, value)   `dst = atomicAdd(ptr + offset, value)` on an integer
@@ -232,6 +235,15 @@ class Assign:
 
 
 @dataclass
+class VecCopy:
+    dst: str
+    dst_index: tuple
+    src: str
+    src_index: tuple
+    width: int
+
+
+@dataclass
 class Sync:
     pass
 
@@ -340,6 +352,9 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}STORE{s.width}{'.' + s.cache if s.cache else ''} {s.ptr}[{fmt(s.offset)}]{st} = {s.src}{list(map(fmt, s.index))}")
             elif isinstance(s, Assign):
                 lines.append(f"{pad}{s.name}{list(map(fmt, s.index))} = {fmt(s.expr)}")
+            elif isinstance(s, VecCopy):
+                lines.append(f"{pad}{s.dst}{list(map(fmt, s.dst_index))} = VEC{s.width} "
+                             f"{s.src}{list(map(fmt, s.src_index))}")
             elif isinstance(s, Sync):
                 lines.append(f"{pad}SYNC")
             elif isinstance(s, AtomicAdd):

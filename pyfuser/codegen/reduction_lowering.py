@@ -110,6 +110,7 @@ class ReductionLowering(Accumulators, Emitter):
         self.kept = self._kept()
         self.pass_long = RG.held_loads(self.g)
         self.staged = {id(a.node) for a in self.loads if stageable(p, a, self.pass_long)}
+        self.staged_reads = None      # inside at_step: {copy name: (access, step)} read there
         self.inplace = self._inplace()
         sched.inplace_tvs = {i for pair in self.inplace for i in pair}
 
@@ -303,6 +304,8 @@ class ReductionLowering(Accumulators, Emitter):
         def load(node):
             a = next(x for x in self.loads if x.node is node)
             st = step if (not self.p.persistent or id(node) in self.pass_long) else _c(0)
+            if id(node) in self.staged:
+                return self.staged_value(a, st, lane)
             return self.load_value(a, self.lane_index(a, st, lane))
         return self.emit_nodes(nodes, known, load, out, (idx or {}, lane or K.Var("v")))
 
@@ -367,8 +370,12 @@ class ReductionLowering(Accumulators, Emitter):
                                            for grp in self.p.groups)
 
     def load_value(self, a, index):
+        return self.load_value_named(self.buf(a), a, index)
+
+    @staticmethod
+    def load_value_named(name, a, index):
         dt = a.tv.dtype
-        return K.Convert("load", K.ArrayRef(self.buf(a), index), dt, dt)
+        return K.Convert("load", K.ArrayRef(name, index), dt, dt)
 
     # ---- the kernel ---------------------------------------------------------------------------
     def build(self, name: str) -> K.Kernel:
@@ -425,9 +432,19 @@ class ReductionLowering(Accumulators, Emitter):
         """Index of lane `lane` (default v) of load `a`'s buffer at `step` (None: a buffer
         without steps)."""
         lane = _c(0) if a.mode == "bcast" or self.V == 1 else (lane or K.Var("v"))
-        if step is not None and id(a.node) in self.staged:
-            return (*self.staged_index(step), lane)
+        assert step is None or id(a.node) not in self.staged, "staged loads: staged_value"
         return (lane,) if step is None else (step, lane)
+
+    def staged_value(self, a, step, lane):
+        """Lane `lane` of staged load `a` at `step`: read from the step's local copy of this
+        thread's vector, which at_step makes with one vector read of shared memory (element reads
+        of shared memory compiled to one 16- or 32-bit load each: 8 times the shared-memory
+        wavefronts of bfloat16 softmax's row)."""
+        assert self.staged_reads is not None, "a staged buffer is read inside a step only"
+        name = f"{self.buf(a)}_x"
+        self.staged_reads[name] = (a, step)
+        lane = _c(0) if self.V == 1 else (lane or K.Var("v"))
+        return self.load_value_named(name, a, (lane,))
 
     def staged_index(self, step) -> tuple:
         """This thread's row of V lanes at `step` of a staged buffer [steps][bdimy][bdimx][V]
@@ -507,7 +524,17 @@ class ReductionLowering(Accumulators, Emitter):
     def at_step(self, pos, body_fn) -> list:
         """Statements of one step at position `pos` (the kind's position lets, guarded body)."""
         lets, cond, inner, idx = self.position(pos)
-        return lets + _guard(cond, inner + body_fn(idx))
+        outer, self.staged_reads = self.staged_reads, {}
+        try:
+            body = body_fn(idx)
+            reads = self.staged_reads
+        finally:
+            self.staged_reads = outer
+        copies: list = []
+        for name, (a, step) in reads.items():     # staged vectors read here: one vector read each
+            copies += [K.Alloc(name, a.tv.dtype, (self.V,)),
+                       K.VecCopy(name, (), self.buf(a), self.staged_index(step), self.V)]
+        return lets + _guard(cond, inner + copies + body)
 
     def pass_long_loads(self, q) -> list:
         """Persistent: the buffers [steps][V] of the loads held from pass q on, loaded (staged

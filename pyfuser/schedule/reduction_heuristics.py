@@ -22,10 +22,11 @@ resident blocks (the kernel grid-strides over the column blocks).
 Rows too long for a block's registers are split over a thread-block cluster of 2-8 blocks of 256
 threads on sm_90, each holding its share in registers and combining through distributed shared
 memory: the row is still read once.
-A row's cluster stages its held loads of 4-byte or wider elements in shared memory with
-asynchronous copies (`cp.async`, sm_80+) where they fit STAGE_BYTES a block: every thread issues all its copies at once, waits,
-then reads its own elements back (no barrier); the registers they would take are free (more
-blocks an SM) and shared memory holds bytes in flight besides the register file.
+A row's cluster stages its held loads in shared memory with asynchronous copies (`cp.async`,
+sm_80+) where they fit STAGE_BYTES a block: every thread issues all its copies at once, waits,
+then reads its own vectors back (one vector read a step; no barrier); the registers they
+would take are free (more blocks an SM) and shared memory holds bytes in flight besides the
+register file.
 Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
 reduction through a workspace), until the grid covers every SM twice.
 
@@ -90,8 +91,7 @@ def stageable(p, a, held) -> bool:
 
 def _stage(p, accesses, g, knobs) -> None:
     """Stage the held loads of a persistent inner kernel in shared memory (module docstring):
-    by default on a row's cluster when they are of 4 bytes or wider, with $PYFUSER_RED_STAGE=1
-    wherever they fit."""
+    by default on a row's cluster, with $PYFUSER_RED_STAGE=1 wherever they fit."""
     from .reduction_graph import held_loads
     k = knobs["stage"]
     p.stage = False
@@ -102,11 +102,11 @@ def _stage(p, accesses, g, knobs) -> None:
     p.stage = True
     staged = [a for a in accesses if stageable(p, a, held)]
     per_step = sum(p.vec * a.itemsize for a in staged)
-    # by default 2-byte loads stay in registers (packed two to a register): staged, H200 rows of
-    # 65536 bfloat16 ran slower (softmax 102 -> 135 µs, rms_norm 90 -> 104), float32 faster
-    # (layer_norm 198 -> 172 µs, rms_norm 170 -> 148, softmax even)
-    if per_step == 0 or per_step * p.steps * p.bdimx * p.bdimy > STAGE_BYTES or \
-            (k is None and any(a.itemsize < 4 for a in staged)):
+    # H200, rows of 65536 on a cluster, registers -> staged: float32 layer_norm 197 -> 171 µs,
+    # rms_norm 168 -> 148, softmax even; bfloat16 rms_norm 91 -> 85, layer_norm and softmax
+    # even (within 2%). Rows that fit a block: even or slower (bfloat16 softmax 8192x3072
+    # 33.7 -> 35.7 µs), so not by default
+    if per_step == 0 or per_step * p.steps * p.bdimx * p.bdimy > STAGE_BYTES:
         p.stage = False
 
 

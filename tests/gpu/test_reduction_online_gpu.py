@@ -91,9 +91,9 @@ def rms_norm(x):
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fn", [softmax, log_softmax, layer_norm, rms_norm], ids=lambda f: f.__name__)
 def test_rows_staged_in_shared_memory_equal_rows_in_registers(fn, dt, monkeypatch):
-    """A row's cluster staging its loads in shared memory (cp.async; float32's default, forced
-    here for bfloat16 too) computes in the same order as the same plan holding them in registers
-    ($PYFUSER_RED_STAGE=0): the same bits, equal to eager."""
+    """A row's cluster staging its loads in shared memory (cp.async, the default) computes in the
+    same order as the same plan holding them in registers ($PYFUSER_RED_STAGE=0): the same bits,
+    equal to eager."""
     from pyfuser.codegen import api
     from pyfuser.runtime import dispatch
     monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
