@@ -85,8 +85,8 @@ def _regs_per_step(p, accesses, g, kept) -> float:
 def stageable(p, a, held) -> bool:
     """Load access `a` goes to shared memory by async copies in a plan that stages (`held`:
     reduction_graph.held_loads): a contiguous vector of 4, 8 or 16 bytes held a pass or more."""
-    return (getattr(p, "stage", False) and not a.is_store and a.mode == "vector" and id(a.node) in held
-            and p.vec * a.itemsize in (4, 8, 16))
+    return (getattr(p, "stage", False) and not a.is_store and a.mode == "vector"
+            and id(a.node) in held and p.vec * a.itemsize in (4, 8, 16))
 
 
 def _stage(p, accesses, g, knobs) -> None:
