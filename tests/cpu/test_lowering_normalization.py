@@ -337,3 +337,22 @@ def test_grid_combine_of_bfloat16_welford_fits_shared_memory(monkeypatch):
     (p,) = [p for p in plans if getattr(p.params, "splits", 1) == 6]
     assert p.params.vec == 8 and p.kernel.source.count("__shared__ float") == 2
     assert nvrtc.compile_cuda(p.kernel.source, p.kernel.name, "sm_90") is not None
+
+
+@pytest.mark.parametrize("device,want", [("cuda", torch.float32), ("cpu", torch.bfloat16),
+                                         (None, None)], ids=str)
+def test_native_layer_norm_statistics_follow_the_device(device, want):
+    """native_layer_norm's mean and rstd of a bfloat16 input: float on CUDA, bfloat16 on the CPU
+    (eager's dtypes); not given where the frontend does not name the device (TorchScript)."""
+    from pyfuser.frontend.lowering.aten_reduction import _native_layer_norm
+    from pyfuser.frontend.lowering.device import device_type, lowering_device
+    from pyfuser.frontend.lowering.lower import tensor_input
+    from pyfuser.ir.fusion import Fusion
+    with Fusion(), lowering_device(device):
+        x = tensor_input(torch.bfloat16, [4, 8], [8, 1], "x")
+        y, mean, rstd = _native_layer_norm(x, [8], None, None, 1e-5)
+    assert device_type() is None and y.dtype.torch is torch.bfloat16
+    if want is None:
+        assert mean is None and rstd is None
+    else:
+        assert mean.dtype.torch is want and rstd.dtype.torch is want and mean.ndim == 2

@@ -35,6 +35,7 @@ from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
 from ..lowering import aten_backward, aten_factory, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_resize, aten_shape  # noqa: F401,E501 (fill the table)
 from ..lowering.aten_overloads import entry_for, schema_args
+from ..lowering.device import lowering_device
 from ..lowering.lower import tensor_input
 from .meta import hint, meta, shape_hints, stride_hints
 
@@ -153,11 +154,12 @@ def lower_region(region, plan=None) -> LoweredRegion:
                 fusion.add_input(s)
                 env[x] = s
                 scalar_inputs.append(k)
-        for n in region.nodes:
-            env[n] = _lower_node(n, env)
-            if fusion.aliases:
-                # a functional graph's region writes nothing: in-place lowerings stay out
-                raise RegionLoweringError(n, "its lowering writes an input in place")
+        with lowering_device(_device_type(region)):
+            for n in region.nodes:
+                env[n] = _lower_node(n, env)
+                if fusion.aliases:
+                    # a functional graph's region writes nothing: in-place lowerings stay out
+                    raise RegionLoweringError(n, "its lowering writes an input in place")
         outs = []
         for o in region.outputs:
             val = env[o]
@@ -168,6 +170,15 @@ def lower_region(region, plan=None) -> LoweredRegion:
             outs.append(fusion.outputs.index(val))
     layouts = [_layout(meta(o)) for o in region.outputs]
     return LoweredRegion(fusion, len(tensors), scalar_inputs, outs, layouts)
+
+
+def _device_type(region):
+    """The device type of the region's tensors ("cuda", "cpu"), None when they do not say one:
+    lowerings whose result dtypes depend on it (lowering/device.py) follow eager there."""
+    vals = [meta(x) for x in list(region.inputs) + list(region.nodes)]
+    vals = [t for v in vals for t in (v if isinstance(v, (tuple, list)) else (v,))]
+    types = {t.device.type for t in vals if isinstance(t, torch.Tensor)}
+    return types.pop() if len(types) == 1 else None
 
 
 def _layout(v):

@@ -17,6 +17,7 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
+from .device import device_type
 from .registry import NORMALIZATION, POINTWISE, REDUCTION, lowers
 
 ew = B.elementwise
@@ -397,7 +398,9 @@ def _layer_norm(x, shape, w, b, eps, cudnn_enable):
 def _native_layer_norm(x, shape, w, b, eps):
     """(y, mean, rstd) with Welford statistics over the last len(shape) axes, computed in float
     for half / bfloat16 and y rounded once. Eager returns the statistics of a half input in half
-    on the CPU and in float on CUDA; a group that uses them for such inputs is left to eager."""
+    on the CPU and in float on CUDA: so does this lowering where the frontend names the device
+    (lowering/device.py: the FX frontend); where it does not (TorchScript), a group that uses
+    them for such inputs is left to eager."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"layer_norm of a {x.dtype.name} input (eager raises)")
     k = len(shape)
@@ -411,6 +414,11 @@ def _native_layer_norm(x, shape, w, b, eps):
     if b is not None:
         y = ew("add", y, b)
     if x.dtype.is_reduced_float:
+        dev = device_type()
+        if dev == "cuda":
+            return B.cast(y, x.dtype), mean, rstd
+        if dev == "cpu":
+            return B.cast(y, x.dtype), B.cast(mean, x.dtype), B.cast(rstd, x.dtype)
         return B.cast(y, x.dtype), None, None
     return y, mean, rstd
 

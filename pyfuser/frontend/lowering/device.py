@@ -1,0 +1,30 @@
+"""The device a lowering's results are for, where eager's result dtypes depend on it.
+
+Eager gives a few ops' outputs another dtype on CUDA than on the CPU: `native_layer_norm`'s mean
+and rstd of a half / bfloat16 input are float on CUDA and the input's dtype on the CPU. A
+frontend that knows where its graph runs says so around the lowering
+(`with lowering_device("cuda"): ...`, the FX frontend from its example values); a handler asks
+`device_type()`, which is None where the frontend does not know (TorchScript): then such outputs
+are not given, and a group that needs them is left to eager.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+_DEVICE: contextvars.ContextVar = contextvars.ContextVar("pyfuser_lowering_device", default=None)
+
+
+@contextlib.contextmanager
+def lowering_device(device_type):
+    """Lowerings inside the block are for `device_type` ("cuda", "cpu" or None: unknown)."""
+    token = _DEVICE.set(device_type)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
+
+
+def device_type():
+    """The device type of the lowering in progress, or None when the frontend did not say."""
+    return _DEVICE.get()
