@@ -110,15 +110,21 @@ def _stage(p, accesses, g, knobs) -> None:
         p.stage = False
 
 
-def async_copy_capable() -> bool:
-    """`cp.async`: compute capability 8.0 or later (no GPU: the sm_90 kernels are compiled for)."""
+def _major_at_least(major: int) -> bool:
+    """The current GPU's compute capability is `major`.x or later (no GPU: True, for the sm_90
+    the kernels are compiled for)."""
     try:
         import torch
         if torch.cuda.is_available():
-            return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 8
+            return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= major
     except Exception:  # noqa: BLE001 - a device query is best effort
         pass
     return True
+
+
+def async_copy_capable() -> bool:
+    """`cp.async`: compute capability 8.0 or later."""
+    return _major_at_least(8)
 
 
 def _budget(threads: int) -> int:
@@ -172,15 +178,7 @@ def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> N
 def cluster_capable() -> bool:
     """Thread-block clusters: a GPU of compute capability 9.0 or later (no GPU: the sm_90 the
     kernels are compiled for); $PYFUSER_CLUSTERS=0 turns them off."""
-    if os.environ.get("PYFUSER_CLUSTERS") == "0":
-        return False
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
-    except Exception:  # noqa: BLE001 - a device query is best effort
-        pass
-    return True
+    return os.environ.get("PYFUSER_CLUSTERS") != "0" and _major_at_least(9)
 
 
 def _cluster(p, nv: int, per_step: float, knobs) -> None:

@@ -111,29 +111,9 @@ def test_layer_norm_of_half_parameters_fuses_its_training_forward(dtype):
     native_layer_norm saves its mean and rstd for the backward, in the input's dtype on the CPU
     (eager's; float on CUDA). The forward fuses with them (it was left to eager: the lowering
     did not know the device), the saved statistics are eager's dtype, and the step matches."""
-    torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(24).to(dtype)
-    with torch.no_grad():
-        ln.weight.uniform_(0.5, 1.5)
-        ln.bias.uniform_(-0.5, 0.5)
-    ln64, ln_eager = copy.deepcopy(ln).double(), copy.deepcopy(ln)
-    x = torch.randn(5, 7, 24, dtype=dtype)
-    xs = [x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()]
-    outs = [pyfuser.compile(ln)(xs[0]), ln_eager(xs[1]), ln64(xs[2])]
-    assert_as_close_as_eager(*outs, "forward")
-    for o in outs:
-        (o.float() * o.detach().float().sin()).sum().backward()
-    assert_as_close_as_eager(xs[0].grad, xs[1].grad, xs[2].grad, "dx")
-    for name in ("weight", "bias"):
-        assert_as_close_as_eager(getattr(ln, name).grad, getattr(ln_eager, name).grad,
-                                 getattr(ln64, name).grad, name)
-    (fw,) = _graphs("forward")
-    region = next(r for r in fw.regions if "aten.native_layer_norm.default" in r.ops)
-    outs = region.fusion.outputs
-    stats = [o for o in outs if o.ndim == 3 and o.logical[2].extent.is_const
-             and o.logical[2].extent.value == 1]
-    assert len(stats) == 2 and all(o.dtype.torch is dtype for o in outs), \
-        [(o.dtype, o.ndim) for o in outs]
+    region = TC.half_layer_norm_step(dtype, "cpu", (5, 7, 24))
+    assert TC.statistics_dtypes(region) == [dtype, dtype]
+    assert all(o.dtype.torch is dtype for o in region.fusion.outputs)
 
 
 def test_rms_norm_as_llama_writes_it_fuses_forward_and_backward():

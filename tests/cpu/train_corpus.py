@@ -11,6 +11,7 @@ keeps the configs' own).
 
 `step(case, model_fn, opt)` runs one training step (forward, loss, backward, optimizer step)
 and returns the loss; `grads(model)` the gradients by parameter name.
+`half_layer_norm_step` checks a half / bfloat16 LayerNorm's training step (no autocast).
 Shared by tests/cpu/test_compile_training.py, tests/gpu/test_compile_gpu.py and bench/models.py.
 """
 from __future__ import annotations
@@ -174,3 +175,37 @@ def assert_as_close_as_eager(got, eager, oracle, name: str = "", factor: float =
     assert got.shape == eager.shape and got.dtype == eager.dtype, name
     assert err_got <= factor * err_eager + floor * scale, (
         f"{name}: pyfuser's error {err_got:.3g} vs eager's {err_eager:.3g} (oracle max {scale:.3g})")
+
+
+def half_layer_norm_step(dtype, device, shape):
+    """A LayerNorm whose parameters are half / bfloat16 (no autocast), through pyfuser.compile
+    beside eager and float64 eager (the judge): forward, dx, dweight and dbias as close to
+    float64 as eager's. Returns the compiled forward graph's region that holds the layer norm
+    (its fusion's outputs: y and the saved mean and rstd)."""
+    import pyfuser
+    from pyfuser.frontend.fx import compiled_graphs
+    torch.manual_seed(0)
+    ln = torch.nn.LayerNorm(shape[-1]).to(device, dtype)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+    ln64, ln_eager = copy.deepcopy(ln).double(), copy.deepcopy(ln)
+    x = torch.randn(*shape, device=device, dtype=dtype)
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()]
+    outs = [pyfuser.compile(ln)(xs[0]), ln_eager(xs[1]), ln64(xs[2])]
+    assert_as_close_as_eager(*outs, "forward")
+    for o in outs:
+        (o.float() * o.detach().float().sin()).sum().backward()
+    assert_as_close_as_eager(xs[0].grad, xs[1].grad, xs[2].grad, "dx")
+    for name in ("weight", "bias"):
+        assert_as_close_as_eager(getattr(ln, name).grad, getattr(ln_eager, name).grad,
+                                 getattr(ln64, name).grad, name)
+    (fw,) = [g for g in compiled_graphs() if g.kind == "forward"]
+    return next(r for r in fw.regions if "aten.native_layer_norm.default" in r.ops)
+
+
+def statistics_dtypes(region) -> list:
+    """The dtypes of a layer norm region's outputs of size 1 along the last axis (mean, rstd)."""
+    last = lambda o: o.logical[o.ndim - 1].extent  # noqa: E731
+    return [o.dtype.torch for o in region.fusion.outputs
+            if last(o).is_const and last(o).value == 1]

@@ -216,21 +216,5 @@ def test_dynamic_shapes_on_cuda_reuse_kernels(monkeypatch):
 def test_layer_norm_of_half_parameters_fuses_its_training_forward(dtype):
     """A half / bfloat16 LayerNorm (no autocast) on CUDA: the training forward's saved mean and
     rstd are float (eager's dtype on CUDA), the forward fuses with them, the step matches eager."""
-    torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(768).to("cuda", dtype)
-    with torch.no_grad():
-        ln.weight.uniform_(0.5, 1.5)
-        ln.bias.uniform_(-0.5, 0.5)
-    ln64, ln_eager = copy.deepcopy(ln).double(), copy.deepcopy(ln)
-    x = torch.randn(64, 768, device="cuda", dtype=dtype)
-    xs = [x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()]
-    outs = [pyfuser.compile(ln)(xs[0]), ln_eager(xs[1]), ln64(xs[2])]
-    assert_as_close_as_eager(*outs, "forward")
-    for o in outs:
-        (o.float() * o.detach().float().sin()).sum().backward()
-    assert_as_close_as_eager(xs[0].grad, xs[1].grad, xs[2].grad, "dx")
-    (fw,) = [g for g in compiled_graphs() if g.kind == "forward"]
-    region = next(r for r in fw.regions if "aten.native_layer_norm.default" in r.ops)
-    stats = [o.dtype.torch for o in region.fusion.outputs if o.ndim == 2 and
-             o.logical[1].extent.is_const and o.logical[1].extent.value == 1]
-    assert stats == [torch.float32, torch.float32], stats
+    region = TC.half_layer_norm_step(dtype, "cuda", (64, 768))
+    assert TC.statistics_dtypes(region) == [torch.float32, torch.float32]
