@@ -356,3 +356,20 @@ def test_native_layer_norm_statistics_follow_the_device(device, want):
         assert mean is None and rstd is None
     else:
         assert mean.dtype.torch is want and rstd.dtype.torch is want and mean.ndim == 2
+
+
+def test_native_layer_norm_statistics_of_bfloat16_through_torchscript():
+    """A TorchScript group is lowered on its first call's inputs, which name the device: the
+    bfloat16 statistics of native_layer_norm fuse with eager's dtype (they were left to eager)."""
+    def fn(x, w, b):
+        y, m, r = torch.native_layer_norm(x, [24], w, b, 1e-5)
+        return y * 2.0, m, r
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=gen).to(torch.bfloat16) for s in ((6, 24), (24,), (24,)))
+    f = pyfuser.jit(torch.jit.script(fn))
+    with torch.no_grad():
+        got = f(x, w, b)
+    assert not f.last_run.fallbacks, f.last_run.fallbacks
+    for g, e in zip(got, fn(x, w, b)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.float(), e.float(), rtol=1.6e-2, atol=1e-2)

@@ -399,8 +399,8 @@ def _native_layer_norm(x, shape, w, b, eps):
     """(y, mean, rstd) with Welford statistics over the last len(shape) axes, computed in float
     for half / bfloat16 and y rounded once. Eager returns the statistics of a half input in half
     on the CPU and in float on CUDA: so does this lowering where the frontend names the device
-    (lowering/device.py: the FX frontend); where it does not (TorchScript), a group that uses
-    them for such inputs is left to eager."""
+    (lowering/device.py); where it does not, a group that uses them for such inputs is left to
+    eager."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"layer_norm of a {x.dtype.name} input (eager raises)")
     k = len(shape)

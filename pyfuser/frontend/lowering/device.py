@@ -3,8 +3,9 @@
 Eager gives a few ops' outputs another dtype on CUDA than on the CPU: `native_layer_norm`'s mean
 and rstd of a half / bfloat16 input are float on CUDA and the input's dtype on the CPU. A
 frontend that knows where its graph runs says so around the lowering
-(`with lowering_device("cuda"): ...`, the FX frontend from its example values); a handler asks
-`device_type()`, which is None where the frontend does not know (TorchScript): then such outputs
+(`with lowering_device("cuda"): ...`: the FX frontend from its example values, TorchScript's
+`lower_graph` from the first call's inputs); a handler asks `device_type()`, which is None
+where the frontend does not know (a graph lowered without example inputs): then such outputs
 are not given, and a group that needs them is left to eager.
 """
 from __future__ import annotations

@@ -24,6 +24,7 @@ from ...ir.tensor import TensorView
 from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
                                  TensorType)
 from . import aten_backward, aten_factory, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_resize, aten_shape  # noqa: F401  (fill the table)
+from .device import lowering_device
 from .registry import LOWERINGS
 
 _LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
@@ -194,8 +195,9 @@ def lower_graph(graph, example_inputs=None, by_value=()) -> LoweredGraph:
                 continue
             env[v] = _by_value_input(v, example) if i in by_value else _lower_input(v, example)
             indices.append(i)
-        for node in graph.nodes():
-            _lower_node(node, env)
+        with lowering_device(_device_type(example_inputs, by_value)):
+            for node in graph.nodes():
+                _lower_node(node, env)
         output_map = []
         for v in graph.outputs:
             val = env.get(v)
@@ -208,6 +210,14 @@ def lower_graph(graph, example_inputs=None, by_value=()) -> LoweredGraph:
                 fusion.add_output(val)
             output_map.append(fusion.outputs.index(val))
     return LoweredGraph(fusion, output_map, indices, special, by_value)
+
+
+def _device_type(examples, by_value):
+    """The device type of the example tensors ("cuda", "cpu"), leaving out 0-dim tensors (a CPU
+    scalar beside CUDA tensors); None without examples or with several (lowering/device.py)."""
+    types = {x.device.type for i, x in enumerate(examples or ())
+             if isinstance(x, torch.Tensor) and x.dim() > 0 and i not in by_value}
+    return types.pop() if len(types) == 1 else None
 
 
 def _by_value_input(v, example):
