@@ -158,7 +158,8 @@ def _conditioning_floor(c, x, ref) -> float:
     if mag >= abs(c.offset) / 2:
         return 0.0
     xd = x.double()
-    std = float(xd.std(dim=c.dim, unbiased=False).nan_to_num(0, 0, 0).clamp_min(1e-30).min())
+    dim = 0 if c.program is batch_norm else c.dim          # batch norm: over the rows, per column
+    std = float(xd.std(dim=dim, unbiased=False).nan_to_num(0, 0, 0).clamp_min(1e-30).min())
     eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps / 2
     return 2 * eps * abs(c.offset) / std * mag
 
