@@ -64,9 +64,13 @@ def test_rotary_values_bit_equal_to_eager():
         assert torch.equal(g, w)
 
 
-@pytest.mark.parametrize("case", ["pad", "pad_negative", "cat3", "slice_mid", "pad_value"])
+@pytest.mark.parametrize("case", ["pad", "pad_negative", "cat3", "slice_mid", "pad_value",
+                                  "stack_mid", "stack_last", "stack_first_reduced"])
 def test_pads_cats_and_slices_match_eager(case):
     fns = {
+        "stack_mid": lambda x, y: torch.stack([x[:, :5] * 2, y[:, 1:6].exp(), x[:, 1:]], 1) * 3,
+        "stack_last": lambda x, y: torch.stack([x.sin(), y[:, :6]], -1).neg(),
+        "stack_first_reduced": lambda x, y: torch.stack([x, y[:, 1:] + 1]).amax(0) * 2,
         "pad": lambda x, y: F.pad(x.exp(), (2, 3, 0, 1)) * 2,
         "pad_negative": lambda x, y: F.pad(x + 1, (-1, 2)),
         "cat3": lambda x, y: torch.cat([x * 2, y, x[:, :2] - 1], dim=1).sigmoid(),
@@ -81,6 +85,10 @@ def test_pads_cats_and_slices_match_eager(case):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     regions = [r for g in compiled_graphs() for r in g.regions]
     assert regions and all(r.eager_calls == 0 for r in regions)
+    if case.startswith("stack"):                  # fused, not left to eager (it was until now)
+        assert any("aten.stack.default" in r.ops for r in regions), [r.ops for r in regions]
+        assert not any(n.startswith("stack") for g in compiled_graphs() for n in g.unsupported)
+        assert_ran_as_sm90_kernels(regions)
 
 
 def test_dynamic_sizes_reuse_the_kernel():

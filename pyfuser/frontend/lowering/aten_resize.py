@@ -1,7 +1,8 @@
 """Lowerings of the ops that move elements to other indices: slice, cat, constant pads.
 
 `aten::slice` (a view: metadata class, so a slice of a region's input stays a free eager view at
-the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`,
+the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`
+(and `aten::stack`, a cat of unsqueezed views),
 `aten::constant_pad_nd` and `aten::slice_backward` (a slice's gradient: zeros around the slice,
 a pad). In the Fusion they are SliceOp / CatOp / PadOp, which the pointwise scheduler indexes
 (schedule/pointwise_graph.py); this is what fuses a rotary embedding (`cat(-x2, x1)` of two
@@ -93,6 +94,20 @@ def _cat(tensors, dim=0):
     if not kept or any(t.ndim != rank for t in kept) or rank == 0:
         raise UnsupportedOpError("aten::cat of tensors of different ranks")
     return B.cat(kept, _dim(dim, rank, "aten::cat"))
+
+
+@lowers("aten::stack", n_args=(2,), const_args=(1,))
+def _stack(tensors, dim=0):
+    """torch.stack: each tensor with a new axis of size 1 at `dim`, joined along it (a cat of
+    unsqueezed views: one kernel writes the stacked tensor)."""
+    if not isinstance(tensors, (list, tuple)) or not tensors or \
+            not all(isinstance(t, TensorView) for t in tensors):
+        raise UnsupportedOpError("aten::stack takes a list of tensors")
+    rank = tensors[0].ndim
+    if any(t.ndim != rank for t in tensors):
+        raise UnsupportedOpError("aten::stack of tensors of different ranks (eager raises)")
+    d = _dim(dim, rank + 1, "aten::stack")
+    return B.cat([B.unsqueeze(t, d) for t in tensors], d)
 
 
 def _is_empty(t: TensorView) -> bool:
