@@ -12,9 +12,9 @@ casts between float32/float16/bfloat16/int32/int64/bool, `where`, `clamp`, reduc
 (`sum`, `mean`, `amax`, `var` over dims, keepdim), `softmax`/`log_softmax`, `layer_norm`,
 views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`; the last three
 sometimes followed by `.contiguous()`, a copy into row-major), slices (open,
-negative and clamped bounds), `torch.cat`, `F.pad` (with values, sometimes negative) and a
-rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`, `clamp_`,
-`relu_`, `neg_`) on intermediates a pointwise op produced.
+negative and clamped bounds), `torch.cat`, `torch.stack`, `F.pad` (with values, sometimes
+negative) and a rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`,
+`clamp_`, `relu_`, `neg_`) on intermediates a pointwise op produced.
 
 A grad-mode program (`generate(seed)` makes one for about every fifth seed) has float32 inputs
 that require grad and no in-place ops; the check then also runs the backward of the sum of its
@@ -340,7 +340,7 @@ def _gen_view(b: _Builder) -> bool:
 
 
 def _gen_resize(b: _Builder) -> bool:
-    """A slice, cat, pad or rotate-half of a value along a random axis."""
+    """A slice, cat, stack, pad or rotate-half of a value along a random axis."""
     x = b.pick(lambda u: u.dim() >= 1)
     if x is None:
         return False
@@ -349,7 +349,7 @@ def _gen_resize(b: _Builder) -> bool:
     n = t.shape[d]
     pre = ":, " * d
     out = b.fresh()
-    kind = b.r.choice(["slice", "cat", "pad", "rotate"])
+    kind = b.r.choice(["slice", "cat", "pad", "rotate", "stack"])
     if kind == "slice":
         a = b.r.randint(-n - 1, n)
         e = b.r.choice(["", str(b.r.randint(-n, n + 2))])
@@ -358,6 +358,11 @@ def _gen_resize(b: _Builder) -> bool:
         y = b.pick(lambda u: u.dim() == t.dim() and all(
             u.shape[i] == t.shape[i] for i in range(t.dim()) if i != d))
         line = f"{out} = torch.cat([{x}, {b.r.choice(['', 'torch.neg'])}({y or x})], {d})"
+        return b.try_line(line, out, True)
+    if kind == "stack":
+        y = b.pick(lambda u: tuple(u.shape) == tuple(t.shape))
+        k = b.r.randrange(-t.dim() - 1, t.dim() + 1)
+        line = f"{out} = torch.stack([{x}, {b.r.choice(['', 'torch.exp'])}({y or x})], {k})"
         return b.try_line(line, out, True)
     if kind == "pad":
         pads = [b.r.choice([0, 1, 2, 3]) for _ in range(2 * b.r.randint(1, min(2, t.dim())))]
