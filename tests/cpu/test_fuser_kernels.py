@@ -1,5 +1,6 @@
 """Kernel counts of `pyfuser.jit` come from the segmenter's split of each group (its RunReport):
-views peeled off a group cost no kernel, a view-only group is 0 kernels, counts are per call."""
+views peeled off a group cost no kernel, a view-only group is 0 kernels, counts are per call; a
+cat or stack of computed tensors is one group and one kernel (its list built in the group)."""
 import json
 
 import pytest
@@ -34,8 +35,24 @@ def reduction_in_group(x, y):
     return torch.relu(s + y)
 
 
+def cat_of_computed(x, y):
+    return torch.cat([x * 2.0, torch.sin(y), x], 1) * 3.0   # the list built in the group
+
+
+def rotate_half(x, y):
+    h = x.shape[-1] // 2                      # Llama's rotary: a cat of the halves' slices
+    return x * y + torch.cat([-x[:, h:], x[:, :h]], -1) * 0.5
+
+
+def stack_of_computed(x, y):
+    return torch.stack([x + 1.0, y * y], 0).relu()
+
+
 # fn, number of inputs, (groups, kernels, host_segments)
 CASES = [
+    (cat_of_computed, 2, (1, 1, 0)),
+    (rotate_half, 2, (1, 1, 0)),
+    (stack_of_computed, 2, (1, 1, 0)),
     (view_only, 1, (1, 0, 1)),
     (view_at_end, 1, (1, 1, 1)),
     (view_at_start, 2, (1, 1, 1)),

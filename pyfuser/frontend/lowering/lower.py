@@ -146,7 +146,16 @@ def specialised_inputs(graph) -> tuple:
 
 
 def _is_value_arg(v) -> bool:
-    return is_constant(v) or isinstance(v.type, TensorType) or type(v.type) in _SCALAR_TYPES
+    return is_constant(v) or isinstance(v.type, TensorType) or type(v.type) in _SCALAR_TYPES \
+        or is_tensor_list(v)
+
+
+def is_tensor_list(v) -> bool:
+    """A `prim::ListConstruct` of tensors (cat's and stack's operands): a group takes the
+    tensors and builds the list inside (passes/groups.absorb)."""
+    return v.node.kind == "prim::ListConstruct" and isinstance(v.type, ListType) and \
+        isinstance(v.type.elem, TensorType) and bool(v.node.inputs) and \
+        all(isinstance(i.type, TensorType) for i in v.node.inputs)
 
 
 def constant_value(v):

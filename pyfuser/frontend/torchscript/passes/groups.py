@@ -6,6 +6,8 @@ group needs are cloned into its subgraph (tensor constants become inputs); int/f
 become group inputs like tensors. A list/tuple construct of constants and such values (view
 sizes made of `aten::size` results) is rebuilt inside the group from them, so the group takes
 the ints, not a list (the group is specialised on values used as sizes: lowering.specialised_inputs).
+So is a list of tensors (a cat's or stack's operands): the group takes the tensors, and the
+list outside, once no one reads it, is removed (its items' producers can then join the group).
 
 `fusible(node, info)` is the one place that decides which ops may be grouped:
 FUSIBLE_CLASSES (op classes of the lowering table: pointwise, metadata, reductions and
@@ -18,7 +20,7 @@ node between them uses its outputs; after it, the graph computes the same values
 from __future__ import annotations
 
 from ...lowering import LOWERINGS, node_support
-from ...lowering.lower import is_constant, is_host_value
+from ...lowering.lower import is_constant, is_host_value, is_tensor_list
 from ...lowering.registry import METADATA, NORMALIZATION, POINTWISE, REDUCTION
 from ..graph import Graph
 from ..types import TensorType
@@ -113,12 +115,17 @@ def absorb(group, node, info) -> None:
     anchor = sg.block.param_node.next
     consts: dict = {}
 
+    lists: list = []
+
     def inner(v):
-        if v.node.kind in _LIST_KINDS and (is_constant(v) or is_host_value(v)):
-            if v not in consts:                 # sizes / dims: the list is built in the group
-                c = sg.create_clone(v.node, inner)
+        if v.node.kind in _LIST_KINDS and (is_constant(v) or is_host_value(v) or
+                                           is_tensor_list(v)):
+            if v not in consts:                 # sizes / dims / cat's operands: the list is
+                c = sg.create_clone(v.node, inner)      # built in the group from its items
                 c.insert_before(anchor)
                 consts[v] = c.output()
+                if is_tensor_list(v):
+                    lists.append(v)
             return consts[v]
         if v.node.kind == "prim::Constant" and not isinstance(v.type, TensorType):
             if v not in consts:
@@ -158,6 +165,9 @@ def absorb(group, node, info) -> None:
             if info is not None:
                 info.inherit(new, outer)
     node.destroy()
+    for v in lists:                             # a tensor list no one else reads: gone, so its
+        if not v.uses:                          # items' producers see the group as their user
+            v.node.destroy()
 
 
 def arg_count_after(producer, consumer) -> int:
