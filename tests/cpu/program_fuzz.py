@@ -3,7 +3,8 @@
 `generate(seed) -> Program` builds a random program of 1-7 ops over 1-3 inputs: pointwise ops
 of every arity (with tensor, 0-dim tensor and Python-scalar operands, alpha and rounding
 modes), casts, comparisons and `where`, views / reshapes / permutes / transposes / squeezes /
-unsqueezes / expands / flattens, reductions, and in-place ops (on inputs and intermediates),
+unsqueezes / expands / flattens, reductions, cats and stacks of 2-3 tensors, and in-place ops
+(on inputs and intermediates),
 over dtypes float32/16, bfloat16, float64, int8/32/64, uint8 and bool, shapes of rank 0-3 with
 size-1 and size-0 axes, broadcasting operands, and inputs that are contiguous, transposed,
 sliced (strided), expanded (stride 0) or offset in their storage, a few requiring grad; view
@@ -459,8 +460,36 @@ def _gen_inplace(b):
     return out
 
 
+def _gen_cat(b):
+    """`aten::cat` or `aten::stack` of 2-3 tensors (a `prim::ListConstruct` of them in the
+    graph; the cat along any axis, negative too, of operands equal off that axis)."""
+    r = b.r
+    x = b.pick(lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    t = b.values[x]
+    if r.random() < 0.6:
+        kind, d = "aten::cat", r.randrange(t.dim())
+        fits = lambda u: u.dim() == t.dim() and all(  # noqa: E731
+            u.shape[i] == t.shape[i] for i in range(t.dim()) if i != d)
+        dim = d - t.dim() if r.random() < 0.3 else d
+    else:
+        kind, dim = "aten::stack", r.randint(-t.dim() - 1, t.dim())
+        fits = lambda u: tuple(u.shape) == tuple(t.shape)  # noqa: E731
+    items = [x] + [b.pick(fits, recent=False) or x for _ in range(r.randint(1, 2))]
+    name = b.fresh("l")
+    b.lines.append(f"  %{name} : Tensor[] = prim::ListConstruct("
+                   f"{', '.join('%' + i for i in items)})\n")
+    b.values[name] = [b.values[i] for i in items]
+    out = b.emit(kind, [name, b.const(dim)])
+    if out is not None:                  # the items are what the op reads (pruning keeps them)
+        b.ops[-1].args += items
+        b.ops[-1].uses = list(items)
+    return out
+
+
 GENERATORS = [(_gen_binary, 30), (_gen_unary, 20), (_gen_special, 10), (_gen_cast, 8),
-              (_gen_view, 15), (_gen_reduction, 6), (_gen_inplace, 11)]
+              (_gen_view, 15), (_gen_reduction, 6), (_gen_inplace, 11), (_gen_cat, 5)]
 
 
 def generate(seed: int) -> Program:
