@@ -24,6 +24,8 @@ with a `WaitCount` (blocks waiting for other blocks' atomics) runs its whole gri
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import kernel_ir as K
@@ -67,6 +69,20 @@ class _Scope:
         env = {k: (v[idx] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n
                    and k != "v" else v) for k, v in self.env.items()}
         return _Scope(env, sel[idx])
+
+
+@contextlib.contextmanager
+def _row_lanes(sc, width: int):
+    """`v` names the `width` elements of a row (a vector access into or out of an array indexed
+    by thread) while the block runs, as in a lanes loop; the outer `v`, if any, comes back."""
+    outer = sc.env.get("v")
+    sc.env["v"] = torch.arange(width).view(1, -1)
+    try:
+        yield
+    finally:
+        del sc.env["v"]
+        if outer is not None:
+            sc.env["v"] = outer
 
 
 class _Shared:
@@ -335,14 +351,8 @@ class Interpreter:
             sh.reader[blocks] = -1
 
     def vec_copy(self, s: K.VecCopy, sc: _Scope) -> None:
-        outer = sc.env.get("v")
-        sc.env["v"] = torch.arange(s.width).view(1, -1)           # the row's elements
-        try:
+        with _row_lanes(sc, s.width):
             vals = self.ev(K.ArrayRef(s.src, (*s.src_index, K.Var("v"))), sc)
-        finally:
-            del sc.env["v"]
-            if outer is not None:
-                sc.env["v"] = outer
         arr, key, element = self._local_ref(s.dst, s.dst_index, sc)
         assert not element, "a vector copy writes a row"
         arr[(*key, slice(0, s.width))] = vals
@@ -396,14 +406,8 @@ class Interpreter:
                 self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
                 return
             assert s.stride is None, "a vector into shared memory is contiguous"
-            outer = sc.env.get("v")
-            sc.env["v"] = torch.arange(s.width).view(1, -1)       # the vector's lanes
-            try:
+            with _row_lanes(sc, s.width):
                 self._shared_write(s.dst, (*s.index, K.Var("v")), sc, vals, s.async_copy)
-            finally:
-                del sc.env["v"]
-                if outer is not None:
-                    sc.env["v"] = outer
             return
         assert not s.async_copy, "async copies write shared memory"
         arr, key, element = self._local_ref(s.dst, s.index, sc)

@@ -72,12 +72,10 @@ def _prod(xs) -> int:
     return out
 
 
-def _regs_per_step(p, accesses, g, kept) -> float:
+def _regs_per_step(p, accesses, held, kept) -> float:
     """Registers one vector step of the persistent data takes: the loads held for a pass or
-    more (reduction_graph.held_loads; half and bfloat16 two to a register) and the values kept
-    between passes (`kept`, in their compute type)."""
-    from .reduction_graph import held_loads
-    held = held_loads(g)
+    more (`held`: reduction_graph.held_loads; half and bfloat16 two to a register) and the
+    values kept between passes (`kept`, in their compute type)."""
     loads = sum(p.vec * a.itemsize for a in accesses if not a.is_store and id(a.node) in held)
     return (loads + sum(p.vec * n.tv.dtype.compute.itemsize for n in kept)) / 4
 
@@ -89,16 +87,14 @@ def stageable(p, a, held) -> bool:
             and id(a.node) in held and p.vec * a.itemsize in (4, 8, 16))
 
 
-def _stage(p, accesses, g, knobs) -> None:
+def _stage(p, accesses, held, knobs) -> None:
     """Stage the held loads of a persistent inner kernel in shared memory (module docstring):
     by default on a row's cluster, with $PYFUSER_RED_STAGE=1 wherever they fit."""
-    from .reduction_graph import held_loads
     k = knobs["stage"]
     p.stage = False
     if k == 0 or not p.persistent or p.kind != "inner" or (k is None and p.cluster == 1) \
             or not async_copy_capable():
         return
-    held = held_loads(g)
     p.stage = True
     staged = [a for a in accesses if stageable(p, a, held)]
     per_step = sum(p.vec * a.itemsize for a in staged)
@@ -136,7 +132,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     kernel keeps in registers between passes (reduction_graph.recompute_costly)."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
-    per_step = _regs_per_step(p, accesses, g, kept)
+    from .reduction_graph import held_loads
+    held = held_loads(g)
+    per_step = _regs_per_step(p, accesses, held, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
                                                            "stage")}
@@ -146,7 +144,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
     if knobs["stage"] not in (None, 0, 1):
         raise ValueError(f"$PYFUSER_RED_STAGE={knobs['stage']}: 0 or 1")
-    _stage(p, accesses, g, knobs)
+    _stage(p, accesses, held, knobs)
     for d in (p.bdimx, p.bdimy):
         if d & (d - 1):
             raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")

@@ -35,7 +35,7 @@ from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
 from ..lowering import aten_backward, aten_factory, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_resize, aten_shape  # noqa: F401,E501 (fill the table)
 from ..lowering.aten_overloads import entry_for, schema_args
-from ..lowering.device import lowering_device
+from ..lowering.device import lowering_device, single_device_type
 from ..lowering.lower import tensor_input
 from .meta import hint, meta, shape_hints, stride_hints
 
@@ -177,8 +177,7 @@ def _device_type(region):
     lowerings whose result dtypes depend on it (lowering/device.py) follow eager there."""
     vals = [meta(x) for x in list(region.inputs) + list(region.nodes)]
     vals = [t for v in vals for t in (v if isinstance(v, (tuple, list)) else (v,))]
-    types = {t.device.type for t in vals if isinstance(t, torch.Tensor)}
-    return types.pop() if len(types) == 1 else None
+    return single_device_type(t for t in vals if isinstance(t, torch.Tensor))
 
 
 def _layout(v):

@@ -85,9 +85,7 @@ def _slice(x, dim=0, start=None, end=None, step=1):
 
 @lowers("aten::cat", n_args=(2,), const_args=(1,))
 def _cat(tensors, dim=0):
-    if not isinstance(tensors, (list, tuple)) or not tensors or \
-            not all(isinstance(t, TensorView) for t in tensors):
-        raise UnsupportedOpError("aten::cat takes a list of tensors")
+    _tensor_list(tensors, "aten::cat")
     # eager skips 1-D empty operands of any rank (legacy); the Fusion needs one rank
     rank = max(t.ndim for t in tensors)
     kept = [t for t in tensors if not (t.ndim == 1 and rank != 1 and _is_empty(t))]
@@ -100,14 +98,18 @@ def _cat(tensors, dim=0):
 def _stack(tensors, dim=0):
     """torch.stack: each tensor with a new axis of size 1 at `dim`, joined along it (a cat of
     unsqueezed views: one kernel writes the stacked tensor)."""
-    if not isinstance(tensors, (list, tuple)) or not tensors or \
-            not all(isinstance(t, TensorView) for t in tensors):
-        raise UnsupportedOpError("aten::stack takes a list of tensors")
+    _tensor_list(tensors, "aten::stack")
     rank = tensors[0].ndim
     if any(t.ndim != rank for t in tensors):
         raise UnsupportedOpError("aten::stack of tensors of different ranks (eager raises)")
     d = _dim(dim, rank + 1, "aten::stack")
     return B.cat([B.unsqueeze(t, d) for t in tensors], d)
+
+
+def _tensor_list(tensors, what: str) -> None:
+    if not isinstance(tensors, (list, tuple)) or not tensors or \
+            not all(isinstance(t, TensorView) for t in tensors):
+        raise UnsupportedOpError(f"{what} takes a list of tensors")
 
 
 def _is_empty(t: TensorView) -> bool:

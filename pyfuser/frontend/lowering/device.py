@@ -29,3 +29,10 @@ def lowering_device(device_type):
 def device_type():
     """The device type of the lowering in progress, or None when the frontend did not say."""
     return _DEVICE.get()
+
+
+def single_device_type(tensors):
+    """The one device type of `tensors`, None when they name none or several: what a frontend
+    passes to lowering_device."""
+    types = {t.device.type for t in tensors}
+    return types.pop() if len(types) == 1 else None

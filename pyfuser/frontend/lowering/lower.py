@@ -24,7 +24,7 @@ from ...ir.tensor import TensorView
 from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
                                  TensorType)
 from . import aten_backward, aten_factory, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_resize, aten_shape  # noqa: F401  (fill the table)
-from .device import lowering_device
+from .device import lowering_device, single_device_type
 from .registry import LOWERINGS
 
 _LIST_KINDS = ("prim::ListConstruct", "prim::TupleConstruct")
@@ -224,9 +224,8 @@ def lower_graph(graph, example_inputs=None, by_value=()) -> LoweredGraph:
 def _device_type(examples, by_value):
     """The device type of the example tensors ("cuda", "cpu"), leaving out 0-dim tensors (a CPU
     scalar beside CUDA tensors); None without examples or with several (lowering/device.py)."""
-    types = {x.device.type for i, x in enumerate(examples or ())
-             if isinstance(x, torch.Tensor) and x.dim() > 0 and i not in by_value}
-    return types.pop() if len(types) == 1 else None
+    return single_device_type(x for i, x in enumerate(examples or ())
+                              if isinstance(x, torch.Tensor) and x.dim() > 0 and i not in by_value)
 
 
 def _by_value_input(v, example):
