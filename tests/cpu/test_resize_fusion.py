@@ -246,3 +246,20 @@ def test_slices_cats_and_pads_keep_vectors_where_their_bounds_are_aligned(fn, sh
     (plan,) = [p for p in plans if p.scheduler == "pointwise"]
     assert plan.params.vec == vec, plan.params
     assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+
+
+def test_stack_refusals_name_the_op():
+    """What stack's lowering refuses (eager raises for both) is an UnsupportedOpError naming the
+    op: the node stays an eager call, which raises as eager does."""
+    from pyfuser.errors import UnsupportedOpError
+    from pyfuser.frontend.lowering.aten_resize import _stack
+    from pyfuser.ir.fusion import Fusion
+    with Fusion():
+        a = B.define_tensor([-1], DataType.Float)
+        b = B.define_tensor([-1, -1], DataType.Float)
+        with pytest.raises(UnsupportedOpError, match="aten::stack of tensors of different ranks"):
+            _stack([a, b], 0)
+        with pytest.raises(UnsupportedOpError, match="aten::stack takes a list of tensors"):
+            _stack([], 0)
+        with pytest.raises(UnsupportedOpError, match="aten::stack: dim 3 is out of range"):
+            _stack([a, a], 3)
