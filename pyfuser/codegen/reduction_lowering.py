@@ -1,5 +1,6 @@
 """Lowering of the reduction-family schedules (reduction, inner / outer persistent) to kernel IR:
-what both kernel shapes share (reduction_kernels.py has the two shapes).
+what both kernel shapes share (reduction_kernels.py has the two shapes; reduction_memory.py the
+buffers, loads, stores and workspaces).
 
 Names: `e<i>` collapsed group extents, `g<i>` a thread's index in group i, `row` / `col` the kept
 index a thread works on, `j` (inner) or `r` (outer) its position along the reduced index, `acc*`
@@ -39,13 +40,10 @@ from . import kernel_ir as K
 from .emitter import Emitter
 from .reduction_accumulators import Accumulators
 from .reduction_combine import Combiner
+from .reduction_memory import ReductionMemory, _c, _guard
 
 MAX_GRID_X = 2 ** 31 - 1
 MAX_GRID_Y = 65535
-
-
-def _c(v):
-    return K.Const(int(v), "nidx_t")
 
 
 def _and(*conds):
@@ -55,10 +53,6 @@ def _and(*conds):
             continue
         out = c if out is None else K.Bin("&&", out, c)
     return out
-
-
-def _guard(cond, body):
-    return [K.If(cond, body)] if cond is not None else body
 
 
 def _lane_dependent(expr):
@@ -81,7 +75,7 @@ def _subst(x, env):
     return x
 
 
-class ReductionLowering(Accumulators, Emitter):
+class ReductionLowering(Accumulators, ReductionMemory, Emitter):
     """The shared machinery; a kernel shape (reduction_kernels.py) provides:
     `kernel_body()`, `position(step_expr) -> (lets, cond, guarded lets, index)`,
     `step_expr(var, streamed)`, `wrap_streamed(loop) -> statements`, `combine(reds, out) ->
@@ -369,14 +363,6 @@ class ReductionLowering(Accumulators, Emitter):
             order == sorted(order) and all(grp == list(range(grp[0], grp[0] + len(grp)))
                                            for grp in self.p.groups)
 
-    def load_value(self, a, index):
-        return self.load_value_named(self.buf(a), a, index)
-
-    @staticmethod
-    def load_value_named(name, a, index):
-        dt = a.tv.dtype
-        return K.Convert("load", K.ArrayRef(name, index), dt, dt)
-
     # ---- the kernel ---------------------------------------------------------------------------
     def build(self, name: str) -> K.Kernel:
         for a in sorted(self.s.accesses, key=lambda a: a.seg):
@@ -387,88 +373,6 @@ class ReductionLowering(Accumulators, Emitter):
         body = self.shared + self.prologue + body
         return K.Kernel(name, self.params(), self.tensors, self.it, (self.p.bdimx, self.p.bdimy, 1),
                         body, cluster=getattr(self.p, "cluster", 1))
-
-    def workspace(self, dtype, kind: str) -> str:
-        """A global buffer the runtime provides for a launch, after the outputs: a pointer
-        parameter named ws<i>; `kind` is "partials" or "semaphores" (see reduction_launch.workspace_fn)."""
-        i = len(self.workspaces)
-        name = f"ws{i}"
-        seg = len(self.s.fusion.tensor_inputs()) + len(self.s.fusion.outputs) + i
-        self.tensors[name] = K.TensorParam(name, dtype, seg, True)
-        self._param(self.ptr_params, name, "void*", ("ptr", seg))
-        self.workspaces.append((name, dtype, kind))
-        return name
-
-    # ---- loads and stores -----------------------------------------------------------------------
-    def buf(self, a) -> str:
-        return self.names[("buf", id(a.node))]
-
-    def load_stmt(self, a, index: tuple, off, q=None):
-        """Load of access `a` into its buffer at `index` (a row of V lanes, or one for bcast);
-        `q`: the pass of a streamed kernel loading it (a load that a later pass reads again
-        asks L2 to keep it: evict_last instead of the schedule's evict_first)."""
-        p = self.ptr(a)
-        if id(a.node) in self.staged and len(index) == 1:      # a held step, into shared memory
-            return K.Load(self.buf(a), self.staged_index(index[0]), p, off, self.V, None, "", True)
-        if a.mode == "vector":
-            cache = a.cache
-            if cache == "ef" and q is not None and any(
-                    any(n is a.node for n in self.plans[later][2])
-                    for later in range(q + 1, len(self.plans))):
-                cache = "el"
-            return K.Load(self.buf(a), index, p, off, self.V, None, cache)
-        if a.mode == "strided" and self.V > 1:
-            inner = self.p.groups[-1][-1]
-            return K.Load(self.buf(a), index, p, off, self.V, self.stride(a, a.eff[inner][1]))
-        return K.Load(self.buf(a), index, p, off, 1)
-
-    def buffer(self, a, steps: int) -> K.Alloc:
-        """The register buffer of load `a`: `steps` rows of V lanes; half / bfloat16 vectors
-        are kept two to a register (half the registers of one element each)."""
-        packed = a.tv.dtype.itemsize == 2 and a.mode == "vector" and self.V % 2 == 0
-        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
-
-    def lane_index(self, a, step, lane=None) -> tuple:
-        """Index of lane `lane` (default v) of load `a`'s buffer at `step` (None: a buffer
-        without steps)."""
-        lane = _c(0) if a.mode == "bcast" or self.V == 1 else (lane or K.Var("v"))
-        assert step is None or id(a.node) not in self.staged, "staged loads: staged_value"
-        return (lane,) if step is None else (step, lane)
-
-    def staged_value(self, a, step, lane):
-        """Lane `lane` of staged load `a` at `step`: read from the step's local copy of this
-        thread's vector, which at_step makes with one vector read of shared memory (element reads
-        of shared memory compiled to one 16- or 32-bit load each: 8 times the shared-memory
-        wavefronts of bfloat16 softmax's row)."""
-        assert self.staged_reads is not None, "a staged buffer is read inside a step only"
-        name = f"{self.buf(a)}_x"
-        self.staged_reads[name] = (a, step)
-        lane = _c(0) if self.V == 1 else (lane or K.Var("v"))
-        return self.load_value_named(name, a, (lane,))
-
-    def staged_index(self, step) -> tuple:
-        """This thread's row of V lanes at `step` of a staged buffer [steps][bdimy][bdimx][V]
-        (neighbouring threads' vectors are neighbours: no bank conflicts)."""
-        return (step, K.Special("threadIdx.y"), K.Special("threadIdx.x"))
-
-    def store_stmts(self, a, value, off, lanes: bool) -> tuple[list, list]:
-        """(statements inside the lanes loop, statements after it) storing `value` for output
-        access `a` at `off`; `lanes` False: one element (a per-row value of an inner kernel)."""
-        w = f"T{a.tv.number}_w"
-        conv = K.Convert("store", value, a.tv.dtype, a.tv.dtype)
-        p = self.ptr(a)
-        if not lanes:
-            return [K.Alloc(w, a.tv.dtype, (1,)), K.Assign(w, (_c(0),), conv),
-                    K.Store(p, off, w, (), 1)], []
-        inside = [K.Assign(w, (K.Var("v"),), conv)]
-        if a.mode == "vector":
-            st = K.Store(p, off, w, (), self.V)
-        elif a.mode == "strided" and self.V > 1:
-            inner = self.p.groups[-1][-1]
-            st = K.Store(p, off, w, (), self.V, self.stride(a, a.eff[inner][1]))
-        else:
-            st = K.Store(p, off, w, (), 1)
-        return inside, [st]
 
     def lanes(self, body) -> K.Loop:
         return K.Loop("v", _c(0), _c(self.V), _c(1), "lanes", body)
@@ -520,46 +424,6 @@ class ReductionLowering(Accumulators, Emitter):
 
     def bind_results(self, e, partial, out) -> dict:
         return self.result_exprs(e, partial)
-
-    def at_step(self, pos, body_fn) -> list:
-        """Statements of one step at position `pos` (the kind's position lets, guarded body)."""
-        lets, cond, inner, idx = self.position(pos)
-        outer, self.staged_reads = self.staged_reads, {}
-        try:
-            body = body_fn(idx)
-            reads = self.staged_reads
-        finally:
-            self.staged_reads = outer
-        copies: list = []
-        for name, (a, step) in reads.items():     # staged vectors read here: one vector read each
-            copies += [K.Alloc(name, a.tv.dtype, (self.V,)),
-                       K.VecCopy(name, (), self.buf(a), self.staged_index(step), self.V)]
-        return lets + _guard(cond, inner + copies + body)
-
-    def pass_long_loads(self, q) -> list:
-        """Persistent: the buffers [steps][V] of the loads held from pass q on, loaded (staged
-        ones: shared [steps][bdimy][bdimx][V], by async copies all in flight, then waited for)."""
-        out = []
-        s = K.Var("s")
-        staged = False
-        for a in self.loads:
-            if self.pass_long.get(id(a.node)) == q:
-                if id(a.node) in self.staged:
-                    staged = True
-                    p = self.p
-                    self.shared.append(K.Alloc(self.buf(a), a.tv.dtype,
-                                               (p.steps, p.bdimy, p.bdimx, self.V), "shared"))
-                else:
-                    out.append(self.buffer(a, self.p.steps))
-                out.append(self.unroll("s", self.p.steps, self.at_step(
-                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))])))
-        if staged:
-            out.append(K.AsyncWait())      # every copy in flight at once, then this thread's landed
-        for nid, (name, first) in self.kept.items():
-            if first == q:
-                node = next(n for n in self.g.nodes if id(n) == nid)
-                out.append(K.Alloc(name, node.tv.dtype.compute, (self.p.steps, self.V)))
-        return out
 
     def step_body(self, q, step, idx, known, persistent) -> list:
         """One vector step of pass q: the pass's values lane by lane, accumulated (not Welford),
