@@ -10,7 +10,7 @@ and the interpreter evaluate exactly the same arithmetic, and the order of combi
 (lanes in order, shuffles by falling xor distance, warps in order): the same inputs give the same
 bits on every run.
 
-An online pair (reduction_graph.OnlinePair: softmax's max and sum of exp(x - max) in one pass)
+An online pair (reduction_patterns.OnlinePair: softmax's max and sum of exp(x - max) in one pass)
 has the partial (m, s), s the sum of exp(x - m) over the partial's elements, where an element
 equal to m counts exp(0) = 1 even when it is infinite. Combine: m = max(m1, m2) (NaN as eager),
 s = s1 * exp(d1) + s2 * exp(d2), d_i = 0 where m_i == m, else m_i - m (so two partials of -inf

@@ -19,7 +19,7 @@ between passes the threads combine their partials (one_pass):
   elements, so no barrier is needed;
 - a *streamed* kernel reads again in every pass, `unroll` vectors a step, all loads of a step
   issued before the first use.
-Online pairs (reduction_graph.OnlinePair: a max and the sum of exp(x - max) in one pass) are
+Online pairs (reduction_patterns.OnlinePair: a max and the sum of exp(x - max) in one pass) are
 accumulated in chunks too: the max of the step loop's values, the running sum rescaled to the new
 max, then the sum of exp(x - max) over the chunk (`pair_chunk`); then (max, sum) partials combine
 once across lanes, threads, warps and cluster ranks.
@@ -247,7 +247,7 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
         return vals
 
     def pick_expr(self, node, vals, where, out):
-        """A pick's value (reduction_graph.Pick) for this row: 0.0 + X at position `index` along
+        """A pick's value (reduction_patterns.Pick) for this row: 0.0 + X at position `index` along
         the reduced axis, read as one element where the row is in bounds and 0 <= index <
         extent, else 0.0 (what the sum of where(iota == index, X, 0) gives). Inner kernels
         (the scheduler plans picks for them only): the row's kept-group indices are where[0]."""

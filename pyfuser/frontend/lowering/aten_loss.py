@@ -4,7 +4,7 @@ and the picked target's negative log-likelihood in the pass that reads the row).
 Written, as aten_reduction's normalizations are, with the builder's reductions and elementwise
 ops in the order of PyTorch's own kernels: half / bfloat16 logits are computed in float and the
 loss is rounded once; the target's logit is a sum over the row where a class iota equals the
-target (no gather op; the reduction kernels read that one element, reduction_graph.Pick); a row
+target (no gather op; the reduction kernels read that one element, reduction_patterns.Pick); a row
 whose target is `ignore_index` adds 0 to the loss and is not
 counted in a mean; a class index out of range gives NaN (eager raises there). Class weights and
 label smoothing are left to eager.
@@ -22,7 +22,7 @@ from .registry import NORMALIZATION, lowers
 def _pick_target(xc: TensorView, target: TensorView) -> TensorView:
     """[N]: xc[i, target[i]] for [N, C] xc, as a sum over the row of xc where the class (an
     iota) is the target: exactly that element, 0 for a class out of range (no gather op in the
-    Fusion; the reduction kernels read it as that one element: reduction_graph.Pick)."""
+    Fusion; the reduction kernels read it as that one element: reduction_patterns.Pick)."""
     classes = B.broadcast(B.iota(xc.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
     onehot = ew("eq", classes, B.broadcast(target, [False, True]))
     return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
