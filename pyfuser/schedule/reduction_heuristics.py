@@ -12,8 +12,7 @@ a block of at least 128 threads. A row stays in registers when its data needs at
 registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
 `unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
 memory, no barrier), a wider team only when there are too few rows to fill the GPU, and re-read
-for each later pass (from L2 when the rows in flight fit); a streamed Welford statistic takes a
-thread's whole share (at most 16 vectors) in one step, as each step's chunk costs a merge.
+for each later pass (from L2 when the rows in flight fit).
 Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
@@ -42,7 +41,6 @@ from __future__ import annotations
 
 import os
 
-from ..ir import exprs as E
 from .pointwise_heuristics import sm_count
 
 REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thread blocks: 32)
@@ -141,8 +139,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
                                                            "waves", "splits", "cluster",
                                                            "stage")}
     if p.kind == "inner":
-        welford = any(n.kind == "reduce" and isinstance(n.expr, E.WelfordOp) for n in g.nodes)
-        _inner(p, groups_r, groups_k, per_step, normalization, knobs, welford)
+        _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
     if knobs["stage"] not in (None, 0, 1):
@@ -198,7 +195,7 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
             return
 
 
-def _inner(p, groups_r, groups_k, per_step, normalization, knobs, welford=False) -> None:
+def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
@@ -222,14 +219,6 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs, welford=False)
         while team < 512 and -(-rows * team // MIN_BLOCK) < 2 * sm_count() and team < nv:
             team *= 2
         p.bdimx = max(1, min(512, team))
-    if not p.persistent and welford and not knobs["unroll"]:
-        # a streamed Welford statistic merges every step's chunk into the thread's running one
-        # (two divisions a merge): a thread's whole share in one step where it is short and fits
-        # the registers (H200, var_mean of 8192x3072, bfloat16: 21.9 -> 19.6 µs, 76% -> 87% of
-        # a copy; float32 even)
-        share = -(-nv // p.bdimx)
-        if share <= STREAM_VECTORS and share * per_step <= _budget(max(p.bdimx, MIN_BLOCK)):
-            p.unroll = max(1, share)
     p.bdimy = knobs["bdimy"] or max(1, min(MIN_BLOCK // p.bdimx, _pow2ceil(rows)))
     while p.bdimx > 1 and p.bdimx * p.bdimy < 32:     # shuffles name the full warp
         p.bdimy *= 2

@@ -211,22 +211,6 @@ def test_staging_forced_on_blocks_of_several_rows(builder, shape, axes, monkeypa
         assert p.stage == fits and (_async_loads(plan) >= 1) == fits
 
 
-@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("builder", [RC.var_mean, RC.welford], ids=lambda b: b.__name__)
-def test_a_streamed_welford_takes_a_threads_share_in_one_step(builder, dt):
-    """A streamed Welford statistic merges each step's chunk into the thread's running one: its
-    rows take a thread's whole share in one step (unroll = the share: 375 vectors of 4 over 32
-    threads, 12 each, the last step's tail masked); a plain sum keeps 4-vector steps. Both equal
-    eager."""
-    shape = (1100, 1500)                     # enough rows that a row keeps a narrow team
-    plan = run(builder, shape, [1], dt, "contiguous")
-    p = plan.params
-    assert not p.persistent and p.kind == "inner"
-    assert (p.vec, p.bdimx, p.unroll) == (4, 32, 12)
-    summed = run(RC.reduce_op("sum"), shape, [1], dt, "contiguous")
-    assert not summed.params.persistent and summed.params.unroll == 4
-
-
 def test_a_staged_read_before_its_wait_is_caught(monkeypatch):
     """The interpreter fails a kernel that reads what an async copy writes before the thread's
     AsyncWait (the copy may not have landed on a GPU)."""
