@@ -103,7 +103,7 @@ class ReductionSchedule:
 def _graph(fusion, online: bool = True, picks: bool = True):
     """The fusion's ReductionGraph (cached on it; dropped when the fusion changes), or the
     reason it has none; `online=False`: the graph without online pairs, `picks=False`: without
-    picks (reduction_graph's module docstring)."""
+    picks (reduction_patterns' module docstring)."""
     key = ("_pyfuser_reduction_graph" if online else "_pyfuser_reduction_graph_two_pass") + \
         ("" if picks else "_no_picks")
     cached = fusion.__dict__.get(key)
