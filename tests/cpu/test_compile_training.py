@@ -173,7 +173,7 @@ def test_in_place_updates_of_inputs_come_back():
     torch.testing.assert_close(acc, acc_ref)
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18", "t5", "vit"])
 def test_training_step_matches_eager(name):
     """forward, loss, backward and an SGD step: the loss, every gradient and every updated
     parameter as close to eager in float64 as eager in float32 is (within a factor 4)."""

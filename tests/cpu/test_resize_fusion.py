@@ -263,3 +263,48 @@ def test_stack_refusals_name_the_op():
             _stack([], 0)
         with pytest.raises(UnsupportedOpError, match="aten::stack: dim 3 is out of range"):
             _stack([a, a], 3)
+
+
+def test_select_and_slice_gradients_fuse_into_one_backward_region():
+    """A select's gradient (`select_backward`: the unsqueezed gradient padded with zeros, one
+    element wide, as ViT's class token gets it) and a slice's of a gradient of symbolic size
+    fuse with the arithmetic around them: the backward graph is one region, nothing left to
+    eager, the input's gradient bit-equal to eager's, the kernels NVRTC-compiled for sm_90."""
+    def f(x, y):
+        return (x[:, 0] * y).sin() + x[:, -1, 1:].exp().sum(-1, keepdim=True)
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 5, 4, requires_grad=True), torch.randn(3, 4)
+    x2 = x.detach().clone().requires_grad_()
+    out = pyfuser.compile(f)(x, y)
+    want = f(x2, y)
+    torch.testing.assert_close(out, want)
+    w = torch.randn(out.shape)
+    (out * w).sum().backward()
+    (want * w).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    bw = [g for g in compiled_graphs() if g.kind == "backward"]
+    assert len(bw) == 1 and not bw[0].unsupported, bw[0].unsupported
+    assert len(bw[0].regions) == 1
+    ops = bw[0].regions[0].ops
+    assert ops.count("aten.select_backward.default") == 2 and "aten.slice_backward.default" in ops
+    assert_ran_as_sm90_kernels(bw[0].regions)
+
+
+def test_select_backward_refusals_name_the_op():
+    """An index out of range, or a gradient whose constant size does not fit the op's sizes, is
+    refused (eager raises): the node stays an eager call, which raises as eager does."""
+    from pyfuser.errors import UnsupportedOpError
+    from pyfuser.frontend.lowering.aten_resize import _select_backward, _slice_backward
+    from pyfuser.ir.fusion import Fusion
+    with Fusion():
+        g = B.slice_axis(B.define_tensor([-1, -1], DataType.Float), 0, 0, 3)   # [3, symbolic]
+        assert [a.known_size() for a in g.logical] == [3, None]
+        with pytest.raises(UnsupportedOpError, match="index 5 is out of range for size 5"):
+            _select_backward(g, [3, 5, 4], 1, 5)
+        with pytest.raises(UnsupportedOpError, match="axis 0 has 3 elements, the sizes say 2"):
+            _select_backward(g, [2, 5, 4], 1, -1)
+        with pytest.raises(UnsupportedOpError, match="not one axis more"):
+            _select_backward(g, [3, 4], 1, 0)
+        with pytest.raises(UnsupportedOpError, match="axis 0 has 3 elements, the sizes say 2"):
+            _slice_backward(g, [4, 6], 0, 1, 3, 1)
+        assert _select_backward(g, [3, 5, 4], 1, -2).ndim == 3       # symbolic axis: taken to fit

@@ -1,6 +1,6 @@
 """Models for training steps through torch.compile: HF transformers BERT (masked LM), GPT-2 and
-Llama (causal LM) with random weights (never a download) and a ResNet-18 in train mode, each
-with seeded inputs and a loss.
+Llama (causal LM), T5 (sequence to sequence) and ViT (image classification) with random weights
+(never a download) and a ResNet-18 in train mode, each with seeded inputs and a loss.
 
 `TRAIN_CASES` maps a name to `build(device, size=SMALL, dropout=0.0) -> TrainCase`; `size` is a
 `Size` (batch, sequence length or image size, hidden width, layers, heads): SMALL for the CPU
@@ -110,6 +110,37 @@ def _llama(device, size=SMALL, dropout=0.0):
     return TrainCase("llama", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
 
 
+def _t5(device, size=SMALL, dropout=0.0):
+    """T5 as a sequence-to-sequence LM: encoder, decoder with cross-attention, relative position
+    buckets, RMS-style layer norms without bias, gated-free ReLU feed-forward."""
+    import transformers as T
+    cfg = T.T5Config(vocab_size=size.vocab, d_model=size.hidden, d_kv=size.hidden // size.heads,
+                     d_ff=4 * size.hidden, num_layers=size.layers, num_heads=size.heads,
+                     relative_attention_num_buckets=8, use_cache=False,
+                     decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                     **_drop(dropout, "dropout_rate"))
+    model = _hf_model("T5ForConditionalGeneration", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    return TrainCase("t5", model, {"input_ids": ids, "labels": labels}, lambda out: out.loss)
+
+
+def _vit(device, size=SMALL, dropout=0.0):
+    """ViT image classification: patch embedding (a strided convolution), class token,
+    position embeddings, pre-norm encoder layers with GELU, a linear head and its loss."""
+    import transformers as T
+    side = 16 if size is SMALL else 224
+    cfg = T.ViTConfig(image_size=side, patch_size=4 if size is SMALL else 16, num_channels=3,
+                      hidden_size=size.hidden, num_hidden_layers=size.layers,
+                      num_attention_heads=size.heads, intermediate_size=4 * size.hidden,
+                      num_labels=10,
+                      **_drop(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
+    model = _hf_model("ViTForImageClassification", cfg).to(device).train()
+    g = _gen()
+    x = torch.randn(size.batch, 3, side, side, generator=g).to(device)
+    y = torch.randint(0, 10, (size.batch,), generator=g).to(device)
+    return TrainCase("vit", model, {"pixel_values": x, "labels": y}, lambda out: out.loss)
+
+
 def _resnet18(device, size=SMALL, dropout=0.0):
     import model_corpus as M
     torch.manual_seed(0)
@@ -127,7 +158,8 @@ def _resnet18(device, size=SMALL, dropout=0.0):
                      lambda out, y=y: torch.nn.functional.cross_entropy(out, y))
 
 
-TRAIN_CASES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "resnet18": _resnet18}
+TRAIN_CASES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "resnet18": _resnet18,
+               "t5": _t5, "vit": _vit}
 
 
 def step(case: TrainCase, model_fn, opt=None):

@@ -41,7 +41,7 @@ def _fresh():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18", "t5", "vit"])
 def test_training_step_on_cuda_matches_eager(name):
     case = TC.TRAIN_CASES[name]("cuda", GPU_SIZE if name != "resnet18" else TC.SMALL)
     runs, losses = TC.steps_beside_eager(name, case, pyfuser.compile(case.model))

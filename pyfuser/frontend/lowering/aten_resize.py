@@ -3,14 +3,16 @@
 `aten::slice` (a view: metadata class, so a slice of a region's input stays a free eager view at
 the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`
 (and `aten::stack`, a cat of unsqueezed views),
-`aten::constant_pad_nd` and `aten::slice_backward` (a slice's gradient: zeros around the slice,
-a pad). In the Fusion they are SliceOp / CatOp / PadOp, which the pointwise scheduler indexes
+`aten::constant_pad_nd`, `aten::slice_backward` (a slice's gradient: zeros around the slice,
+a pad) and `aten::select_backward` (a select's gradient: the same pad of the unsqueezed gradient,
+one element wide: ViT's class-token gradient). In the Fusion they are SliceOp / CatOp / PadOp, which the pointwise scheduler indexes
 (schedule/pointwise_graph.py); this is what fuses a rotary embedding (`cat(-x2, x1)` of two
 halves of the head, and its backward's `slice_backward`s) into the kernel around it.
 
 Bounds are constants known when the graph is compiled: a slice's start and end (an open end, or
 eager's INT64_MAX, runs to the axis' end whatever its size at run time; a negative bound needs
-the axis' size to be a constant), the pads, the input sizes of `slice_backward` along its axis.
+the axis' size to be a constant), the pads, the input sizes of `slice_backward` and
+`select_backward` (and the select's index); their gradient's sizes may be symbolic (`_fits`).
 Sizes may be symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a
 pad's extents are read from the sizes at run time. Anything else (steps other than 1, a
 negative bound on a symbolic axis) raises UnsupportedOpError: the node stays an eager op.
@@ -158,8 +160,40 @@ def _slice_backward(grad, input_sizes, dim, start, end, step):
         raise UnsupportedOpError("aten::slice_backward: sizes and gradient ranks differ")
     d = _dim(dim, grad.ndim, "aten::slice_backward")
     s, e = _bounds(sizes[d], start, end)
-    if e - s != _size(grad, d, "aten::slice_backward"):
-        raise UnsupportedOpError("aten::slice_backward: the gradient does not fit the slice")
+    _fits(grad, {d: e - s}, "aten::slice_backward")
     pairs = [(0, 0)] * grad.ndim
     pairs[d] = (s, sizes[d] - e)
     return _pad(grad, pairs, 0, "aten::slice_backward")
+
+
+@lowers("aten::select_backward", n_args=(4,), const_args=(1, 2, 3))
+def _select_backward(grad, input_sizes, dim, index):
+    if not isinstance(grad, TensorView):
+        raise UnsupportedOpError("aten::select_backward of a non-tensor value")
+    sizes = [_const_int(s, "aten::select_backward input size") for s in input_sizes]
+    if len(sizes) != grad.ndim + 1:
+        raise UnsupportedOpError("aten::select_backward: the sizes are not one axis more than "
+                                 "the gradient's")
+    d = _dim(dim, len(sizes), "aten::select_backward")
+    i = _const_int(index, "aten::select_backward index")
+    i = i + sizes[d] if i < 0 else i
+    if not 0 <= i < sizes[d]:
+        raise UnsupportedOpError(f"aten::select_backward: index {index} is out of range for "
+                                 f"size {sizes[d]}")
+    _fits(grad, {k if k < d else k - 1: n for k, n in enumerate(sizes) if k != d},
+          "aten::select_backward")
+    pairs = [(0, 0)] * len(sizes)
+    pairs[d] = (i, sizes[d] - i - 1)
+    return _pad(B.unsqueeze(grad, d), pairs, 0, "aten::select_backward")
+
+
+def _fits(grad: TensorView, want: dict, what: str) -> None:
+    """The gradient's axes {axis: size} as the op's constant sizes say. An axis of symbolic size
+    is taken to fit: these ops come from traced backward graphs (AOTAutograd, TorchScript's
+    autodiff), which pass them the gradient of the forward's own view, whose sizes the trace
+    checked; a constant that does not fit is refused (eager raises)."""
+    for k, n in want.items():
+        have = grad.logical[k].known_size()
+        if have is not None and have != n:
+            raise UnsupportedOpError(f"{what}: the gradient's axis {k} has {have} elements, the "
+                                     f"sizes say {n}")
