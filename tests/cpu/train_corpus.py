@@ -112,7 +112,7 @@ def _llama(device, size=SMALL, dropout=0.0):
 
 def _t5(device, size=SMALL, dropout=0.0):
     """T5 as a sequence-to-sequence LM: encoder, decoder with cross-attention, relative position
-    buckets, RMS-style layer norms without bias, gated-free ReLU feed-forward."""
+    buckets, RMS norms (no mean, no bias), a ReLU feed-forward, shifted decoder inputs."""
     import transformers as T
     cfg = T.T5Config(vocab_size=size.vocab, d_model=size.hidden, d_kv=size.hidden // size.heads,
                      d_ff=4 * size.hidden, num_layers=size.layers, num_heads=size.heads,

@@ -4,10 +4,11 @@
 the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`
 (and `aten::stack`, a cat of unsqueezed views),
 `aten::constant_pad_nd`, `aten::slice_backward` (a slice's gradient: zeros around the slice,
-a pad) and `aten::select_backward` (a select's gradient: the same pad of the unsqueezed gradient,
-one element wide: ViT's class-token gradient). In the Fusion they are SliceOp / CatOp / PadOp, which the pointwise scheduler indexes
-(schedule/pointwise_graph.py); this is what fuses a rotary embedding (`cat(-x2, x1)` of two
-halves of the head, and its backward's `slice_backward`s) into the kernel around it.
+a pad) and `aten::select_backward` (a select's gradient: the same pad of the unsqueezed
+gradient, one element wide: ViT's class-token gradient). In the Fusion they are SliceOp / CatOp
+/ PadOp, which the pointwise scheduler indexes (schedule/pointwise_graph.py); this is what fuses
+a rotary embedding (`cat(-x2, x1)` of two halves of the head, and its backward's
+`slice_backward`s) into the kernel around it.
 
 Bounds are constants known when the graph is compiled: a slice's start and end (an open end, or
 eager's INT64_MAX, runs to the axis' end whatever its size at run time; a negative bound needs
