@@ -115,3 +115,15 @@ def test_cast_of_an_empty_permuted_slice_keeps_eagers_strides():
     want = f(x)
     assert got.shape == want.shape == (33, 7, 0) and got.dtype == want.dtype
     assert got.stride() == want.stride()
+
+
+def test_an_empty_result_is_no_view_of_an_empty_input():
+    """FX fuzz seed 710315 (a checker false positive): an empty float32 result "viewed" an
+    empty float16 input because empty storages all have data_ptr 0, and then the strides of
+    two empty tensors were compared. Empty tensors view nothing; real views are still seen."""
+    import fx_check
+    assert not fx_check._views_input(torch.empty(2, 0, 1),
+                                     [torch.empty(1, 0, 1, dtype=torch.float16)])
+    x = torch.randn(3, 4)
+    assert fx_check._views_input(x[1:], [torch.empty(0), x])
+    assert not [str(f) for _, f in FZ.run_many([710315])]
