@@ -69,9 +69,10 @@ def loosest_input_dtype(program: "Program") -> Optional[torch.dtype]:
     return max(dts, key=lambda d: TOLERANCE[d]) if dts else None
 
 
-def compare(ref, got, ref_inputs=None, loosest=None) -> Optional[str]:
+def compare(ref, got, ref_inputs=None, loosest=None, judge=None) -> Optional[str]:
     """None when `got` matches eager's `ref`, else what differs; floats within the tolerance of
-    their dtype, or of `loosest` where that is less precise."""
+    their dtype, or of `loosest` where that is less precise, or accepted by `judge(i, ref_i,
+    got_i)` (check's float64 judge of an ill-conditioned output)."""
     if len(ref) != len(got):
         return f"{len(got)} outputs, eager has {len(ref)}"
     for i, (a, b) in enumerate(zip(ref, got)):
@@ -95,7 +96,7 @@ def compare(ref, got, ref_inputs=None, loosest=None) -> Optional[str]:
         if a.dtype.is_floating_point:
             rtol, atol = max(TOLERANCE[a.dtype], TOLERANCE.get(loosest, (0, 0)))
             if not torch.allclose(a.double(), b.double().to(a.device), rtol=rtol, atol=atol,
-                                  equal_nan=True):
+                                  equal_nan=True) and not (judge is not None and judge(i, a, b)):
                 d = (a.double() - b.double().to(a.device)).abs().nan_to_num(0)
                 return f"output {i} ({a.dtype}): max abs err {float(d.max()):.4g}"
         elif not torch.equal(a, b.to(a.device)):
@@ -113,6 +114,47 @@ def _run_ref(program, device, gpu_rule: bool = False):
         return g, inputs, out, None
     except Exception as e:         # noqa: BLE001 - eager rejects the program at run time
         return g, inputs, None, e
+
+
+def _float64_outputs(program, device):
+    """Eager's outputs with every floating input in float64 and float64 the default dtype (so an
+    integer promoted to a float computes in float64 too); None when that run raises."""
+    inputs = [x.detach().double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+              else x for x in program.make_inputs(device)]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return run_graph(parse_ir(program.text), inputs, device=device,
+                         node_handler=eager_handler, no_grad=True)
+    except Exception:              # noqa: BLE001 - no judgement then: the mismatch stands
+        return None
+    finally:
+        torch.set_default_dtype(old)
+
+
+def float64_judge(program, device) -> Callable:
+    """judge(i, ref_i, got_i): output i of pyfuser (`got_i`) is at most twice as far from the
+    float64 run's as eager's (`ref_i`) is, NaNs where eager's are. For ill-conditioned outputs
+    (a sum of terms of size 1 cancelling to 1e-3, then its reciprocal: seed 600791), where the
+    order of a float32 sum moves the result past the dtype's tolerance and neither order is
+    wrong; a wrong result is farther from float64 than eager's rounding."""
+    cache: list = []
+
+    def judge(i, a, b) -> bool:
+        if not cache:
+            cache.append(_float64_outputs(program, device))
+        r64 = cache[0]
+        if r64 is None or i >= len(r64) or not isinstance(r64[i], torch.Tensor) or \
+                r64[i].shape != a.shape:
+            return False
+        exact = r64[i].detach().double().to(a.device)
+        a, b = a.double(), b.double().to(a.device)
+        if not torch.equal(a.isnan(), b.isnan()):
+            return False
+        ours = (b - exact).abs().nan_to_num(0).max()
+        eagers = (a - exact).abs().nan_to_num(0).max()
+        return bool(ours <= 2 * eagers)
+    return judge
 
 
 def check(program: Program, modes=("evaluator", "interpret"), device="cpu") -> Optional[Failure]:
@@ -136,7 +178,8 @@ def check(program: Program, modes=("evaluator", "interpret"), device="cpu") -> O
         if err is not None:
             return Failure(mode, f"returned a result where eager raises "
                                  f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
-        bad = compare(ref, got, ref_inputs, loosest_input_dtype(program))
+        bad = compare(ref, got, ref_inputs, loosest_input_dtype(program),
+                      float64_judge(program, device))
         if bad is None:
             bad = compare(ref_inputs, inputs)
             bad = None if bad is None else f"inputs after the run: {bad}"
