@@ -12,7 +12,8 @@ casts between float32/float16/bfloat16/int32/int64/bool, `where`, `clamp`, reduc
 (`sum`, `mean`, `amax`, `var` over dims, keepdim), `softmax`/`log_softmax`, `layer_norm`,
 views between ops (`reshape`, `permute`, `transpose`, `unsqueeze`, `expand`; the last three
 sometimes followed by `.contiguous()`, a copy into row-major), slices (open,
-negative and clamped bounds), `torch.cat`, `torch.stack`, `F.pad` (with values, sometimes
+negative and clamped bounds), selects (an index, negative too: in grad mode their gradient is
+`select_backward`), `torch.cat`, `torch.stack`, `F.pad` (with values, sometimes
 negative) and a rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`,
 `clamp_`, `relu_`, `neg_`) on intermediates a pointwise op produced.
 
@@ -340,7 +341,7 @@ def _gen_view(b: _Builder) -> bool:
 
 
 def _gen_resize(b: _Builder) -> bool:
-    """A slice, cat, stack, pad or rotate-half of a value along a random axis."""
+    """A slice, select, cat, stack, pad or rotate-half of a value along a random axis."""
     x = b.pick(lambda u: u.dim() >= 1)
     if x is None:
         return False
@@ -349,7 +350,11 @@ def _gen_resize(b: _Builder) -> bool:
     n = t.shape[d]
     pre = ":, " * d
     out = b.fresh()
-    kind = b.r.choice(["slice", "cat", "pad", "rotate", "stack"])
+    kind = b.r.choice(["slice", "cat", "pad", "rotate", "stack", "select"])
+    if kind == "select":                 # a view; in grad mode its gradient, select_backward
+        if n == 0:
+            return False
+        return b.try_line(f"{out} = {x}[{pre}{b.r.randint(-n, n - 1)}]", out, False)
     if kind == "slice":
         a = b.r.randint(-n - 1, n)
         e = b.r.choice(["", str(b.r.randint(-n, n + 2))])

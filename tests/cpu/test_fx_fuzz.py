@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fx_fuzz as FZ
+import pyfuser
 
 N_PROGRAMS = int(os.environ.get("PYFUSER_FX_FUZZ_PROGRAMS", "40"))
 
@@ -126,4 +127,11 @@ def test_an_empty_result_is_no_view_of_an_empty_input():
                                      [torch.empty(1, 0, 1, dtype=torch.float16)])
     x = torch.randn(3, 4)
     assert fx_check._views_input(x[1:], [torch.empty(0), x])
-    assert not [str(f) for _, f in FZ.run_many([710315])]
+
+    def f(x0, x1):                        # the seed's program, cut to its empty output
+        return torch.maximum(x1, x0[:, -3:2][:, :, -1:])
+    x0 = torch.randn(2, 1, 7).transpose(-1, -2)
+    x1 = torch.randn(1, 0, 1).half()
+    got = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x0, x1)
+    want = f(x0, x1)
+    assert got.shape == want.shape == (2, 0, 1) and got.dtype == want.dtype == torch.float32

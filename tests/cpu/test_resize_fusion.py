@@ -308,3 +308,48 @@ def test_select_backward_refusals_name_the_op():
         with pytest.raises(UnsupportedOpError, match="axis 0 has 3 elements, the sizes say 2"):
             _slice_backward(g, [4, 6], 0, 1, 3, 1)
         assert _select_backward(g, [3, 5, 4], 1, -2).ndim == 3       # symbolic axis: taken to fit
+
+
+def test_select_between_compute_ops_fuses():
+    """`x[:, i]` between compute ops is an index shift in the kernel (a one-wide slice,
+    squeezed): one region, values and strides equal to eager's, on expanded, transposed and
+    size-1 axes too; a negative index on an axis of symbolic size stays an eager view (the
+    size is needed), with its reason."""
+    cases = [
+        (lambda x: (x * 2)[:, 1].sin() + x[:, 0], torch.randn(3, 5, 4)),
+        (lambda x: (x.expand(3, 5, 4) + 1)[:, 3].sin(), torch.randn(3, 1, 4)),
+        (lambda x: (x + 1)[:, 3].sin(), torch.randn(3, 1, 4).expand(3, 5, 4)),
+        (lambda x: (x * 2).select(-1, 2).exp() + x.sum(-1), torch.randn(3, 5, 4)),
+        (lambda x: (x * 2)[1].cos(), torch.randn(4, 5, 3).transpose(0, 2)),
+    ]
+    for f, x in cases:
+        torch._dynamo.reset()
+        got, want = pyfuser.compile(f)(x), f(x)
+        assert torch.equal(got, want) and got.stride() == want.stride()
+        g = compiled_graphs()[-1]
+        assert not g.unsupported and len(g.regions) == 1, (g.unsupported, g.regions)
+        assert "aten.select.int" in g.regions[0].ops
+        assert_ran_as_sm90_kernels(g.regions)
+    torch._dynamo.reset()
+    f = lambda x: (x * 2)[..., -1].exp()                             # noqa: E731
+    x = torch.randn(3, 4)
+    assert torch.equal(pyfuser.compile(f)(x), f(x))
+    assert "aten::select: a negative index on an axis of symbolic size" in \
+        compiled_graphs()[-1].unsupported.values()
+
+
+@pytest.mark.parametrize("mode", ["evaluator", "interpret"])
+def test_select_in_a_torchscript_group_is_checked_at_run_time(mode):
+    """A TorchScript group holds the select (one group, one kernel); its axis is symbolic, so a
+    later call whose axis is too short for the index is not read past the axis' end: the sizes'
+    check fails and the group runs eagerly, which raises as eager does."""
+    from pyfuser.frontend.torchscript.fuse_api import jit
+
+    def h(x):
+        return (x * 2).select(1, 3).sin()
+    f = jit(torch.jit.script(h), cpu_executor=mode)
+    x = torch.randn(3, 5, 4)
+    assert torch.equal(f(x), h(x))
+    assert (f.last_run.groups, f.last_run.kernels, f.last_run.eager_groups) == (1, 1, 0)
+    with pytest.raises(Exception, match="index 3 out of range"):
+        f(torch.randn(3, 2, 4))

@@ -1,7 +1,8 @@
 """Lowerings of the ops that move elements to other indices: slice, cat, constant pads.
 
-`aten::slice` (a view: metadata class, so a slice of a region's input stays a free eager view at
-the region's edge and a slice between compute ops is an index shift in the kernel), `aten::cat`
+`aten::slice` and `aten::select` (views: metadata class, so a slice of a region's input stays a
+free eager view at the region's edge and a slice between compute ops is an index shift in the
+kernel), `aten::cat`
 (and `aten::stack`, a cat of unsqueezed views),
 `aten::constant_pad_nd`, `aten::slice_backward` (a slice's gradient: zeros around the slice,
 a pad) and `aten::select_backward` (a select's gradient: the same pad of the unsqueezed
@@ -84,6 +85,26 @@ def _slice(x, dim=0, start=None, end=None, step=1):
         if s == 0 and e is None:
             return x
     return B.slice_axis(x, d, s, e)
+
+
+@lowers("aten::select", op_class=METADATA, n_args=(3,), const_args=(1, 2))
+def _select(x, dim, index):
+    """x[..., index, ...] along `dim`: a one-wide slice, squeezed (a view like slice: free at a
+    region's edge, an index shift between compute ops). On an axis of symbolic size the index
+    is checked when the sizes are bound (the slice's end past the size: the region runs
+    eagerly, which raises as eager does); a negative index there needs the size: refused."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("aten::select of a 0-dim or non-tensor value")
+    d = _dim(dim, x.ndim, "aten::select")
+    i = _const_int(index, "aten::select index")
+    n = x.logical[d].known_size()
+    if n is not None:
+        if not -n <= i < n:
+            raise UnsupportedOpError(f"aten::select: index {i} is out of range for size {n}")
+        i %= n
+    elif i < 0:
+        raise UnsupportedOpError("aten::select: a negative index on an axis of symbolic size")
+    return B.squeeze(B.slice_axis(x, d, i, i + 1), [d])
 
 
 @lowers("aten::cat", n_args=(2,), const_args=(1,))
