@@ -42,6 +42,7 @@ def c_pow(x): return torch.pow(x, 2.0) + torch.pow(2.0, x)
 def c_rem(a, b): return torch.remainder(a - 4, b) + torch.fmod(a - 4, b)
 def c_unary(x): return torch.exp(x) + torch.log(x) + torch.sqrt(x) + torch.rsqrt(x) + torch.log1p(x) + torch.expm1(x)
 def c_unary2(x): return torch.sin(x) * torch.cos(x) + torch.tan(x) + torch.tanh(x) + torch.exp2(x) + torch.log2(x)
+def c_sign(x, a): return torch.sgn(x) * torch.sign(x - 0.5) + torch.sgn(a)  # sgn: sign of reals
 def c_act(x): return torch.sigmoid(x) + torch.erf(x) + torch.erfc(x) + torch.relu(x) + torch.reciprocal(x + 3)
 def c_gelu(x): return F.gelu(x) + F.gelu(x, approximate="tanh")
 def c_silu_mish(x): return F.silu(x) * F.mish(x) + F.hardswish(x) + F.hardsigmoid(x)
@@ -84,7 +85,7 @@ def c_int_sum(a): return torch.sum(a, [1])
 CASES = [
     (c_add_alpha, (X, Y)), (c_sub, (X, Y)), (c_rsub, (X,)), (c_mul_div, (X, Y)),
     (c_div_modes, (I64, I32)), (c_int_div, (I64, I32)), (c_pow, (X,)), (c_rem, (I64, I32)),
-    (c_unary, (P,)), (c_unary2, (X,)), (c_act, (X,)), (c_gelu, (X,)), (c_silu_mish, (X,)),
+    (c_unary, (P,)), (c_unary2, (X,)), (c_sign, (X, I64)), (c_act, (X,)), (c_gelu, (X,)), (c_silu_mish, (X,)),
     (c_hardtanh, (X,)), (c_softplus, (X,)), (c_elu, (X,)), (c_threshold, (X,)), (c_clamp, (X,)),
     (c_where, (X, Y)), (c_masked_fill, (X, B_)), (c_lerp, (X, Y)), (c_addcmul, (X, Y)),
     (c_compare, (X, Y)), (c_logical, (B_, B_)), (c_bitwise, (I32, I64)),

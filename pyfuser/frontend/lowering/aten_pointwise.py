@@ -116,7 +116,7 @@ _DIRECT = {
     "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc", "erfinv": "erfinv", "relu": "relu",
     "silu": "silu", "mish": "mish", "hardswish": "hardswish", "hardsigmoid": "hardsigmoid",
     "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc", "frac": "frac",
-    "sign": "sign", "atan2": "atan2", "maximum": "maximum", "minimum": "minimum",
+    "sign": "sign", "sgn": "sign", "atan2": "atan2", "maximum": "maximum", "minimum": "minimum",
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
     "logical_not": "logical_not", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
