@@ -1,5 +1,5 @@
-"""The torch.compile backend's factory ops and where their regions run: `full`,
-`scalar_tensor` and integer `arange` fuse (constants, an iota) with eager's values and dtypes;
+"""The torch.compile backend's factory ops and where their regions run: `full`, `ones`,
+`zeros`, `scalar_tensor` and integer `arange` fuse (constants, an iota) with eager's values and dtypes;
 the partitioner never makes a CUDA region with no CUDA input (it could not tell its device):
 random factories are left to eager, and a region fed only by an `arange` leaves the arange to
 eager and keeps its compute (partition tests on fake CUDA tensors, no GPU needed)."""
@@ -84,6 +84,25 @@ def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():
                    ("aten.scalar_tensor.default", "aten.scalar_tensor.default", "aten.where.self")]
     assert list(graph.unsupported.values()) == [
         "full without a dtype (eager infers it from the value; left to eager)"]
+
+
+def test_ones_and_zeros_fuse_as_constants_with_eagers_dtypes():
+    """`torch.ones` / `torch.zeros` (a default mask, a bias of zeros) fuse as constants: the
+    default dtype when none is given, the given one otherwise; values, dtypes and strides as
+    eager's."""
+    def f(x):
+        a = (x + torch.ones(3, 5, 4)) * torch.zeros(5, 4, dtype=torch.float64)
+        b = torch.where(x > 0, torch.ones(5, 4, dtype=torch.int32), x.to(torch.int32)) * 2
+        return a, b, x.sum(-1) + torch.zeros(3, 5).exp()
+    x = torch.randn(3, 5, 4)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x)
+    for g, w in zip(got, f(x)):
+        assert g.dtype == w.dtype and g.stride() == w.stride() and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.ones.default") == 2 and ops.count("aten.zeros.default") == 2
 
 
 def test_integer_arange_fuses_as_an_iota_and_floating_ones_stay_eager():

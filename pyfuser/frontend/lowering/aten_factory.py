@@ -1,5 +1,6 @@
-"""Lowerings of aten's factory ops: `scalar_tensor` and `full` (what an FX graph writes for
-`torch.where(mask, x, float("-inf"))`, an attention mask's fill or a `torch.full` in a model),
+"""Lowerings of aten's factory ops: `scalar_tensor`, `full`, `ones` and `zeros` (what an FX
+graph writes for `torch.where(mask, x, float("-inf"))`, an attention mask's fill or a
+`torch.full` / `torch.ones` in a model),
 `arange` of integers (a class index compared with a target, positions), and `new_ones` /
 `new_zeros` / `new_full` (a mask's `True` made beside a tensor). In a fused region
 the value becomes a constant broadcast, or an iota, in the kernel: no allocation, no fill
@@ -28,9 +29,7 @@ def _number(v, what: str):
 @lowers("aten::scalar_tensor", op_class=FACTORY, n_args=(5,), const_args=(0, 1, 2, 3, 4))
 def _scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
     """A 0-dim tensor of `value`, in `dtype` (eager's default dtype when it is left out)."""
-    import torch
-    dt = _dtype(dtype) if dtype is not None else DataType.from_torch(torch.get_default_dtype())
-    return B.full([], _number(value, "scalar_tensor"), dt)
+    return B.full([], _number(value, "scalar_tensor"), _default_dtype(dtype))
 
 
 @lowers("aten::full", op_class=FACTORY, n_args=(6,), const_args=(1, 2, 3, 4, 5))
@@ -57,6 +56,23 @@ def _arange(*args):
     if not dt.is_integral:
         raise UnsupportedOpError("arange of a floating dtype (left to eager)")
     return B.iota(max(0, math.ceil((end - start) / step)), start, step, dt)
+
+
+def _default_dtype(dtype) -> DataType:
+    import torch
+    return _dtype(dtype) if dtype is not None else DataType.from_torch(torch.get_default_dtype())
+
+
+@lowers("aten::ones", op_class=FACTORY, n_args=(5,), const_args=(0, 1, 2, 3, 4))
+def _ones(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """`torch.ones(size)`: in `dtype`, else eager's default dtype."""
+    return B.full(list(size), 1, _default_dtype(dtype))
+
+
+@lowers("aten::zeros", op_class=FACTORY, n_args=(5,), const_args=(0, 1, 2, 3, 4))
+def _zeros(size, dtype=None, layout=None, device=None, pin_memory=None):
+    """`torch.zeros(size)`: in `dtype`, else eager's default dtype."""
+    return B.full(list(size), 0, _default_dtype(dtype))
 
 
 def _new_filled(self, size, value, dtype, what: str):
