@@ -261,19 +261,18 @@ class CompiledGraph:
         plan.native_tried = True
         if self._rebuild is not None or self.cuda_graphs:
             return
-        progs, key = plan.direct
+        progs, key, unpack, order = plan.direct
         progs.handoff(args, key)
         data = progs.native_data.get(key)
         mod = native.runner_module() if data is not None else None
         if mod is None:
             return
         if variant.native is None:
-            unpack = 1 if len(variant.graph.outputs) == 1 else 2
             variant.native = mod.Runner(len(args), variant.call, _RAW_ENV,
                                         (b"PYFUSER_DUMP", b"PYFUSER_POISON_OUTPUTS"),
                                         grad_check=True, unpack=unpack)
         steps, results, effects, device = data
-        variant.native.add(list(args), steps, results,
+        variant.native.add(list(args), steps, [results[k] for k in order],
                            list(effects) + [("setattr", self, "last_run", plan.stats)], device)
         variant.entry = variant.native.run
         if self._variant is variant and self._rebuild is None:

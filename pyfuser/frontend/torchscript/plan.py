@@ -68,9 +68,11 @@ class Plan:
         self.fn, self.stats, self.source = fn, stats, source
         self.filename, self.line_nodes, self.sites = filename, line_nodes, sites
         self.attr_reads = attr_reads       # (getter, name) of the attributes read per call
-        # (fusion's _Programs, its key for these inputs) when the whole graph is one bound
-        # group taking the graph's inputs in order and giving its outputs: the call is that
-        # fusion's recorded program (jit.py hands it to the native runner where built).
+        # (fusion's _Programs, its key for these inputs, how the native runner returns the
+        # results: 1 the only one, 2 a tuple, and the fusion output each returned value is)
+        # when the whole graph is one bound group taking the graph's inputs in order and giving
+        # its outputs (or a tuple of them, each once): the call is that fusion's recorded
+        # program (jit.py hands it to the native runner where built).
         self.direct = None
         self.native_tried = False
 
@@ -256,19 +258,32 @@ def _write(compiled, variant, rec, stats_factory, names) -> Plan:
 
 
 def _direct(graph, w, rec, skip):
-    """Plan.direct for a graph that is one bound group on the graph's inputs (see Plan)."""
-    if skip:
+    """Plan.direct for a graph that is one bound group on the graph's inputs (see Plan). A
+    module's graph qualifies when nothing reads `%self` (the attributes it used were folded
+    into constants, as `__constants__` are): the call is then the group's alone."""
+    inputs = list(graph.inputs)
+    if any(v.uses for v in inputs[:skip]):
         return None
     nodes = [n for n in graph.nodes() if n.kind != "prim::Constant"]
-    if len(nodes) != 1 or w.sites.get(nodes[0]) != "bound":
+    if not nodes or w.sites.get(nodes[0]) != "bound":
         return None
-    g = nodes[0]
-    if list(g.inputs) != list(graph.inputs) or list(g.outputs) != list(graph.outputs):
+    g, outs, produced = nodes[0], list(graph.outputs), list(nodes[0].outputs)
+    if len(nodes) == 2:              # the group's outputs returned as one tuple, in any order
+        t = nodes[1]
+        if t.kind != "prim::TupleConstruct" or outs != list(t.outputs) or \
+                sorted(map(id, t.inputs)) != sorted(map(id, produced)):
+            return None
+        order, unpack = [produced.index(v) for v in t.inputs], 2
+    elif len(nodes) == 1 and produced == outs:
+        order, unpack = list(range(len(outs))), 1 if len(outs) == 1 else 2
+    else:
+        return None
+    if list(g.inputs) != inputs[skip:]:
         return None
     found = rec.direct.get(g)
     if found is None or found[2] != list(range(len(g.outputs))):
         return None
-    return found[0], found[1]
+    return found[0], found[1], unpack, order
 
 
 __all__ = ["Plan", "build_plan", "key_function", "VALUE", "FACTS", "TYPE", "DYN"]
