@@ -114,7 +114,15 @@ OPS["rsqrt"] = replace(OPS["rsqrt"], accepts=ALL)
 # Their CUDA templates name prelude functions that complex support will have to add.
 _op("real", 1, P.COMPLEX_TO_FLOAT, torch.real, "pf_real({0})", frozenset({"complex"}))
 _op("imag", 1, P.COMPLEX_TO_FLOAT, torch.imag, "pf_imag({0})", frozenset({"complex"}))
-_op("gelu", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x), "pf_gelu({0})", FLOAT)
+def _gelu(x):
+    """x * 0.5 * (1 + erf(x / sqrt(2))), in float for half / bfloat16 (rounded once): the
+    kernels' formula (prelude pf_gelu) and CUDA eager's. CPU eager's gelu gives NaN for +inf on
+    some paths and inf on others (FX fuzz seed 730167); this gives inf, as the kernels do."""
+    c = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return (c * 0.5 * (1 + torch.erf(c * 0.70710678118654752440))).to(x.dtype)
+
+
+_op("gelu", 1, P.DEFAULT, _gelu, "pf_gelu({0})", FLOAT)
 _op("gelu_tanh", 1, P.DEFAULT, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
     "pf_gelu_tanh({0})", FLOAT)
 _op("silu", 1, P.DEFAULT, torch.nn.functional.silu, "pf_silu({0})", FLOAT)

@@ -273,3 +273,24 @@ def test_the_float64_judge_accepts_rounding_and_catches_errors():
     wrong[i] = got[i].detach().clone()
     wrong[i].view(-1)[0] = float("nan")
     assert compare(ref, wrong, judge=float64_judge(p, "cpu")) is not None
+
+
+def _gelu_times_two(x):
+    return torch.nn.functional.gelu(x * 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", MODES)
+def test_gelu_of_infinities_is_the_kernels(mode, dtype):
+    """FX fuzz seed 730167: gelu(+inf) came out NaN on the CPU executors, which took CPU eager's
+    gelu as the op's meaning (NaN for +inf on some of its paths, inf on others), where the
+    kernels (and CUDA eager) compute x * 0.5 * (1 + erf(x / sqrt(2))): inf. The op's meaning is
+    now that formula (in float for bfloat16); finite values as eager's within rounding."""
+    from pyfuser.frontend.torchscript.fuse_api import jit
+    inf = float("inf")
+    x = torch.tensor([inf, -inf, 1.0, -3.0, 0.0, -12.0, 7.5, 0.3] * 16, dtype=dtype)
+    got = jit(torch.jit.script(_gelu_times_two), cpu_executor=mode)(x)
+    assert got.dtype == dtype
+    assert (got[0::8] == inf).all() and got[1::8].isnan().all()
+    finite = x.isfinite()
+    torch.testing.assert_close(got[finite], _gelu_times_two(x)[finite], rtol=1e-5, atol=1e-6)
