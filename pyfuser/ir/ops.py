@@ -114,6 +114,8 @@ OPS["rsqrt"] = replace(OPS["rsqrt"], accepts=ALL)
 # Their CUDA templates name prelude functions that complex support will have to add.
 _op("real", 1, P.COMPLEX_TO_FLOAT, torch.real, "pf_real({0})", frozenset({"complex"}))
 _op("imag", 1, P.COMPLEX_TO_FLOAT, torch.imag, "pf_imag({0})", frozenset({"complex"}))
+
+
 def _gelu(x):
     """x * 0.5 * (1 + erf(x / sqrt(2))), in float for half / bfloat16 (rounded once): the
     kernels' formula (prelude pf_gelu) and CUDA eager's. CPU eager's gelu gives NaN for +inf on

@@ -96,15 +96,23 @@ def _select(x, dim, index):
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("aten::select of a 0-dim or non-tensor value")
     d = _dim(dim, x.ndim, "aten::select")
-    i = _const_int(index, "aten::select index")
     n = x.logical[d].known_size()
     if n is not None:
-        if not -n <= i < n:
-            raise UnsupportedOpError(f"aten::select: index {i} is out of range for size {n}")
-        i %= n
-    elif i < 0:
-        raise UnsupportedOpError("aten::select: a negative index on an axis of symbolic size")
+        i = _index(index, n, "aten::select")
+    else:
+        i = _const_int(index, "aten::select index")
+        if i < 0:
+            raise UnsupportedOpError("aten::select: a negative index on an axis of symbolic size")
     return B.squeeze(B.slice_axis(x, d, i, i + 1), [d])
+
+
+def _index(index, n: int, what: str) -> int:
+    """A constant index into an axis of `n` elements, negative ones counted from the end;
+    out of range is refused (eager raises)."""
+    i = _const_int(index, f"{what} index")
+    if not -n <= i < n:
+        raise UnsupportedOpError(f"{what}: index {index} is out of range for size {n}")
+    return i % n
 
 
 @lowers("aten::cat", n_args=(2,), const_args=(1,))
@@ -197,11 +205,7 @@ def _select_backward(grad, input_sizes, dim, index):
         raise UnsupportedOpError("aten::select_backward: the sizes are not one axis more than "
                                  "the gradient's")
     d = _dim(dim, len(sizes), "aten::select_backward")
-    i = _const_int(index, "aten::select_backward index")
-    i = i + sizes[d] if i < 0 else i
-    if not 0 <= i < sizes[d]:
-        raise UnsupportedOpError(f"aten::select_backward: index {index} is out of range for "
-                                 f"size {sizes[d]}")
+    i = _index(index, sizes[d], "aten::select_backward")
     _fits(grad, {k if k < d else k - 1: n for k, n in enumerate(sizes) if k != d},
           "aten::select_backward")
     pairs = [(0, 0)] * len(sizes)
