@@ -66,6 +66,7 @@ class ReductionParams:
     stage: bool = False          # persistent inner: held loads staged in shared memory by
                                  # async copies (reduction_heuristics.stageable)
     max_blocks: int = 0          # grid cap (the kernel grid-strides over rows / columns)
+    min_blocks: int = 0          # __launch_bounds__ blocks an SM (caps registers; 0: no cap)
     index_type: str = "int"
     groups: list = field(default_factory=list)     # collapsed reference-axis groups, outer first
     reduced: list = field(default_factory=list)    # per group: True when it is reduced
@@ -321,7 +322,8 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
             if any(a.node is pk.load for pk in g.picks.values()))):
         # a pick reads one element of a row: inner kernels, through an affine access
         return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False))
-    kept = RG.recompute_costly(g) if scheduler != "reduction" else []
+    keep = scheduler != "reduction" and os.environ.get("PYFUSER_RED_KEEP") != "0"
+    kept = RG.recompute_costly(g) if keep else []
     choose(p, ext, g, accesses, scheduler != "reduction", kept)
     if kept and not p.persistent:          # persistent without keeping values, if that fits
         kept = []

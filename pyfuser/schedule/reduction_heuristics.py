@@ -34,7 +34,9 @@ Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY (powers of two
 $PYFUSER_RED_UNROLL, $PYFUSER_RED_STEPS (0 turns persistence off, any other value forces it),
 $PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cluster, a power
 of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in shared memory;
-1: stage them in every persistent inner kernel where they fit); $PYFUSER_CLUSTERS=0 never uses
+1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_MIN_BLOCKS (blocks an
+SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
+costly values in each pass instead of keeping them in registers); $PYFUSER_CLUSTERS=0 never uses
 clusters.
 """
 from __future__ import annotations
@@ -142,6 +144,11 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
+    mb = _env("PYFUSER_RED_MIN_BLOCKS")
+    if mb is not None:
+        if mb < 0 or mb > 32:
+            raise ValueError(f"$PYFUSER_RED_MIN_BLOCKS={mb}: 0 to 32")
+        p.min_blocks = mb
     if knobs["stage"] not in (None, 0, 1):
         raise ValueError(f"$PYFUSER_RED_STAGE={knobs['stage']}: 0 or 1")
     _stage(p, accesses, held, knobs)

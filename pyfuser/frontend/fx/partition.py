@@ -11,8 +11,13 @@ Two regions n reads from merge when neither needs the other (a path from one to 
 through other units would make one need the other): siblings become one region.
 
 Afterwards each region is trimmed and kept only when worth a call:
-- views at its ends (metadata nodes whose results only nodes outside the region read, and views
-  of the region's inputs) are left to FX, as are getitems of nodes left out;
+- views stay in it at both ends, each one a Python call fewer in the graph: at the output end
+  the fusion returns them as host views of its kernel's outputs (the native runner's
+  `as_strided`: a weight's cast and its `t()` under autocast, a hidden state's view to 2-D
+  before a matmul), at the input end it views the input on the host or indexes it in the
+  kernel (a matmul's 2-D result viewed back to 3-D). A view of an input that is not row-major
+  in FX's example values is left to FX (eager views any layout, a fusion's host view wants a
+  row-major input), as are getitems of nodes left out;
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
   `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
@@ -229,20 +234,24 @@ def _join_input_regions(regions: list, position: dict) -> list:
 
 
 def _trim(nodes: list) -> list:
-    """Drop views at either end (and getitems whose source is dropped) until none is left:
-    views only nodes outside the region read, and views of the region's inputs (eager views
-    cost nothing whatever the strides, where a fusion takes a view of an input on the host only
-    when the input is row-major)."""
+    """Drop views of the region's inputs that are not row-major (and getitems whose source is
+    dropped) until none is left (module docstring); views at the output end stay."""
     kept = list(nodes)
     while True:
         members = set(kept)
         drop = {n for n in kept if op_class(n) == METADATA and
-                (all(u not in members for u in n.users) or
-                 all(a not in members for a in n.all_input_nodes))}
+                all(a not in members for a in n.all_input_nodes) and not _row_major_inputs(n)}
         drop |= {n for n in kept if is_getitem(n) and n.args[0] not in members}
         if not drop:
             return kept
         kept = [n for n in kept if n not in drop]
+
+
+def _row_major_inputs(n) -> bool:
+    """Whether every tensor a view reads is row-major in FX's example values (a fusion views
+    such an input on the host; another layout at run time is an executor miss, run eagerly)."""
+    vals = [a.meta.get("val") for a in n.all_input_nodes]
+    return bool(vals) and all(isinstance(v, torch.Tensor) and v.is_contiguous() for v in vals)
 
 
 def unit_order(nodes, regions) -> list:
