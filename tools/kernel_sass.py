@@ -7,7 +7,7 @@ Runs each row once through pyfuser with the `cuda_to_file` dump into DIR/<row>/,
 dumped source with pyfuser's NVRTC options for this machine's GPU (sm_90 without one), writes
 `<kernel>.cubin` beside it, then runs `cuobjdump -sass` (when it is on the PATH) into
 `<kernel>.sass` and prints each kernel's instruction count by opcode (the first word), the
-largest first. Sizes are the benchmark's: on the CPU the rows run in the interpreter (slow).
+largest first. Needs a GPU: the benchmark's rows make their inputs on CUDA, at its sizes.
 """
 from __future__ import annotations
 

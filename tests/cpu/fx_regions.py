@@ -1,5 +1,5 @@
 """Test helper: where the views of a torch.compile region sit (frontend/fx/partition.py keeps
-views at a region's ends in it, as host views of the fusion; one between two compute ops of
+reshapes at a region's ends in it, as host views of the fusion; one between two compute ops of
 the region is index arithmetic in a kernel, which the FX rewrites try to avoid)."""
 from __future__ import annotations
 

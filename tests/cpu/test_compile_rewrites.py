@@ -440,3 +440,32 @@ def test_a_cast_naming_the_current_device_without_an_index_moves_and_fuses(devic
             fake_t = torch.empty(shape)
         FakeTensorProp(gm, mode).propagate(fake_t)
         assert node_support(c, set())[0] is fusible
+
+
+def test_views_at_a_regions_ends_are_its_own_and_a_non_row_major_inputs_view_is_left_to_fx():
+    """A region returns the views at its output end as host views and views a row-major input
+    itself (each a Python call fewer in the graph); a view of a transposed input stays in FX."""
+    def f(x, w, y):
+        h = torch.mm(x, w)                          # a matmul's row-major result, viewed 3-D
+        z = F.gelu(h.view(2, 4, 6) + 1)             # into the region (its input-end view) and
+        out = z.view(8, 6)                          # 2-D out of it (its output-end view)
+        u = y.unsqueeze(0) * 2                      # y is transposed: its view stays in FX
+        return torch.mm(out, w.t()), u
+    torch.manual_seed(0)
+    args = (torch.randn(8, 5), torch.randn(5, 6), torch.randn(6, 3).t())
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    want = f(*args)
+    for g, e in zip(got, want):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert [s for s, n in zip(g.stride(), g.shape) if n > 1] == \
+            [s for s, n in zip(e.stride(), e.shape) if n > 1]
+        torch.testing.assert_close(g, e)
+    (graph,) = compiled_graphs()
+    ops = sorted(tuple(r.ops) for r in graph.regions)
+    assert ops == [("aten.mul.Tensor",),
+                   ("aten.view.default", "aten.add.Tensor", "aten.gelu.default", "aten.view.default")]
+    assert not any(views_between_compute(r) for r in graph.regions)
+    assert all(r.kernels() == 1 for r in graph.regions)
+    targets = _targets(graph)
+    assert "view" not in targets and "unsqueeze" in targets

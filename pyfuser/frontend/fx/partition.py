@@ -11,13 +11,14 @@ Two regions n reads from merge when neither needs the other (a path from one to 
 through other units would make one need the other): siblings become one region.
 
 Afterwards each region is trimmed and kept only when worth a call:
-- views stay in it at both ends, each one a Python call fewer in the graph: at the output end
-  the fusion returns them as host views of its kernel's outputs (the native runner's
+- reshapes and transposes at its output end stay in it, each a Python call fewer in the
+  graph: the fusion returns them as host views of its kernel's outputs (the native runner's
   `as_strided`: a weight's cast and its `t()` under autocast, a hidden state's view to 2-D
-  before a matmul), at the input end it views the input on the host or indexes it in the
-  kernel (a matmul's 2-D result viewed back to 3-D). A view of an input that is not row-major
-  in FX's example values is left to FX (eager views any layout, a fusion's host view wants a
-  row-major input), as are getitems of nodes left out;
+  before a matmul); so do reshapes of row-major inputs at its input end (a matmul's 2-D
+  result viewed back to 3-D: the fusion views it on the host). Other views at its ends
+  (slices, selects, unsqueezes, expands; a reshape of an input that is not row-major in FX's
+  example values) are left to FX, where eager views any layout and a kernel reading the
+  strided view keeps its vectors, as are getitems of nodes left out;
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
   `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .meta import has_format
 from .support import is_compute, is_getitem
 from ..lowering.registry import FACTORY, METADATA, POINTWISE
 from .support import op_class
@@ -233,14 +235,33 @@ def _join_input_regions(regions: list, position: dict) -> list:
     return out
 
 
+# Views that stay in a region at its ends (module docstring): at the output end the pure
+# relayouts a host view gives (`as_strided` of the kernel's output), at the input end the
+# reshapes of a row-major input (the fusion views it on the host). Other views (slices, selects,
+# unsqueezes, expands) at either end stay FX's: inside a kernel their index shifts cost the
+# vectors a strided input keeps (a rotary embedding's halves).
+_OUTPUT_END_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default",
+                               "aten.reshape.default", "aten.t.default", "aten.transpose.int",
+                               "aten.permute.default"})
+_INPUT_END_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default",
+                              "aten.reshape.default"})
+
+
 def _trim(nodes: list) -> list:
-    """Drop views of the region's inputs that are not row-major (and getitems whose source is
-    dropped) until none is left (module docstring); views at the output end stay."""
+    """Drop the views at the region's ends that it does not keep (and getitems whose source is
+    dropped) until none is left (module docstring, _OUTPUT_END_VIEWS / _INPUT_END_VIEWS)."""
     kept = list(nodes)
     while True:
         members = set(kept)
-        drop = {n for n in kept if op_class(n) == METADATA and
-                all(a not in members for a in n.all_input_nodes) and not _row_major_inputs(n)}
+        drop = set()
+        for n in kept:
+            if op_class(n) != METADATA:
+                continue
+            if all(u not in members for u in n.users) and str(n.target) not in _OUTPUT_END_VIEWS:
+                drop.add(n)
+            elif all(a not in members for a in n.all_input_nodes) and not (
+                    str(n.target) in _INPUT_END_VIEWS and _row_major_inputs(n)):
+                drop.add(n)
         drop |= {n for n in kept if is_getitem(n) and n.args[0] not in members}
         if not drop:
             return kept
@@ -248,10 +269,11 @@ def _trim(nodes: list) -> list:
 
 
 def _row_major_inputs(n) -> bool:
-    """Whether every tensor a view reads is row-major in FX's example values (a fusion views
-    such an input on the host; another layout at run time is an executor miss, run eagerly)."""
+    """Whether every tensor a view reads is row-major in FX's example values (size hints: no
+    guard is added)."""
     vals = [a.meta.get("val") for a in n.all_input_nodes]
-    return bool(vals) and all(isinstance(v, torch.Tensor) and v.is_contiguous() for v in vals)
+    return bool(vals) and all(isinstance(v, torch.Tensor) and has_format(v, torch.contiguous_format)
+                              for v in vals)
 
 
 def unit_order(nodes, regions) -> list:
