@@ -10,7 +10,8 @@ prints per mode the host time of a forward (the call returning, no synchronizati
 forwards: the `--top` functions by own time and by cumulative time. Runs on the CPU too (the
 kernels then run in the interpreter, so only the ratios between Python layers mean anything).
 With `--nodes`, pyfuser's rewritten graphs are run node by node (an FX interpreter that times
-each node's call, no synchronization): host µs per fused region and per aten op left in the
+each node's call alone, not the interpreter's handling of its arguments; no synchronization):
+host µs per fused region and per aten op left in the
 graph, per forward — what the graph's glue costs beside the regions. With `--regions`, each
 distinct fused region is called alone in a loop with the arguments of its last call, through
 each layer of the call path (the region object, `execute_fusion`, the fusion's program `run`)
@@ -53,23 +54,31 @@ def time_nodes(run, reps: int, sync) -> list:
     from pyfuser.frontend.fx.region import FusedRegion
     acc = collections.defaultdict(lambda: [0, 0.0])
 
+    def record(what, t):
+        a = acc[what]
+        a[0] += 1
+        a[1] += time.perf_counter() - t
+
     class Timed(torch.fx.Interpreter):
-        def run_node(self, n):
-            if n.op not in ("call_function", "call_method"):
-                return super().run_node(n)
-            t = time.perf_counter()
-            r = super().run_node(n)
-            if isinstance(n.target, FusedRegion):
+        """Times each call itself (the interpreter's fetching of a node's arguments, a few µs,
+        is left out)."""
+        def call_function(self, target, args, kwargs):
+            if isinstance(target, FusedRegion):
                 what = "fused region"
-            elif n.op == "call_method":
-                what = f"Tensor.{n.target}"
-            elif isinstance(n.target, torch._ops.OpOverload):
-                what = str(n.target)
+            elif isinstance(target, torch._ops.OpOverload):
+                what = str(target)
             else:
-                what = f"{getattr(n.target, '__module__', None) or 'torch'}.{n.target.__name__}"
-            a = acc[what]
-            a[0] += 1
-            a[1] += time.perf_counter() - t
+                what = f"{getattr(target, '__module__', None) or 'torch'}.{target.__name__}"
+            t = time.perf_counter()
+            r = target(*args, **kwargs)
+            record(what, t)
+            return r
+
+        def call_method(self, target, args, kwargs):
+            obj, *rest = args
+            t = time.perf_counter()
+            r = getattr(obj, target)(*rest, **kwargs)
+            record(f"Tensor.{target}", t)
             return r
 
     graphs = CG.compiled_graphs()

@@ -206,3 +206,41 @@ def test_raise_exception_becomes_runner_error():
     g = graph_from_function(ts_corpus.s_raise_ok)
     with pytest.raises(RunnerError, match="negative n"):
         run_graph(g, [torch.randn(2), -1])
+
+
+def _add_out(x, y, c):
+    torch.add(x, y, alpha=2, out=c)
+    return c * 2, torch.relu(c)
+
+
+def test_out_overloads_of_a_torch_graph_run_as_torch_matched_them():
+    """`torch.add(x, y, out=c)` is `aten::add(%x, %y, %alpha, %c)` in the IR: four positional
+    arguments that fit no other overload of add (a RunnerError before). A graph read through
+    torch's API knows the overload torch matched (`add.out`), and the runner calls it: `c` is
+    written in place and read after, as eager does; the text of the graph alone names none."""
+    s = torch.jit.script(_add_out)
+    g = graph_from_function(s)
+    (node,) = [n for n in g.block.nodes() if n.kind == "aten::add"]
+    assert node.overload == "out"
+    x, y = torch.randn(5), torch.randn(5)
+    c, want_c = torch.zeros(5), torch.zeros(5)
+    (got,) = run_graph(g, [x, y, c])              # the graph returns one tuple
+    want = _add_out(x, y, want_c)
+    assert_same(list(want), list(got))
+    assert torch.equal(c, want_c)                      # written in place
+    with pytest.raises(RunnerError, match="aten::add"):
+        run_graph(parse_ir(str(s.graph)), [x, y, torch.zeros(5)])
+
+
+def test_out_overloads_run_under_pyfuser_jit_on_both_call_paths():
+    """The same through pyfuser.jit: the first call runs the graph (mul and relu fused after
+    the in-place add), later calls its call plan; each writes `c` and returns eager's values."""
+    import pyfuser
+    f = pyfuser.jit(torch.jit.script(_add_out))
+    x, y = torch.randn(6), torch.randn(6)
+    for _ in range(3):
+        c, want_c = torch.full((6,), 7.0), torch.full((6,), 7.0)
+        got = f(x, y, c)
+        want = _add_out(x, y, want_c)
+        assert_same(list(want), list(got))
+        assert torch.equal(c, want_c)

@@ -1,12 +1,14 @@
 """Calling a TorchScript operator through `torch.ops` with positional IR arguments.
 
-The IR passes every argument positionally, keyword-only ones included, and never names the
-overload. `resolve(kind, args)` scores each non-`out` schema of `kind` against the runtime
+The IR passes every argument positionally, keyword-only ones included, and its text never names
+the overload. `resolve(kind, args)` scores each non-`out` schema of `kind` against the runtime
 values (exact type 3, convertible 1-2, misfit rejects) and picks the best (earliest on ties),
 preferring schemas with exactly as many parameters as arguments (TorchScript passes them all);
 `call_op` then passes positional parameters positionally and keyword-only ones by name,
 converting Device arguments through the run's device map. Results: tuple -> list, None with
 no declared return -> [], else [result]. Resolutions are cached per (kind, argument kinds).
+`out_schema(kind, name)`: the `out=` variant a node read from a torch graph names (torch's
+node API gives the overload it matched), which `resolve` never picks.
 """
 from __future__ import annotations
 
@@ -25,6 +27,22 @@ def schemas(kind: str) -> tuple:
         return ()
     return tuple(s for s in found if not any(a.is_out for a in s.arguments)
                  and s.overload_name != "out" and not s.overload_name.endswith("_out"))
+
+
+@functools.lru_cache(maxsize=None)
+def out_schema(kind: str, overload_name: Optional[str]):
+    """The `out=` variant of `kind` named `overload_name` (the overload torch matched for a node
+    read through torch's API, node.overload), or None: `resolve` never picks one (the IR passes
+    `out` positionally, where `add(x, y, alpha, out)` would fit no other schema, and
+    `min(a, out=b)` would look like `min(a, b)`), so a node that names one runs that one."""
+    if not overload_name:
+        return None
+    try:
+        found = torch._C._jit_get_schemas_for_operator(kind)
+    except Exception:
+        return None
+    return next((s for s in found if s.overload_name == overload_name
+                 and any(a.is_out for a in s.arguments)), None)
 
 
 def _fit(v: Any, t) -> int:
@@ -80,6 +98,11 @@ def _score(schema, args: list) -> Optional[int]:
             return None
         total += s
     return total
+
+
+def fits(schema, args: list) -> bool:
+    """Whether the runtime `args` fit `schema` (as `resolve` scores them)."""
+    return _score(schema, args) is not None
 
 
 def _arg_key(v: Any):

@@ -231,7 +231,10 @@ class Writer:
         if not all(self.lvl(v) >= FACTS or _stable(v.type) for v in node.inputs):
             md = self.bind("MD", self.ctx.map_device)
             co = self.bind("CO", call_op)
-            self.assign(outs, f"{co}({kind!r}, [{', '.join(ins)}], {md})", indent, node,
+            named = ""                      # an out= variant: resolving at run time never picks it
+            if any(a.is_out for a in schema.arguments):
+                named = ", " + self.bind("SC", schema)
+            self.assign(outs, f"{co}({kind!r}, [{', '.join(ins)}], {md}{named})", indent, node,
                         is_list=True)
             return
         if kind == "aten::size" and schema.overload_name == "int" and len(ins) == 2:

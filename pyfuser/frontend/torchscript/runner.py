@@ -26,7 +26,7 @@ from pyfuser.errors import PyfuserError, RunnerError
 
 from .graph import Block, Graph
 from .node import Node
-from .ops import call_op, resolve
+from .ops import call_op, fits, out_schema, resolve
 from .prim_ops import PRIM_HANDLERS
 from .scalar_ops import try_python_op
 
@@ -110,7 +110,9 @@ class RunContext:
         if res is not NotImplemented:
             return "python", [] if not node.outputs and res is None else [res]
         try:
-            schema = resolve(node.kind, args)
+            schema = out_schema(node.kind, node.overload)
+            if schema is None or not fits(schema, args):
+                schema = resolve(node.kind, args)
             return schema, call_op(node.kind, args, self.map_device, schema)
         except LookupError as e:
             raise RunnerError(str(e)) from None
