@@ -6,7 +6,8 @@ strided view of the input: seed 002's `view, permute, set, view, view`), writing
 output. Elementwise ops fused around the transpose are not handled yet (pointwise takes those).
 
 `schedule(fusion, inputs) -> TransposeParams`, from the facts in the layout signature only:
-1. size-1 axes are dropped; neighbouring axes (in output order) whose input strides are
+1. size-1 axes are dropped (all of them but the last when every axis has size 1: one element
+   is one row); neighbouring axes (in output order) whose input strides are
    contiguous (stride[a] == stride[b] * size[b]) are collapsed into groups;
 2. `o` = the output's innermost group, `i` = the group with the smallest input stride that is
    not 0 (an expanded axis is a batch axis);
@@ -108,6 +109,8 @@ def schedule(fusion, inputs) -> TransposeParams:
     x = inputs[fusion.inputs.index(fusion.used_exprs()[0].inputs[0])]
     sizes, strides = tuple(x.shape), tuple(x.stride())
     groups = _collapse(sizes, strides)
+    if not groups and x.numel() > 0:     # every axis has size 1: one element, one row of it
+        groups = [[len(sizes) - 1]]
     p = TransposeParams(groups, "empty", itemsize=x.element_size())
     p.index_type = "int64_t" if L.needs_int64([x], x.numel()) else "int"
     # streaming loads and stores: H200, bench/sweep.py cache, 2026-11-22, seed 002's rows copy:

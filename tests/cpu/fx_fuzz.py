@@ -53,6 +53,19 @@ SCALAR_BINARY = ["torch.add", "torch.sub", "torch.mul", "torch.div", "torch.gt",
 INPLACE = ["add_", "mul_", "clamp_", "relu_", "neg_"]
 
 
+class _FormulaGelu:
+    """torch.nn.functional with `gelu(x)` (approximate="none") computed by the op table's
+    formula; everything else is F's."""
+
+    def __getattr__(self, name):
+        return getattr(F, name)
+
+    @staticmethod
+    def gelu(x, approximate="none"):
+        from pyfuser.ir.ops import _gelu
+        return _gelu(x) if approximate == "none" else F.gelu(x, approximate=approximate)
+
+
 @dataclass
 class Program:
     seed: int
@@ -73,8 +86,11 @@ class Program:
                        .requires_grad_(self.grad and dtype.is_floating_point))
         return out
 
-    def function(self):
-        ns = {"torch": torch, "F": F}
+    def function(self, gelu_formula: bool = False):
+        """The program as a Python function; `gelu_formula`: its `F.gelu` (exact form) is the op
+        table's formula (ir/ops.py `_gelu`), not CPU eager's, which gives NaN for +inf on its
+        vectorized path and inf otherwise (fx_check's judge of a mismatch)."""
+        ns = {"torch": torch, "F": _FormulaGelu() if gelu_formula else F}
         exec(compile(self.source, f"<fx_fuzz {self.seed}>", "exec"), ns)
         return ns["f"]
 

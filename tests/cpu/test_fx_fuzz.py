@@ -135,3 +135,20 @@ def test_an_empty_result_is_no_view_of_an_empty_input():
     got = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x0, x1)
     want = f(x0, x1)
     assert got.shape == want.shape == (2, 0, 1) and got.dtype == want.dtype == torch.float32
+
+
+def test_gelu_of_inf_is_judged_by_the_op_tables_formula():
+    """Seed 740104 feeds gelu an +inf (rsqrt of an integer sum of 0): CPU eager's vectorized
+    gelu gives NaN there, the kernels (and CUDA eager) inf. The checker judges a mismatch in a
+    program with gelu again against eager with the op table's formula, so the seed passes;
+    a backend that is wrong elsewhere in such a program still fails."""
+    p = FZ.generate(740104)
+    assert "F.gelu(" in p.source
+    with torch.no_grad():
+        plain = p.function()(*p.make_inputs())
+        formula = p.function(gelu_formula=True)(*p.make_inputs())
+    differs = [(a != b) & ~(a.isnan() & b.isnan()) for a, b in zip(plain, formula)
+               if a.is_floating_point()]
+    assert any(d.any() for d in differs)                      # eager's NaN against the inf
+    assert FZ.check(p) is None
+    assert FZ.check(p, backend=_off_by_a_bit) is not None
