@@ -36,8 +36,9 @@ $PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cl
 of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in shared memory;
 1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_MIN_BLOCKS (blocks an
 SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
-costly values in each pass instead of keeping them in registers); $PYFUSER_CLUSTERS=0 never uses
-clusters.
+costly values in each pass instead of keeping them in registers); the last two apply to the
+reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
+inner_outer.py); $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 

@@ -469,3 +469,58 @@ def test_views_at_a_regions_ends_are_its_own_and_a_non_row_major_inputs_view_is_
     assert all(r.kernels() == 1 for r in graph.regions)
     targets = _targets(graph)
     assert "view" not in targets and "unsqueeze" in targets
+
+
+def test_a_chain_of_views_at_a_regions_output_end_stays_in_it_only_if_each_may():
+    """A slice then a transpose at a region's output end: the slice may not stay (in a kernel
+    it is a shifted read), so neither does the transpose after it (found by review: the chain
+    was kept, the last view deciding); a lone `t()` does stay."""
+    def f(x, w, z):
+        y = x * 2
+        h = y[..., :4].transpose(1, 2)
+        return torch.matmul(h, w), torch.mm((z + 1).t(), z)
+    torch.manual_seed(0)
+    args = (torch.randn(2, 3, 6), torch.randn(3, 5), torch.randn(4, 3))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    for g, e in zip(got, f(*args)):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        torch.testing.assert_close(g, e)
+    (graph,) = compiled_graphs()
+    (region,) = graph.regions              # reading the graph's inputs only: joined
+    assert sorted(region.ops) == ["aten.add.Tensor", "aten.mul.Tensor", "aten.t.default"]
+
+
+def test_a_reshape_of_a_row_major_input_with_symbolic_sizes_is_the_regions():
+    """Under dynamic shapes a view's sizes are SymInt nodes; the input-end rule looks at the
+    tensor it reads only (it had looked at every argument, so the view went back to FX)."""
+    def f(x, w):
+        return F.gelu(torch.mm(x, w).view(x.shape[0], 2, 8) + 1)
+    torch.manual_seed(0)
+    w = torch.randn(4, 16)
+    compiled = pyfuser.compile(f, dynamic=True)
+    with torch.no_grad():
+        for n in (6, 10):
+            x = torch.randn(n, 4)
+            got, want = compiled(x, w), f(x, w)
+            assert got.shape == want.shape and got.stride() == want.stride()
+            torch.testing.assert_close(got, want)
+    (graph,) = compiled_graphs()
+    (region,) = graph.regions
+    assert region.ops[0] == "aten.view.default" and "aten.gelu.default" in region.ops
+
+
+def test_a_reshape_after_a_dropped_slice_at_the_output_end_leaves_with_it():
+    """A row-major slice then a reshape at a region's output end: the slice goes back to FX
+    and so must the reshape after it; kept as the region's input-end view of the slice, it read
+    a value computed from the region's own result (a cycle: Llama's training graph)."""
+    def f(x, w):
+        y = x * 2
+        return torch.mm(y[:2].view(4, 3), w)
+    torch.manual_seed(0)
+    args = (torch.randn(4, 6), torch.randn(3, 5))
+    with torch.no_grad():
+        got = pyfuser.compile(f)(*args)
+    torch.testing.assert_close(got, f(*args))
+    (graph,) = compiled_graphs()
+    assert [r.ops for r in graph.regions] == [["aten.mul.Tensor"]]

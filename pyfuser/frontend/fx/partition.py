@@ -249,18 +249,34 @@ _INPUT_END_VIEWS = frozenset({"aten.view.default", "aten._unsafe_view.default",
 
 def _trim(nodes: list) -> list:
     """Drop the views at the region's ends that it does not keep (and getitems whose source is
-    dropped) until none is left (module docstring, _OUTPUT_END_VIEWS / _INPUT_END_VIEWS)."""
+    dropped) until none is left (module docstring, _OUTPUT_END_VIEWS / _INPUT_END_VIEWS). A
+    chain of views at the output end stays only if each of them may: one that may not is
+    dropped with the views after it."""
     kept = list(nodes)
     while True:
         members = set(kept)
+        out_end: set = set()                 # views whose every path out leaves through views
+        grew = True
+        while grew:
+            grew = False
+            for n in kept:
+                if n not in out_end and op_class(n) == METADATA and \
+                        all(u not in members or u in out_end for u in n.users):
+                    out_end.add(n)
+                    grew = True
         drop = set()
         for n in kept:
             if op_class(n) != METADATA:
                 continue
-            if all(u not in members for u in n.users) and str(n.target) not in _OUTPUT_END_VIEWS:
-                drop.add(n)
+            if n in out_end and str(n.target) not in _OUTPUT_END_VIEWS:
+                todo = [n]                   # it and the views after it (reading the region
+                while todo:                  # again through FX would make a cycle)
+                    m = todo.pop()
+                    if m not in drop:
+                        drop.add(m)
+                        todo.extend(u for u in m.users if u in out_end)
             elif all(a not in members for a in n.all_input_nodes) and not (
-                    str(n.target) in _INPUT_END_VIEWS and _row_major_inputs(n)):
+                    str(n.target) in _INPUT_END_VIEWS and _row_major_input(n)):
                 drop.add(n)
         drop |= {n for n in kept if is_getitem(n) and n.args[0] not in members}
         if not drop:
@@ -268,12 +284,12 @@ def _trim(nodes: list) -> list:
         kept = [n for n in kept if n not in drop]
 
 
-def _row_major_inputs(n) -> bool:
-    """Whether every tensor a view reads is row-major in FX's example values (size hints: no
-    guard is added)."""
-    vals = [a.meta.get("val") for a in n.all_input_nodes]
-    return bool(vals) and all(isinstance(v, torch.Tensor) and has_format(v, torch.contiguous_format)
-                              for v in vals)
+def _row_major_input(n) -> bool:
+    """Whether the tensor a view reads (its first argument; sizes may be SymInt nodes) is
+    row-major in FX's example values (size hints: no guard is added)."""
+    x = n.args[0] if n.args else None
+    v = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    return isinstance(v, torch.Tensor) and has_format(v, torch.contiguous_format)
 
 
 def unit_order(nodes, regions) -> list:

@@ -9,11 +9,14 @@
 `prim::add_optional(a, b)` is `a` when b is None, else `a + b` (the eager runner of jit.py
 runs it; the lowering table lowers it). Only nodes whose bias is not the None constant are
 rewritten, and conv only where the bias is known to be a tensor (a scripted `Conv2d(bias=False)`
-passes a `Tensor?` that is None). BIAS_SPLITS maps each kind to (bias argument position, trailing unsqueezes).
+passes a `Tensor?` that is None), and never an `out=` overload torch matched (`linear(x, w, b,
+out=c)` must write its bias into c). BIAS_SPLITS maps each kind to (bias argument position,
+trailing unsqueezes).
 Invariant: same values as before (the add is the bias add the op would have done).
 """
 from __future__ import annotations
 
+from ..ops import out_schema
 from ..types import NoneType, TensorType
 
 # kind -> (position of the bias argument, how many trailing size-1 axes the bias needs)
@@ -38,6 +41,8 @@ def split_bias_block(block) -> int:
         spec = BIAS_SPLITS.get(node.kind)
         if spec is None or len(node.inputs) <= spec[0] or len(node.outputs) != 1:
             continue
+        if out_schema(node.kind, node.overload) is not None:
+            continue          # `linear(x, w, b, out=c)` writes c with its bias: not split
         pos, n_unsqueeze = spec
         bias = node.inputs[pos]
         if _is_none(bias) or (n_unsqueeze and not isinstance(bias.type, TensorType)):
