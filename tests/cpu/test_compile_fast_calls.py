@@ -29,7 +29,7 @@ def test_fast_calls_bind_the_same_ops_and_give_eagers_views():
 
 
 def test_fast_calls_of_glue_ops_match_eager():
-    """detach, clone (with its memory format), embedding, cumsum, arange, new_ones and an
+    """detach, clone (with its memory format), embedding, gather, cumsum, arange, new_ones and an
     `_unsafe_view` the graph reads bind the same ops through methods / functions; an
     `_unsafe_view` the graph returns stays the OpOverload (a returned value is not a view)."""
     from pyfuser.frontend.fx.rewrites import fast_calls
@@ -43,7 +43,8 @@ def test_fast_calls_of_glue_ops_match_eager():
         s = aten.cumsum.default(ids, 1)
         o = aten.new_ones.default(x, [3], dtype=torch.float32)
         out = aten._unsafe_view.default(aten.add.Tensor(u, r), [3, 4])
-        return aten.detach.default(e), out, s, o
+        g = aten.gather.default(w, 0, ids)
+        return aten.detach.default(e), out, s, o, g
     args = (torch.randn(4, 3), torch.randn(10, 5), torch.tensor([[1, 2], [3, 4]]))
     gm = torch.fx.symbolic_trace(f)
     changed = fast_calls(gm.graph)
@@ -51,7 +52,7 @@ def test_fast_calls_of_glue_ops_match_eager():
     left = [n.target for n in gm.graph.nodes if n.op == "call_function" and
             isinstance(n.target, torch._ops.OpOverload)]
     assert left == [aten.mul.Tensor, aten.add.Tensor, aten._unsafe_view.default], left
-    assert changed == 7
+    assert changed == 8
     for got, want in zip(gm(*args), f(*args)):
         assert torch.equal(got, want) and got.dtype == want.dtype
         assert got.stride() == want.stride()

@@ -61,7 +61,7 @@ aten op (`x.view(shape)` for `aten.view.default(x, shape)`, `torch.addmm` for
 instead of the boxed `OpOverload` call, about half the host time of such a call (a model's
 forward has dozens: BERT's has 68 views). Only overloads whose method or function resolves to
 exactly that overload for the node's arguments (and keyword arguments) are mapped; besides
-views and matmuls: detach, clone, embedding, cumsum, arange, new_ones, split, `_unsafe_view` as
+views and matmuls: detach, clone, embedding, gather, cumsum, arange, new_ones, split, `_unsafe_view` as
 `view` where the graph does not return it (a returned value stays the non-view AOTAutograd
 traced), and `slice` of step 1 with static sizes as `narrow` (the same view).
 
@@ -401,6 +401,7 @@ _FAST = {
     _aten.new_ones.default: ("call_method", "new_ones", (2,),
                              {"dtype", "layout", "device", "pin_memory"}),
     _aten.split.Tensor: ("call_method", "split", (2, 3)),
+    _aten.gather.default: ("call_function", torch.gather, (3,), {"sparse_grad"}),
 }
 # `_unsafe_view` is `view` without the autograd view relation: the same result where the graph
 # itself reads it, but a value the graph returns stays what AOTAutograd traced (not a view)
