@@ -63,7 +63,8 @@ def main() -> int:
                 with open(cubin, "wb") as f:
                     f.write(b.cubin)
                 if shutil.which("cuobjdump") is None:
-                    print(f"{name} {dt}: {kname}: {len(b.cubin)} bytes of CUBIN (no cuobjdump here)")
+                    print(f"{name} {dt}: {kname}: {len(b.cubin)} bytes of CUBIN "
+                          "(no cuobjdump here)")
                     continue
                 sass = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True,
                                       text=True).stdout

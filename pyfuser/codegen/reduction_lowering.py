@@ -372,7 +372,8 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
         body = self.kernel_body()
         body = self.shared + self.prologue + body
         return K.Kernel(name, self.params(), self.tensors, self.it, (self.p.bdimx, self.p.bdimy, 1),
-                        body, getattr(self.p, "min_blocks", 0), cluster=getattr(self.p, "cluster", 1))
+                        body, getattr(self.p, "min_blocks", 0),
+                        cluster=getattr(self.p, "cluster", 1))
 
     def lanes(self, body) -> K.Loop:
         return K.Loop("v", _c(0), _c(self.V), _c(1), "lanes", body)

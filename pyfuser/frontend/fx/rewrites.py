@@ -61,9 +61,10 @@ aten op (`x.view(shape)` for `aten.view.default(x, shape)`, `torch.addmm` for
 instead of the boxed `OpOverload` call, about half the host time of such a call (a model's
 forward has dozens: BERT's has 68 views). Only overloads whose method or function resolves to
 exactly that overload for the node's arguments (and keyword arguments) are mapped; besides
-views and matmuls: detach, clone, embedding, gather, cumsum, arange, new_ones, split, `_unsafe_view` as
-`view` where the graph does not return it (a returned value stays the non-view AOTAutograd
-traced), and `slice` of step 1 with static sizes as `narrow` (the same view).
+views and matmuls: detach, clone, embedding, gather, cumsum, arange, new_ones, split,
+`_unsafe_view` as `view` where the graph does not return it (a returned value stays the
+non-view AOTAutograd traced), and `slice` of step 1 with static sizes as `narrow` (the same
+view).
 
 Invariant: a rewrite never adds a kernel to the graph; nodes it makes carry `meta["val"]`.
 """
