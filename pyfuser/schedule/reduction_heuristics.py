@@ -140,12 +140,12 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     per_step = _regs_per_step(p, accesses, held, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
-                                                           "stage")}
+                                                           "stage", "min_blocks")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
-    mb = _env("PYFUSER_RED_MIN_BLOCKS")
+    mb = knobs["min_blocks"]
     if mb is not None:
         if mb < 0 or mb > 32:
             raise ValueError(f"$PYFUSER_RED_MIN_BLOCKS={mb}: 0 to 32")

@@ -1,6 +1,7 @@
-"""Test helper: where the views of a torch.compile region sit (frontend/fx/partition.py keeps
-reshapes at a region's ends in it, as host views of the fusion; one between two compute ops of
-the region is index arithmetic in a kernel, which the FX rewrites try to avoid)."""
+"""Test helpers for torch.compile graphs: where the views of a region sit (frontend/fx/
+partition.py keeps reshapes at a region's ends in it, as host views of the fusion; one between
+two compute ops of the region is index arithmetic in a kernel, which the FX rewrites try to
+avoid), and what a compiled graph calls."""
 from __future__ import annotations
 
 from pyfuser.frontend.fx.support import is_getitem, op_class
@@ -39,6 +40,11 @@ def views_between_compute(region) -> list:
 
     return [n.name for n in nodes if str(n.target) in _RESHAPES and reaches(n, _inputs)
             and reaches(n, _users)]
+
+
+def graph_targets(g) -> list:
+    """The targets of a compiled graph's calls (functions and methods), in graph order."""
+    return [n.target for n in g.gm.graph.nodes if n.op in ("call_function", "call_method")]
 
 
 def _inputs(n):

@@ -19,13 +19,22 @@ import torch
 
 
 @functools.lru_cache(maxsize=None)
-def schemas(kind: str) -> tuple:
-    """Schemas of `kind` without the `out=` variants."""
+def _all_schemas(kind: str) -> tuple:
     try:
-        found = torch._C._jit_get_schemas_for_operator(kind)
+        return tuple(torch._C._jit_get_schemas_for_operator(kind))
     except Exception:
         return ()
-    return tuple(s for s in found if not any(a.is_out for a in s.arguments)
+
+
+def is_out_variant(schema) -> bool:
+    """Whether `schema` writes a caller's `out=` tensor."""
+    return any(a.is_out for a in schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def schemas(kind: str) -> tuple:
+    """Schemas of `kind` without the `out=` variants."""
+    return tuple(s for s in _all_schemas(kind) if not is_out_variant(s)
                  and s.overload_name != "out" and not s.overload_name.endswith("_out"))
 
 
@@ -37,12 +46,8 @@ def out_schema(kind: str, overload_name: Optional[str]):
     `min(a, out=b)` would look like `min(a, b)`), so a node that names one runs that one."""
     if not overload_name:
         return None
-    try:
-        found = torch._C._jit_get_schemas_for_operator(kind)
-    except Exception:
-        return None
-    return next((s for s in found if s.overload_name == overload_name
-                 and any(a.is_out for a in s.arguments)), None)
+    return next((s for s in _all_schemas(kind) if s.overload_name == overload_name
+                 and is_out_variant(s)), None)
 
 
 def _fit(v: Any, t) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from ...errors import RunnerError
 from .constants import constant_value
-from .ops import call_op, is_device_param, overload
+from .ops import call_op, is_device_param, is_out_variant, overload
 from .passes.groups import GROUP_KIND
 from .plan_levels import (_DATA_SCALARS, _META_READS, _STRUCTURAL, DYN, FACTS, TYPE, VALUE,
                           _nondeterministic, _shape_determined, _stable, _written)
@@ -232,7 +232,7 @@ class Writer:
             md = self.bind("MD", self.ctx.map_device)
             co = self.bind("CO", call_op)
             named = ""                      # an out= variant: resolving at run time never picks it
-            if any(a.is_out for a in schema.arguments):
+            if is_out_variant(schema):
                 named = ", " + self.bind("SC", schema)
             self.assign(outs, f"{co}({kind!r}, [{', '.join(ins)}], {md}{named})", indent, node,
                         is_list=True)
