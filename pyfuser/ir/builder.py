@@ -224,11 +224,12 @@ def real_dtype(dtype: DataType) -> DataType:
         dtype, dtype)
 
 
-def set_(x: TensorView, contiguous: bool = False) -> TensorView:
-    """A copy of x (nvFuser's `set`); `contiguous`: laid out row-major, as `x.contiguous()`."""
+def set_(x: TensorView, contiguous: bool = False, may_alias: bool = False) -> TensorView:
+    """A copy of x (nvFuser's `set`); `contiguous`: laid out row-major, as `x.contiguous()`;
+    `may_alias`: x itself where it already is (eager's `x.contiguous()`; see SetOp)."""
     x = _check_tv(x, "set")
     out = _new_tv(x.logical, x.dtype)
-    E.SetOp(out, x, contiguous)
+    E.SetOp(out, x, contiguous, may_alias)
     return out
 
 

@@ -56,11 +56,14 @@ class CastOp(Expr):
 class SetOp(Expr):
     """out = in: a copy (nvFuser's `set`); also what the copy forms of alias ops lower to.
     `contiguous`: the copy is laid out row-major whatever its input's layout (a clone into
-    torch.contiguous_format, `x.contiguous()`); otherwise as its input (preserve_format)."""
+    torch.contiguous_format, `x.contiguous()`); otherwise as its input (preserve_format).
+    `may_alias`: eager returns the input itself when it already has that layout (`x.contiguous()`,
+    not a clone): the segmenter may then run it on the host as the input (segment/host.py)."""
     op_name = "set"
 
-    def __init__(self, out, inp, contiguous: bool = False):
+    def __init__(self, out, inp, contiguous: bool = False, may_alias: bool = False):
         self.contiguous = bool(contiguous)
+        self.may_alias = bool(may_alias)
         super().__init__([inp], [out])
 
 

@@ -10,6 +10,8 @@ which indexes without div/mod and vectorizes.
   expr's output. A view is taken only when its input is known to be row-major contiguous (a
   fusion input declared contiguous, through views/squeezes/unsqueezes), so it never copies; a view
   of a permuted tensor stays in the kernel as index arithmetic.
+  `x.contiguous()` of such a row-major input is x itself (eager returns its input then), so a
+  view of it is a view of x, with eager's strides (a stride-0 expand stays stride-0).
 - output side (backward): a metadata expr whose output only feeds host exprs and/or is a fusion
   output: the kernel writes its input and the host views the result.
 A view in the middle, between compute ops, is in neither set and stays in the kernel.
@@ -52,7 +54,14 @@ def _unsqueeze(x, flags):
 
 
 def run_host(e, x, bindings):
+    if isinstance(e, E.SetOp):                           # an aliasing x.contiguous(): x itself
+        return x
     return HOST_RUNNERS[type(e)](e, x, bindings)
+
+
+def _aliasing_contiguous(e) -> bool:
+    """`x.contiguous()` (not a clone), which eager answers with x itself when x is row-major."""
+    return isinstance(e, E.SetOp) and e.contiguous and getattr(e, "may_alias", False)
 
 
 # ---- structural layout ------------------------------------------------------------------------
@@ -96,9 +105,10 @@ LAYOUT_RULES = {
     E.BroadcastOp: _order_broadcast,
     E.SqueezeOp: _order_squeeze,
     E.ExpandOp: lambda e, order: None,                   # stride-0 axes: no dense order
+    E.SetOp: lambda e, order: order,                     # only an aliasing contiguous() is host
 }
 # A view of a value with this property is a view (no copy) in torch, whatever the sizes.
-KEEPS_ROW_MAJOR = {E.ViewOp, E.SqueezeOp, E.BroadcastOp}
+KEEPS_ROW_MAJOR = {E.ViewOp, E.SqueezeOp, E.BroadcastOp, E.SetOp}
 
 
 def input_order(tv: TensorView):
@@ -122,9 +132,10 @@ def host_exprs(fusion, exprs) -> set:
     avail = {id(t) for t in fusion.tensor_inputs()}
     row_major = {id(t) for t in fusion.tensor_inputs() if _row_major(t)}
     for e in exprs:                                      # input side
-        if type(e) not in HOST_RUNNERS or id(e.inputs[0]) not in avail:
+        alias = _aliasing_contiguous(e)
+        if not (alias or type(e) in HOST_RUNNERS) or id(e.inputs[0]) not in avail:
             continue
-        if isinstance(e, E.ViewOp) and id(e.inputs[0]) not in row_major:
+        if (alias or isinstance(e, E.ViewOp)) and id(e.inputs[0]) not in row_major:
             continue
         host.add(id(e))
         avail.add(id(e.output))

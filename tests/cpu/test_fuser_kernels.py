@@ -56,7 +56,7 @@ CASES = [
     (view_only, 1, (1, 0, 1)),
     (view_at_end, 1, (1, 1, 1)),
     (view_at_start, 2, (1, 1, 1)),
-    (contiguous_view, 1, (1, 1, 1)),
+    (contiguous_view, 1, (1, 0, 1)),        # x.contiguous() of a contiguous x is x
     (reduction_in_group, 2, (1, 1, 0)),
 ]
 
@@ -81,6 +81,24 @@ def test_view_only_group_is_a_view_like_eager():
     out = f(x)
     assert torch.equal(out, view_only(x)) and out.data_ptr() == x.data_ptr()
     assert f.last_run.kernels == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_contiguous_of_a_contiguous_input_is_the_input_like_eager(mode):
+    """Eager's x.contiguous() returns x when x is contiguous, so its view aliases x: no kernel
+    copies it. A transposed x is copied (a new layout guard, its own lowering)."""
+    f = jit(torch.jit.script(contiguous_view), cpu_executor=mode)
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        out = f(x)
+        assert torch.equal(out, contiguous_view(x)) and out.data_ptr() == x.data_ptr()
+        assert f.last_run.kernels == 0
+    xt = torch.randn(6, 4).t()
+    for _ in range(2):
+        out = f(xt)
+        assert torch.equal(out, contiguous_view(xt)) and out.stride() == (1,)
+        assert f.last_run.kernels == 1
+    assert f(x).data_ptr() == x.data_ptr()
 
 
 def test_eager_group_counts_no_kernel():

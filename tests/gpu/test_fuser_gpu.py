@@ -174,3 +174,31 @@ def test_size_and_dtype_reads_are_answered_on_the_host():
         assert f.last_run.kernels == 1 and f.last_run.eager_groups == 0
     (runner,) = f.runners.values()
     assert len(runner.lowered.fusion.outputs) == 1
+
+
+def _expand_of_contiguous(x):
+    v = x.contiguous()
+    e = v.expand(3, x.shape[0])
+    return torch.addcmul(e, x, v, value=0.5), e, v.view(-1, 2)
+
+
+@pytest.mark.gpu
+def test_contiguous_of_a_contiguous_input_is_the_input_on_cuda():
+    """Program fuzz seed 640300 on CUDA, through the cached fast path (several calls): the
+    contiguous() of a contiguous input is the input, so the expand and the view returned are
+    views of it with eager's strides; a transposed input's contiguous() is a copy."""
+    f = jit(torch.jit.script(_expand_of_contiguous))
+    x = torch.randn(4096, device="cuda")
+    for _ in range(4):
+        r, e, v = f(x)
+        wr, we, wv = _expand_of_contiguous(x)
+        torch.testing.assert_close(r, wr)
+        assert e.stride() == we.stride() == (0, 1) and e.data_ptr() == x.data_ptr()
+        assert v.data_ptr() == x.data_ptr() and torch.equal(v, wv)
+        assert f.last_run.kernels == 1
+    y = torch.randn(64, 64, device="cuda").t()[0]          # a strided vector: copied
+    for _ in range(3):
+        r, e, v = f(y)
+        wr, we, wv = _expand_of_contiguous(y)
+        torch.testing.assert_close(r, wr)
+        assert torch.equal(e, we) and torch.equal(v, wv) and v.data_ptr() != y.data_ptr()

@@ -261,12 +261,24 @@ def _inplace_cast(result, self_):
     return B.cast(result, self_.dtype)
 
 
-@lowers("aten::contiguous", "aten::clone", n_args=(1, 2), const_args=(1,))
+def _into_contiguous_format(memory_format) -> bool:
+    return memory_format is torch.contiguous_format or \
+        (type(memory_format) is int and memory_format == _TS_CONTIGUOUS_FORMAT)
+
+
+@lowers("aten::clone", n_args=(1, 2), const_args=(1,))
 def _copy(x, memory_format=None):
-    """A copy; into torch.contiguous_format (TorchScript's constant 0, `x.contiguous()`'s
-    default) it is laid out row-major whatever x's layout, as eager's; other formats keep x's."""
-    return B.set_(x, contiguous=memory_format is torch.contiguous_format or
-                  (type(memory_format) is int and memory_format == _TS_CONTIGUOUS_FORMAT))
+    """A copy; into torch.contiguous_format (TorchScript's constant 0) it is laid out row-major
+    whatever x's layout, as eager's; other formats keep x's."""
+    return B.set_(x, contiguous=_into_contiguous_format(memory_format))
+
+
+@lowers("aten::contiguous", n_args=(1, 2), const_args=(1,))
+def _contiguous(x, memory_format=None):
+    """`x.contiguous()`: a row-major copy, or x itself where x already is row-major (eager
+    returns its input then: the segmenter runs it on the host as x, segment/host.py)."""
+    row_major = _into_contiguous_format(memory_format)
+    return B.set_(x, contiguous=row_major, may_alias=row_major)
 
 
 def _dropout_class(node) -> str:
