@@ -83,6 +83,8 @@ class _Relocate:
         if isinstance(st, K.Assign):
             return R(st, name=self.name(st.name), index=tuple(self.e(i) for i in st.index),
                      expr=self.e(st.expr))
+        if isinstance(st, K.Check):
+            return R(st, cond=self.e(st.cond), value=self.e(st.value))
         if isinstance(st, (K.Comment,)):
             return st
         raise SchedulerError(f"horizontal lowering: {type(st).__name__} in a pointwise body")

@@ -59,6 +59,11 @@ Statements:
   ClusterSync()            a barrier of every thread of every block of the cluster (release /
                            acquire): shared-memory writes before it are seen by remote reads
                            after it, remote reads before it end before writes after it
+  Check(cond, text, value)  where `cond` fails for a thread the kernel stops with an error: CUDA
+                           prints `text` and `value` (an int64 expression) and traps (the launch,
+                           and the CUDA context with it, fail, as eager's device-side asserts);
+                           the interpreter raises IndexError with both. For data-dependent
+                           bounds (a gathered index), before the access it guards
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
@@ -279,6 +284,13 @@ class ClusterSync:
 
 
 @dataclass
+class Check:
+    cond: Any
+    text: str
+    value: Any
+
+
+@dataclass
 class Comment:
     text: str
 
@@ -367,6 +379,8 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}ASYNC_WAIT")
             elif isinstance(s, ClusterSync):
                 lines.append(f"{pad}CLUSTER_SYNC")
+            elif isinstance(s, Check):
+                lines.append(f"{pad}CHECK {fmt(s.cond)} else {s.text!r} {fmt(s.value)}")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS
+from ..schedule.pointwise_graph import INDEX_KINDS, index_source
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
@@ -52,8 +52,11 @@ class Lowering(Emitter):
     def __init__(self, sched):
         super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
-        self.need_r = any(not a.affine for a in sched.accesses) or \
+        self.need_r = any(not (a.affine or (a.gathered and a.mode != "general"))
+                          for a in sched.accesses) or \
             any(n.kind in INDEX_KINDS for n in sched.graph.nodes)
+        self.arrays: dict = {}          # id(load node) -> (its register array, its Access)
+        self.ix_vars: dict = {}         # id(index node) -> the Let of its value (load_stmt)
         # random numbers: per graph node its access (a dense row-major index, no memory)
         self.rng_access = {id(a.node): a for a in sched.accesses if a.rng is not None}
         self.n_rng = len({a.rng for a in self.rng_access.values()})
@@ -67,6 +70,8 @@ class Lowering(Emitter):
             return self.const(0)
         if c[0] == "r":
             return K.Var(f"r{c[1]}")
+        if c[0] == "ix":
+            return self.ix_vars[id(c[1])]
         if c[0] == "sh":
             v = self._shifted(c)
             if c[4] is not None:        # into [0, size - 1]: the load there is skipped anyway
@@ -115,6 +120,9 @@ class Lowering(Emitter):
             elif c[0] == "vd":
                 for x in c[2]:
                     walk(x)
+            elif c[0] == "ix":             # the index's own load ran only there
+                for x in c[1].key:
+                    walk(x)
         for c in key:
             walk(c)
         out = None
@@ -126,7 +134,10 @@ class Lowering(Emitter):
         """Offset (elements) of access `a` for lane 0 at the current group indices (a shiftable
         access: the affine offset plus its constant shifts, unclamped: its load is guarded)."""
         off = self.const(0)
-        if a.affine or a.shiftable:
+        if a.affine or a.shiftable or (a.gathered and a.mode != "general"):
+            if a.gathered:
+                j, inode = a.gather
+                off = K.mul(self.ix_vars[id(inode)], self.stride(a, j))
             for g, gv in zip(self.p.groups, group_vars):
                 st = a.eff.get(g[-1])
                 if st is None or st[0] == 0:
@@ -302,8 +313,37 @@ class Lowering(Emitter):
         return super().node_expr(node, arg_expr)
 
     # ---- loads and stores -----------------------------------------------------------------
-    def load_stmt(self, a, arr, gvars, u):
+    def gather_index(self, a, inode, j) -> list:
+        """The Let of the index value a gathered access reads (from the index's registers,
+        loaded before it in the same step) and the check that it lies in [0, size of axis j)
+        (torch.embedding's and index_select's error, a device-side trap on the GPU); records
+        the index's Let for key_index and offset."""
+        src = index_source(inode)
+        dt = src.tv.dtype
+        if src.kind == "load":
+            arr, ia = self.arrays[id(src)]
+            ref = K.ArrayRef(arr, (() if ia.row_invariant else (K.Var("u"),)) + (self.const(0),))
+            value = K.Convert("load", ref, dt, dt)
+        else:                          # an iota: computed from the element's index here
+            value = self.node_expr(src, None)
+        name = f"{self.arrays[id(a.node)][0]}_ix{j}"
+        raw = K.Var(name)
+        idx_dt = DataType.Int if self.it == "int64_t" else DataType.Int32
+        self.ix_vars[id(inode)] = K.Convert("cast", raw, dt, idx_dt) if dt is not idx_dt else raw
+        size = self.extent_expr(a.tv.logical[j])
+        inside = K.Bin("&&", K.Bin("<=", K.Const(0, K.REGISTER_CTYPE[dt], dt), raw),
+                       K.Bin("<", raw, size))
+        return [K.Let(name, K.REGISTER_CTYPE[dt], value),
+                K.Check(inside, f"index out of range in {a.tv.name} (axis {j})", raw)]
+
+    def load_stmt(self, a, arr, gvars, u) -> list:
+        """The statements loading access `a` into `arr` at unroll step u (a gathered access:
+        its index's Let and check first)."""
         idx = () if a.row_invariant else (u,)
+        pre = []
+        for j, c in enumerate(a.node.key):
+            if isinstance(c, tuple) and c[0] == "ix":
+                pre += self.gather_index(a, c[1], j)
         off = self.offset(a, gvars)
         p = self.ptr(a)
         if a.mode == "vector":
@@ -315,7 +355,8 @@ class Lowering(Emitter):
             load = K.Load(arr, idx, p, off, 1)
         # a pad / cat operand outside its range: no load (uniform over a vector's lanes)
         guard = self.in_bounds(a.node.key) if not a.node.affine else None
-        return load if guard is None else K.If(guard, [load])
+        body = pre + [load]
+        return body if guard is None else [K.If(guard, body)]
 
     def compute_block(self, arrays, gvars, u, levels=None, thread_vals=None) -> list:
         body: list = []
@@ -357,7 +398,7 @@ class Lowering(Emitter):
             self.prologue.append(K.Let(f"e{gi}", "nidx_t", self.group_extent(gi)))
         gvars = [K.Var(f"g{gi}") for gi in range(G)]
         loads = [a for a in self.s.accesses if not a.is_store and a.rng is None]
-        arrays, seen = {}, {}
+        arrays, seen = self.arrays, {}
         for a in loads:
             n = seen.get(a.tv.number, 0)
             seen[a.tv.number] = n + 1
@@ -381,8 +422,8 @@ class Lowering(Emitter):
             return out
 
         def load_block(filter_row_inv=False):
-            return [self.load_stmt(a, arrays[id(a.node)][0], gvars, u) for a in loads
-                    if a.row_invariant == filter_row_inv]
+            return [st for a in loads if a.row_invariant == filter_row_inv
+                    for st in self.load_stmt(a, arrays[id(a.node)][0], gvars, u)]
 
         body: list = []
         if p.kind == "1d":

@@ -262,6 +262,20 @@ class Ops:
                                                        _tensor(index, "index_select"), dim),
             (x, index, dim))
 
+    def embedding_fwd(self, input, weight, padding_idx=None, max_norm=None, norm_type=None,
+                      scale_grad_by_freq=False, sparse=False):
+        """torch.nn.functional.embedding(input, weight): weight's rows at the indices in
+        `input` (any rank). padding_idx, scale_grad_by_freq and sparse change only the
+        backward; max_norm (which renormalizes weight's rows in place) is not supported."""
+        if max_norm is not None:
+            raise FusionDefinitionError("embedding_fwd: max_norm is not supported (it writes "
+                                        "the weight's rows in place)")
+        return self._fd._run(
+            "ops.embedding_fwd", lambda: B.embedding(_tensor(weight, "embedding_fwd"),
+                                                     _tensor(input, "embedding_fwd")),
+            (input, weight), dict(padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq,
+                                  sparse=sparse))
+
     def slice(self, x, start_indices=None, end_indices=None, strides=None):
         """x[start_indices[0]:end_indices[0], ...] (strides must be 1)."""
         if start_indices is None or end_indices is None:

@@ -1,4 +1,4 @@
-"""Building Fusion IR, continued: indexing (gather, index_select), slices, pads, concatenation
+"""Building Fusion IR, continued: indexing (gather, index_select, embedding), slices, pads, concatenation
 and random numbers — the checked constructors of builder.py's module docstring, with the same
 invariants. Reached through `builder` too (its module `__getattr__` hands out the public names
 here), so frontends call `B.cat(...)` as before.
@@ -11,7 +11,7 @@ from ..errors import FusionDefinitionError
 from . import exprs as E
 from .base import Scalar
 from .builder import (Operandish, _as_val, _check_tv, _copy_id, _new_tv, _norm_dim, _operand,
-                      cast)
+                      cast, squeeze)
 from .dtypes import DataType, result_type
 from .fusion import Fusion
 from .iterdomain import IterDomain, IterType
@@ -52,6 +52,20 @@ def index_select(x: TensorView, index: TensorView, dim: int) -> TensorView:
     root = [picked if i == d else _copy_id(a) for i, a in enumerate(x.logical)]
     out = TensorView(root, x.dtype, fusion)
     E.IndexSelectOp(out, x, index, d)
+    return out
+
+
+def embedding(weight: TensorView, index: TensorView) -> TensorView:
+    """torch.embedding(weight, index) (`weight[index]`): the rows of `weight` (rank >= 1) at the
+    positions in `index` (any rank); the output has index's axes, then weight's others."""
+    weight, index = _check_tv(weight, "embedding"), _index_tensor(index, "embedding")
+    if weight.ndim < 1:
+        raise FusionDefinitionError(f"embedding: the weight {weight.name} must have rank >= 1")
+    if index.ndim == 0:                      # one row, without the index's axis
+        return squeeze(index_select(weight, index, 0), [0])
+    root = [_copy_id(a) for a in index.logical] + [_copy_id(a) for a in weight.logical[1:]]
+    out = TensorView(root, weight.dtype, Fusion.current())
+    E.IndexSelectOp(out, weight, index, 0)
     return out
 
 

@@ -156,7 +156,11 @@ def _gather(e, env):
 
 
 def _index_select(e, env):
-    return torch.index_select(env[e.inputs[0]], e.dim, env[e.inputs[1]])
+    x, index = env[e.inputs[0]], env[e.inputs[1]]
+    if index.dim() <= 1:
+        return torch.index_select(x, e.dim, index)
+    picked = torch.index_select(x, e.dim, index.reshape(-1))
+    return picked.reshape(*x.shape[:e.dim], *index.shape, *x.shape[e.dim + 1:])
 
 
 def _slice(e, env):

@@ -169,8 +169,10 @@ class GatherOp(Expr):
 
 
 class IndexSelectOp(Expr):
-    """torch.index_select: the slices of `inp` along `dim` at the positions in a 1-D (or 0-dim)
-    index tensor; out has inp's shape with axis `dim` of the index's length."""
+    """The slices of `inp` along `dim` at the positions in an index tensor: out's axes are inp's
+    with axis `dim` replaced by the index's axes (a 0-dim index: one size-1 axis).
+    torch.index_select (an index of rank 0 or 1) and torch.embedding / `weight[ids]` (dim 0, an
+    index of any rank). An index outside [0, size of axis dim) is an error, as in eager."""
     op_name = "index_select"
 
     def __init__(self, out, inp, index, dim: int):

@@ -162,7 +162,7 @@ def _check_indexing(e) -> None:
     _check(index.dtype in (DataType.Int, DataType.Int32), f"{e.op_name}: index {index} is not Int")
     _check(out.dtype is inp.dtype, f"{e.op_name}: output {out} changes dtype")
     _check(0 <= e.dim < max(inp.ndim, 1), f"{e.op_name}: dim {e.dim} out of range")
-    want = index.ndim if isinstance(e, E.GatherOp) else inp.ndim
+    want = index.ndim if isinstance(e, E.GatherOp) else inp.ndim - 1 + max(index.ndim, 1)
     _check(out.ndim == want, f"{e.op_name}: output {out} has rank {out.ndim}, expected {want}")
 
 

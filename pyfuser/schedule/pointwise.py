@@ -42,7 +42,8 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from .pointwise_graph import (ALLOWED_EXPRS, INDEX_KINDS, Graph, is_affine, is_alias_of_input,
+from .pointwise_graph import (ALLOWED_EXPRS, GATHER_EXPRS, INDEX_KINDS, METADATA_EXPRS, Graph,
+                              gathered, index_source, is_affine, is_alias_of_input, key_axes,
                               shift_affine)
 from .pointwise_heuristics import PointwiseParams, choose
 from .pointwise_resize import bounded_axes, index_vec_ok
@@ -59,6 +60,10 @@ def can_schedule(fusion) -> tuple[bool, str]:
             dt = getattr(v, "dtype", None)
             if dt is not None and dt.is_complex:
                 return False, f"complex dtype {dt.name} of {v.name} is not supported"
+        if isinstance(e, GATHER_EXPRS):
+            why = _gather_unsupported(e)
+            if why:
+                return False, why
     for v in fusion.inputs:
         if v.dtype.is_complex:
             return False, f"complex input {v.name} is not supported"
@@ -71,6 +76,23 @@ def can_schedule(fusion) -> tuple[bool, str]:
         if o.ndim != ref.ndim or not all(_same_extent(uf, a, b) for a, b in zip(o.logical, ref.logical)):
             return False, f"outputs {ref.name} and {o.name} may differ in shape"
     return True, ""
+
+
+def _gather_unsupported(e) -> str:
+    """Why an index_select / embedding cannot be read in this kernel ("" when it can): its
+    input and its index are loaded from memory (fusion inputs), and the gathered axis is not a
+    broadcast (the index must be checked against its size). The index may also be an iota
+    (positions computed from the element's index), through views."""
+    x, index = e.inputs[0], e.inputs[1]
+    while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
+        index = index.definition.inputs[0]
+    if x.definition is not None or not (index.definition is None or
+                                        isinstance(index.definition, E.IotaOp)):
+        return (f"{e.op_name}: its input must be a fusion input and its index an input or an "
+                f"iota (read before the ops run)")
+    if x.logical[e.dim].is_broadcast:
+        return f"{e.op_name}: the gathered axis {e.dim} of {x.name} is a size-1 broadcast axis"
+    return ""
 
 
 def _extent_classes(fusion) -> dict:
@@ -140,6 +162,8 @@ class Access:
                                                  # operand read at r_k + off - sizes of minus
     cache: str = ""             # this access's cache policy where the scheduler chooses one per
                                 # access (reduction kinds; schedule/cache_policy.py)
+    gather: tuple | None = None  # (j, index node): axis j read at the index's value, the others
+                                 # affine (eff); pointwise_graph.gathered
 
     @property
     def affine(self) -> bool:
@@ -153,6 +177,13 @@ class Access:
         where the shifts allow (pointwise_resize.index_vec_ok), its load guarded by the
         operand's bounds."""
         return bool(self.shifts)
+
+    @property
+    def gathered(self) -> bool:
+        """Not affine, but its offset is an affine one (eff) plus the index's value times the
+        stride of the gathered axis: it collapses and vectorizes like an affine access where
+        the index is the same along the vectors (_gather_ok)."""
+        return self.gather is not None
 
 
 @dataclass
@@ -339,6 +370,11 @@ def _access(node, seg, tv, is_store, itemsize, sizes, strides) -> Access:
         for j, c in enumerate(node.key):
             if c != 0 and sizes[j] != 1:
                 a.eff[c[1]] = (strides[j], j)
+    elif not is_store and node.kind == "load" and gathered(node.key) is not None:
+        a.gather = gathered(node.key)
+        for j, c in enumerate(node.key):
+            if c != 0 and j != a.gather[0] and sizes[j] != 1:
+                a.eff[c[1]] = (strides[j], j)
     elif not is_store and node.kind == "load":
         shifts = shift_affine(node.key)
         if shifts is not None and shifts:
@@ -410,7 +446,7 @@ def _view_hop(key):
 
 def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     groups: list[list[int]] = []
-    affine = [a for a in accesses if a.affine or a.shiftable]
+    affine = [a for a in accesses if a.affine or a.shiftable or a.gathered]
     for k in order:
         if groups and k not in apart and groups[-1][-1] not in apart:
             prev = groups[-1][-1]
@@ -421,12 +457,28 @@ def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     return groups
 
 
+def _gather_ok(a, accesses, inner_k) -> bool:
+    """A gathered access reads whole vectors (or one broadcast element) along the innermost
+    axis when its index is the same for every element of a vector: the index's access is
+    affine and constant along that axis."""
+    src = index_source(a.gather[1])
+    if src.kind == "iota":
+        return inner_k not in key_axes(src.key[0])
+    idx = next(b for b in accesses if b.node is src)
+    return idx.affine and idx.eff.get(inner_k, (0,))[0] == 0
+
+
 def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
-    if not groups or not inner_proven or any(not (a.affine or a.shiftable) for a in accesses):
+    if not groups or not inner_proven or \
+            any(not (a.affine or a.shiftable or a.gathered) for a in accesses):
         return 1
     inner_k = groups[-1][-1]
     outer_ks = [g[-1] for g in groups[:-1]]
-    vec = 16 // max(a.itemsize for a in accesses)
+    if any(a.gathered and not _gather_ok(a, accesses, inner_k) for a in accesses):
+        return 1
+    # a gathered access's index is one element a vector (_gather_ok): its width does not count
+    indices = {id(index_source(a.gather[1])) for a in accesses if a.gathered}
+    vec = 16 // max(a.itemsize for a in accesses if id(a.node) not in indices)
     while vec > 1:
         ok = ext[-1] % vec == 0
         for a in accesses:
@@ -434,6 +486,8 @@ def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
                 break
             if a.eff.get(inner_k, (0,))[0] == 1:
                 ok = a.ptr_align % min(vec * a.itemsize, 16) == 0 and all(a.eff.get(k, (0,))[0] % vec == 0 for k in outer_ks)
+                if a.gathered:          # each gathered row starts on a vector boundary too
+                    ok = ok and a.strides[a.gather[0]] % vec == 0
         if ok:
             return vec
         vec //= 2
@@ -445,7 +499,8 @@ def _classify(params: PointwiseParams, accesses) -> None:
     inner_k = groups[-1][-1] if groups else None
     outer_ks = [g[-1] for g in groups[:-1]]
     for a in accesses:
-        if not (a.affine or a.shiftable):
+        if not (a.affine or a.shiftable or a.gathered) or \
+                (a.gathered and (inner_k is None or not _gather_ok(a, accesses, inner_k))):
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0

@@ -7,6 +7,10 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
   0                   the constant 0 (a broadcast axis, a squeezed axis, a size-1 axis),
   ("vd", view, key, j) axis j of a view's input at the view output's index `key` (a row-major
                       re-linearisation; evaluated with div/mod at run time),
+  ("ix", node)         the value of graph Node `node` (an integer index tensor read at the
+                      consumer's index: an input's load or an iota, through metadata; see
+                      index_source): an index_select / embedding operand's gathered axis
+                      (pointwise.Access.gather; an index outside the axis stops the kernel),
   ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
                       leading size) minus the sizes of the axes (IterDomains) in `minus` (the
                       operands before a cat operand), clamped to [0, size of axis hi - 1] when
@@ -34,9 +38,11 @@ from ..ir.tensor import TensorView
 
 METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
 COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp, E.IotaOp)
+# reads of an input at positions another input holds (an "ix" key entry)
+GATHER_EXPRS = (E.IndexSelectOp,)
 # index-remapping exprs (nvFuser's "resize"): each output element reads its input at a shifted index
 RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
-ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + (E.ScalarCast,)
+ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + GATHER_EXPRS + (E.ScalarCast,)
 # node kinds whose value depends on the element's own index (not only on their arguments): the
 # kernel needs per-axis indices, and vectors only where each vector lies on one side of their
 # bounds (pointwise_resize.index_vec_ok)
@@ -71,7 +77,32 @@ def key_axes(c) -> set:
         return {c[1]}
     if c[0] == "sh":
         return key_axes(c[1])
+    if c[0] == "ix":                                     # the index's own key
+        return set().union(*(key_axes(x) for x in c[1].key))
     return set().union(*(key_axes(x) for x in c[2]))    # "vd": the view output's key
+
+
+def index_source(node):
+    """The node an index's value comes from: through "alias" nodes (metadata), a "load" of an
+    input or an "iota" (positions computed from the element's index); None for anything
+    else (a value computed by ops, which the kernel has only after its loads)."""
+    while node.kind == "alias" and not isinstance(node.expr, GATHER_EXPRS):
+        node = node.args[0]
+    return node if node.kind in ("load", "iota") else None
+
+
+def gathered(key):
+    """(j, index node) when entry j of `key` is the one "ix" entry and every other entry is 0 or
+    a distinct ("r", k): the access's offset is an affine one plus the index's value times the
+    stride of axis j; else None."""
+    ix = [j for j, c in enumerate(key) if isinstance(c, tuple) and c[0] == "ix"]
+    if len(ix) != 1:
+        return None
+    rest = [c for j, c in enumerate(key) if j != ix[0] and c != 0]
+    if not all(isinstance(c, tuple) and c[0] == "r" for c in rest) or \
+            len({c[1] for c in rest}) != len(rest):
+        return None
+    return ix[0], key[ix[0]][1]
 
 
 def shift_levels(c):
@@ -191,6 +222,13 @@ class Graph:
             pk = [c if lo == hi == 0 else shifted(c, -lo, (), d)
                   for c, (lo, hi), d in zip(key, e.pads, x.logical)]
             node = Node("pad", tv, key, e, [self._visit(x, _zero_broadcasts(x, pk)), e.inputs[1]])
+        elif isinstance(e, E.IndexSelectOp):
+            # out's axes dim .. dim + r - 1 are the index's (one size-1 axis for a 0-dim index)
+            x, index, d = e.inputs[0], e.inputs[1], e.dim
+            r = max(index.ndim, 1)
+            inode = self._visit(index, _zero_broadcasts(index, list(key[d:d + index.ndim])))
+            xk = list(key[:d]) + [("ix", inode)] + list(key[d + r:])
+            node = Node("alias", tv, key, e, [self._visit(x, _zero_broadcasts(x, xk))])
         elif isinstance(e, E.CatOp):
             args, before = [], []
             for x in e.inputs:

@@ -174,8 +174,9 @@ def test_complex_real_imag_rsqrt(dtype):
 
 
 def test_schedulers_refuse_the_new_exprs_with_a_reason():
-    """gather, index_select and random draws from torch's generator run on the evaluator;
-    slice and cat are index remappings the pointwise scheduler takes (test_resize_fusion.py)."""
+    """gather and random draws from torch's generator run on the evaluator; slice and cat are
+    index remappings the pointwise scheduler takes (test_resize_fusion.py), and index_select
+    a read at the index's values (test_gather_fusion.py)."""
     def fn(f):
         x, i = B.define_tensor([-1, -1], F), B.define_tensor([-1], I)
         f.add_output(B.index_select(x, i, 0))
@@ -189,7 +190,7 @@ def test_schedulers_refuse_the_new_exprs_with_a_reason():
         sub.outputs, sub.inputs, sub.exprs = list(e.outputs), [], [e]
         for sched in (pointwise, transpose):
             ok, reason = sched.can_schedule(sub)
-            if sched is pointwise and isinstance(e, (E.SliceOp, E.CatOp)):
+            if sched is pointwise and isinstance(e, (E.SliceOp, E.CatOp, E.IndexSelectOp)):
                 assert ok, (e, reason)
             else:
                 assert not ok and reason, (e, sched)

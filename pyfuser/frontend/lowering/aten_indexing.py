@@ -1,0 +1,48 @@
+"""Lowerings of the ops that read a tensor at positions another tensor holds: embedding lookups.
+
+`aten::embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)` (a 2-D weight, an
+integer index of any rank: the rows of weight at the indices; the last three arguments change
+only the backward, which stays eager's `embedding_dense_backward`) and `aten::index_select(x,
+dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp. The pointwise scheduler reads
+the input at the index's values in the kernel that consumes it (schedule/pointwise_graph.py's
+"ix" keys), so a transformer's token and position embeddings and the adds after them are one
+kernel, with 16-byte vectors along the rows. An index outside the gathered axis is an error, as
+in eager: the kernel checks each index before its load (a device-side trap on the GPU, an
+IndexError on the CPU).
+
+Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
+UnsupportedOpError: the node stays an eager op, whose own error eager then gives.
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedOpError
+from ...ir import builder as B
+from ...ir.dtypes import DataType
+from ...ir.tensor import TensorView
+from .registry import lowers
+
+_INDEX_DTYPES = (DataType.Int, DataType.Int32)
+
+
+def _index(index, what: str) -> TensorView:
+    if not isinstance(index, TensorView) or index.dtype not in _INDEX_DTYPES:
+        raise UnsupportedOpError(f"{what}: the indices must be an int64 or int32 tensor")
+    return index
+
+
+@lowers("aten::embedding", n_args=(2, 3, 4, 5), const_args=(2, 3, 4))
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """torch.embedding: weight[indices] (the padding row and the gradient flags are the
+    backward's business)."""
+    if not isinstance(weight, TensorView) or weight.ndim != 2:
+        raise UnsupportedOpError("embedding: the weight must be a 2-D tensor")
+    return B.embedding(weight, _index(indices, "embedding"))
+
+
+@lowers("aten::index_select", n_args=(3,), const_args=(1,))
+def _index_select(x, dim, index):
+    if not isinstance(x, TensorView) or _index(index, "index_select").ndim > 1:
+        raise UnsupportedOpError("index_select: the index must have rank 0 or 1")
+    if not -max(x.ndim, 1) <= dim < max(x.ndim, 1):
+        raise UnsupportedOpError(f"index_select: dim {dim} out of range")
+    return B.index_select(x, index, dim % max(x.ndim, 1))

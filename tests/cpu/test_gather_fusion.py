@@ -1,0 +1,198 @@
+"""Embedding lookups and index_select read inside pointwise kernels (schedule/pointwise_graph.py's
+"ix" keys, lowering/aten_indexing.py): the rows are read at the index's values in the kernel that
+consumes them, with 16-byte vectors along a row where the index is the same along it; an index
+outside the gathered axis stops the kernel with an error (IndexError here, a trap on the GPU);
+the kernels compile with NVRTC for sm_90; results equal eager's exactly (only where elements
+are read from changes)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.codegen import api
+from pyfuser.frontend.fx import compiled_graphs
+from pyfuser.ir import builder as B
+from pyfuser.ir.dtypes import DataType
+from pyfuser.runtime import dispatch, nvrtc
+
+from test_compile_training import assert_ran_as_sm90_kernels
+from test_inner_outer import _fusion
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+ew = B.elementwise
+DTYPES = [DataType.Float, DataType.BFloat16]
+
+
+def _lookup_add(dtype, index_dtype=DataType.Int, rank=2):
+    """out = table[ids] * 2 + y: the ids of `rank` axes, a row of 64."""
+    table = B.define_tensor([-1, 64], dtype)
+    ids = B.define_tensor([-1] * rank, index_dtype)
+    y = B.define_tensor([-1] * rank + [64], dtype)
+    return [ew("add", ew("mul", B.embedding(table, ids), 2.0), y)]
+
+
+def _inputs(dtype, index_dtype=torch.int64, rank=2, rows=50):
+    shape = (3, 7)[:rank] if rank else ()
+    table = torch.randn(rows, 64).to(dtype.torch)
+    ids = torch.randint(0, rows, shape if rank else (), dtype=index_dtype)
+    return [table, ids, torch.randn(*shape, 64).to(dtype.torch)]
+
+
+def _eager(table, ids, y):
+    rows = torch.embedding(table, ids)
+    return (rows.float() * 2 + y.float()).to(table.dtype) if table.dtype != torch.float32 \
+        else rows * 2 + y
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_lookup_fuses_into_one_vectorized_kernel(dtype, rank):
+    f = _fusion(lambda: _lookup_add(dtype, rank=rank))
+    inputs = _inputs(dtype, rank=rank)
+    plan = api.plan_kernel(f, inputs)
+    assert plan.scheduler == "pointwise"
+    assert plan.params.vec == 16 // dtype.itemsize           # whole 16-byte vectors of a row
+    assert "__trap()" in plan.kernel.source
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    for mode in ("interpret", "evaluator"):
+        (out,) = dispatch.execute_fusion(f, inputs, mode)
+        want = _eager(*inputs)
+        assert out.shape == want.shape and out.dtype == want.dtype
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    report = dispatch.last_report(f)
+    assert report is None or report.eager_segments == 0
+
+
+@pytest.mark.parametrize("bad", [50, -1, 2 ** 40])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_an_index_outside_the_table_is_an_error(bad, index_dtype):
+    """As eager's embedding: an error naming the kernel and the index, never a read outside the
+    table (a wrapped negative index, or an int64 index cut to 32 bits, would be a silent wrong
+    row)."""
+    if index_dtype is torch.int32 and bad >= 2 ** 31:
+        pytest.skip("not an int32")
+    idt = DataType.Int if index_dtype is torch.int64 else DataType.Int32
+    f = _fusion(lambda: _lookup_add(DataType.Float, idt))
+    inputs = _inputs(DataType.Float, index_dtype)
+    (out,) = dispatch.execute_fusion(f, inputs, "interpret")
+    torch.testing.assert_close(out, _eager(*inputs), rtol=0, atol=0)
+    inputs[1][1, 4] = bad
+    with pytest.raises(IndexError, match=f"index out of range.*: {bad}$"):
+        dispatch.execute_fusion(f, inputs, "interpret")
+    with pytest.raises(IndexError):
+        _eager(*inputs)
+
+
+def test_index_along_the_row_reads_one_element_a_step():
+    """index_select along the last axis: the index changes along the vectors, so the kernel
+    reads one element a step (no vector), and its values are eager's."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        return [ew("exp", B.index_select(x, i, 1))]
+    f = _fusion(build)
+    x, i = torch.randn(6, 40), torch.randint(0, 40, (24,))
+    plan = api.plan_kernel(f, [x, i])
+    assert plan.scheduler == "pointwise" and plan.params.vec == 1
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    torch.testing.assert_close(out, torch.index_select(x, 1, i).exp(), rtol=0, atol=0)
+
+
+def test_a_computed_table_is_cut_from_the_lookup():
+    """The rows are read from memory: a table computed in the fusion (weight * 2) is its own
+    kernel's output first; the results are still eager's."""
+    def build():
+        w = B.define_tensor([-1, 16], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        return [ew("add", B.embedding(ew("mul", w, 2.0), i), 1.0)]
+    f = _fusion(build)
+    w, i = torch.randn(9, 16), torch.tensor([8, 0, 3, 3])
+    (out,) = dispatch.execute_fusion(f, [w, i], "interpret")
+    torch.testing.assert_close(out, (w * 2)[i] + 1, rtol=0, atol=0)
+    report = dispatch.last_report(f)
+    assert report.eager_segments == 0 and report.kernels == 2, report
+
+
+class _Embeddings(torch.nn.Module):
+    """GPT-2's input embeddings: token rows plus position rows (positions from an arange)."""
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = torch.nn.Embedding(100, 64), torch.nn.Embedding(32, 64)
+        self.drop = torch.nn.Dropout(0.0)
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        return self.drop(self.wte(ids) + self.wpe(pos))
+
+
+def test_token_and_position_embeddings_are_one_kernel_under_torch_compile():
+    m = _Embeddings()
+    ids = torch.randint(0, 100, (4, 32))
+    with torch.no_grad():
+        got, want = pyfuser.compile(m)(ids), m(ids)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (g,) = compiled_graphs()
+    assert not g.unsupported and len(g.regions) == 1, (g.unsupported, g.regions)
+    assert sum(op == "aten.embedding.default" for op in g.regions[0].ops) == 2
+    report = dispatch.last_report(g.regions[0].fusion)
+    assert report.kernels == 1, report
+    assert_ran_as_sm90_kernels(g.regions)
+
+
+def test_embedding_training_step_matches_eager():
+    """The forward's lookups fuse; the backward's embedding_dense_backward is aten's; the
+    weights' gradients are eager's."""
+    torch.manual_seed(0)
+    m = _Embeddings()
+    ref = _Embeddings()
+    ref.load_state_dict(m.state_dict())
+    ids = torch.randint(0, 100, (4, 32))
+    ids[0, :3] = 7                                     # repeated rows: their gradients add
+    loss = lambda out: (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+    loss(pyfuser.compile(m)(ids)).backward()
+    loss(ref(ids)).backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=name)
+    fwd = [g for g in compiled_graphs() if g.kind == "forward"]
+    assert fwd and any("aten.embedding.default" in r.ops for g in fwd for r in g.regions)
+
+
+def _ts_lookup(table, ids, y):
+    return torch.embedding(table, ids) * 2.0 + y
+
+
+def test_torchscript_lookup_is_one_group_and_one_kernel():
+    from pyfuser.frontend.torchscript.fuse_api import jit
+    f = jit(torch.jit.script(_ts_lookup))
+    inputs = _inputs(DataType.Float)
+    for _ in range(2):
+        out = f(*inputs)
+        torch.testing.assert_close(out, _ts_lookup(*inputs), rtol=0, atol=0)
+        assert (f.last_run.groups, f.last_run.kernels) == (1, 1), f.last_run.as_dict()
+        assert f.last_run.eager_groups == 0
+
+
+def test_fusion_definition_embedding_fwd():
+    """nvFuser's fd.ops.embedding_fwd: one pointwise kernel with the op after it, eager's rows;
+    max_norm (an in-place renormalization of the weight) is refused with a reason."""
+    from pyfuser.errors import FusionDefinitionError
+    from pyfuser.frontend.definition import Fusion as FS, FusionDefinition
+    fs = FS()
+    with FusionDefinition(fs) as fd:
+        ids = fd.define_tensor([-1, -1], dtype=DataType.Int)
+        w = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        fd.add_output(fd.ops.relu(fd.ops.embedding_fwd(ids, w, padding_idx=0)))
+    i, w = torch.randint(0, 20, (3, 5)), torch.randn(20, 8)
+    (out,) = fs.execute([i, w])
+    torch.testing.assert_close(out, torch.nn.functional.embedding(i, w).relu(), rtol=0, atol=0)
+    assert "fd.ops.embedding_fwd(" in repr(fd)
+    report = dispatch.last_report(fs._ir)
+    assert report is not None and report.eager_segments == 0 and report.kernels == 1, report
+    with pytest.raises(FusionDefinitionError, match="max_norm"):
+        with FusionDefinition(FS()) as fd:
+            ids = fd.define_tensor([-1], dtype=DataType.Int)
+            w = fd.define_tensor([-1, -1], dtype=DataType.Float)
+            fd.ops.embedding_fwd(ids, w, max_norm=1.0)
