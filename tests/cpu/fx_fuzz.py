@@ -15,7 +15,10 @@ sometimes followed by `.contiguous()`, a copy into row-major), slices (open,
 negative and clamped bounds), selects (an index, negative too: in grad mode their gradient is
 `select_backward`), `torch.cat`, `torch.stack`, `F.pad` (with values, sometimes
 negative) and a rotary `cat(-x2, x1)` of a value's halves, and in-place ops (`add_`, `mul_`,
-`clamp_`, `relu_`, `neg_`) on intermediates a pointwise op produced.
+`clamp_`, `relu_`, `neg_`) on intermediates a pointwise op produced. About one program in five
+also returns an embedding lookup or index_select of one of its values at a literal index
+(`_extra_gather`, from a random stream of its own, so the other lines of a seed's program are
+what they were before lookups were added).
 
 A grad-mode program (`generate(seed)` makes one for about every fifth seed) has float32 inputs
 that require grad and no in-place ops; the check then also runs the backward of the sum of its
@@ -397,6 +400,29 @@ def _gen_resize(b: _Builder) -> bool:
     return b.try_line(f"{out} = torch.cat([-{x}[{pre}{h}:], {x}[{pre}:{h}]], {d})", out, True)
 
 
+def _gen_gather(b: _Builder) -> bool:
+    """An embedding lookup or index_select of a value at a constant index (a literal tensor of
+    positions inside the axis, repeats allowed; an index of rank 0, 1 or 2 for embedding),
+    sometimes followed by a unary op (the lookup fuses with what reads it)."""
+    x = b.pick(lambda u: u.dim() >= 1 and min(u.shape) >= 1)
+    if x is None:
+        return False
+    t = b.env[x]
+    out = b.fresh()
+    if t.dim() == 2 and b.r.random() < 0.6:
+        n, rank = t.shape[0], b.r.choice([0, 1, 2])
+        rows = [b.r.randrange(n) for _ in range(b.r.randint(1, 4))]
+        idx = str(rows[0]) if rank == 0 else str(rows) if rank == 1 else str([rows, rows[::-1]])
+        call = f"F.embedding(torch.tensor({idx}), {x})"
+    else:
+        d = b.r.randrange(t.dim())
+        rows = [b.r.randrange(t.shape[d]) for _ in range(b.r.randint(1, 5))]
+        call = f"torch.index_select({x}, {d}, torch.tensor({rows}))"
+    if b.r.random() < 0.5:
+        call = f"{b.r.choice(UNARY)}({call})"
+    return b.try_line(f"{out} = {call}", out, True)
+
+
 def _gen_inplace(b: _Builder) -> bool:
     if b.grad:
         return False
@@ -452,6 +478,17 @@ def _gen_new_input_binary(b: _Builder) -> bool:
     return b.try_line(f"{out} = {op}({args[0]}, {args[1]})", out, True)
 
 
+def _extra_gather(b: _Builder, seed: int) -> list:
+    """For about one program in five, a lookup (_gen_gather) appended as one more output, drawn
+    from a random stream of its own: every seed's program is otherwise the one it was before
+    lookups were generated (the regression tests name programs by seed)."""
+    main, b.r = b.r, random.Random(seed * 7919 + 17)
+    try:
+        return [f"v{b.count}"] if b.r.random() < 0.2 and _gen_gather(b) else []
+    finally:
+        b.r = main
+
+
 GENERATORS = [(_gen_binary, 25), (_gen_unary, 15), (_gen_new_input_binary, 8), (_gen_cast, 8),
               (_gen_where_clamp, 8), (_gen_reduction, 10), (_gen_norm, 7), (_gen_view, 14),
               (_gen_resize, 8), (_gen_inplace, 6)]
@@ -478,7 +515,8 @@ def generate(seed: int) -> Program:
         out = b.fresh()
         b.lines.append(f"{out} = {next(iter(b.env))} * 2")
         produced = [out]
-    outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.25]
+    extra = _extra_gather(b, seed)
+    outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.25] + extra
     params = ", ".join(f"x{i}" for i in range(len(b.inputs)))
     body = "".join(f"    {line}\n" for line in b.lines)
     source = f"def f({params}):\n{body}    return ({', '.join(outs)},)\n"

@@ -41,7 +41,8 @@ def test_programs_cover_the_op_families_and_grad_mode():
     programs = [FZ.generate(s) for s in range(60)]
     text = "\n".join(p.source for p in programs)
     for needle in (".to(torch.", "torch.where(", "torch.clamp(", "keepdim=", "softmax(",
-                   "F.layer_norm(", ".reshape(", ".permute(", ".expand(", "_(", "torch.var("):
+                   "F.layer_norm(", ".reshape(", ".permute(", ".expand(", "_(", "torch.var(",
+                   "F.embedding(", "torch.index_select("):
         assert needle in text, needle
     assert any(p.grad for p in programs) and not all(p.grad for p in programs)
     assert not any("_(" in p.source for p in programs if p.grad)
