@@ -1,7 +1,7 @@
-"""Building Fusion IR, continued: indexing (gather, index_select, embedding), slices, pads, concatenation
-and random numbers — the checked constructors of builder.py's module docstring, with the same
-invariants. Reached through `builder` too (its module `__getattr__` hands out the public names
-here), so frontends call `B.cat(...)` as before.
+"""Building Fusion IR, continued: indexing (gather, index_select, embedding), slices, pads,
+concatenation and random numbers — the checked constructors of builder.py's module docstring,
+with the same invariants. Reached through `builder` too (its module `__getattr__` hands out the
+public names here), so frontends call `B.cat(...)` as before.
 """
 from __future__ import annotations
 
