@@ -25,10 +25,14 @@ Invariants:
 - The cache directory is private: created with mode 0700; one that is group/other accessible is
   repaired to 0700 when this user owns it, and refused (no reads, no writes, no locks, logged
   once) when another user does. Entries and lock files are created 0600.
-- Writers never expose a partial file: they write a temp file in the same directory, fsync it and
+- Writers never expose a partial file: they write a temp file in the same directory and
   `os.replace` it over the entry (atomic on POSIX), so a reader sees the old entry, no entry or
   the whole new one, and concurrent writers of one key are safe (identical content, last wins).
-  A crash leaves at most a stray `.tmp` file (never read; `clear()` removes it).
+  A crash leaves at most a stray `.tmp` file (never read; `clear()` removes it). No fsync: a
+  cache needs no durability, and what a power loss could leave behind (an entry renamed before
+  its bytes reached the disk: empty or torn) fails the checksum like any damaged entry and is
+  compiled again (an fsync per entry, ~100 for a model, made every cold compile wait on the
+  disk).
 - Every load checks the checksum, key and name: a damaged or foreign entry (bad magic, wrong
   lengths, checksum mismatch, another key or kernel name, unreadable) is a miss; it is deleted
   (only if the file at the path is still the one read, so a good entry another process has just
@@ -259,8 +263,6 @@ def store(key: str, payload: bytes, name: str = "", suffix: str = SUFFIX,
         fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=d)
         with os.fdopen(fd, "wb") as f:
             f.write(encode(payload, key, name))
-            f.flush()
-            os.fsync(f.fileno())          # the bytes are on disk before the name points at them
         os.replace(tmp, entry_path(key, suffix))
         tmp = None
         _count("stores", 1, counts)
