@@ -233,7 +233,9 @@ class Graph:
             args, before = [], []
             for x in e.inputs:
                 d = x.logical[e.dim]
-                if d.known_size() != 0:                 # an empty operand adds nothing
+                # an empty operand adds nothing; when all are (a cat of sizes 0, no element
+                # to compute), the last stands for them, its loads never reached
+                if d.known_size() != 0 or (x is e.inputs[-1] and not args):
                     pk = list(key)
                     pk[e.dim] = shifted(key[e.dim], 0, before, d)
                     args.append(self._visit(x, _zero_broadcasts(x, pk)))

@@ -346,3 +346,22 @@ def test_expand_of_a_clone_returned_and_read_keeps_eagers_strides():
     x = torch.randn(6, dtype=torch.float64)
     f = _check(_EXPAND_OF_A_COPY.format(copy="clone"), [x], "interpret")
     assert f.run([x])[1].stride() == (0, 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cat_of_operands_all_of_size_zero(mode):
+    """Program fuzz seed 660452: a cat along an axis every operand has size 0 of (a reshape to
+    the constant size 0): the pointwise graph dropped every operand as empty and the kernel's
+    lowering found no value for the cat (IndexError). The output is empty, as eager's."""
+    text = """graph(%x0 : Tensor):
+  %c2 : int[] = prim::Constant[value=[0, 1, 6]]()
+  %v3 : Tensor = aten::reshape(%x0, %c2)
+  %l11 : Tensor[] = prim::ListConstruct(%v3, %v3)
+  %c12 : int = prim::Constant[value=-3]()
+  %v13 : Tensor = aten::cat(%l11, %c12)
+  %v14 : Tensor = aten::mul(%v13, %v13)
+  return (%v13, %v14)
+"""
+    f = _check(text, [torch.randn(0, 1, 6, dtype=torch.float64)], mode)
+    r, m = f.run([torch.randn(0, 1, 6, dtype=torch.float64)])
+    assert r.shape == m.shape == (0, 1, 6)
