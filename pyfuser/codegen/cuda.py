@@ -55,6 +55,11 @@ def cached_store(policy: str, n: int, dst: str, src: str) -> str:
 SHFL_NATIVE = {"int", "int64_t", "float", "double"}     # types __shfl_xor_sync takes as they are
 
 
+def _c_string(text: str) -> str:
+    """`text` inside a C string literal."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 class Printer:
     def __init__(self, k: K.Kernel):
         self.k = k
@@ -91,6 +96,11 @@ class Printer:
             return kernel_op(x.name).cuda.format(*(self.e(a) for a in x.args))
         if isinstance(x, K.Convert):
             return self.convert(x)
+        if isinstance(x, K.Elem):
+            return f"{x.ptr}[{self.e(x.offset)}]"
+        if isinstance(x, K.CheckedIndex):
+            return (f"pf_checked_index({self.e(x.value)}, (long long)({self.e(x.size)}), "
+                    f"\"{self.k.name}: {_c_string(x.text)}\")")
         if isinstance(x, K.Shfl):
             ct = K.REGISTER_CTYPE[x.dtype]
             if ct in SHFL_NATIVE:
@@ -190,7 +200,7 @@ class Printer:
             elif isinstance(s, K.ClusterSync):
                 self.lines.append(f"{pad}pf_cluster_sync();")
             elif isinstance(s, K.Check):
-                text = s.text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+                text = _c_string(s.text).replace("%", "%%")
                 self.lines.append(f"{pad}if (!({self.e(s.cond)})) {{ printf(\"{self.k.name}: "
                                   f"{text}: %lld\\n\", (long long)({self.e(s.value)})); "
                                   f"__trap(); }}")

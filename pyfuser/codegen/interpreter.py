@@ -382,6 +382,17 @@ class Interpreter(SharedMemory):
             return self.shfl(x, sc)
         if isinstance(x, K.RemoteRef):
             return self._remote_read(x, sc)
+        if isinstance(x, K.Elem):
+            off = self.ev(x.offset, sc)
+            return self.values[x.ptr][off] if isinstance(off, torch.Tensor) \
+                else self.values[x.ptr][int(off)].item()
+        if isinstance(x, K.CheckedIndex):
+            v, n = self.ev(x.value, sc), self.ev(x.size, sc)
+            bad = (v < 0) | (v >= n)
+            if bool(bad.any()) if isinstance(bad, torch.Tensor) else bad:
+                first = v[bad].flatten()[0] if isinstance(v, torch.Tensor) else v
+                raise IndexError(f"{self.k.name}: {x.text}: {int(first)}")
+            return v
         raise TypeError(f"cannot evaluate {x!r}")
 
     def shfl(self, x: K.Shfl, sc: _Scope):

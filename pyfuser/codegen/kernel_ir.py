@@ -21,6 +21,12 @@ Expressions are immutable trees (hashable, so lowering can share them):
   RemoteRef(name, index, rank)  an element of shared array `name` of the block of rank `rank` in
                            this block's thread-block cluster (distributed shared memory, sm_90);
                            Special("cluster_rank") is this block's rank
+  Elem(ptr, offset)        the element at ptr[offset] of an integer tensor parameter, read where
+                           the expression is evaluated (a gathered load's index, in the load's
+                           own offset: kernels whose loads have no statement before them)
+  CheckedIndex(value, size, text)  `value` (an integer), which must lie in [0, size): else the
+                           kernel stops as at a Check statement (CUDA: printf and trap, the
+                           interpreter: IndexError)
 Statements:
   Let(name, ctype, expr)   `const ctype name = expr;`
   Alloc(name, dtype, dims, space, packed)   an array in storage type, "local" (registers, per
@@ -149,6 +155,19 @@ class RemoteRef:
     name: str
     index: tuple
     rank: Any
+
+
+@dataclass(frozen=True)
+class Elem:
+    ptr: str
+    offset: Any
+
+
+@dataclass(frozen=True)
+class CheckedIndex:
+    value: Any
+    size: Any
+    text: str
 
 
 def add(a, b):
@@ -407,4 +426,8 @@ def fmt(e) -> str:
         return f"shfl_xor({fmt(e.value)}, {e.lane_xor})"
     if isinstance(e, RemoteRef):
         return f"{e.name}{''.join(f'[{fmt(i)}]' for i in e.index)}@rank({fmt(e.rank)})"
+    if isinstance(e, Elem):
+        return f"{e.ptr}[{fmt(e.offset)}]"
+    if isinstance(e, CheckedIndex):
+        return f"checked({fmt(e.value)} < {fmt(e.size)}, {e.text!r})"
     return str(e)

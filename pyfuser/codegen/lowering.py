@@ -48,12 +48,17 @@ def kernel_name(fusion) -> str:
     return "pf_" + "_".join(names[:4]) + ("_etc" if len(names) > 4 else "") + "_kernel"
 
 
+def _gathered_affine(a) -> bool:
+    """A gathered access addressed as an affine one plus its index times the gathered axis'
+    stride (pointwise.Access.gathered); in `general` mode its offset is summed axis by axis."""
+    return a.gathered and a.mode != "general"
+
+
 class Lowering(Emitter):
     def __init__(self, sched):
         super().__init__(sched)
         self.ref_seg = len(sched.fusion.tensor_inputs())
-        self.need_r = any(not (a.affine or (a.gathered and a.mode != "general"))
-                          for a in sched.accesses) or \
+        self.need_r = any(not (a.affine or _gathered_affine(a)) for a in sched.accesses) or \
             any(n.kind in INDEX_KINDS for n in sched.graph.nodes)
         self.arrays: dict = {}          # id(load node) -> (its register array, its Access)
         self.ix_vars: dict = {}         # id(index node) -> the Let of its value (load_stmt)
@@ -134,7 +139,7 @@ class Lowering(Emitter):
         """Offset (elements) of access `a` for lane 0 at the current group indices (a shiftable
         access: the affine offset plus its constant shifts, unclamped: its load is guarded)."""
         off = self.const(0)
-        if a.affine or a.shiftable or (a.gathered and a.mode != "general"):
+        if a.affine or a.shiftable or _gathered_affine(a):
             if a.gathered:
                 j, inode = a.gather
                 off = K.mul(self.ix_vars[id(inode)], self.stride(a, j))

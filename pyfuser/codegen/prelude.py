@@ -149,6 +149,10 @@ PF_D float pf_unpack_bf16(uint32_t w, int hi) { return __uint_as_float(hi ? (w &
 PF_D float pf_unpack_half(uint32_t w, int hi) {
   pf_half h; h.x = (unsigned short)(hi ? (w >> 16) : (w & 0xffffu)); return pf_to_reg(h); }
 PF_D float pf_round_bf16(float f) { return pf_to_reg(pf_to_storage<pf_bf16>(f)); }
+// a gathered load's index, which must lie in [0, n): else the kernel stops (eager's assert)
+template <typename T> PF_D T pf_checked_index(T v, long long n, const char* what) {
+  if (v < 0 || (long long)v >= n) { printf("%s: %lld\n", what, (long long)v); __trap(); }
+  return v; }
 
 // ---- vector memory access (16 bytes at most per access) ---------------------------------------
 template <typename T, int N> struct __align__(sizeof(T) * N) pf_vec { T v[N]; };

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
+from ..schedule.pointwise_graph import index_source
 from ..schedule.reduction_heuristics import stageable
 from . import kernel_ir as K
 from .emitter import Emitter
@@ -190,12 +191,34 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
         return self.stride(a, st[1])
 
     def offset(self, a, idx: dict):
+        """Offset (elements) of access `a` at group indices `idx`; a gathered access (an
+        embedding's table) adds its row's index, read and checked inside the offset itself
+        (gather_index), times the gathered axis' stride."""
         off = _c(0)
+        if a.gathered:
+            j, inode = a.gather
+            off = K.mul(self.gather_index(a, inode, j, idx), self.stride(a, j))
         for gi, x in idx.items():
             s = self.gstride(a, gi)
             if s is not None:
                 off = K.add(off, K.mul(x, s))
         return off
+
+    def gather_index(self, a, inode, j, idx: dict):
+        """The index a gathered access reads along its axis j at group indices `idx` (one
+        value a row: reduction_graph refuses an index that changes along the reduced axes):
+        the index tensor's element (K.Elem) or the iota's value, checked to lie in [0, size of
+        axis j) (K.CheckedIndex: eager's error; a trap on the GPU), in the index type."""
+        src = index_source(inode)
+        dt = src.tv.dtype
+        if src.kind == "load":
+            ia = next(x for x in self.loads if x.node is src)
+            value = K.Elem(self.ptr(ia), self.offset(ia, idx))
+        else:
+            value = self.iota_expr(src, (idx, _c(0)))
+        value = K.CheckedIndex(value, self.extent_expr(a.tv.logical[j]),
+                               f"index out of range in {a.tv.name} (axis {j})")
+        return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
 
     def decompose(self, lin, gis, out: list) -> dict:
         """Lets g<i> for groups `gis` (outer first) of the linear index `lin`; {gi: Var}."""

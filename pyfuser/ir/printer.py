@@ -193,7 +193,8 @@ PRINTERS = {
     E.ElementwiseOp: _elementwise,
     E.CastOp: _cast,
     E.ScalarCast: _scalar_cast,
-    E.SetOp: lambda e: _call("Set", **{k: k for k in ("contiguous", "may_alias") if getattr(e, k, False)})(e),
+    E.SetOp: lambda e: _call("Set", **{k: k for k in ("contiguous", "may_alias")
+                                       if getattr(e, k)})(e),
     E.BroadcastOp: _call("broadcast"),
     E.ExpandOp: _call("expand", sizes="sizes"),
     E.SqueezeOp: _call("squeeze", dims="dims"),

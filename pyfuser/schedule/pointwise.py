@@ -84,6 +84,8 @@ def _gather_unsupported(e) -> str:
     broadcast (the index must be checked against its size). The index may also be an iota
     (positions computed from the element's index), through views."""
     x, index = e.inputs[0], e.inputs[1]
+    if x.ndim == 0:
+        return f"{e.op_name}: the input {x.name} has no axis to gather"
     while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
         index = index.definition.inputs[0]
     if x.definition is not None or not (index.definition is None or
@@ -457,15 +459,13 @@ def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     return groups
 
 
-def _gather_ok(a, accesses, inner_k) -> bool:
+def _gather_ok(a, inner_k) -> bool:
     """A gathered access reads whole vectors (or one broadcast element) along the innermost
-    axis when its index is the same for every element of a vector: the index's access is
-    affine and constant along that axis."""
+    axis when its index is the same for every element of a vector: no entry of the index's key
+    (its load's or its iota's) reads that axis. (The index's own access then does not move
+    along it either, so _collapse kept the axes it moves along out of the innermost group.)"""
     src = index_source(a.gather[1])
-    if src.kind == "iota":
-        return inner_k not in key_axes(src.key[0])
-    idx = next(b for b in accesses if b.node is src)
-    return idx.affine and idx.eff.get(inner_k, (0,))[0] == 0
+    return all(inner_k not in key_axes(c) for c in src.key)
 
 
 def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
@@ -474,7 +474,7 @@ def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
         return 1
     inner_k = groups[-1][-1]
     outer_ks = [g[-1] for g in groups[:-1]]
-    if any(a.gathered and not _gather_ok(a, accesses, inner_k) for a in accesses):
+    if any(a.gathered and not _gather_ok(a, inner_k) for a in accesses):
         return 1
     # a gathered access's index is one element a vector (_gather_ok): its width does not count
     indices = {id(index_source(a.gather[1])) for a in accesses if a.gathered}
@@ -500,7 +500,7 @@ def _classify(params: PointwiseParams, accesses) -> None:
     outer_ks = [g[-1] for g in groups[:-1]]
     for a in accesses:
         if not (a.affine or a.shiftable or a.gathered) or \
-                (a.gathered and (inner_k is None or not _gather_ok(a, accesses, inner_k))):
+                (a.gathered and (inner_k is None or not _gather_ok(a, inner_k))):
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0

@@ -209,7 +209,7 @@ def _order_and_drops(fusion, g, inputs, bindings):
         sizes, strides = tuple(x.shape), tuple(x.stride())
         for j in L.stride_order(sizes, strides):
             c = node.key[j]
-            if c != 0 and c[1] not in dropped and c[1] not in covered:
+            if c != 0 and c[0] == "r" and c[1] not in dropped and c[1] not in covered:
                 covered.append(c[1])
     rest = [k for k in range(g.n) if k not in dropped and k not in covered]
     return rest + covered, dropped

@@ -42,14 +42,14 @@ from dataclasses import dataclass, field
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.tensor import TensorView
-from .pointwise import _extent_classes, _same_extent
-from .pointwise_graph import Node, producer_key
+from .pointwise import _extent_classes, _gather_unsupported, _same_extent
+from .pointwise_graph import Node, key_axes, producer_key
 from .reduction_patterns import (OnlinePair, Pick, find_online_pairs, find_picks,  # noqa: F401
                                  find_shifted_exps, reduce_input)
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
 ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.PhiloxUniformOp,
-           E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ScalarCast) + REDUCE_EXPRS
+           E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ScalarCast, E.IndexSelectOp) + REDUCE_EXPRS
 SOURCES = ("load", "full", "iota", "rng")     # node kinds with no full-size argument
 
 
@@ -171,7 +171,7 @@ class _Builder:
 
     def _check_axes(self, tv: TensorView, key) -> None:
         for j, c in enumerate(key):
-            if c == 0:
+            if c == 0 or c[0] == "ix":          # a gathered axis: the index's own axes checked
                 continue
             d, r = tv.logical[j], self.ref.logical[c[1]]
             if not _same_extent(self.uf, d, r):
@@ -204,6 +204,8 @@ class _Builder:
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
         elif isinstance(e, E.PhiloxUniformOp):   # a function of the element's row-major index
             node = Node("rng", tv, key, e, [])
+        elif isinstance(e, E.IndexSelectOp):     # pointwise_graph's "ix" key: read at the index
+            node = self._gather(tv, key, e)
         elif isinstance(e, REDUCE_EXPRS):
             if len(key) != len(g.K):
                 raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")
@@ -238,6 +240,22 @@ class _Builder:
         self.memo[mk] = node
         g.nodes.append(node)
         return node
+
+    def _gather(self, tv: TensorView, key: tuple, e) -> Node:
+        """An index_select / embedding: its input read with the gathered axis at the index's
+        value (an "ix" key entry). The index must be one value per row (no reduced axis in its
+        key): the lowering reads it in each load's offset, once a row."""
+        why = _gather_unsupported(e)
+        if why:
+            raise NotAReduction(why)
+        x, index, d = e.inputs[0], e.inputs[1], e.dim
+        r = max(index.ndim, 1)
+        inode = self.visit(index, _zero_bcast(index, key[d:d + index.ndim]))
+        if any(k in key_axes(c) for c in inode.key for k in self.g.R):
+            raise NotAReduction(f"{e.op_name}: its index {index.name} changes along the reduced "
+                                f"axes")
+        xk = tuple(key[:d]) + (("ix", inode),) + tuple(key[d + r:])
+        return Node("alias", tv, key, e, [self.visit(x, _zero_bcast(x, xk))])
 
     def _producer_key(self, e, key, inp) -> tuple:
         pk = producer_key(e, key, inp)

@@ -61,7 +61,7 @@ def run_host(e, x, bindings):
 
 def _aliasing_contiguous(e) -> bool:
     """`x.contiguous()` (not a clone), which eager answers with x itself when x is row-major."""
-    return isinstance(e, E.SetOp) and e.contiguous and getattr(e, "may_alias", False)
+    return isinstance(e, E.SetOp) and e.contiguous and e.may_alias
 
 
 # ---- structural layout ------------------------------------------------------------------------

@@ -45,6 +45,35 @@ def test_gpt2_embeddings_are_one_kernel_on_cuda(dtype):
     assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
 
 
+class _BertEmbeddings(torch.nn.Module):
+    def __init__(self, hidden=768):
+        super().__init__()
+        self.words, self.types = torch.nn.Embedding(30522, hidden), torch.nn.Embedding(2, hidden)
+        self.places, self.norm = torch.nn.Embedding(512, hidden), torch.nn.LayerNorm(hidden)
+
+    def forward(self, ids, tt):
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        return self.norm(self.words(ids) + self.types(tt) + self.places(pos))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bert_embeddings_and_layer_norm_are_one_kernel_on_cuda(dtype):
+    m = _BertEmbeddings().cuda().to(dtype)
+    ids = torch.randint(0, 30522, (8, 512), device="cuda")
+    tt = torch.randint(0, 2, (8, 512), device="cuda")
+    f = pyfuser.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            got = f(ids, tt)
+        want = m(ids, tt)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    (g,) = compiled_graphs()
+    assert not g.unsupported and len(g.regions) == 1
+    report = dispatch.last_report(g.regions[0].fusion)
+    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
+
+
 def test_embedding_training_gradients_on_cuda():
     torch.manual_seed(0)
     m = _Embeddings(1000, 64, 128).cuda()

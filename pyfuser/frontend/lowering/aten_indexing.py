@@ -3,12 +3,15 @@
 `aten::embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)` (a 2-D weight, an
 integer index of any rank: the rows of weight at the indices; the last three arguments change
 only the backward, which stays eager's `embedding_dense_backward`) and `aten::index_select(x,
-dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp. The pointwise scheduler reads
-the input at the index's values in the kernel that consumes it (schedule/pointwise_graph.py's
-"ix" keys), so a transformer's token and position embeddings and the adds after them are one
-kernel, with 16-byte vectors along the rows. An index outside the gathered axis is an error, as
-in eager: the kernel checks each index before its load (a device-side trap on the GPU, an
-IndexError on the CPU).
+dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp. The pointwise and reduction
+schedulers read the input at the index's values in the kernel that consumes it
+(schedule/pointwise_graph.py's "ix" keys), so a transformer's token and position embeddings,
+the adds after them and the layer norm after those are one kernel, with 16-byte vectors along
+the rows. An index outside the gathered axis is an error, as in eager: the kernel checks each
+index before its load (a device-side trap on the GPU, an IndexError on the CPU). Only indices
+whose rows are read are checked, as in Inductor's kernels: an index whose row no output
+element reads (a slice of the lookup drops it, or the table's rows are empty) gives no error
+where eager's lookup, which reads every index, raises.
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
 UnsupportedOpError: the node stays an eager op, whose own error eager then gives.
@@ -41,8 +44,12 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
 
 @lowers("aten::index_select", n_args=(3,), const_args=(1,))
 def _index_select(x, dim, index):
-    if not isinstance(x, TensorView) or _index(index, "index_select").ndim > 1:
+    """An index of rank 0 or 1 along `dim` of an input of rank 1 or more (eager's index_select
+    of a 0-dim input has no axis to gather: left to eager)."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("index_select: the input must be a tensor of rank 1 or more")
+    if _index(index, "index_select").ndim > 1:
         raise UnsupportedOpError("index_select: the index must have rank 0 or 1")
-    if not -max(x.ndim, 1) <= dim < max(x.ndim, 1):
+    if not -x.ndim <= dim < x.ndim:
         raise UnsupportedOpError(f"index_select: dim {dim} out of range")
-    return B.index_select(x, index, dim % max(x.ndim, 1))
+    return B.index_select(x, index, dim % x.ndim)

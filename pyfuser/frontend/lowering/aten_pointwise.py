@@ -277,7 +277,7 @@ def _copy(x, memory_format=None):
 def _contiguous(x, memory_format=None):
     """`x.contiguous()`: a row-major copy, or x itself where x already is row-major (eager
     returns its input then: the segmenter runs it on the host as x, segment/host.py)."""
-    row_major = _into_contiguous_format(memory_format)
+    row_major = memory_format is None or _into_contiguous_format(memory_format)
     return B.set_(x, contiguous=row_major, may_alias=row_major)
 
 
