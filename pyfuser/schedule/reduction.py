@@ -46,6 +46,7 @@ from . import cache_policy
 from . import layout as L
 from . import reduction_graph as RG
 from .pointwise import Access, _access, _known_extent_ids, _vector_width
+from .pointwise_graph import index_source, key_axes
 from .reduction_heuristics import choose, stageable
 
 
@@ -168,8 +169,23 @@ def _inner_layout(fusion, inputs, bindings) -> tuple[bool, str]:
     order, _ = _order_and_drops(fusion, g, inputs, bindings)
     if not order:
         return True, ""
-    return (True, "") if order[-1] in g.R else \
-        (False, "the innermost axis in memory is kept, not reduced")
+    if order[-1] not in g.R:
+        return False, "the innermost axis in memory is kept, not reduced"
+    return _gather_layout(fusion, inputs, bindings)
+
+
+def _gather_layout(fusion, inputs, bindings) -> tuple[bool, str]:
+    """A lookup's loads move along the innermost axis in memory (the vectors' axis) with one
+    index for the whole vector: its index must not change along that axis (an outer
+    reduction's kept innermost axis may be a gathered one)."""
+    g = _graph(fusion)
+    ix = [c[1] for n in g.loads for c in n.key if isinstance(c, tuple) and c[0] == "ix"]
+    if not ix:
+        return True, ""
+    order, _ = _order_and_drops(fusion, g, inputs, bindings)
+    if order and any(order[-1] in key_axes(c) for i in ix for c in index_source(i).key):
+        return False, "a lookup's index changes along the innermost axis in memory"
+    return True, ""
 
 
 # ---- layout -----------------------------------------------------------------------------------
@@ -362,6 +378,6 @@ def _entry(name, compile_check, run_check=None):
 
 
 def schedulers() -> list:
-    return [_entry("reduction", reduction_check),
+    return [_entry("reduction", reduction_check, _gather_layout),
             _entry("inner_persistent", normalization_check, _inner_layout),
-            _entry("outer_persistent", normalization_check)]
+            _entry("outer_persistent", normalization_check, _gather_layout)]

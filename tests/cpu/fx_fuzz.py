@@ -403,7 +403,8 @@ def _gen_resize(b: _Builder) -> bool:
 def _gen_gather(b: _Builder) -> bool:
     """An embedding lookup or index_select of a value at a constant index (a literal tensor of
     positions inside the axis, repeats allowed; an index of rank 0, 1 or 2 for embedding),
-    sometimes followed by a unary op (the lookup fuses with what reads it)."""
+    sometimes followed by a unary op or a softmax, sum, amax or layer norm over the last axis
+    (the lookup fuses with what reads it, normalization kernels included)."""
     x = b.pick(lambda u: u.dim() >= 1 and min(u.shape) >= 1)
     if x is None:
         return False
@@ -418,8 +419,12 @@ def _gen_gather(b: _Builder) -> bool:
         d = b.r.randrange(t.dim())
         rows = [b.r.randrange(t.shape[d]) for _ in range(b.r.randint(1, 5))]
         call = f"torch.index_select({x}, {d}, torch.tensor({rows}))"
-    if b.r.random() < 0.5:
+    kind = b.r.random()
+    if kind < 0.35:
         call = f"{b.r.choice(UNARY)}({call})"
+    elif kind < 0.7:                     # a reduction or normalization over the rows read
+        call = b.r.choice(["torch.softmax({}, -1)", "{}.sum(-1)", "torch.amax({}, -1)",
+                           "F.layer_norm({0}, {0}.shape[-1:])"]).format(call)
     return b.try_line(f"{out} = {call}", out, True)
 
 

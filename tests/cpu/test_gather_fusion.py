@@ -340,3 +340,22 @@ def test_index_select_of_a_0_dim_input_stays_eager():
     assert not ok and "no axis to gather" in why
     (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
     assert torch.equal(out, want)
+
+
+def test_an_index_along_the_vectors_axis_of_an_outer_reduction_is_refused():
+    """A column sum of x.index_select(1, i) + y: y's layout makes the gathered axis the
+    innermost one in memory, a kept axis the vectors run along, while the row's index changes
+    along it (a silent wrong sum before this check: each vector read one index's column).
+    The reduction schedulers refuse these inputs with the reason; the values are eager's."""
+    from pyfuser.ir.shapes import bind
+    from pyfuser.schedule import reduction
+    def build():
+        x, i = B.define_tensor([-1, -1], DataType.Float), B.define_tensor([-1], DataType.Int)
+        y = B.define_tensor([-1, -1], DataType.Float)
+        return [B.reduction("sum", ew("add", B.index_select(x, i, 1), y), [0])]
+    f = _fusion(build)
+    inputs = [torch.randn(50, 40), torch.randint(0, 40, (64,)), torch.randn(50, 64)]
+    ok, why = reduction._gather_layout(f, inputs, bind(f, inputs))
+    assert not ok and "innermost axis" in why
+    (out,) = dispatch.execute_fusion(f, inputs, "interpret")
+    torch.testing.assert_close(out, (torch.index_select(inputs[0], 1, inputs[1]) + inputs[2]).sum(0))
