@@ -153,3 +153,14 @@ def test_gelu_of_inf_is_judged_by_the_op_tables_formula():
     assert any(d.any() for d in differs)                      # eager's NaN against the inf
     assert FZ.check(p) is None
     assert FZ.check(p, backend=_off_by_a_bit) is not None
+
+
+@pytest.mark.parametrize("seed", [1584, 2628])
+def test_lookups_read_along_a_reduction_kernels_vectors(seed):
+    """FX fuzz seeds 1584 and 2628 (a lookup's index_select / embedding summed over the last
+    axis, with a layout that made the gathered axis the reduction kernel's innermost, vector
+    axis): each vector read one index's column, a silent wrong sum. The reduction schedulers
+    now refuse such inputs (reduction._gather_layout)."""
+    p = FZ.generate(seed)
+    assert ".sum(-1)" in p.source and ("index_select(" in p.source or "embedding(" in p.source)
+    assert FZ.check(p) is None
