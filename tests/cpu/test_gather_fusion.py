@@ -231,7 +231,8 @@ def _lookup_layer_norm_eager(words, types, places, ids, tt):
     pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
     h = (torch.embedding(words, ids).float() + torch.embedding(types, tt.long()).float()
          + torch.embedding(places, pos).float()) if words.dtype != torch.float32 else \
-        torch.embedding(words, ids) + torch.embedding(types, tt.long()) + torch.embedding(places, pos)
+        torch.embedding(words, ids) + torch.embedding(types, tt.long()) + \
+        torch.embedding(places, pos)
     return torch.nn.functional.layer_norm(h.float(), h.shape[-1:], eps=1e-5).to(words.dtype)
 
 
@@ -358,4 +359,5 @@ def test_an_index_along_the_vectors_axis_of_an_outer_reduction_is_refused():
     ok, why = reduction._gather_layout(f, inputs, bind(f, inputs))
     assert not ok and "innermost axis" in why
     (out,) = dispatch.execute_fusion(f, inputs, "interpret")
-    torch.testing.assert_close(out, (torch.index_select(inputs[0], 1, inputs[1]) + inputs[2]).sum(0))
+    want = (torch.index_select(inputs[0], 1, inputs[1]) + inputs[2]).sum(0)
+    torch.testing.assert_close(out, want)
