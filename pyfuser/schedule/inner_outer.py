@@ -38,7 +38,7 @@ from . import reduction_graph as RG
 from .inner_outer_graph import NotInnerOuter, analyze
 from .pointwise import _access, _known_extent_ids, _vector_width
 from .pointwise_heuristics import sm_count
-from .reduction import ReductionParams, ReductionSchedule, _classify, _collapse
+from .reduction import ReductionParams, ReductionSchedule, _classify, _collapse, index_axes
 
 NAME = "inner_outer_persistent"
 REG_BUDGET = 96          # registers a thread for held row vectors, kept values, column partials
@@ -138,7 +138,7 @@ def _order_and_drops(io, inputs, bindings, accesses):
     if best is not None:
         for j in L.stride_order(best.sizes, best.strides):
             c = best.node.key[j]
-            if c != 0 and c[1] not in dropped and c[1] not in covered:
+            if c != 0 and c[0] == "r" and c[1] not in dropped and c[1] not in covered:
                 covered.append(c[1])
     rest = [k for k in range(g.n) if k not in dropped and k not in covered]
     return rest + covered, dropped, shape
@@ -193,7 +193,7 @@ def plan(fusion, inputs) -> InnerOuterSchedule:
     order, dropped, shape = _order_and_drops(io, inputs, bindings, row_acc)
     R = set(io.I)
     p = InnerOuterParams(dropped=dropped, passes=g.n_passes, outer=len(io.outer))
-    p.groups = _collapse(order, shape, row_acc + col_acc, R)
+    p.groups = _collapse(order, shape, row_acc + col_acc, R, index_axes(g))
     p.reduced = [g0[0] in R for g0 in p.groups]
     if p.groups and not p.reduced[-1]:
         raise SchedulerError(f"{NAME}: the innermost axis in memory is a row axis, not a "

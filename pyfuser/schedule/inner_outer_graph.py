@@ -74,11 +74,11 @@ class _InnerBuilder(RG._Builder):
         self.ref = ref
         self.outer_ids = outer_ids
 
-    def visit(self, tv, key):
+    def visit(self, tv, key, check: bool = True):
         if tv.definition is not None and id(tv.definition) in self.outer_ids:
             raise NotInnerOuter(f"{tv.name}, a sum over the rows, flows back into per-row or "
                                 "per-element values")
-        return super().visit(tv, key)
+        return super().visit(tv, key, check)
 
 
 class _ColumnBuilder:

@@ -185,7 +185,7 @@ def _meta_expr(e, env, bindings):
         return x.permute(e.dims)
     if isinstance(e, (E.FullOp, E.PhiloxUniformOp, E.IotaOp)):
         return torch.empty(bindings.shape(out), device="meta")
-    if isinstance(e, E.IndexSelectOp):                  # a new row-major tensor, as eager's
+    if isinstance(e, (E.IndexSelectOp, E.GatherOp)):    # a new row-major tensor, as eager's
         return x.new_empty(bindings.shape(out))
     if isinstance(e, E.SliceOp):                        # a view: the input's strides
         return x[tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]

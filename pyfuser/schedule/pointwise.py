@@ -79,19 +79,21 @@ def can_schedule(fusion) -> tuple[bool, str]:
 
 
 def _gather_unsupported(e) -> str:
-    """Why an index_select / embedding cannot be read in this kernel ("" when it can): its
-    input and its index are loaded from memory (fusion inputs), and the gathered axis is not a
-    broadcast (the index must be checked against its size). The index may also be an iota
-    (positions computed from the element's index), through views."""
+    """Why an index_select / embedding / gather cannot be read in this kernel ("" when it
+    can): its input is loaded from memory (a fusion input), its index is an input, an iota
+    (positions computed from the element's index) or itself such a lookup (read before the
+    ops run), through views, and the gathered axis is not a broadcast (the index must be
+    checked against its size)."""
     x, index = e.inputs[0], e.inputs[1]
     if x.ndim == 0:
         return f"{e.op_name}: the input {x.name} has no axis to gather"
     while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
         index = index.definition.inputs[0]
-    if x.definition is not None or not (index.definition is None or
-                                        isinstance(index.definition, E.IotaOp)):
-        return (f"{e.op_name}: its input must be a fusion input and its index an input or an "
-                f"iota (read before the ops run)")
+    d = index.definition
+    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or (
+            isinstance(d, GATHER_EXPRS) and not _gather_unsupported(d))):
+        return (f"{e.op_name}: its input must be a fusion input and its index an input, an "
+                f"iota or a lookup of those (read before the ops run)")
     if x.logical[e.dim].is_broadcast:
         return f"{e.op_name}: the gathered axis {e.dim} of {x.name} is a size-1 broadcast axis"
     return ""

@@ -39,7 +39,7 @@ from ..ir.tensor import TensorView
 METADATA_EXPRS = (E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ViewOp, E.PermuteOp)
 COMPUTE_EXPRS = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.PhiloxUniformOp, E.IotaOp)
 # reads of an input at positions another input holds (an "ix" key entry)
-GATHER_EXPRS = (E.IndexSelectOp,)
+GATHER_EXPRS = (E.IndexSelectOp, E.GatherOp)
 # index-remapping exprs (nvFuser's "resize"): each output element reads its input at a shifted index
 RESIZE_EXPRS = (E.SliceOp, E.PadOp, E.CatOp)
 ALLOWED_EXPRS = METADATA_EXPRS + COMPUTE_EXPRS + RESIZE_EXPRS + GATHER_EXPRS + (E.ScalarCast,)
@@ -83,10 +83,12 @@ def key_axes(c) -> set:
 
 
 def index_source(node):
-    """The node an index's value comes from: through "alias" nodes (metadata), a "load" of an
-    input or an "iota" (positions computed from the element's index); None for anything
-    else (a value computed by ops, which the kernel has only after its loads)."""
-    while node.kind == "alias" and not isinstance(node.expr, GATHER_EXPRS):
+    """The node an index's value comes from: through "alias" nodes (metadata, and lookups,
+    whose value is their table's load), a "load" of an input (or of a table at another
+    index: a lookup's index may itself be looked up, BERT's token types) or an "iota"
+    (positions computed from the element's index); None for anything else (a value computed
+    by ops, which the kernel has only after its loads)."""
+    while node.kind == "alias":
         node = node.args[0]
     return node if node.kind in ("load", "iota") else None
 
@@ -228,6 +230,13 @@ class Graph:
             r = max(index.ndim, 1)
             inode = self._visit(index, _zero_broadcasts(index, list(key[d:d + index.ndim])))
             xk = list(key[:d]) + [("ix", inode)] + list(key[d + r:])
+            node = Node("alias", tv, key, e, [self._visit(x, _zero_broadcasts(x, xk))])
+        elif isinstance(e, E.GatherOp):
+            # torch.gather: out's index is the index tensor's; axis dim of the input at its value
+            x, index = e.inputs[0], e.inputs[1]
+            inode = self._visit(index, _zero_broadcasts(index, list(key)))
+            xk = list(key)
+            xk[e.dim] = ("ix", inode)
             node = Node("alias", tv, key, e, [self._visit(x, _zero_broadcasts(x, xk))])
         elif isinstance(e, E.CatOp):
             args, before = [], []

@@ -179,13 +179,27 @@ def _gather_layout(fusion, inputs, bindings) -> tuple[bool, str]:
     index for the whole vector: its index must not change along that axis (an outer
     reduction's kept innermost axis may be a gathered one)."""
     g = _graph(fusion)
-    ix = [c[1] for n in g.loads for c in n.key if isinstance(c, tuple) and c[0] == "ix"]
-    if not ix:
+    axes = index_axes(g)
+    if not axes:
         return True, ""
     order, _ = _order_and_drops(fusion, g, inputs, bindings)
-    if order and any(order[-1] in key_axes(c) for i in ix for c in index_source(i).key):
+    if order and order[-1] in axes:
         return False, "a lookup's index changes along the innermost axis in memory"
     return True, ""
+
+
+def index_axes(g) -> set:
+    """Reference axes a lookup's index changes along (the keys of its load or iota): each is a
+    group of its own (_collapse), so that a vector along the innermost group never crosses a
+    change of index (an iota index, or a looked-up one, has no access of its own that would
+    keep such axes apart), and none may be the innermost (_gather_layout)."""
+    out: set = set()
+    for n in g.loads:
+        for c in n.key:
+            if isinstance(c, tuple) and c[0] == "ix":
+                for x in index_source(c[1]).key:
+                    out |= key_axes(x)
+    return out
 
 
 # ---- layout -----------------------------------------------------------------------------------
@@ -231,12 +245,14 @@ def _order_and_drops(fusion, g, inputs, bindings):
     return rest + covered, dropped
 
 
-def _collapse(order, shape, accesses, R) -> list[list[int]]:
+def _collapse(order, shape, accesses, R, apart=frozenset()) -> list[list[int]]:
+    """Neighbouring axes (in `order`) merge when both are reduced or both kept and every
+    access is contiguous across them; an axis in `apart` (a lookup's index axis) stays alone."""
     groups: list[list[int]] = []
     for k in order:
         if groups:
             prev = groups[-1][-1]
-            if (prev in R) == (k in R) and all(
+            if (prev in R) == (k in R) and prev not in apart and k not in apart and all(
                     a.eff.get(prev, (0,))[0] == a.eff.get(k, (0,))[0] * shape[k] for a in accesses):
                 groups[-1].append(k)
                 continue
@@ -320,7 +336,7 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     accesses = _accesses(g, inputs, bindings, orders)
     R = set(g.R)
     p = ReductionParams(dropped=dropped, passes=g.n_passes, online=bool(g.online))
-    p.groups = _collapse(order, shape, accesses, R)
+    p.groups = _collapse(order, shape, accesses, R, index_axes(g))
     p.reduced = [g0[0] in R for g0 in p.groups]
     p.kind = "inner" if (not p.groups or p.reduced[-1]) else "outer"
     ext = [L.numel(shape[k] for k in g0) for g0 in p.groups]

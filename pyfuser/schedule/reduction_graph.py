@@ -49,7 +49,8 @@ from .reduction_patterns import (OnlinePair, Pick, find_online_pairs, find_picks
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
 ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.PhiloxUniformOp,
-           E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ScalarCast, E.IndexSelectOp) + REDUCE_EXPRS
+           E.BroadcastOp, E.ExpandOp, E.SqueezeOp, E.ScalarCast, E.IndexSelectOp,
+           E.GatherOp) + REDUCE_EXPRS
 SOURCES = ("load", "full", "iota", "rng")     # node kinds with no full-size argument
 
 
@@ -187,13 +188,17 @@ class _Builder:
         finally:
             sys.setrecursionlimit(old)
 
-    def visit(self, tv: TensorView, key: tuple) -> Node:
+    def visit(self, tv: TensorView, key: tuple, check: bool = True) -> Node:
+        """The Node of `tv` read at `key`; `check=False`: the axes need not have the reference
+        extents (a gather's input, which may be larger than its index along the other axes:
+        eager requires no more, and the execute-time bindings check that)."""
         g = self.g
         mk = (id(tv), key)
         hit = self.memo.get(mk)
         if hit is not None:
             return hit
-        self._check_axes(tv, key)
+        if check:
+            self._check_axes(tv, key)
         e = tv.definition
         if e is None:
             node = Node("load", tv, key)
@@ -204,7 +209,7 @@ class _Builder:
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
         elif isinstance(e, E.PhiloxUniformOp):   # a function of the element's row-major index
             node = Node("rng", tv, key, e, [])
-        elif isinstance(e, E.IndexSelectOp):     # pointwise_graph's "ix" key: read at the index
+        elif isinstance(e, (E.IndexSelectOp, E.GatherOp)):   # an "ix" key: read at the index
             node = self._gather(tv, key, e)
         elif isinstance(e, REDUCE_EXPRS):
             if len(key) != len(g.K):
@@ -242,20 +247,25 @@ class _Builder:
         return node
 
     def _gather(self, tv: TensorView, key: tuple, e) -> Node:
-        """An index_select / embedding: its input read with the gathered axis at the index's
-        value (an "ix" key entry). The index must be one value per row (no reduced axis in its
-        key): the lowering reads it in each load's offset, once a row."""
+        """An index_select / embedding / gather: its input read with the gathered axis at the
+        index's value (an "ix" key entry). The index must be one value per row (no reduced
+        axis in its key): the lowering reads it in each load's offset, once a row."""
         why = _gather_unsupported(e)
         if why:
             raise NotAReduction(why)
         x, index, d = e.inputs[0], e.inputs[1], e.dim
-        r = max(index.ndim, 1)
-        inode = self.visit(index, _zero_bcast(index, key[d:d + index.ndim]))
+        if isinstance(e, E.GatherOp):             # same rank: the index read at out's key
+            inode = self.visit(index, _zero_bcast(index, key))
+            xk = tuple(key[:d]) + (("ix", inode),) + tuple(key[d + 1:])
+        else:                                     # the index's axes replace axis d
+            r = max(index.ndim, 1)
+            inode = self.visit(index, _zero_bcast(index, key[d:d + index.ndim]))
+            xk = tuple(key[:d]) + (("ix", inode),) + tuple(key[d + r:])
         if any(k in key_axes(c) for c in inode.key for k in self.g.R):
             raise NotAReduction(f"{e.op_name}: its index {index.name} changes along the reduced "
                                 f"axes")
-        xk = tuple(key[:d]) + (("ix", inode),) + tuple(key[d + r:])
-        return Node("alias", tv, key, e, [self.visit(x, _zero_bcast(x, xk))])
+        return Node("alias", tv, key, e, [self.visit(x, _zero_bcast(x, xk),
+                                                     check=not isinstance(e, E.GatherOp))])
 
     def _producer_key(self, e, key, inp) -> tuple:
         pk = producer_key(e, key, inp)

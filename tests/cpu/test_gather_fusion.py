@@ -361,3 +361,94 @@ def test_an_index_along_the_vectors_axis_of_an_outer_reduction_is_refused():
     (out,) = dispatch.execute_fusion(f, inputs, "interpret")
     want = (torch.index_select(inputs[0], 1, inputs[1]) + inputs[2]).sum(0)
     torch.testing.assert_close(out, want)
+
+
+# ---- torch.gather, and lookups of looked-up indices ---------------------------------------------
+@pytest.mark.parametrize("dim,index_shape", [(1, (6, 25)), (0, (4, 40)), (1, (3, 25))])
+def test_gather_reads_inside_a_pointwise_kernel(dim, index_shape):
+    """torch.gather: the input read along `dim` at the index's values, the index of the
+    input's rank (smaller than the input along the other axes too: (3, 25) of (6, 40))."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1, -1], DataType.Int)
+        return [ew("exp", B.gather(x, i, dim))]
+    f = _fusion(build)
+    x = torch.randn(6, 40)
+    i = torch.randint(0, x.shape[dim], index_shape)
+    plan = api.plan_kernel(f, [x, i])
+    assert plan.scheduler == "pointwise"
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    torch.testing.assert_close(out, torch.gather(x, dim, i).exp(), rtol=0, atol=0)
+    i[0, 1] = x.shape[dim]
+    with pytest.raises(IndexError, match="index out of range"):
+        dispatch.execute_fusion(f, [x, i], "interpret")
+
+
+class _BertEmbeddings(torch.nn.Module):
+    """HF BERT's embeddings as its code writes them (transformers' modeling_bert): the token
+    types gathered from a buffer at the positions, then three lookups, their sum and a layer
+    norm."""
+    def __init__(self):
+        super().__init__()
+        self.words, self.types = torch.nn.Embedding(100, 64), torch.nn.Embedding(2, 64)
+        self.places, self.norm = torch.nn.Embedding(32, 64), torch.nn.LayerNorm(64)
+        self.register_buffer("position_ids", torch.arange(32).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, 32, dtype=torch.long),
+                             persistent=False)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        pos = self.position_ids[:, :s]
+        tt = torch.gather(self.token_type_ids.expand(pos.shape[0], -1), dim=1, index=pos)
+        tt = tt.expand(b, s)
+        return self.norm(self.words(ids) + self.types(tt) + self.places(pos))
+
+
+def test_bert_token_types_gather_joins_the_embeddings_kernel():
+    """The token types' gather is a lookup whose result is another lookup's index: read in the
+    same kernel (nested), so BERT's whole embedding block is one region and one kernel."""
+    m = _BertEmbeddings()
+    with torch.no_grad():
+        m.token_type_ids[0, 3:9] = 1
+    ids = torch.randint(0, 100, (4, 20))
+    with torch.no_grad():
+        got, want = pyfuser.compile(m)(ids), m(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    (g,) = compiled_graphs()
+    assert not g.unsupported and len(g.regions) == 1, g.unsupported
+    assert "aten.gather.default" in g.regions[0].ops
+    report = dispatch.last_report(g.regions[0].fusion)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+    assert_ran_as_sm90_kernels(g.regions)
+
+
+def test_an_iota_index_axis_stays_out_of_the_vectors_group():
+    """Review finding: a column sum of y + t[arange(N)][None, :, None] (a lookup at iota
+    positions along a kept axis of an outer reduction): the reduction scheduler merged that
+    axis with the innermost one, so a vector of lanes crossed rows with one index, a silent
+    wrong sum. A lookup's index axes now stay groups of their own."""
+    from pyfuser.schedule import reduction
+    def build():
+        t, y = B.define_tensor([-1], DataType.Float), B.define_tensor([-1, -1, -1], DataType.Float)
+        pos = B.iota(y.logical[1].extent, 0, 1, DataType.Int)
+        g = B.broadcast(B.index_select(t, pos, 0), [True, False, True])
+        return [B.reduction("sum", ew("add", y, g), [0])]
+    f = _fusion(build)
+    t, y = torch.randn(10), torch.randn(5, 4, 3)
+    sched = reduction.schedule(f, [t, y])
+    assert [1] in sched.params.groups, sched.params.groups
+    (out,) = dispatch.execute_fusion(f, [t, y], "interpret")
+    torch.testing.assert_close(out, (y + t[:4][None, :, None]).sum(0))
+
+
+def test_layer_norm_of_a_lookup_with_a_column_sum_runs():
+    """Review finding: the inner-outer scheduler (a layer norm's rows and a column sum in one
+    kernel) took the lookup without reading its key entries right: a TypeError, no fallback."""
+    def fn(w, i, g):
+        y = torch.nn.functional.layer_norm(torch.nn.functional.embedding(i, w), (64,))
+        return y, (y * g).sum(0)
+    w, i, g = torch.randn(30, 64), torch.randint(0, 30, (16,)), torch.randn(16, 64)
+    got, want = pyfuser.compile(fn)(w, i, g), fn(w, i, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

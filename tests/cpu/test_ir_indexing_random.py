@@ -25,8 +25,8 @@ def build(fn):
 
 
 def run_all_ways(f, inputs, kind="eager"):
-    """Evaluator result; execute_fusion must give the same, through eager segments (gather,
-    index_select, random) or pointwise kernels (slice, cat)."""
+    """Evaluator result; execute_fusion must give the same, through eager segments (random)
+    or pointwise kernels (slice, cat, gather, index_select)."""
     want = evaluate(f, inputs)
     got = execute_fusion(f, inputs)
     for a, b in zip(got, want):
@@ -53,7 +53,7 @@ def test_gather_and_index_select_match_eager():
     f = build(fn)
     text = str(f)
     assert "gather( " in text and "index_select( " in text
-    g, s, s0 = run_all_ways(f, [x, y, idx, sel, torch.tensor(3)])
+    g, s, s0 = run_all_ways(f, [x, y, idx, sel, torch.tensor(3)], "kernel")
     assert torch.equal(g, torch.gather(x + y, 1, idx))
     assert torch.equal(s, torch.index_select(x + y, 0, sel))
     assert torch.equal(s0, torch.index_select(x + y, 1, torch.tensor(3)))
@@ -174,9 +174,9 @@ def test_complex_real_imag_rsqrt(dtype):
 
 
 def test_schedulers_refuse_the_new_exprs_with_a_reason():
-    """gather and random draws from torch's generator run on the evaluator; slice and cat are
-    index remappings the pointwise scheduler takes (test_resize_fusion.py), and index_select
-    a read at the index's values (test_gather_fusion.py)."""
+    """Random draws from torch's generator run on the evaluator; slice and cat are index
+    remappings the pointwise scheduler takes (test_resize_fusion.py), and gather and
+    index_select reads at the index's values (test_gather_fusion.py)."""
     def fn(f):
         x, i = B.define_tensor([-1, -1], F), B.define_tensor([-1], I)
         f.add_output(B.index_select(x, i, 0))
@@ -190,7 +190,8 @@ def test_schedulers_refuse_the_new_exprs_with_a_reason():
         sub.outputs, sub.inputs, sub.exprs = list(e.outputs), [], [e]
         for sched in (pointwise, transpose):
             ok, reason = sched.can_schedule(sub)
-            if sched is pointwise and isinstance(e, (E.SliceOp, E.CatOp, E.IndexSelectOp)):
+            if sched is pointwise and isinstance(e, (E.SliceOp, E.CatOp, E.IndexSelectOp,
+                                                     E.GatherOp)):
                 assert ok, (e, reason)
             else:
                 assert not ok and reason, (e, sched)

@@ -1,9 +1,12 @@
-"""Lowerings of the ops that read a tensor at positions another tensor holds: embedding lookups.
+"""Lowerings of the ops that read a tensor at positions another tensor holds: embedding lookups,
+index_select and gather.
 
 `aten::embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)` (a 2-D weight, an
 integer index of any rank: the rows of weight at the indices; the last three arguments change
 only the backward, which stays eager's `embedding_dense_backward`) and `aten::index_select(x,
-dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp. The pointwise and reduction
+dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp, `aten::gather(x, dim, index)`
+(an index of x's rank) to a GatherOp; a lookup's index may itself be looked up (BERT's token
+types: a gather from a buffer at the positions, then the token-type embedding). The pointwise and reduction
 schedulers read the input at the index's values in the kernel that consumes it
 (schedule/pointwise_graph.py's "ix" keys), so a transformer's token and position embeddings,
 the adds after them and the layer norm after those are one kernel, with 16-byte vectors along
@@ -40,6 +43,19 @@ def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse
     if not isinstance(weight, TensorView) or weight.ndim != 2:
         raise UnsupportedOpError("embedding: the weight must be a 2-D tensor")
     return B.embedding(weight, _index(indices, "embedding"))
+
+
+@lowers("aten::gather", n_args=(3, 4), const_args=(1, 3))
+def _gather(x, dim, index, sparse_grad=False):
+    """torch.gather: out[..., i, ...] = x[..., index[..., i, ...], ...] along `dim` (the index
+    of x's rank; eager checks its sizes against x's, as the execute-time bindings do)."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("gather: the input must be a tensor of rank 1 or more")
+    if _index(index, "gather").ndim != x.ndim:
+        raise UnsupportedOpError("gather: the index must have the input's rank")
+    if not -x.ndim <= dim < x.ndim:
+        raise UnsupportedOpError(f"gather: dim {dim} out of range")
+    return B.gather(x, index, dim % x.ndim)
 
 
 @lowers("aten::index_select", n_args=(3,), const_args=(1,))
