@@ -113,3 +113,35 @@ def test_an_index_outside_the_table_traps_on_cuda():
     # the trap fails the launch; the kernel's printf names the index where the driver flushes it
     out = r.stdout + r.stderr
     assert "index out of range" in out or "CUDA error" in out, (r.stdout, r.stderr[-2000:])
+
+
+class _HFBertEmbeddings(_BertEmbeddings):
+    """Token types as HF BERT's code takes them without token_type_ids: gathered from a buffer
+    at the positions (a lookup whose value is the token-type embedding's index)."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("token_type_ids", torch.zeros(1, 512, dtype=torch.long),
+                             persistent=False)
+
+    def forward(self, ids):
+        b, s = ids.shape
+        pos = torch.arange(s, device=ids.device).unsqueeze(0)
+        tt = torch.gather(self.token_type_ids.expand(1, -1), 1, pos).expand(b, s)
+        return self.norm(self.words(ids) + self.types(tt) + self.places(pos))
+
+
+def test_bert_token_type_gather_joins_the_embeddings_kernel_on_cuda():
+    m = _HFBertEmbeddings().cuda()
+    with torch.no_grad():
+        m.token_type_ids[0, 100:300] = 1
+    ids = torch.randint(0, 30522, (8, 512), device="cuda")
+    f = pyfuser.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            got = f(ids)
+        want = m(ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    (g,) = compiled_graphs()
+    assert not g.unsupported and len(g.regions) == 1
+    report = dispatch.last_report(g.regions[0].fusion)
+    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
