@@ -6,8 +6,8 @@ integer index of any rank: the rows of weight at the indices; the last three arg
 only the backward, which stays eager's `embedding_dense_backward`) and `aten::index_select(x,
 dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp, `aten::gather(x, dim, index)`
 (an index of x's rank) to a GatherOp; a lookup's index may itself be looked up (BERT's token
-types: a gather from a buffer at the positions, then the token-type embedding). The pointwise and reduction
-schedulers read the input at the index's values in the kernel that consumes it
+types: a gather from a buffer at the positions, then the token-type embedding). The pointwise
+and reduction schedulers read the input at the index's values in the kernel that consumes it
 (schedule/pointwise_graph.py's "ix" keys), so a transformer's token and position embeddings,
 the adds after them and the layer norm after those are one kernel, with 16-byte vectors along
 the rows. An index outside the gathered axis is an error, as in eager: the kernel checks each
