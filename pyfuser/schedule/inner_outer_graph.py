@@ -126,7 +126,8 @@ class _ColumnBuilder:
             raise NotInnerOuter(f"{tv.name}, a row reduction, is combined with a sum over the rows")
         elif isinstance(e, E.FullOp):
             node = Node("full", tv, key, e, [e.inputs[0]])
-        elif isinstance(e, (E.IotaOp, E.ReductionOp, E.WelfordOp)):
+        elif isinstance(e, (E.IotaOp, E.ReductionOp, E.WelfordOp, E.IndexSelectOp, E.GatherOp)):
+            # (a lookup's "ix" key has no column form here: the segmenter cuts it out)
             raise NotInnerOuter(f"{e.op_name} after a sum over the rows")
         else:
             args = []

@@ -452,3 +452,32 @@ def test_layer_norm_of_a_lookup_with_a_column_sum_runs():
     got, want = pyfuser.compile(fn)(w, i, g), fn(w, i, g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _lookup_after_a_column_sum(x, t, i):
+    y = x - x.mean(1, keepdim=True)
+    return y, y.sum(0) + torch.gather(t, 0, i).squeeze(0)
+
+
+def _selection_after_a_column_sum(x, t, i):
+    y = x - x.mean(1, keepdim=True)
+    return y, y.sum(0) + torch.index_select(t, 0, i)
+
+
+@pytest.mark.parametrize("fn,t,i", [
+    (_lookup_after_a_column_sum, (5, 64), (1, 64)),
+    (_selection_after_a_column_sum, (70,), (64,))], ids=["gather", "index_select"])
+def test_a_lookup_after_a_column_sum_is_cut_from_the_inner_outer_kernel(fn, t, i):
+    """Review finding: a lookup read after a sum over the rows, beside a row normalization: the
+    inner-outer scheduler's column graph had no index mapping through it (an AssertionError out
+    of every frontend). It now refuses with a reason and the lookup gets its own kernel."""
+    from pyfuser.frontend.torchscript.fuse_api import jit
+    x = torch.randn(16, 64)
+    t = torch.randn(*t)
+    i = torch.randint(0, t.shape[0], i)
+    want = fn(x, t, i)
+    for compiled in (pyfuser.compile(fn), jit(torch.jit.script(fn))):
+        with torch.no_grad():
+            got = compiled(x, t, i)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
