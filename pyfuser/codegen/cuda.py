@@ -199,11 +199,6 @@ class Printer:
                 self.lines.append(f"{pad}pf_cp_async_wait();")
             elif isinstance(s, K.ClusterSync):
                 self.lines.append(f"{pad}pf_cluster_sync();")
-            elif isinstance(s, K.Check):
-                text = _c_string(s.text).replace("%", "%%")
-                self.lines.append(f"{pad}if (!({self.e(s.cond)})) {{ printf(\"{self.k.name}: "
-                                  f"{text}: %lld\\n\", (long long)({self.e(s.value)})); "
-                                  f"__trap(); }}")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
         self.rounded = outer

@@ -143,6 +143,13 @@ class Emitter:
         self._scalars[id(s)] = expr
         return expr
 
+    def checked_index(self, a, j, value):
+        """`value`, the index gathered access `a` reads along its axis j, checked to lie in
+        [0, size of axis j) (K.CheckedIndex: torch.embedding's and index_select's error, a
+        device-side trap on the GPU, IndexError in the interpreter)."""
+        return K.CheckedIndex(value, self.extent_expr(a.tv.logical[j]),
+                              f"index out of range in {a.tv.name} (axis {j})")
+
     def extent_expr(self, d):
         s = d.full_extent
         if s.is_const:

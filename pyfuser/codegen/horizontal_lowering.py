@@ -61,6 +61,10 @@ class _Relocate:
             return K.Shfl(self.e(x.value), x.lane_xor, x.dtype)
         if isinstance(x, K.RemoteRef):
             return K.RemoteRef(self.name(x.name), tuple(self.e(i) for i in x.index), self.e(x.rank))
+        if isinstance(x, K.CheckedIndex):
+            return K.CheckedIndex(self.e(x.value), self.e(x.size), x.text)
+        if isinstance(x, K.Elem):
+            return K.Elem(self.name(x.ptr), self.e(x.offset))
         return x                                      # Const, None
 
     def s(self, st):
@@ -83,8 +87,6 @@ class _Relocate:
         if isinstance(st, K.Assign):
             return R(st, name=self.name(st.name), index=tuple(self.e(i) for i in st.index),
                      expr=self.e(st.expr))
-        if isinstance(st, K.Check):
-            return R(st, cond=self.e(st.cond), value=self.e(st.value))
         if isinstance(st, (K.Comment,)):
             return st
         raise SchedulerError(f"horizontal lowering: {type(st).__name__} in a pointwise body")

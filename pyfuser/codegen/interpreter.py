@@ -186,19 +186,6 @@ class Interpreter(SharedMemory):
                 self.atomic_add(s, sc)
             elif isinstance(s, K.WaitCount):
                 self.wait_count(s, sc)
-            elif isinstance(s, K.Check):
-                self.check(s, sc)
-
-    def check(self, s: K.Check, sc: _Scope) -> None:
-        ok = self.ev(s.cond, sc)
-        if isinstance(ok, bool):
-            if not ok:
-                raise IndexError(f"{self.k.name}: {s.text}: {int(self.ev(s.value, sc))}")
-            return
-        if not bool(ok.all()):
-            bad = self.ev(s.value, sc)
-            bad = bad[~ok][0] if isinstance(bad, torch.Tensor) else bad
-            raise IndexError(f"{self.k.name}: {s.text}: {int(bad)}")
 
     def alloc(self, s: K.Alloc) -> None:
         dtype = s.dtype.torch

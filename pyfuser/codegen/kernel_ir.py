@@ -25,8 +25,9 @@ Expressions are immutable trees (hashable, so lowering can share them):
                            the expression is evaluated (a gathered load's index, in the load's
                            own offset: kernels whose loads have no statement before them)
   CheckedIndex(value, size, text)  `value` (an integer), which must lie in [0, size): else the
-                           kernel stops as at a Check statement (CUDA: printf and trap, the
-                           interpreter: IndexError)
+                           kernel stops with an error naming `text` and the value (CUDA: printf
+                           and trap: the launch, and the CUDA context with it, fail, as eager's
+                           device-side asserts; the interpreter: IndexError)
 Statements:
   Let(name, ctype, expr)   `const ctype name = expr;`
   Alloc(name, dtype, dims, space, packed)   an array in storage type, "local" (registers, per
@@ -65,11 +66,6 @@ Statements:
   ClusterSync()            a barrier of every thread of every block of the cluster (release /
                            acquire): shared-memory writes before it are seen by remote reads
                            after it, remote reads before it end before writes after it
-  Check(cond, text, value)  where `cond` fails for a thread the kernel stops with an error: CUDA
-                           prints `text` and `value` (an int64 expression) and traps (the launch,
-                           and the CUDA context with it, fail, as eager's device-side asserts);
-                           the interpreter raises IndexError with both. For data-dependent
-                           bounds (a gathered index), before the access it guards
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
@@ -303,13 +299,6 @@ class ClusterSync:
 
 
 @dataclass
-class Check:
-    cond: Any
-    text: str
-    value: Any
-
-
-@dataclass
 class Comment:
     text: str
 
@@ -398,8 +387,6 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}ASYNC_WAIT")
             elif isinstance(s, ClusterSync):
                 lines.append(f"{pad}CLUSTER_SYNC")
-            elif isinstance(s, Check):
-                lines.append(f"{pad}CHECK {fmt(s.cond)} else {s.text!r} {fmt(s.value)}")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 

@@ -320,9 +320,8 @@ class Lowering(Emitter):
     # ---- loads and stores -----------------------------------------------------------------
     def gather_index(self, a, inode, j) -> list:
         """The Let of the index value a gathered access reads (from the index's registers,
-        loaded before it in the same step) and the check that it lies in [0, size of axis j)
-        (torch.embedding's and index_select's error, a device-side trap on the GPU); records
-        the index's Let for key_index and offset."""
+        loaded before it in the same step), checked (Emitter.checked_index); records the
+        index's Let for key_index and offset."""
         src = index_source(inode)
         dt = src.tv.dtype
         if src.kind == "load":
@@ -335,15 +334,11 @@ class Lowering(Emitter):
         raw = K.Var(name)
         idx_dt = DataType.Int if self.it == "int64_t" else DataType.Int32
         self.ix_vars[id(inode)] = K.Convert("cast", raw, dt, idx_dt) if dt is not idx_dt else raw
-        size = self.extent_expr(a.tv.logical[j])
-        inside = K.Bin("&&", K.Bin("<=", K.Const(0, K.REGISTER_CTYPE[dt], dt), raw),
-                       K.Bin("<", raw, size))
-        return [K.Let(name, K.REGISTER_CTYPE[dt], value),
-                K.Check(inside, f"index out of range in {a.tv.name} (axis {j})", raw)]
+        return [K.Let(name, K.REGISTER_CTYPE[dt], self.checked_index(a, j, value))]
 
     def load_stmt(self, a, arr, gvars, u) -> list:
         """The statements loading access `a` into `arr` at unroll step u (a gathered access:
-        its index's Let and check first)."""
+        its index's checked Let first)."""
         idx = () if a.row_invariant else (u,)
         pre = []
         for j, c in enumerate(a.node.key):

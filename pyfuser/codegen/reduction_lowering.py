@@ -207,8 +207,8 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
     def gather_index(self, a, inode, j, idx: dict):
         """The index a gathered access reads along its axis j at group indices `idx` (one
         value a row: reduction_graph refuses an index that changes along the reduced axes):
-        the index tensor's element (K.Elem) or the iota's value, checked to lie in [0, size of
-        axis j) (K.CheckedIndex: eager's error; a trap on the GPU), in the index type."""
+        the index tensor's element (K.Elem) or the iota's value, checked
+        (Emitter.checked_index), in the index type."""
         src = index_source(inode)
         dt = src.tv.dtype
         if src.kind == "load":
@@ -216,8 +216,7 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
             value = K.Elem(self.ptr(ia), self.offset(ia, idx))
         else:
             value = self.iota_expr(src, (idx, _c(0)))
-        value = K.CheckedIndex(value, self.extent_expr(a.tv.logical[j]),
-                               f"index out of range in {a.tv.name} (axis {j})")
+        value = self.checked_index(a, j, value)
         return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
 
     def decompose(self, lin, gis, out: list) -> dict:

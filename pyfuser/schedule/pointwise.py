@@ -42,9 +42,9 @@ from ..ir.ops import OPS
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from .pointwise_graph import (ALLOWED_EXPRS, GATHER_EXPRS, INDEX_KINDS, METADATA_EXPRS, Graph,
-                              gathered, index_source, is_affine, is_alias_of_input, key_axes,
-                              shift_affine)
+from .pointwise_gather import gather_ok, gather_unsupported
+from .pointwise_graph import (ALLOWED_EXPRS, GATHER_EXPRS, INDEX_KINDS, Graph, gathered,
+                              index_source, is_affine, is_alias_of_input, shift_affine)
 from .pointwise_heuristics import PointwiseParams, choose
 from .pointwise_resize import bounded_axes, index_vec_ok
 
@@ -61,7 +61,7 @@ def can_schedule(fusion) -> tuple[bool, str]:
             if dt is not None and dt.is_complex:
                 return False, f"complex dtype {dt.name} of {v.name} is not supported"
         if isinstance(e, GATHER_EXPRS):
-            why = _gather_unsupported(e)
+            why = gather_unsupported(e)
             if why:
                 return False, why
     for v in fusion.inputs:
@@ -76,27 +76,6 @@ def can_schedule(fusion) -> tuple[bool, str]:
         if o.ndim != ref.ndim or not all(_same_extent(uf, a, b) for a, b in zip(o.logical, ref.logical)):
             return False, f"outputs {ref.name} and {o.name} may differ in shape"
     return True, ""
-
-
-def _gather_unsupported(e) -> str:
-    """Why an index_select / embedding / gather cannot be read in this kernel ("" when it
-    can): its input is loaded from memory (a fusion input), its index is an input, an iota
-    (positions computed from the element's index) or itself such a lookup (read before the
-    ops run), through views, and the gathered axis is not a broadcast (the index must be
-    checked against its size)."""
-    x, index = e.inputs[0], e.inputs[1]
-    if x.ndim == 0:
-        return f"{e.op_name}: the input {x.name} has no axis to gather"
-    while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
-        index = index.definition.inputs[0]
-    d = index.definition
-    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or (
-            isinstance(d, GATHER_EXPRS) and not _gather_unsupported(d))):
-        return (f"{e.op_name}: its input must be a fusion input and its index an input, an "
-                f"iota or a lookup of those (read before the ops run)")
-    if x.logical[e.dim].is_broadcast:
-        return f"{e.op_name}: the gathered axis {e.dim} of {x.name} is a size-1 broadcast axis"
-    return ""
 
 
 def _extent_classes(fusion) -> dict:
@@ -461,22 +440,13 @@ def _collapse(order, shape, accesses, apart=frozenset()) -> list[list[int]]:
     return groups
 
 
-def _gather_ok(a, inner_k) -> bool:
-    """A gathered access reads whole vectors (or one broadcast element) along the innermost
-    axis when its index is the same for every element of a vector: no entry of the index's key
-    (its load's or its iota's) reads that axis. (The index's own access then does not move
-    along it either, so _collapse kept the axes it moves along out of the innermost group.)"""
-    src = index_source(a.gather[1])
-    return all(inner_k not in key_axes(c) for c in src.key)
-
-
 def _vector_width(groups, ext, accesses, inner_proven: bool) -> int:
     if not groups or not inner_proven or \
             any(not (a.affine or a.shiftable or a.gathered) for a in accesses):
         return 1
     inner_k = groups[-1][-1]
     outer_ks = [g[-1] for g in groups[:-1]]
-    if any(a.gathered and not _gather_ok(a, inner_k) for a in accesses):
+    if any(a.gathered and not gather_ok(a, inner_k) for a in accesses):
         return 1
     # a gathered access's index is one element a vector (_gather_ok): its width does not count
     indices = {id(index_source(a.gather[1])) for a in accesses if a.gathered}
@@ -502,7 +472,7 @@ def _classify(params: PointwiseParams, accesses) -> None:
     outer_ks = [g[-1] for g in groups[:-1]]
     for a in accesses:
         if not (a.affine or a.shiftable or a.gathered) or \
-                (a.gathered and (inner_k is None or not _gather_ok(a, inner_k))):
+                (a.gathered and (inner_k is None or not gather_ok(a, inner_k))):
             a.mode = "general"
             continue
         s = a.eff.get(inner_k, (0,))[0] if inner_k is not None else 0

@@ -93,6 +93,12 @@ def index_source(node):
     return node if node.kind in ("load", "iota") else None
 
 
+def index_axes_of(inode) -> set:
+    """The reference axes the value of index node `inode` changes along: those its source's key
+    reads (index_source: the input's load, the iota, the looked-up table's load)."""
+    return set().union(*(key_axes(c) for c in index_source(inode).key))
+
+
 def gathered(key):
     """(j, index node) when entry j of `key` is the one "ix" entry and every other entry is 0 or
     a distinct ("r", k): the access's offset is an affine one plus the index's value times the

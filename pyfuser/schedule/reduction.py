@@ -46,7 +46,7 @@ from . import cache_policy
 from . import layout as L
 from . import reduction_graph as RG
 from .pointwise import Access, _access, _known_extent_ids, _vector_width
-from .pointwise_graph import index_source, key_axes
+from .pointwise_graph import index_axes_of
 from .reduction_heuristics import choose, stageable
 
 
@@ -169,9 +169,10 @@ def _inner_layout(fusion, inputs, bindings) -> tuple[bool, str]:
     order, _ = _order_and_drops(fusion, g, inputs, bindings)
     if not order:
         return True, ""
-    if order[-1] not in g.R:
-        return False, "the innermost axis in memory is kept, not reduced"
-    return _gather_layout(fusion, inputs, bindings)
+    # (a lookup's index never changes along the reduced axes: reduction_graph refuses that,
+    # so a reduced innermost axis needs no _gather_layout check)
+    return (True, "") if order[-1] in g.R else \
+        (False, "the innermost axis in memory is kept, not reduced")
 
 
 def _gather_layout(fusion, inputs, bindings) -> tuple[bool, str]:
@@ -193,13 +194,8 @@ def index_axes(g) -> set:
     group of its own (_collapse), so that a vector along the innermost group never crosses a
     change of index (an iota index, or a looked-up one, has no access of its own that would
     keep such axes apart), and none may be the innermost (_gather_layout)."""
-    out: set = set()
-    for n in g.loads:
-        for c in n.key:
-            if isinstance(c, tuple) and c[0] == "ix":
-                for x in index_source(c[1]).key:
-                    out |= key_axes(x)
-    return out
+    return set().union(*(index_axes_of(c[1]) for n in g.loads for c in n.key
+                         if isinstance(c, tuple) and c[0] == "ix"))
 
 
 # ---- layout -----------------------------------------------------------------------------------

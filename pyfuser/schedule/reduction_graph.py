@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.tensor import TensorView
-from .pointwise import _extent_classes, _gather_unsupported, _same_extent
+from .pointwise import _extent_classes, _same_extent
+from .pointwise_gather import gather_unsupported
 from .pointwise_graph import Node, key_axes, producer_key
 from .reduction_patterns import (OnlinePair, Pick, find_online_pairs, find_picks,  # noqa: F401
                                  find_shifted_exps, reduce_input)
@@ -250,7 +251,7 @@ class _Builder:
         """An index_select / embedding / gather: its input read with the gathered axis at the
         index's value (an "ix" key entry). The index must be one value per row (no reduced
         axis in its key): the lowering reads it in each load's offset, once a row."""
-        why = _gather_unsupported(e)
+        why = gather_unsupported(e)
         if why:
             raise NotAReduction(why)
         x, index, d = e.inputs[0], e.inputs[1], e.dim

@@ -481,3 +481,22 @@ def test_a_lookup_after_a_column_sum_is_cut_from_the_inner_outer_kernel(fn, t, i
             got = compiled(x, t, i)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_lookup_in_a_horizontal_kernel():
+    """A lookup beside an independent pointwise computation: one horizontal kernel, whose
+    renaming of each component's kernel IR reaches the index check's names too."""
+    def build():
+        t, i = B.define_tensor([-1, 64], DataType.Float), B.define_tensor([-1], DataType.Int)
+        y = B.define_tensor([-1], DataType.Float)
+        return [ew("add", B.embedding(t, i), 1.0), ew("mul", y, 2.0)]
+    f = _fusion(build)
+    inputs = [torch.randn(9, 64), torch.tensor([8, 0, 3]), torch.randn(100)]
+    plan = api.plan_kernel(f, inputs)
+    assert plan.scheduler == "horizontal"
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    a, b = dispatch.execute_fusion(f, inputs, "interpret")
+    assert torch.equal(a, inputs[0][inputs[1]] + 1) and torch.equal(b, inputs[2] * 2)
+    inputs[1][1] = 9
+    with pytest.raises(IndexError, match="index out of range.*: 9$"):
+        dispatch.execute_fusion(f, inputs, "interpret")

@@ -1,0 +1,44 @@
+"""The pointwise scheduler's checks for lookups (index_select, embedding, gather: an "ix" key
+entry, pointwise_graph.py): which ones a kernel can read, and where their vectors may go.
+
+- `gather_unsupported(e)`: why a lookup cannot be read in a kernel ("" when it can), for the
+  pointwise and the reduction graphs alike;
+- `gather_ok(a, inner_k)`: whether a gathered access keeps one index along the innermost axis
+  (then it moves vectors like an affine access; else one element a step).
+
+Invariants: pure functions of the Fusion and the scheduler's graph; nothing here imports from
+codegen/.
+"""
+from __future__ import annotations
+
+from ..ir import exprs as E
+from .pointwise_graph import GATHER_EXPRS, METADATA_EXPRS, index_axes_of
+
+
+def gather_unsupported(e) -> str:
+    """Why an index_select / embedding / gather cannot be read in this kernel ("" when it
+    can): its input is loaded from memory (a fusion input), its index is an input, an iota
+    (positions computed from the element's index) or itself such a lookup (read before the
+    ops run), through views, and the gathered axis is not a broadcast (the index must be
+    checked against its size)."""
+    x, index = e.inputs[0], e.inputs[1]
+    if x.ndim == 0:
+        return f"{e.op_name}: the input {x.name} has no axis to gather"
+    while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
+        index = index.definition.inputs[0]
+    d = index.definition
+    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or (
+            isinstance(d, GATHER_EXPRS) and not gather_unsupported(d))):
+        return (f"{e.op_name}: its input must be a fusion input and its index an input, an "
+                f"iota or a lookup of those (read before the ops run)")
+    if x.logical[e.dim].is_broadcast:
+        return f"{e.op_name}: the gathered axis {e.dim} of {x.name} is a size-1 broadcast axis"
+    return ""
+
+
+def gather_ok(a, inner_k) -> bool:
+    """A gathered access reads whole vectors (or one broadcast element) along the innermost
+    axis when its index is the same for every element of a vector: no entry of the index's key
+    (its load's or its iota's) reads that axis. (The index's own access then does not move
+    along it either, so _collapse kept the axes it moves along out of the innermost group.)"""
+    return inner_k not in index_axes_of(a.gather[1])
