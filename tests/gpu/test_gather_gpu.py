@@ -17,6 +17,21 @@ from pyfuser.runtime import dispatch
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_compile")]
 
 
+def _one_kernel_run(m, *args):
+    """(pyfuser's result after warm-up calls, eager's) of module m under torch.no_grad(),
+    checking that the compiled graph is one region that ran as one kernel."""
+    f = pyfuser.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            got = f(*args)
+        want = m(*args)
+    (g,) = compiled_graphs()
+    assert not g.unsupported and len(g.regions) == 1
+    report = dispatch.last_report(g.regions[0].fusion)
+    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
+    return got, want
+
+
 class _Embeddings(torch.nn.Module):
     def __init__(self, vocab=50257, positions=1024, hidden=768):
         super().__init__()
@@ -31,18 +46,9 @@ class _Embeddings(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpt2_embeddings_are_one_kernel_on_cuda(dtype):
     m = _Embeddings().cuda().to(dtype)
-    ids = torch.randint(0, 50257, (8, 512), device="cuda")
-    f = pyfuser.compile(m)
-    with torch.no_grad():
-        for _ in range(3):
-            got = f(ids)
-        want = m(ids)
+    got, want = _one_kernel_run(m, torch.randint(0, 50257, (8, 512), device="cuda"))
     assert got.dtype == want.dtype and got.stride() == want.stride()
     assert torch.equal(got, want)
-    (g,) = compiled_graphs()
-    assert not g.unsupported and len(g.regions) == 1
-    report = dispatch.last_report(g.regions[0].fusion)
-    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
 
 
 class _BertEmbeddings(torch.nn.Module):
@@ -60,18 +66,9 @@ class _BertEmbeddings(torch.nn.Module):
 def test_bert_embeddings_and_layer_norm_are_one_kernel_on_cuda(dtype):
     m = _BertEmbeddings().cuda().to(dtype)
     ids = torch.randint(0, 30522, (8, 512), device="cuda")
-    tt = torch.randint(0, 2, (8, 512), device="cuda")
-    f = pyfuser.compile(m)
-    with torch.no_grad():
-        for _ in range(3):
-            got = f(ids, tt)
-        want = m(ids, tt)
+    got, want = _one_kernel_run(m, ids, torch.randint(0, 2, (8, 512), device="cuda"))
     tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got, want, **tol)
-    (g,) = compiled_graphs()
-    assert not g.unsupported and len(g.regions) == 1
-    report = dispatch.last_report(g.regions[0].fusion)
-    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
 
 
 def test_embedding_training_gradients_on_cuda():
@@ -134,14 +131,5 @@ def test_bert_token_type_gather_joins_the_embeddings_kernel_on_cuda():
     m = _HFBertEmbeddings().cuda()
     with torch.no_grad():
         m.token_type_ids[0, 100:300] = 1
-    ids = torch.randint(0, 30522, (8, 512), device="cuda")
-    f = pyfuser.compile(m)
-    with torch.no_grad():
-        for _ in range(3):
-            got = f(ids)
-        want = m(ids)
+    got, want = _one_kernel_run(m, torch.randint(0, 30522, (8, 512), device="cuda"))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    (g,) = compiled_graphs()
-    assert not g.unsupported and len(g.regions) == 1
-    report = dispatch.last_report(g.regions[0].fusion)
-    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
