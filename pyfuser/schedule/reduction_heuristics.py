@@ -26,7 +26,8 @@ A row's cluster stages its held loads in shared memory with asynchronous copies 
 sm_80+) where they fit STAGE_BYTES a block: every thread issues all its copies at once, waits,
 then reads its own vectors back (one vector read a step; no barrier); the registers they
 would take are free (more blocks an SM) and shared memory holds bytes in flight besides the
-register file.
+register file. Such a block asks for registers for 6 blocks an SM (`min_blocks`, 40 registers a
+thread) where 6 blocks' staged rows fit the SM's shared memory.
 Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
 reduction through a workspace), until the grid covers every SM twice.
 
@@ -54,6 +55,8 @@ CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 STAGE_BYTES = 40 * 1024  # shared memory a block stages held loads in, at most (static: 48 KB)
+CLUSTER_MIN_BLOCKS = 6   # blocks an SM a staged cluster row asks registers for (__launch_bounds__) ...
+CLUSTER_STAGE_BYTES = 36 * 1024  # ... when its staged bytes let that many share an SM's 228 KB
 
 
 def _pow2ceil(n: int) -> int:
@@ -105,8 +108,14 @@ def _stage(p, accesses, held, knobs) -> None:
     # rms_norm 168 -> 148, softmax even; bfloat16 rms_norm 91 -> 85, layer_norm and softmax
     # even (within 2%). Rows that fit a block: even or slower (bfloat16 softmax 8192x3072
     # 33.7 -> 35.7 µs), so not by default
-    if per_step == 0 or per_step * p.steps * p.bdimx * p.bdimy > STAGE_BYTES:
+    nbytes = per_step * p.steps * p.bdimx * p.bdimy
+    if per_step == 0 or nbytes > STAGE_BYTES:
         p.stage = False
+    elif p.cluster > 1 and knobs["min_blocks"] is None and nbytes <= CLUSTER_STAGE_BYTES:
+        # H200, rows of 65536 staged on a cluster, 5 blocks an SM (48 registers) -> 6 (40):
+        # layer_norm 171 -> 165 µs float32, 103 -> 95 bfloat16; rms_norm and softmax 1-3%
+        # faster; 8 blocks (32 registers) slower than 6 on layer_norm (docs/benchmarks.md)
+        p.min_blocks = CLUSTER_MIN_BLOCKS
 
 
 def _major_at_least(major: int) -> bool:

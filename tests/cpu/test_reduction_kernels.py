@@ -191,10 +191,25 @@ def test_a_cluster_row_is_staged_in_shared_memory(builder, dt, monkeypatch):
         assert reads and all(r.src == buf and r.width == plan.params.vec for r in reads)
         assert f"{buf}[" not in plan.kernel.source.split("pf_cp_async_wait();")[1].replace(
             f"&{buf}[", "")                       # after the wait: vector reads only
+        # registers for 6 blocks an SM (their staged rows fit its shared memory)
+        assert plan.params.min_blocks == H.CLUSTER_MIN_BLOCKS
+        assert f"__launch_bounds__(256, {H.CLUSTER_MIN_BLOCKS})" in plan.kernel.source
     monkeypatch.setenv("PYFUSER_RED_STAGE", "0")
     regs = run(builder, shape, [1], dt, "contiguous")
     assert not regs.params.stage and _async_loads(regs) == 0
+    assert regs.params.min_blocks == 0
     assert "cp_async" not in regs.kernel.source.split('extern "C"')[1]
+
+
+def test_a_large_staged_row_keeps_the_register_default(monkeypatch):
+    """A staged cluster row of more than CLUSTER_STAGE_BYTES a block (6 such blocks would not
+    fit an SM's shared memory) asks for no blocks an SM: the compiler's register default."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "10")          # 10 x 256 threads x 16 bytes: 40 KB
+    plan = run(RC.softmax, (2, 2 * 256 * 4 * 10), [1], torch.float32, "contiguous")
+    p = plan.params
+    assert p.stage and p.cluster == 2 and p.steps * p.bdimx * p.vec * 4 > H.CLUSTER_STAGE_BYTES
+    assert p.min_blocks == 0 and "__launch_bounds__(256)" in plan.kernel.source
 
 
 @pytest.mark.parametrize("shape,axes", [((37, 300), [1]), ((5, 3, 2 * 256 * 4 + 8), [0, 2]),
