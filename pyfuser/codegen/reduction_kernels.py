@@ -101,6 +101,12 @@ class InnerKernel(ReductionLowering):
     def row_values(self, q, known, out) -> dict:
         """Row-level values existing from pass q on, and the reduced outputs among them."""
         known = self.emit_nodes(self.row_nodes(q), known, None, out, (self.kidx, None))
+        for den in self.g.shifted_quotients.values():    # softmax's sum: its reciprocal once
+            if id(den) in known and id(den) not in self.rcps:
+                name = self.comb.fresh("rcp")
+                out.append(K.Let(name, "float", K.Op("reciprocal", (known[id(den)],),
+                                                     den.tv.dtype)))
+                self.rcps[id(den)] = K.Var(name)
         writer = _and(self.row_ok, K.Bin("==", TX, _c(0)))
         if self.p.cluster > 1:
             writer = _and(writer, K.Bin("==", K.Special("cluster_rank"), _c(0)))

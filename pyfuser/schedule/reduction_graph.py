@@ -46,7 +46,7 @@ from .pointwise import _extent_classes, _same_extent
 from .pointwise_gather import gather_unsupported
 from .pointwise_graph import Node, key_axes, producer_key
 from .reduction_patterns import (OnlinePair, Pick, find_online_pairs, find_picks,  # noqa: F401
-                                 find_shifted_exps, reduce_input)
+                                 find_shifted_exps, find_shifted_quotients, reduce_input)
 
 REDUCE_EXPRS = (E.ReductionOp, E.WelfordOp)
 ALLOWED = (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp, E.IotaOp, E.PhiloxUniformOp,
@@ -88,6 +88,7 @@ class ReductionGraph:
     online: dict = field(default_factory=dict)    # id(max or sum expr) -> its OnlinePair
     picks: dict = field(default_factory=dict)     # id(pick Node) -> its Pick
     shifted_exps: set = field(default_factory=set)  # id(exp Node) computed as exp_shifted
+    shifted_quotients: dict = field(default_factory=dict)  # id(div Node) -> its denominator
     online_asked: bool = True    # analyze's `online` (pairs were looked for)
 
     @property
@@ -133,6 +134,8 @@ def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
         find_picks(g)
     if os.environ.get("PYFUSER_RED_SHIFTED_EXP") != "0":
         find_shifted_exps(g)
+        if os.environ.get("PYFUSER_RED_SHIFTED_DIV") != "0":
+            find_shifted_quotients(g)
     _levels_and_passes(g)
     return g
 

@@ -25,6 +25,14 @@ positive (or NaN where exp's is), so the lowering computes it as `exp_shifted` (
 KERNEL_OPS: 2 instructions on the exp2 unit, where expf takes about 9), as the online pairs'
 exponentials are (`shifted_exps`). $PYFUSER_RED_SHIFTED_EXP=0 keeps exp.
 
+*Shifted quotients* (softmax's output): div(E, broadcast(S)) with E a shifted exponential of
+float dtype (0 or at least 2^-126, at most 1, or NaN) and S the sum, over the reduced axes, of
+a shifted exponential (at least 1: the max's own term is exp(0) = 1; or NaN) is computed as
+`div_rcp` (ir/ops.py KERNEL_OPS): the row's reciprocal of S once, then a multiply and one
+correction per element, the correctly rounded quotient (`shifted_quotients`: id(div Node) ->
+the denominator Node). A quotient under 2^-126 may differ in its last bit.
+$PYFUSER_RED_SHIFTED_DIV=0 keeps the division.
+
 Invariant: a pattern is a function of the Fusion alone (no sizes), and computes what the ops
 it replaces compute (special values included).
 """
@@ -132,6 +140,25 @@ def _shifted_max(node):
 def find_shifted_exps(g: ReductionGraph) -> None:
     """The exp Nodes whose argument is never positive (module docstring)."""
     g.shifted_exps = {id(n) for n in g.nodes if _shifted_max(n) is not None}
+
+
+def find_shifted_quotients(g: ReductionGraph) -> None:
+    """The float divisions of a shifted exponential by a broadcast sum of shifted exponentials
+    (module docstring); needs find_shifted_exps first."""
+    g.shifted_quotients = {}
+    for n in g.nodes:
+        if n.kind != "op" or n.expr.info.name != "div" or \
+                not all(isinstance(a, Node) for a in n.args):
+            continue
+        num, den = n.args
+        s = _through_aliases(den)
+        if id(num) not in g.shifted_exps or s.kind != "reduce" or \
+                not isinstance(s.expr, E.ReductionOp) or s.expr.info.name != "sum" or \
+                not isinstance(s.args[0], Node) or id(s.args[0]) not in g.shifted_exps:
+            continue
+        if {v.tv.dtype.name for v in (n, num, den, s)} | {s.expr.outputs[0].dtype.name} != {"Float"}:
+            continue
+        g.shifted_quotients[id(n)] = den
 
 
 def _const(a, value) -> bool:

@@ -1,0 +1,150 @@
+"""Shifted quotients (schedule/reduction_patterns `shifted_quotients`): softmax's output, a
+shifted exponential divided by the row's sum of shifted exponentials, is computed as `div_rcp`
+(the row's reciprocal once, then a multiply and one fused-multiply-add correction an element)
+instead of a division an element.
+
+Checked here: which divisions take the form (the source and the graph), that results still
+match the reference evaluator through the CPU interpreter (special rows, float32 and bfloat16,
+online and two-pass), that $PYFUSER_RED_SHIFTED_DIV=0 keeps the division, that the CUDA
+formula is the correctly rounded quotient over the operands' ranges (exact rationals), and that
+the kernels compile with NVRTC for sm_90.
+"""
+import math
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+
+import pyfuser.ir.builder as B
+import reduction_cases as RC
+from codegen_cases import compile_many, make_fusion, run_plan
+from pyfuser.ir import DataType
+from pyfuser.ir.evaluator import evaluate
+from pyfuser.schedule import reduction_graph as RG
+
+PLANS: list = []
+
+
+def run(f, xs):
+    plan, outs = run_plan(f, xs)
+    PLANS.append(plan)
+    for g, w in zip(outs, evaluate(f, xs)):
+        RC.check_close(g, w, "softmax", xs[0].shape[-1], plan.kernel.name)
+        assert torch.equal(g.isnan(), w.isnan()), "NaN positions differ"
+    return plan
+
+
+def body(src: str) -> str:
+    return src[src.index('extern "C" __global__'):]
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("online", ["1", "0"])
+@pytest.mark.parametrize("n", [300, 4099])
+def test_softmax_divides_by_the_rows_reciprocal(dt, online, n, monkeypatch):
+    monkeypatch.setenv("PYFUSER_RED_ONLINE", online)
+    f = RC.fusion(RC.softmax, 2, dt, [1])
+    x = RC.special_rows(12, n, dt, gen=torch.Generator().manual_seed(n))
+    plan = run(f, [x])
+    src = body(plan.kernel.source)
+    assert src.count("pf_div_rcp(") >= 1 and src.count("pf_reciprocal(") == 1
+    # the reciprocal is a row's value, computed before the loop over the row's elements
+    assert src.index("pf_reciprocal(") < src.rindex("for (int s") or \
+        src.index("pf_reciprocal(") < src.rindex("for (nidx_t it")
+    assert len(RG.analyze(plan.fusion).shifted_quotients) == 1
+
+
+def test_the_knob_keeps_the_division(monkeypatch):
+    monkeypatch.setenv("PYFUSER_RED_SHIFTED_DIV", "0")
+    f = RC.fusion(RC.softmax, 2, torch.float32, [1])
+    plan = run(f, [RC.special_rows(12, 300, torch.float32, gen=torch.Generator().manual_seed(0))])
+    assert not RG.analyze(plan.fusion).shifted_quotients
+    assert "pf_div_rcp(" not in body(plan.kernel.source)
+
+
+def ew(name, *a):
+    return B.elementwise(name, *a)
+
+
+def _shifted(x):
+    return ew("exp", ew("sub", x, B.reduction("max", x, [1], keepdim=True)))
+
+
+NOT_QUOTIENTS = {
+    # the denominator is a sum of x, which may be 0 or negative
+    "sum_of_x": lambda x: ew("div", _shifted(x), B.reduction("sum", x, [1], keepdim=True)),
+    # the numerator is not a shifted exponential
+    "numerator_x": lambda x: ew("div", x, B.reduction("sum", _shifted(x), [1], keepdim=True)),
+    # the sum of the exponentials minus one may be 0
+    "sum_minus_one": lambda x: ew("div", _shifted(x), ew(
+        "sub", B.reduction("sum", _shifted(x), [1], keepdim=True), 1.0)),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_QUOTIENTS))
+def test_other_divisions_stay_divisions(case):
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        return [NOT_QUOTIENTS[case](x)]
+    f = make_fusion(build)
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(1))
+    plan, outs = run_plan(f, [x])
+    PLANS.append(plan)
+    want = evaluate(f, [x])[0]
+    torch.testing.assert_close(outs[0], want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert not RG.analyze(plan.fusion).shifted_quotients
+    assert "pf_div_rcp(" not in body(plan.kernel.source)
+
+
+def test_a_double_softmax_keeps_the_division():
+    f = RC.fusion(RC.softmax, 2, torch.float64, [1])
+    plan = run(f, [torch.randn(4, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(3))])
+    assert not RG.analyze(plan.fusion).shifted_quotients
+
+
+# ---- the CUDA formula, in exact arithmetic -------------------------------------------------------
+def rn32(v: Fraction) -> float:
+    """v rounded to the nearest float32 (ties to even), for v of normal float32 range or 0."""
+    if v == 0:
+        return 0.0
+    sign, v = (-1 if v < 0 else 1), abs(v)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    if Fraction(2) ** e > v:
+        e -= 1
+    m = round(v * Fraction(2) ** (23 - e))           # Fraction's round: half to even
+    return sign * math.ldexp(float(m), e - 23)
+
+
+def div_rcp(a: float, y: float, d: float) -> float:
+    """pf_div_rcp with each float32 operation rounded once: q = a y; fma(fma(-q, d, a), y, q)."""
+    q = rn32(Fraction(a) * Fraction(y))
+    r = rn32(-Fraction(q) * Fraction(d) + Fraction(a))
+    return rn32(Fraction(r) * Fraction(y) + Fraction(q))
+
+
+def f32(v: float) -> float:
+    return torch.tensor(v, dtype=torch.float32).item()
+
+
+def test_the_formula_is_the_correctly_rounded_quotient():
+    """Markstein: with y = 1/d correctly rounded, a y corrected once is a/d correctly rounded.
+    Over softmax's operands: a a shifted exponential (2^-100 .. 1: quotients stay normal) and d
+    a sum of them (1 .. 2^24), random and at the edges (powers of two, all-ones mantissas)."""
+    rng = random.Random(7)
+    edges = [1.0, f32(1 - 2 ** -24), 2.0 ** -100, f32(3.0), 2.0 ** 24, f32(2 ** 24 - 1),
+             f32(1.0 + 2 ** -23)]
+    pairs = [(a, d) for a in edges for d in edges if a <= 1.0 and d >= 1.0]
+    for _ in range(3000):
+        a = f32(math.ldexp(rng.random() + 0.5, -rng.randrange(0, 100)))
+        d = f32(math.ldexp(rng.random() + 0.5, rng.randrange(1, 25)))
+        pairs.append((min(a, 1.0), max(d, 1.0)))
+    for a, d in pairs:
+        y = rn32(1 / Fraction(d))
+        assert div_rcp(a, y, d) == rn32(Fraction(a) / Fraction(d)), (a, d)
+
+
+def test_kernels_compile_with_nvrtc():
+    if not PLANS:
+        pytest.skip("no plan recorded (run with the tests above)")
+    compile_many(PLANS)
