@@ -340,10 +340,12 @@ template <typename T> PF_D T pf_reciprocal(T x) { return T(1) / x; }
 PF_D float pf_exp_shifted(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
 template <typename T> PF_D T pf_exp_shifted(T x) { return exp(x); }
-// a / d from y = 1 / d, corrected once (ir/ops.py KERNEL_OPS: correctly rounded for normal
-// quotients); other dtypes: the division
+// a / d from y = 1 / d, corrected once (ir/ops.py KERNEL_OPS), where neither the quotient nor
+// the remainder a - q d can underflow; elsewhere (and for other dtypes) the division
 PF_D float pf_div_rcp(float a, float y, float d) {
-  const float q = a * y; return fmaf(fmaf(-q, d, a), y, q); }
+  if (d <= 0x1p24f && (a == 0.0f || a >= 0x1p-100f)) {
+    const float q = a * y; return fmaf(fmaf(-q, d, a), y, q); }
+  return a / d; }
 template <typename T> PF_D T pf_div_rcp(T a, T y, T d) { return a / d; }
 template <typename T> PF_D T pf_gelu(T x) {
   const T alpha = T(0.70710678118654752440);

@@ -265,14 +265,15 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 # term is under 2e-9 of the row's largest, which is 1), in 2 instructions instead of expf's ~8,
 # which bounded the throughput of bfloat16 rows; results under 2^-126 flush to 0. Other
 # dtypes: exp. The CPU interpreter computes exp.
-# `div_rcp(a, y, d)`: a / d where y = 1 / d (computed once a row) and a / d has no
-# underflow or overflow: the quotient q = a y corrected once, q + (a - q d) y (two fused
-# multiply-adds), which is a / d correctly rounded when y is (Markstein's theorem), in 3
-# instructions where a division takes about 8 with a reciprocal on the special-function unit.
-# Written only for softmax's quotient of a shifted exponential (0 or at least 2^-126, at most 1)
-# by the sum of those exponentials over the same row (at least 1: the max's term is exp(0)),
-# reduction_patterns.find_shifted_quotients; a quotient under 2^-126 (subnormal) may differ from
-# a / d in its last bit. The CPU interpreter computes a / d.
+# `div_rcp(a, y, d)`: a / d given y = 1 / d (computed once a row): for 1 <= d <= 2^24 and
+# a = 0 or 2^-100 <= a <= 1 the quotient q = a y corrected once, q + (a - q d) y (two fused
+# multiply-adds: the sequence of the division's own fast path, with its reciprocal hoisted),
+# which is a / d correctly rounded (Markstein's theorem: neither q nor the remainder
+# underflows there); elsewhere a / d. About 4 instructions where a division takes about 8,
+# one of them a reciprocal on the special-function unit, which the exp2 unit shares. Written
+# only for softmax's quotient of a shifted exponential (0 to 1) by the sum of those
+# exponentials over the same row (at least 1: the max's term is exp(0); or NaN),
+# reduction_patterns.find_shifted_quotients. The CPU interpreter computes a / d.
 KERNEL_OPS: dict[str, OpInfo] = {
     "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,
                           "pf_exp_shifted({0})", FLOAT),

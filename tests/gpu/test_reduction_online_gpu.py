@@ -119,9 +119,9 @@ def test_rows_staged_in_shared_memory_equal_rows_in_registers(fn, dt, monkeypatc
 @pytest.mark.parametrize("shape", [(8192, 3072), (1024, 65536), (64, 1000)], ids=str)
 def test_softmax_quotient_by_the_rows_reciprocal_equals_the_division(dt, shape, monkeypatch):
     """Softmax's output as the row's reciprocal times a corrected product (`div_rcp`, the
-    default) gives the bits of the division an element ($PYFUSER_RED_SHIFTED_DIV=0) wherever
-    the float32 quotient is a normal number; below 2^-126 at most one subnormal's unit of the
-    last place of the output's dtype apart."""
+    default) gives the bits of the division an element ($PYFUSER_RED_SHIFTED_DIV=0), tiny
+    numerators (the guard's division) and special rows included. (Without the guard, float32
+    quotients of numerators under 2^-100 differed in their last bit.)"""
     monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
     from pyfuser.codegen import api
     from pyfuser.runtime import dispatch
@@ -131,7 +131,7 @@ def test_softmax_quotient_by_the_rows_reciprocal_equals_the_division(dt, shape, 
     gen = torch.Generator().manual_seed(shape[1])
     x = (torch.randn(shape, generator=gen) * 4).to(dt).cuda()
     x[:10] = RC.special_rows(10, shape[1], dt).cuda()
-    x[10] = torch.linspace(-120, 0, shape[1]).to(dt)          # quotients down to subnormals
+    x[10] = torch.linspace(-120, 0, shape[1]).to(dt)          # numerators down to 2^-126
     out = {}
     for knob in ("1", "0"):
         monkeypatch.setenv("PYFUSER_RED_SHIFTED_DIV", knob)
@@ -143,9 +143,6 @@ def test_softmax_quotient_by_the_rows_reciprocal_equals_the_division(dt, shape, 
         assert [("pf_div_rcp(" in p.kernel.source.split('extern "C"')[1]) for p in plans[n:]] \
             == [knob == "1"]
     RC.check_close(out["1"].cpu(), softmax(x).cpu(), "softmax", shape[1], "softmax")
-    a, b = out["1"].float().cpu(), out["0"].float().cpu()
+    a, b = out["1"].cpu(), out["0"].cpu()
     assert torch.equal(a.isnan(), b.isnan())
-    normal = b.abs() > 2.0 ** -126                          # so was the float32 quotient
-    assert torch.equal(_bits(out["1"].cpu())[normal], _bits(out["0"].cpu())[normal])
-    ulp = 2.0 ** (-149 if dt == torch.float32 else -133)     # a subnormal's, in the output
-    assert ((a - b).abs()[~normal & ~b.isnan()] <= ulp).all()
+    assert torch.equal(_bits(a)[~b.isnan()], _bits(b)[~b.isnan()])
