@@ -340,13 +340,11 @@ template <typename T> PF_D T pf_reciprocal(T x) { return T(1) / x; }
 PF_D float pf_exp_shifted(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
 template <typename T> PF_D T pf_exp_shifted(T x) { return exp(x); }
-// a / d from y = 1 / d, corrected once (ir/ops.py KERNEL_OPS), where neither the quotient nor
-// the remainder a - q d can underflow; elsewhere (and for other dtypes) the division
-PF_D float pf_div_rcp(float a, float y, float d) {
-  if (d <= 0x1p24f && (a == 0.0f || a >= 0x1p-100f)) {
-    const float q = a * y; return fmaf(fmaf(-q, d, a), y, q); }
-  return a / d; }
-template <typename T> PF_D T pf_div_rcp(T a, T y, T d) { return a / d; }
+// a / d from the row's y = 1 / d, ys = y 2^-64 and ds = d 2^64 (ir/ops.py KERNEL_OPS): q = a y
+// corrected once by the remainder (a - q d) 2^64, exact where unscaled it could underflow
+PF_D float pf_div_rcp(float a, float y, float ys, float ds) {
+  const float q = a * y; return fmaf(fmaf(-q, ds, a * 0x1p64f), ys, q); }
+template <typename T> PF_D T pf_div_rcp(T a, T y, T ys, T ds) { return a / (ds * T(0x1p-64)); }
 template <typename T> PF_D T pf_gelu(T x) {
   const T alpha = T(0.70710678118654752440);
   return x * T(0.5) * (T(1) + erf(x * alpha));

@@ -103,10 +103,13 @@ class InnerKernel(ReductionLowering):
         known = self.emit_nodes(self.row_nodes(q), known, None, out, (self.kidx, None))
         for den in self.g.shifted_quotients.values():    # softmax's sum: its reciprocal once
             if id(den) in known and id(den) not in self.rcps:
-                name = self.comb.fresh("rcp")
-                out.append(K.Let(name, "float", K.Op("reciprocal", (known[id(den)],),
-                                                     den.tv.dtype)))
-                self.rcps[id(den)] = K.Var(name)
+                y, ys, ds = (self.comb.fresh(stem) for stem in ("rcp", "rcps", "dens"))
+                dt, d = den.tv.dtype, known[id(den)]
+                out += [K.Let(y, "float", K.Op("reciprocal", (d,), dt)),
+                        K.Let(ys, "float", K.Op("mul", (K.Var(y), K.Const(2.0 ** -64, "float", dt)),
+                                                dt)),
+                        K.Let(ds, "float", K.Op("mul", (d, K.Const(2.0 ** 64, "float", dt)), dt))]
+                self.rcps[id(den)] = (K.Var(y), K.Var(ys), K.Var(ds))
         writer = _and(self.row_ok, K.Bin("==", TX, _c(0)))
         if self.p.cluster > 1:
             writer = _and(writer, K.Bin("==", K.Special("cluster_rank"), _c(0)))

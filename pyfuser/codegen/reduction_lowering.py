@@ -106,7 +106,7 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
         self.pass_long = RG.held_loads(self.g)
         self.staged = {id(a.node) for a in self.loads if stageable(p, a, self.pass_long)}
         self.staged_reads = None      # inside at_step: {copy name: (access, step)} read there
-        self.rcps: dict = {}          # id(denominator Node) -> its row's reciprocal (Var)
+        self.rcps: dict = {}          # id(denominator Node) -> the row's (y, ys, ds) Vars
         self.inplace = self._inplace()
         sched.inplace_tvs = {i for pair in self.inplace for i in pair}
 
@@ -264,8 +264,7 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
                 expr = K.Op("exp_shifted", (vals[id(node.args[0])],), node.tv.dtype)
             elif id(self.g.shifted_quotients.get(id(node))) in self.rcps:
                 num, den = node.args                 # softmax's quotient: the row's reciprocal
-                expr = K.Op("div_rcp", (vals[id(num)], self.rcps[id(den)], vals[id(den)]),
-                            node.tv.dtype)
+                expr = K.Op("div_rcp", (vals[id(num)], *self.rcps[id(den)]), node.tv.dtype)
             else:
                 expr = self.node_expr(node, lambda x: vals[id(x)])
             name = self.names[id(node)]

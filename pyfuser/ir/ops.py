@@ -265,20 +265,23 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 # term is under 2e-9 of the row's largest, which is 1), in 2 instructions instead of expf's ~8,
 # which bounded the throughput of bfloat16 rows; results under 2^-126 flush to 0. Other
 # dtypes: exp. The CPU interpreter computes exp.
-# `div_rcp(a, y, d)`: a / d given y = 1 / d (computed once a row): for 1 <= d <= 2^24 and
-# a = 0 or 2^-100 <= a <= 1 the quotient q = a y corrected once, q + (a - q d) y (two fused
-# multiply-adds: the sequence of the division's own fast path, with its reciprocal hoisted),
-# which is a / d correctly rounded (Markstein's theorem: neither q nor the remainder
-# underflows there); elsewhere a / d. About 4 instructions where a division takes about 8,
-# one of them a reciprocal on the special-function unit, which the exp2 unit shares. Written
-# only for softmax's quotient of a shifted exponential (0 to 1) by the sum of those
-# exponentials over the same row (at least 1: the max's term is exp(0); or NaN),
+# `div_rcp(a, y, ys, ds)`: a / d given the row's y = 1 / d, ys = y 2^-64 and ds = d 2^64: the
+# quotient q = a y corrected once, q + r y with the remainder r = a - q d computed scaled,
+# R = (a 2^64) - q ds, and R ys = r y: the division's own fast path with its reciprocal hoisted
+# out of the row, and a remainder that cannot underflow (unscaled, numerators under 2^-100
+# lost its bits). For a normal quotient it is a / d correctly rounded (Markstein's theorem:
+# y correctly rounded, the remainder exact), the division's bits; a quotient under 2^-126 may
+# be one unit of its last place off. 4 instructions where a division takes about 8, one of
+# them a reciprocal on the special-function unit, which the exp2 unit shares. Written only for
+# softmax's quotient of a shifted exponential (0 to 1) by the sum of those exponentials over
+# the same row (1 to 2^31: the max's term is exp(0); or NaN),
 # reduction_patterns.find_shifted_quotients. The CPU interpreter computes a / d.
 KERNEL_OPS: dict[str, OpInfo] = {
     "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,
                           "pf_exp_shifted({0})", FLOAT),
-    "div_rcp": OpInfo("div_rcp", 3, Promotion.INT_TO_FLOAT, lambda a, y, d: torch.div(a, d),
-                      "pf_div_rcp({0}, {1}, {2})", FLOAT),
+    "div_rcp": OpInfo("div_rcp", 4, Promotion.INT_TO_FLOAT,
+                      lambda a, y, ys, ds: torch.div(a, ds * 2.0 ** -64),
+                      "pf_div_rcp({0}, {1}, {2}, {3})", FLOAT),
 }
 
 
