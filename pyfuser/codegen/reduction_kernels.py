@@ -2,7 +2,8 @@
 
 Inner (reduced axes innermost): a team of bdimx threads per row, bdimy rows a block (or, for
 rows too long for a block, a cluster of blocks per row):
-    for rb (grid-stride over row blocks):  row = rb * bdimy + ty; row_ok = row < rows
+    for rb (grid-stride over row blocks):  row = rb * bdimy + ty; row_ok = row < rows (none
+      where the plan is `full`: every row and position in bounds, no check)
       row-level loads and values; passes: position j = ((s * C + rank) * bdimx + tx) * V
       (persistent; C blocks of cluster rank `rank`) or ((it * U + u) * bdimx + tx) * V (streamed;
       with outer reduced groups j runs over them too, split by div/mod once per vector);
@@ -44,9 +45,11 @@ class InnerKernel(ReductionLowering):
             chunk = p.bdimx * p.unroll * V
             body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(self.rtot, _c(chunk - 1)),
                                                        _c(chunk))))
-        rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY)),
-                    K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows")))]
-        self.row_ok = K.Var("row_ok")
+        rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY))]
+        self.row_ok = None                        # p.full: every row of every row block exists
+        if not p.full:
+            rb.append(K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows"))))
+            self.row_ok = K.Var("row_ok")
         self.kidx = self.decompose(K.Var("row"), self.kg, rb)
         known: dict = {}
         for a in self.loads:
@@ -84,15 +87,18 @@ class InnerKernel(ReductionLowering):
         vector never straddles the inner group: V divides its extent) and is split into the
         inner index and the outer groups' indices."""
         idx = dict(self.kidx)
+        full = self.p.full                    # every position in bounds: no check
         if not self.rout:
             if self.rin is not None:
                 idx[self.rin] = K.Var("j")
             return ([K.Let("j", "nidx_t", j)],
-                    _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))), [], idx)
+                    None if full else _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
+                    [], idx)
         inner = [K.Let("j", "nidx_t", K.Bin("%", K.Var("jl"), K.Var("rlen")))]
         idx.update(self.decompose(K.Bin("/", K.Var("jl"), K.Var("rlen")), self.rout, inner))
         idx[self.rin] = K.Var("j")
-        return ([K.Let("jl", "nidx_t", j)], _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
+        return ([K.Let("jl", "nidx_t", j)],
+                None if full else _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
                 inner, idx)
 
     def wrap_streamed(self, loop) -> list:

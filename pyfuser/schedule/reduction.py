@@ -74,6 +74,9 @@ class ReductionParams:
     dropped: list = field(default_factory=list)    # size-1 reference axes
     passes: int = 0              # reduction passes (+ a final pass when `final_pass` > passes-1)
     online: bool = False         # softmax's max and sum of exp as one online pair (one pass)
+    full: bool = False           # inner: every thread's positions are in bounds (the rows a
+                                 # multiple of bdimy, the row a whole number of the team's
+                                 # steps): the kernel checks no bounds
     reason: str = ""
 
     def as_dict(self) -> dict:
@@ -84,7 +87,7 @@ class ReductionParams:
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
                 self.steps, self.kept, self.splits, self.cluster, self.stage,
                 tuple(map(tuple, self.groups)),
-                tuple(self.dropped), self.online)
+                tuple(self.dropped), self.online, self.full)
 
 
 @dataclass

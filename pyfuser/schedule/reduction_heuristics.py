@@ -149,7 +149,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     per_step = _regs_per_step(p, accesses, held, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
-                                                           "stage", "min_blocks")}
+                                                           "stage", "min_blocks", "full")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
@@ -162,6 +162,10 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     if knobs["stage"] not in (None, 0, 1):
         raise ValueError(f"$PYFUSER_RED_STAGE={knobs['stage']}: 0 or 1")
     _stage(p, accesses, held, knobs)
+    # no bounds checks where every team's positions are in bounds (`full`, set by _inner); not
+    # for staged rows: without the checks' branches ptxas reads every staged vector back at
+    # once (100-113 registers, or spills under the 40 of six blocks an SM)
+    p.full = p.full and not p.stage and knobs["full"] != 0
     for d in (p.bdimx, p.bdimy):
         if d & (d - 1):
             raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")
@@ -241,6 +245,9 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
         p.bdimy *= 2
     if p.cluster > 1:
         p.bdimy = 1                                   # a cluster per row
+    team_step = p.steps * p.cluster * p.bdimx if p.persistent else p.unroll * p.bdimx
+    p.full = rows % p.bdimy == 0 and nv > 0 and rlen % p.vec == 0 and \
+        (nv == team_step if p.persistent else nv % team_step == 0)
     p.reason = (f"inner: {rows} rows of {rlen} x {nro}, {nv} vectors a row, "
                 + (f"persistent ({p.steps} vectors a thread)" if p.persistent else "streamed"))
 

@@ -201,6 +201,54 @@ def test_a_cluster_row_is_staged_in_shared_memory(builder, dt, monkeypatch):
     assert "cp_async" not in regs.kernel.source.split('extern "C"')[1]
 
 
+FULL_BUILDERS = [RC.softmax, RC.layer_norm, RC.rms_norm, RC.log_softmax, RC.welford, RC.mean]
+
+
+def _bounds_checks(plan) -> int:
+    """Comparisons of a position with the row length or of a row with the rows, in the source."""
+    body = plan.kernel.source.split('extern "C"')[1]
+    return body.count("< rlen") + body.count("< rtot") + body.count("< rows")
+
+
+@pytest.mark.parametrize("builder", FULL_BUILDERS, ids=lambda b: b.__name__)
+@pytest.mark.parametrize("shape", [(64, 3072), (64, 3064), (63, 3072), (256, 256),
+                                   (6, 2 * 512 * 4 * 4), (6, 2 * 512 * 4 * 4 + 8)], ids=str)
+def test_rows_of_whole_steps_check_no_bounds(builder, shape):
+    """An inner plan whose every team position is in bounds (`full`: the rows a multiple of the
+    block's rows, the row exactly the team's persistent steps or a whole number of its streamed
+    steps) checks no bounds, and only such a plan; the persistent normalizations of 64x3072 and
+    256x256 are full, rows a vector short are not. All equal eager (run). `full` is part of
+    the size class: a kernel for whole rows is never reused for other sizes."""
+    plan = run(builder, shape, [1], torch.float32, "contiguous")
+    p = plan.params
+    if p.kind != "inner" or p.stage:
+        return
+    assert (_bounds_checks(plan) == 0) == p.full
+    assert p.full in plan.params.size_class()
+    rows, n = shape
+    nv = n // p.vec
+    if p.full:
+        assert rows % p.bdimy == 0 and n % p.vec == 0
+        assert nv == p.steps * p.cluster * p.bdimx if p.persistent else nv % (p.unroll * p.bdimx) == 0
+    if p.persistent and shape in ((64, 3072), (256, 256)):
+        assert p.full
+    if shape[1] in (3064, 2 * 512 * 4 * 4 + 8):
+        assert not p.full
+
+
+def test_whole_rows_are_a_size_class_of_their_own(monkeypatch):
+    """The same fusion on 3072- and 3064-long rows: different signatures (one kernel checks no
+    bounds), and $PYFUSER_RED_FULL=0 keeps the checks."""
+    f = RC.fusion(RC.softmax, 2, torch.float32, [1])
+    gen = torch.Generator().manual_seed(0)
+    xa = RC.inputs_for(f, (64, 3072), torch.float32, [1], "contiguous", gen)
+    xb = RC.inputs_for(f, (64, 3064), torch.float32, [1], "contiguous", gen)
+    assert api.signature(f, xa) != api.signature(f, xb)
+    monkeypatch.setenv("PYFUSER_RED_FULL", "0")
+    plan = run(RC.softmax, (64, 3072), [1], torch.float32, "contiguous")
+    assert not plan.params.full and _bounds_checks(plan) > 0
+
+
 def test_a_large_staged_row_keeps_the_register_default(monkeypatch):
     """A staged cluster row of more than CLUSTER_STAGE_BYTES a block (6 such blocks would not
     fit an SM's shared memory) asks for no blocks an SM: the compiler's register default."""
