@@ -7,11 +7,14 @@ sum's grid split follows its number of rows (reduction_heuristics._outer) until 
 the GPU, and a layer norm's team of threads widens while its rows are too few to fill it. The
 sizes here keep the layout facts; where the test counts kernels, the split and the team are
 fixed (PYFUSER_RED_SPLITS, PYFUSER_RED_BDIMX: speed-only knobs). The first size of a dynamic run has no two
-equal dynamic sizes (Dynamo's duck sizing would guard on that equality)."""
+equal dynamic sizes (Dynamo's duck sizing would guard on that equality). An `arange` of a SymInt
+bound (BERT's attention mask) is an iota of symbolic extent in its region: BERT's forward fuses
+as with static sizes."""
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
@@ -107,3 +110,74 @@ def test_bert_training_with_dynamic_shapes_matches_eager(plans):
         ref.zero_grad()
         counts.append(len(compiled_graphs()))
     assert counts == [2, 2]                         # never recompiled
+
+
+def _mask_and_positions(m, x):
+    """HF BERT's attention-mask pattern (an arange of the sequence length compared, anded with
+    the padding mask, expanded to [batch, 1, seq, seq]) and aranges with a start and a step."""
+    b, s = m.shape
+    keep = (torch.arange(s)[None, None, :, None] >= 0) & m.bool()[:, None, None, :]
+    mask = torch.where(keep.expand(b, 1, s, s), 0.0, float("-inf")) + x
+    return (mask, m[:, 1::2] * torch.arange(1, s, 2),
+            m * torch.arange(s, 0, -1) + torch.arange(2, s + 2))
+
+
+def test_arange_of_symbolic_bounds_fuses_as_an_iota(plans):
+    """Under dynamic shapes `torch.arange(seq_len)` has a SymInt bound: an iota whose extent is
+    that symbol (the extent of the input it is the size of) or the scalar expression of eager's
+    length, so it stays in the region with the mask's symbolic expand, as with static sizes (it
+    was left to eager: an extra kernel and a tensor input). New sizes reuse graph and kernels."""
+    cf = pyfuser.compile(_mask_and_positions, dynamic=True)
+    seen = []
+    for b, s in ((3, 6), (5, 10), (7, 14)):
+        m, x = torch.randint(0, 2, (b, s)), torch.randn(b, 1, s, s)
+        m[0] = 1
+        with torch.no_grad():
+            got, want = cf(m, x), _mask_and_positions(m, x)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+            assert torch.equal(g, w)
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.arange.default") == 1 and ops.count("aten.arange.start") == 1
+    assert ops.count("aten.arange.start_step") == 2 and "aten.expand.default" in ops
+    (mask,) = [r for r in graph.regions if "aten.expand.default" in r.ops]
+    assert "aten.arange.default" in mask.ops
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def _bert_inference_graph(dynamic: bool, sizes):
+    """HF BERT (masked LM, one layer, random weights) compiled for inference: its one graph,
+    after checking each size's outputs against eager (values, shape, dtype)."""
+    torch._dynamo.reset()
+    small = dataclasses.replace(TC.SMALL, layers=1)
+    model = TC.TRAIN_CASES["bert"]("cpu", small).model.eval()
+    cm = pyfuser.compile(model, dynamic=dynamic)
+    before = len(compiled_graphs())
+    for b, s in sizes:
+        case = TC.TRAIN_CASES["bert"]("cpu", dataclasses.replace(small, batch=b, seq=s))
+        inputs = {k: v for k, v in case.inputs.items() if k != "labels"}
+        with torch.no_grad():
+            got, want = cm(**inputs).logits, model(**inputs).logits
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    (graph,) = compiled_graphs()[before:]          # one graph: dynamic=True never recompiles
+    return graph
+
+
+def test_bert_forward_fuses_under_dynamic_shapes_as_with_static_ones():
+    """With dynamic=True, BERT's attention mask `arange(seq_len)` has a symbolic bound; it was
+    left to eager ("arange of other than integer bounds") and the mask's region read its
+    result, where static sizes fuse it. Now the regions and their ops are the static graph's,
+    and nothing more is left unfused (host size arithmetic such as `s0 * s1` is not listed)."""
+    static = _bert_inference_graph(False, [(2, 12)])
+    dynamic = _bert_inference_graph(True, [(2, 12), (6, 20)])
+    assert len(dynamic.regions) == len(static.regions)
+    assert sorted(sorted(r.ops) for r in dynamic.regions) == \
+        sorted(sorted(r.ops) for r in static.regions)
+    assert Counter(dynamic.unsupported.values()) == Counter(static.unsupported.values())
+    assert not [n for n in dynamic.unsupported if n.startswith(("arange", "expand"))]

@@ -1,8 +1,9 @@
 """The torch.compile backend's factory ops and where their regions run: `full`, `ones`,
 `zeros`, `scalar_tensor` and integer `arange` fuse (constants, an iota) with eager's values and dtypes;
 the partitioner never makes a CUDA region with no CUDA input (it could not tell its device):
-random factories are left to eager, and a region fed only by an `arange` leaves the arange to
-eager and keeps its compute (partition tests on fake CUDA tensors, no GPU needed)."""
+random factories are left to eager, and a region fed only by an `arange` (of a constant or a
+symbolic size) leaves the arange to eager and keeps its compute (partition tests on fake CUDA
+tensors, no GPU needed)."""
 from __future__ import annotations
 
 import pytest
@@ -17,16 +18,23 @@ bf16 = torch.bfloat16
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
-def _partition_on_fake_cuda(g):
-    """(supported nodes, regions) of graph g (one placeholder: a fake CUDA tensor of 3)."""
+def _partition_on_fake_cuda(g, symbolic: bool = False):
+    """(supported nodes, regions) of graph g (one placeholder: a fake CUDA tensor of 3, or of a
+    symbolic size with `symbolic`, as under dynamic shapes)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     from pyfuser.frontend.fx.partition import partition
     from pyfuser.frontend.fx.support import node_support
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv() if symbolic else None)
+    size = 3
+    if symbolic:
+        dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC])
+        size = mode.from_tensor(torch.empty(3, device="meta"), symbolic_context=dynamic).shape[0]
     with mode:
-        fake_x = torch.empty(3, device="cuda")
+        fake_x = torch.empty(size, device="cuda")
     FakeTensorProp(gm, mode).propagate(fake_x)
     nodes = list(gm.graph.nodes)
     outs = set(nodes[-1].all_input_nodes)
@@ -64,6 +72,25 @@ def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
     assert sorted([reg.nodes for reg in regions], key=len) == [[b], [a, m]]
     (am,) = [reg for reg in regions if a in reg.nodes]
     assert am.inputs == [ar]                     # the eager arange's CUDA value
+
+
+def test_a_cuda_region_fed_only_by_an_arange_of_a_symbolic_size_keeps_its_compute():
+    """The same under dynamic shapes: `arange(s)` reads the SymInt node s but no tensor, so it is
+    left to eager as a factory op with no input is (it had kept the region from running where
+    it computes, and the whole region was dissolved into eager ops)."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    s = g.call_function(torch.ops.aten.sym_size.int, (x, 0))
+    ar = g.call_function(torch.ops.aten.arange.default, (s,), {"device": torch.device("cuda")})
+    a = g.call_function(torch.ops.aten.add.Tensor, (ar, 1))
+    m = g.call_function(torch.ops.aten.mul.Tensor, (a, 3))
+    b = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((m, b))
+    supported, regions = _partition_on_fake_cuda(g, symbolic=True)
+    assert {ar, a, m, b} <= supported
+    assert sorted([reg.nodes for reg in regions], key=len) == [[b], [a, m]]
+    (am,) = [reg for reg in regions if a in reg.nodes]
+    assert am.inputs == [ar]
 
 
 def test_scalar_tensor_and_full_fuse_as_constants_with_eagers_dtypes():

@@ -30,7 +30,8 @@ it with one list of arguments). Steps:
 The graph's own inputs, outputs and their order are unchanged, so AOTAutograd's wrappers (input
 mutations, aliased outputs, saved tensors) see what they expect.
 
-`CompiledGraph.report()` says what was fused: regions, the nodes left to FX with their reasons.
+`CompiledGraph.report()` says what was fused: regions, the nodes left to FX with their reasons
+(but host size arithmetic under dynamic shapes, `support.is_size_arithmetic`: no tensor op).
 `PYFUSER_DUMP=fx_graph` prints the graph before and after.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ from .rewrite_reduce import sum_through_views
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
-from .support import is_compute, is_getitem, node_support
+from .support import is_compute, is_getitem, is_size_arithmetic, node_support
 
 log = logging.getLogger("pyfuser")
 _MAX_ROUNDS = 64
@@ -143,7 +144,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
         ok, why = node_support(n, graph_outputs)
         if ok:
             supported.add(n)
-        elif n.op == "call_function":
+        elif n.op == "call_function" and not is_size_arithmetic(n):
             unsupported[n.name] = why
     supported |= {n for n in nodes if is_getitem(n) and n.args[0] in supported}
     for _ in range(_MAX_ROUNDS):

@@ -22,8 +22,9 @@ Afterwards each region is trimmed and kept only when worth a call:
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
   `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
-  factory ops with no tensor input (an `arange`, a `full`) are left to eager first, and the
-  rest stays a region where it then reads their values on the device.
+  factory ops with no tensor input (an `arange`, a `full`, also of SymInt sizes under dynamic
+  shapes) are left to eager first, and the rest stays a region where it then reads their
+  values on the device.
 
 Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
 autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
@@ -158,7 +159,7 @@ def partition(nodes, supported: set) -> list[Region]:
             if not _runs_where_it_computes(r):
                 # its factory ops (an arange, a full) are left to eager, which makes their
                 # values on the device; the rest reads them there
-                kept = _trim([n for n in kept if n.all_input_nodes or op_class(n) != FACTORY])
+                kept = _trim([n for n in kept if _reads_tensor(n) or op_class(n) != FACTORY])
                 if not any(is_compute(n) for n in kept):
                     continue
                 r = Region(kept)
@@ -166,6 +167,11 @@ def partition(nodes, supported: set) -> list[Region]:
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _reads_tensor(node) -> bool:
+    """Whether a node reads a tensor (an `arange` of a SymInt size reads a node, no tensor)."""
+    return any(isinstance(x.meta.get("val"), torch.Tensor) for x in node.all_input_nodes)
 
 
 def _runs_where_it_computes(region: Region) -> bool:

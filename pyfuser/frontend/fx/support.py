@@ -16,6 +16,10 @@
   given its own generator, and a view op whose result the graph returns (a view stays a view);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
+`is_size_arithmetic(node)`: a SymInt (SymFloat, SymBool) computed on the host under dynamic
+shapes, from other sizes (`s0 * s1`) or a tensor's sizes (`sym_size`): no tensor op, so no
+candidate for a region (regions read its value as a scalar input) and not reported as unfused.
+
 The lowering can still refuse a node (a handler raising UnsupportedOpError on these particular
 arguments): the compiler then marks it unsupported with that reason and partitions again.
 """
@@ -34,6 +38,9 @@ FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RAND
 _PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                torch.memory_format, type(None))
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+# size queries: they read a tensor's metadata, never its values
+_SIZE_QUERIES = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+                 torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default)
 # copies whose lowering lays a contiguous_format result out row-major (a SetOp marked contiguous)
 _CONTIGUOUS_COPIES = (torch.ops.aten.clone.default,)
 
@@ -64,6 +71,14 @@ def is_compute(node) -> bool:
     """A fusible node that computes values (not a view and not a getitem)."""
     cls = op_class(node)
     return cls is not None and cls != METADATA
+
+
+def is_size_arithmetic(node) -> bool:
+    """A host size computation under dynamic shapes (see the module docstring)."""
+    if node.op != "call_function" or not isinstance(meta(node), _SYM):
+        return False
+    return node.target in _SIZE_QUERIES or all(isinstance(meta(a), _SYM)
+                                               for a in node.all_input_nodes)
 
 
 def _dtype_ok(t: torch.Tensor) -> bool:

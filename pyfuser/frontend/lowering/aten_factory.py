@@ -1,7 +1,8 @@
 """Lowerings of aten's factory ops: `scalar_tensor`, `full`, `ones` and `zeros` (what an FX
 graph writes for `torch.where(mask, x, float("-inf"))`, an attention mask's fill or a
 `torch.full` / `torch.ones` in a model),
-`arange` of integers (a class index compared with a target, positions), and `new_ones` /
+`arange` of integers (a class index compared with a target, positions; its bounds may be
+symbolic, SymInts under dynamic shapes), and `new_ones` /
 `new_zeros` / `new_full` (a mask's `True` made beside a tensor). In a fused region
 the value becomes a constant broadcast, or an iota, in the kernel: no allocation, no fill
 kernel.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
+from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from .aten_pointwise import _dtype
 from .registry import FACTORY, lowers
@@ -44,18 +46,37 @@ def _arange(*args):
     """arange(end), arange(start, end), arange(start, end, step) (each then dtype, layout,
     device, pin_memory) of integers, as an iota: eager's int64 when dtype is left out; floating
     bounds or a floating dtype are left to eager (the length and values follow eager's rounding
-    rules there)."""
-    import math
+    rules there). A bound may be a symbolic Int (a SymInt of the graph under dynamic shapes:
+    `torch.arange(seq_len)`), the step a constant: the iota's extent is then the symbolic `end`
+    itself where start is 0 and step 1 (the extent of the input whose size it is), else the
+    scalar expression of eager's length, computed when the sizes are bound."""
     n = len(args) - 4
     bounds, dtype = list(args[:n]), args[n]
     start, end, step = ([0] + bounds + [1])[:3] if n == 1 else (bounds + [1])[:3]
-    if not all(type(v) is int for v in (start, end, step)) or step == 0:
+    if not all(type(v) is int or _symbolic_int(v) for v in (start, end, step)) or step == 0:
         raise UnsupportedOpError("arange of other than integer bounds and a nonzero step "
                                  "(left to eager)")
+    if type(step) is not int:
+        raise UnsupportedOpError("arange of a symbolic step (left to eager)")
     dt = _dtype(dtype) if dtype is not None else DataType.Int
     if not dt.is_integral:
         raise UnsupportedOpError("arange of a floating dtype (left to eager)")
-    return B.iota(max(0, math.ceil((end - start) / step)), start, step, dt)
+    return B.iota(_arange_length(start, end, step), start, step, dt)
+
+
+def _symbolic_int(v) -> bool:
+    return isinstance(v, Scalar) and not v.is_const and v.dtype is DataType.Int
+
+
+def _arange_length(start, end, step: int):
+    """eager's ceil((end - start) / step), at least 0: a number for constant bounds, else an Int
+    scalar of the fusion (`end` itself for arange(end))."""
+    if type(start) is int and type(end) is int:
+        return max(0, -((start - end) // step))
+    if type(start) is int and start == 0 and step == 1:
+        return end
+    ew = B.elementwise                      # ceil(a / b) == -floor(-a / b), on Int scalars
+    return ew("maximum", ew("neg", ew("div_floor", ew("sub", start, end), step)), 0)
 
 
 def _default_dtype(dtype) -> DataType:
