@@ -10,8 +10,8 @@ on its code path); eager's backward raising means pyfuser's must raise. A float 
 gradient over its tolerance is judged again against a float64 rerun (`Float64Judge`: per
 element, pyfuser's distance from float64 at most twice the larger of eager's own distance and
 the spread that rounding every op's result as the program's least precise float dtype would
-gives the float64 run). A program Dynamo itself rejects (`torch._dynamo.exc.Unsupported`) is skipped, not
-failed. `run_many(seeds)` checks a range of seeds.
+gives the float64 run). A program Dynamo itself rejects (`torch._dynamo.exc.Unsupported`) is
+skipped, not failed. `run_many(seeds)` checks a range of seeds.
 """
 from __future__ import annotations
 
@@ -198,13 +198,14 @@ def _eager_with_gelu_formula(p: Program):
 # leaves 0.002 in the backward formula of CUDA eager, PyTorch's decomposition and pyfuser, and
 # 1e-8 in CPU eager's, whose terms happen to share that rounding). The judge measures both
 # distances from the truth: a float64 rerun of the program, and the spread of that rerun when
-# every op's result is perturbed by a float32 rounding (Monte Carlo arithmetic).
+# every op's result is perturbed by a float32 (or half, bfloat16) rounding (Monte Carlo
+# arithmetic).
 
 MCA_SAMPLES = 8               # perturbed float64 runs
-JUDGE_FACTOR = 2.0            # pyfuser may be this many times the float32 distance from float64
+JUDGE_FACTOR = 2.0            # pyfuser may be this many rounding distances from float64
 
-# ops whose result is one of their inputs' elements or a constant: float32 computes them exactly,
-# so the perturbed runs leave them as they are
+# ops whose result is one of their inputs' elements or a constant: every float dtype computes
+# them exactly, so the perturbed runs leave them as they are
 _EXACT_OPS = frozenset((
     "cat", "stack", "clone", "copy", "copy_", "_to_copy", "index_select", "embedding",
     "constant_pad_nd", "where", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "abs",
@@ -240,20 +241,20 @@ class _Rounding(TorchDispatchMode):
 
 class Float64Judge:
     """judge.accepts(k, got, want): result k (the outputs, then the inputs' gradients) of pyfuser,
-    `got`, is as close to the truth as float32 allows, where eager's `want` is. The truth is the
-    program run eagerly in float64 (its float32 inputs in float64, float64 the default dtype, its
-    casts to float32 to float64); the float32 distance of an element is the larger of eager's
-    distance from the truth and the spread of MCA_SAMPLES float64 runs with every op's result
-    rounded as float32 would (`_Rounding`), which measures the computation's conditioning (an
-    element that one float32 rounding moves far, `sin` of 5e4, gets that far). An element passes
-    within the first check's tolerance of eager's or within JUDGE_FACTOR float32 distances plus
-    that tolerance (relative to the truth) of the truth; NaNs must be where eager's are. A result
-    moved by more than float32 rounding can move it (a wrong value) still fails. A program with
-    half or bfloat16 values is held to the least precise one, as the first check holds it to its
-    tolerance: its float64 rerun computes those values in float64 too, and every op's result is
-    rounded by that dtype's spacing (seed 830068: a layer norm of `log_softmax(x) - x`, a row
-    constant in exact arithmetic that bfloat16 rounding makes uneven by 0.03). The runs happen
-    on the first mismatch only, so passing programs cost nothing."""
+    `got`, is as close to the truth as rounding allows, where eager's `want` is. The truth is the
+    program run eagerly in float64 (its float inputs in float64, float64 the default dtype, its
+    casts and `dtype=` to a float dtype to float64); the rounding distance of an element is the
+    larger of eager's distance from the truth and the spread of MCA_SAMPLES float64 runs with
+    every op's result rounded as the program's least precise float dtype would (`_Rounding`:
+    float32, or half / bfloat16 where the program holds such a value, as the first check's
+    tolerance is that dtype's), which measures the computation's conditioning (an element that
+    one float32 rounding moves far, `sin` of 5e4, gets that far; seed 830068: a bfloat16 layer
+    norm of `log_softmax(x) - x`, a row constant in exact arithmetic that rounding makes uneven
+    by 0.03, may be anything). An element passes within the first check's tolerance of eager's
+    or within JUDGE_FACTOR rounding distances plus that tolerance (relative to the truth) of the
+    truth; NaNs must be where eager's are. A result moved by more than rounding can move it (a
+    wrong value) still fails. The runs happen on the first mismatch only, so passing programs
+    cost nothing."""
 
     def __init__(self, p: Program):
         self.p = p
