@@ -89,12 +89,17 @@ class Program:
                        .requires_grad_(self.grad and dtype.is_floating_point))
         return out
 
-    def function(self, gelu_formula: bool = False):
+    def function(self, gelu_formula: bool = False, float64: bool = False):
         """The program as a Python function; `gelu_formula`: its `F.gelu` (exact form) is the op
         table's formula (ir/ops.py `_gelu`), not CPU eager's, which gives NaN for +inf on its
-        vectorized path and inf otherwise (fx_check's judge of a mismatch)."""
+        vectorized path and inf otherwise (fx_check's judge of a mismatch); `float64`: its
+        casts and `dtype=` to a float dtype are to float64 (fx_check's float64 rerun)."""
         ns = {"torch": torch, "F": _FormulaGelu() if gelu_formula else F}
-        exec(compile(self.source, f"<fx_fuzz {self.seed}>", "exec"), ns)
+        source = self.source
+        if float64:
+            for d in FLOATS:
+                source = source.replace(DTYPE_NAME[d], "torch.float64")
+        exec(compile(source, f"<fx_fuzz {self.seed}>", "exec"), ns)
         return ns["f"]
 
     def describe(self) -> str:
