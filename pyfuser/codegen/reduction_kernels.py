@@ -111,6 +111,7 @@ class InnerKernel(ReductionLowering):
             if id(den) in known and id(den) not in self.rcps:
                 y, ys, ds = (self.comb.fresh(stem) for stem in ("rcp", "rcps", "dens"))
                 dt, d = den.tv.dtype, known[id(den)]
+                assert dt is DataType.Float, "shifted quotients are float only"
                 out += [K.Let(y, "float", K.Op("reciprocal", (d,), dt)),
                         K.Let(ys, "float", K.Op("mul", (K.Var(y), K.Const(2.0 ** -64, "float", dt)),
                                                 dt)),

@@ -262,7 +262,8 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
             elif id(node) in self.g.shifted_exps:    # exp of x - max(x): never positive
                 expr = K.Op("exp_shifted", (vals[id(node.args[0])],), node.tv.dtype)
-            elif id(self.g.shifted_quotients.get(id(node))) in self.rcps:
+            elif id(node) in self.g.shifted_quotients and \
+                    id(self.g.shifted_quotients[id(node)]) in self.rcps:
                 num, den = node.args                 # softmax's quotient: the row's reciprocal
                 expr = K.Op("div_rcp", (vals[id(num)], *self.rcps[id(den)]), node.tv.dtype)
             else:

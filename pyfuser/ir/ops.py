@@ -269,12 +269,15 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 # quotient q = a y corrected once, q + r y with the remainder r = a - q d computed scaled,
 # R = (a 2^64) - q ds, and R ys = r y: the division's own fast path with its reciprocal hoisted
 # out of the row, and a remainder that cannot underflow (unscaled, numerators under 2^-100
-# lost its bits). For a normal quotient it is a / d correctly rounded (Markstein's theorem:
-# y correctly rounded, the remainder exact), the division's bits; a quotient under 2^-126 may
-# be one unit of its last place off. 4 instructions where a division takes about 8, one of
-# them a reciprocal on the special-function unit, which the exp2 unit shares. Written only for
-# softmax's quotient of a shifted exponential (0 to 1) by the sum of those exponentials over
-# the same row (1 to 2^31: the max's term is exp(0); or NaN),
+# lost its bits). For a normal quotient it has the division's bits: checked for every pair of
+# mantissas on an H200 (tools/div_rcp_exhaustive.cu; other exponents scale every step
+# exactly), not by a theorem (q = a y is not always within an ulp of a / d, and the remainder
+# then not always exact, Markstein's premises; the result was right in every such case); a
+# quotient under 2^-126 may be one unit of its last place off. 4 instructions where a division
+# takes about 8, one of them a reciprocal on the special-function unit, which the exp2 unit
+# shares. Needs d < 2^62 (ys normal); written only for softmax's quotient of a shifted
+# exponential (0 to 1) by the sum of those exponentials over the same row (at least 1: the
+# max's term is exp(0), at most the row's length; or NaN),
 # reduction_patterns.find_shifted_quotients. The CPU interpreter computes a / d.
 KERNEL_OPS: dict[str, OpInfo] = {
     "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,

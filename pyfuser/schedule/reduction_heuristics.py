@@ -39,7 +39,9 @@ of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in 
 SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
 costly values in each pass instead of keeping them in registers); the last two apply to the
 reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
-inner_outer.py); $PYFUSER_CLUSTERS=0 never uses clusters.
+inner_outer.py); $PYFUSER_RED_FULL (0: every inner kernel checks its bounds; 1: none does
+where its rows are whole, also where the default keeps the checks); $PYFUSER_CLUSTERS=0 never
+uses clusters.
 """
 from __future__ import annotations
 
@@ -159,13 +161,24 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         if mb < 0 or mb > 32:
             raise ValueError(f"$PYFUSER_RED_MIN_BLOCKS={mb}: 0 to 32")
         p.min_blocks = mb
-    if knobs["stage"] not in (None, 0, 1):
-        raise ValueError(f"$PYFUSER_RED_STAGE={knobs['stage']}: 0 or 1")
+    for k in ("stage", "full"):
+        if knobs[k] not in (None, 0, 1):
+            raise ValueError(f"$PYFUSER_RED_{k.upper()}={knobs[k]}: 0 or 1")
     _stage(p, accesses, held, knobs)
-    # no bounds checks where every team's positions are in bounds (`full`, set by _inner); not
-    # for staged rows: without the checks' branches ptxas reads every staged vector back at
-    # once (100-113 registers, or spills under the 40 of six blocks an SM)
-    p.full = p.full and not p.stage and knobs["full"] != 0
+    # no bounds checks where every team's positions are in bounds (`full`, set by _inner):
+    # fewer instructions, and fewer registers where every full-size load is held (softmax
+    # 8192x3072 bfloat16: 54 -> 40). Not for staged rows (without the checks' branches ptxas
+    # reads every staged vector back at once: 100-113 registers, or spills under the 40 of six
+    # blocks an SM), nor for persistent rows that read another tensor step by step in a later
+    # pass (a layer norm's weight and bias: ptxas loads all of them at the pass's start, 48 ->
+    # 96 registers for rms_norm 32768x256 bfloat16, 10% slower on the H200)
+    stepwise = any(not a.is_store and id(a.node) not in held and g.level.get(id(a.node)) == "full"
+                   for a in accesses)
+    if knobs["full"] == 1:
+        p.full = p.full and not p.stage
+    else:
+        p.full = p.full and not p.stage and knobs["full"] is None and \
+            not (p.persistent and stepwise)
     for d in (p.bdimx, p.bdimy):
         if d & (d - 1):
             raise ValueError(f"reduction thread shape ({p.bdimx}, {p.bdimy}): powers of two only")

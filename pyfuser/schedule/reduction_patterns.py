@@ -29,9 +29,9 @@ exponentials are (`shifted_exps`). $PYFUSER_RED_SHIFTED_EXP=0 keeps exp.
 float dtype (0 or at least 2^-126, at most 1, or NaN) and S the sum, over the reduced axes, of
 a shifted exponential (at least 1: the max's own term is exp(0) = 1; or NaN) is computed as
 `div_rcp` (ir/ops.py KERNEL_OPS): the row's reciprocal of S once, then a multiply and one
-correction by a scaled remainder per element: the correctly rounded quotient (the division's
-bits) wherever it is a normal float (`shifted_quotients`: id(div Node) -> the denominator
-Node).
+correction by a scaled remainder per element: the division's bits wherever the quotient is a
+normal float (checked exhaustively on a GPU, ir/ops.py) (`shifted_quotients`: id(div Node) ->
+the denominator Node).
 $PYFUSER_RED_SHIFTED_DIV=0 keeps the division.
 
 Invariant: a pattern is a function of the Fusion alone (no sizes), and computes what the ops

@@ -213,12 +213,14 @@ def _bounds_checks(plan) -> int:
 @pytest.mark.parametrize("builder", FULL_BUILDERS, ids=lambda b: b.__name__)
 @pytest.mark.parametrize("shape", [(64, 3072), (64, 3064), (63, 3072), (256, 256),
                                    (6, 2 * 512 * 4 * 4), (6, 2 * 512 * 4 * 4 + 8)], ids=str)
-def test_rows_of_whole_steps_check_no_bounds(builder, shape):
+def test_rows_of_whole_steps_check_no_bounds(builder, shape, monkeypatch):
     """An inner plan whose every team position is in bounds (`full`: the rows a multiple of the
     block's rows, the row exactly the team's persistent steps or a whole number of its streamed
-    steps) checks no bounds, and only such a plan; the persistent normalizations of 64x3072 and
-    256x256 are full, rows a vector short are not. All equal eager (run). `full` is part of
-    the size class: a kernel for whole rows is never reused for other sizes."""
+    steps) checks no bounds, and only such a plan; the persistent softmax and log_softmax of
+    64x3072 and 256x256 are full, layer and RMS norms, which read their weights step by step
+    in the last pass, are not by default ($PYFUSER_RED_FULL=1: they are), nor are rows a
+    vector short. All equal eager (run). `full` is part of the size class: a kernel for whole
+    rows is never reused for other sizes."""
     plan = run(builder, shape, [1], torch.float32, "contiguous")
     p = plan.params
     if p.kind != "inner" or p.stage:
@@ -231,7 +233,12 @@ def test_rows_of_whole_steps_check_no_bounds(builder, shape):
         assert rows % p.bdimy == 0 and n % p.vec == 0
         assert nv == p.steps * p.cluster * p.bdimx if p.persistent else nv % (p.unroll * p.bdimx) == 0
     if p.persistent and shape in ((64, 3072), (256, 256)):
-        assert p.full
+        stepwise = builder in (RC.layer_norm, RC.rms_norm)
+        assert p.full != stepwise
+        if stepwise:
+            monkeypatch.setenv("PYFUSER_RED_FULL", "1")
+            forced = run(builder, shape, [1], torch.float32, "contiguous")
+            assert forced.params.full and _bounds_checks(forced) == 0
     if shape[1] in (3064, 2 * 512 * 4 * 4 + 8):
         assert not p.full
 
