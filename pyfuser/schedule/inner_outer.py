@@ -36,7 +36,8 @@ from ..ir.tensor import TensorView
 from . import layout as L
 from . import reduction_graph as RG
 from .inner_outer_graph import NotInnerOuter, analyze
-from .pointwise import _access, _known_extent_ids, _vector_width
+from .pointwise import _known_extent_ids
+from .pointwise_access import make_access, vector_width
 from .pointwise_heuristics import sm_count
 from .reduction import ReductionParams, ReductionSchedule, _classify, _collapse, index_axes
 
@@ -155,14 +156,14 @@ def _accesses(io, inputs, bindings, orders) -> tuple[list, list]:
     def load(node):
         i = tins.index(node.tv)
         x = actual[i]
-        a = _access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
+        a = make_access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
         a.ptr_align = L.p2(x.data_ptr()) if x.numel() else 16
         return a
 
     def store(k, node):
         o = fusion.outputs[k]
         sizes = tuple(bindings.shape(o))
-        return _access(node, nin + k, o, True, o.dtype.itemsize, sizes,
+        return make_access(node, nin + k, o, True, o.dtype.itemsize, sizes,
                        L.strides_for(sizes, orders[k]))
 
     row = [load(n) for n in io.inner.loads]
@@ -206,7 +207,7 @@ def plan(fusion, inputs) -> InnerOuterSchedule:
                        for k in (p.groups[-1] if p.groups else []))
     inner_k = p.groups[-1][-1] if p.groups else None
     moving = [a for a in row_acc + col_acc if a.eff.get(inner_k, (0,))[0] != 0]
-    p.vec = _vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
+    p.vec = vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
     # column partials take registers per element: vectors of at most MAX_VEC elements (H200,
     # bfloat16 layer-norm backward 8192x3072: 8 -> 4 elements, 128 -> 70 registers, 2 -> 3
     # blocks an SM, 71.3 -> 60.5 µs); $PYFUSER_IO_VEC overrides the cap

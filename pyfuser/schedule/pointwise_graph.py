@@ -10,7 +10,7 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
   ("ix", node)         the value of graph Node `node` (an integer index tensor read at the
                       consumer's index: an input's load or an iota, through metadata; see
                       index_source): an index_select / embedding operand's gathered axis
-                      (pointwise.Access.gather; an index outside the axis stops the kernel),
+                      (pointwise_access.Access.gather; an index outside the axis stops the kernel),
   ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
                       leading size) minus the sizes of the axes (IterDomains) in `minus` (the
                       operands before a cat operand), clamped to [0, size of axis hi - 1] when

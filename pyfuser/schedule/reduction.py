@@ -45,7 +45,8 @@ from ..ir.tensor import TensorView
 from . import cache_policy
 from . import layout as L
 from . import reduction_graph as RG
-from .pointwise import Access, _access, _known_extent_ids, _vector_width
+from .pointwise import _known_extent_ids
+from .pointwise_access import Access, make_access, vector_width
 from .pointwise_graph import index_axes_of
 from .reduction_heuristics import choose, stageable
 
@@ -267,13 +268,13 @@ def _accesses(g, inputs, bindings, orders) -> list:
     for node in g.loads:
         i = tins.index(node.tv)
         x = actual[i]
-        a = _access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
+        a = make_access(node, i, node.tv, False, x.element_size(), tuple(x.shape), tuple(x.stride()))
         a.ptr_align = L.p2(x.data_ptr()) if x.numel() else 16
         out.append(a)
     nin = len(tins)
     for oi, (o, node) in enumerate(zip(fusion.outputs, g.outputs)):
         sizes = tuple(bindings.shape(o))
-        out.append(_access(node, nin + oi, o, True, o.dtype.itemsize, sizes,
+        out.append(make_access(node, nin + oi, o, True, o.dtype.itemsize, sizes,
                            L.strides_for(sizes, orders[oi])))
     return out
 
@@ -345,7 +346,7 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
                        for k in (p.groups[-1] if p.groups else []))
     inner_k = p.groups[-1][-1] if p.groups else None
     moving = [a for a in accesses if a.eff.get(inner_k, (0,))[0] != 0]   # lanes move along it
-    p.vec = _vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
+    p.vec = vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, accesses)
     if g.picks and (p.kind != "inner" or any(

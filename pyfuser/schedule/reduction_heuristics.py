@@ -57,7 +57,7 @@ CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 STAGE_BYTES = 40 * 1024  # shared memory a block stages held loads in, at most (static: 48 KB)
-CLUSTER_MIN_BLOCKS = 6   # blocks an SM a staged cluster row asks registers for (__launch_bounds__) ...
+CLUSTER_MIN_BLOCKS = 6   # blocks an SM a staged cluster row asks registers for (launch bounds) ...
 CLUSTER_STAGE_BYTES = 36 * 1024  # ... when its staged bytes let that many share an SM's 228 KB
 
 

@@ -157,7 +157,8 @@ def find_shifted_quotients(g: ReductionGraph) -> None:
                 not isinstance(s.expr, E.ReductionOp) or s.expr.info.name != "sum" or \
                 not isinstance(s.args[0], Node) or id(s.args[0]) not in g.shifted_exps:
             continue
-        if {v.tv.dtype.name for v in (n, num, den, s)} | {s.expr.outputs[0].dtype.name} != {"Float"}:
+        dts = {v.tv.dtype.name for v in (n, num, den, s)} | {s.expr.outputs[0].dtype.name}
+        if dts != {"Float"}:
             continue
         g.shifted_quotients[id(n)] = den
 
