@@ -5,7 +5,9 @@ op's computation dtype before the op (`prims.convert_element_type`, `true_divide
 `sqrt`). Those ops lower through the one op table and fuse with the ops reading them (they had
 split GPT-2's GELU into two tiny regions); a 0-dim operand keeps eager's promotion (it does not
 promote a dimensioned tensor of its category) and the value eager computes with
-(lowering/scalar_operands.py): results equal eager's bit for bit, float32, bfloat16 and half."""
+(lowering/scalar_operands.py): results equal eager's bit for bit, float32, bfloat16 and half.
+A region on CUDA takes such an input by value (a kernel parameter: no copy to the device, and
+its cached calls replay), checked on fake_cuda.py's fake CUDA."""
 from __future__ import annotations
 
 import math
@@ -93,12 +95,16 @@ def _lowered_on_fake_cuda(ops):
     return lower_region(region), region
 
 
-def test_cuda_reads_a_cpu_scalar_operand_in_float():
+def test_cuda_reads_a_cpu_scalar_operand_in_float(monkeypatch, tmp_path):
     """On CUDA eager's add / sub / mul / div kernels read a 0-dim CPU operand (`other`) as a
     float scalar: bfloat16 x * s is round(float(x) * s), not x * bf16(s) (what the kernel
-    does with a 0-dim CUDA tensor, cast to the common dtype first, as here for t). The lowering
-    for a CUDA region gives those values (run here on the CPU: the Fusion's values are the
-    device's, whichever device runs them)."""
+    does with a 0-dim CUDA tensor, cast to the common dtype first, as here for t). The region
+    takes s by value (a kernel parameter): run on the fake CUDA of fake_cuda.py (kernels
+    interpreted), it gives those values with no copy to the device, and its second call
+    replays the recorded program."""
+    import fake_cuda
+    from pyfuser.frontend.fx.region import FusedRegion
+    from pyfuser.runtime import dispatch
     A = torch.ops.aten
 
     def ops(g, x, s, t):
@@ -107,12 +113,19 @@ def test_cuda_reads_a_cpu_scalar_operand_in_float():
         return outs + [g.call_function(A.mul.Tensor, (outs[0], t))]
     lowered, region = _lowered_on_fake_cuda(ops)
     assert len(region.nodes) == 7 and [x.name for x in region.inputs] == ["s", "x", "t"]
-    from pyfuser.runtime.dispatch import execute_fusion
-    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
-    s = torch.tensor(math.sqrt(2.0 / math.pi), dtype=torch.float64)
-    t = s.float()
-    outs = execute_fusion(lowered.fusion, [s, x, t])
-    got = [outs[i] for i in lowered.outputs]
+    assert lowered.scalar_inputs == [0]                 # s by value, x and t tensors
+    fake = fake_cuda.install(monkeypatch, tmp_path)
+    try:
+        fr = FusedRegion("r", lowered, region, torch.nn.Module())
+        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+        s = fake.host(torch.tensor(math.sqrt(2.0 / math.pi), dtype=torch.float64))
+        t = s.float()                                   # posing as a CUDA tensor
+        for _ in range(2):
+            got = fr(s, x, t)
+        recorded = len(fr.progs.runs)
+    finally:
+        dispatch.clear_caches()
+    assert fake.h2d == [] and recorded == 1 and fr.calls == 2 and fr.eager_calls == 0
     s32, xf = s.float(), x.float()
     want = [(xf * s32).bfloat16(), (xf + s32).bfloat16(), (xf - s32).bfloat16(),
             (xf / s32).bfloat16()]

@@ -10,15 +10,18 @@ scalars, with eager's semantics: ir/shapes.py), never a guess from the traced si
 
 - `clamped(n, start, end)` -> (start', end'): start' an int >= 0 or an Int Scalar, end' an
   int, an Int Scalar or None ("to the end"), with start' <= end' <= n except where start' is a
-  constant past a symbolic n (then start' == end': an empty slice, which reads nothing).
+  constant past a symbolic n (then start' == end' when end' is not None: an empty slice,
+  which reads nothing; with end' None the run-time check below applies).
   A constant start >= 0 stays that constant (the kernel reads at a constant shift and keeps its
   vectors); a constant end >= 0 on a symbolic axis stays a constant, checked against the size
   at run time (a call where it does not fit runs the region eagerly, which gives eager's
-  clamped result): the traced graph had it fit, so a kernel of constant extent serves it.
+  clamped result): Dynamo guards on it fitting (`5 <= s1` for `x[:, :5]`), so a kernel of
+  constant extent serves every call of the graph.
 
 Invariant: for every run-time n and bound values, [start', end') is the range eager's slice
-takes (tests/cpu/test_compile_dynamic_slices.py checks negative, None and out-of-range bounds
-against eager on several sizes).
+takes, or the slice's run-time check fails and the call runs eagerly (a constant end past n, a
+constant start past n with an open end) (tests/cpu/test_compile_dynamic_slices.py checks
+negative, None and out-of-range bounds against eager on several sizes).
 """
 from __future__ import annotations
 
