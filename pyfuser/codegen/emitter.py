@@ -151,7 +151,10 @@ class Emitter:
                               f"index out of range in {a.tv.name} (axis {j})")
 
     def extent_expr(self, d):
-        s = d.full_extent
+        return self.scalar_expr(d.full_extent)
+
+    def scalar_expr(self, s):
+        """An Int Scalar's value: a constant, else a kernel parameter bound at run time."""
         if s.is_const:
             return self.const(s.value)
         return self._param(self.size_params, f"x{s.number}", self.it, ("scalar", self.s.orig_of[id(s)]))

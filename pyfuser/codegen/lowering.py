@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS, index_source
+from ..schedule.pointwise_graph import INDEX_KINDS, Plus, index_source
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
@@ -102,9 +102,16 @@ class Lowering(Emitter):
     def _shifted(self, c):
         """The unclamped index of an "sh" key entry."""
         _, inner, off, minus, _ = c
-        v = K.add(self.key_index(inner), self.const(off))
+        return self.minus_terms(K.add(self.key_index(inner), self.const(off)), minus)
+
+    def minus_terms(self, v, minus):
+        """v less the sizes of the axes in an "sh" entry's `minus`, plus its Plus terms (a
+        slice's symbolic start, a kernel parameter)."""
         for d in minus:
-            v = K.Bin("-", v, self.extent_expr(d))
+            if isinstance(d, Plus):
+                v = K.add(v, self.scalar_expr(d.scalar))
+            else:
+                v = K.Bin("-", v, self.extent_expr(d))
         return v
 
     def in_bounds(self, key):
@@ -151,9 +158,7 @@ class Lowering(Emitter):
                 off = K.add(off, K.mul(gv, s))
             for k, (shift, minus) in sorted(a.shifts.items()):
                 if (shift or minus) and a.eff.get(k, (0,))[0] != 0:
-                    s = self.const(shift)
-                    for d in minus:
-                        s = K.Bin("-", s, self.extent_expr(d))
+                    s = self.minus_terms(self.const(shift), minus)
                     off = K.add(off, K.mul(s, self.stride(a, a.eff[k][1])))
             return off
         for j, c in enumerate(a.node.key):

@@ -114,20 +114,28 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
     return out
 
 
-def slice_axis(x: TensorView, dim: int, start: int, end: int | None) -> TensorView:
+def slice_axis(x: TensorView, dim: int, start, end) -> TensorView:
     """x sliced on axis `dim` from `start` to `end` (None: to the end, however long the axis is at
     run time); the frontends' form of slice, whose sizes may be symbolic. A constant end past
-    a symbolic size is checked at run time."""
+    a symbolic size is checked at run time. A bound may be a symbolic Int Scalar (computed on
+    the host, already clamped into [0, size] with start <= end): the axis' extent is then a
+    symbol the run time binds to end - start."""
     x = _check_tv(x, "slice")
-    if not 0 <= dim < x.ndim or start < 0 or (end is not None and end < start):
+    start, end = (b.value if isinstance(b, Scalar) and b.is_const else b for b in (start, end))
+    sym = [b for b in (start, end) if isinstance(b, Scalar)]
+    if any(b.dtype is not DataType.Int for b in sym) or not 0 <= dim < x.ndim or \
+            (start is not None and not sym and start < 0) or \
+            (not sym and end is not None and end < start):
         raise FusionDefinitionError(f"slice: bad bounds {start}:{end} on axis {dim} of {x.name}")
     fusion, root = Fusion.current(), []
     for j, d in enumerate(x.logical):
-        if j != dim or (start == 0 and end is None):
+        if j != dim or (start == 0 and end is None and not sym):
             root.append(_copy_id(d))
             continue
         size = d.known_size()
-        if size is not None:
+        if sym:
+            n = None
+        elif size is not None:
             stop = size if end is None else end
             if stop > size:
                 raise FusionDefinitionError(

@@ -164,7 +164,9 @@ def _index_select(e, env):
 
 
 def _slice(e, env):
-    return env[e.inputs[0]][tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
+    def v(b):
+        return int(env.b.value(b)) if isinstance(b, Scalar) else b
+    return env[e.inputs[0]][tuple(slice(v(a), v(b)) for a, b in zip(e.starts, e.ends))]
 
 
 def _pad(e, env):

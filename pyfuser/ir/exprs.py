@@ -15,7 +15,7 @@ output TensorViews, so every Expr in a Fusion is well-formed.
 """
 from __future__ import annotations
 
-from .base import Expr
+from .base import Expr, Val
 from .dtypes import DataType
 from .ops import OpInfo, ReductionInfo
 
@@ -181,13 +181,20 @@ class IndexSelectOp(Expr):
 
 
 class SliceOp(Expr):
-    """out = inp[start[0]:end[0], ...] (unit steps); the bounds are constants, an end None runs
-    to the axis' end (its size known at run time)."""
+    """out = inp[start[0]:end[0], ...] (unit steps), 0 <= start <= end <= size (an empty slice,
+    start == end, may lie past the end). A bound is a constant or a symbolic Int Scalar (a
+    SymInt's bound under dynamic shapes, clamped by the frontend as Python does), which is then
+    also an input of the expr after `inp`; an end None runs to the axis' end (its size known at
+    run time)."""
     op_name = "slice"
 
-    def __init__(self, out, inp, starts: list[int], ends: list[int]):
+    def __init__(self, out, inp, starts: list, ends: list):
         self.starts, self.ends = list(starts), list(ends)
-        super().__init__([inp], [out])
+        scalars = []
+        for b in self.starts + self.ends:
+            if isinstance(b, Val) and all(b is not s for s in scalars):
+                scalars.append(b)
+        super().__init__([inp] + scalars, [out])
 
 
 class PadOp(Expr):

@@ -118,10 +118,14 @@ def _propagate(b: Bindings, e) -> None:
 
 
 def _check_slice(b: Bindings, e) -> None:
+    """A slice's bounds (constants, or Scalars the host computed) inside its input's axis (an
+    empty slice anywhere), and its output's extents, end - start."""
     shape = b.shape(e.inputs[0])
     for axis, (n, start, end) in enumerate(zip(shape, e.starts, e.ends)):
+        start = int(b.value(start)) if isinstance(start, Scalar) else start
+        end = int(b.value(end)) if isinstance(end, Scalar) else end
         stop = n if end is None else end
-        if stop > n or start > stop:
+        if (stop > n and stop != start) or not 0 <= start <= stop:
             raise ExecuteError(f"execute: slice {start}:{'' if end is None else end} of "
                                f"{e.inputs[0].name} on axis {axis} does not fit its size {n}")
         _set(b, e.output.logical[axis].full_extent, stop - start,

@@ -170,8 +170,11 @@ def _check_slice(e) -> None:
     inp, out = e.inputs[0], e.output
     _check(len(e.starts) == len(e.ends) == inp.ndim == out.ndim,
            f"slice: bounds {e.starts}, {e.ends} do not match ranks of {inp} and {out}")
-    _check(all(0 <= a and (b is None or a <= b) for a, b in zip(e.starts, e.ends)),
+    _check(all(isinstance(a, Scalar) or isinstance(b, Scalar) or
+               (0 <= a and (b is None or a <= b)) for a, b in zip(e.starts, e.ends)),
            f"slice: bad bounds {e.starts} {e.ends}")
+    _check(all(b.dtype is DataType.Int for b in e.starts + e.ends if isinstance(b, Scalar)),
+           f"slice: bounds {e.starts} {e.ends} that are not Int scalars")
 
 
 def _check_pad(e) -> None:

@@ -143,6 +143,7 @@ def _scalar_stand_in(s):
 
 def _meta_expr(e, env, bindings):
     from ..ir import exprs as E
+    from ..ir.base import Scalar
     from ..ir.ops import OPS
     from ..ir.tensor import TensorView
 
@@ -188,7 +189,9 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, (E.IndexSelectOp, E.GatherOp)):    # a new row-major tensor, as eager's
         return x.new_empty(bindings.shape(out))
     if isinstance(e, E.SliceOp):                        # a view: the input's strides
-        return x[tuple(slice(a, b) for a, b in zip(e.starts, e.ends))]
+        def bound(b):
+            return int(bindings.value(b)) if isinstance(b, Scalar) else b
+        return x[tuple(slice(bound(a), bound(b)) for a, b in zip(e.starts, e.ends))]
     if isinstance(e, E.CatOp):
         return torch.cat([env[v] for v in e.inputs], e.dim)
     if isinstance(e, E.PadOp):

@@ -13,7 +13,8 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
                       (pointwise_access.Access.gather; an index outside the axis stops the kernel),
   ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
                       leading size) minus the sizes of the axes (IterDomains) in `minus` (the
-                      operands before a cat operand), clamped to [0, size of axis hi - 1] when
+                      operands before a cat operand) plus the value of each `Plus` term in
+                      `minus` (a slice's symbolic start), clamped to [0, size of axis hi - 1] when
                       hi is an axis: the index a pad or cat operand is read at, kept in bounds
                       where the consumer's index falls outside the operand (a load there is
                       skipped and its value discarded).
@@ -157,6 +158,13 @@ def shift_affine(key):
     return out
 
 
+@dataclass(frozen=True)
+class Plus:
+    """A term of an "sh" entry's `minus` that is added, not subtracted: the value of an Int
+    Scalar the host computes (a slice's start under dynamic shapes), a kernel parameter."""
+    scalar: object
+
+
 def shifted(c, off: int, minus=(), hi=None):
     """The key entry of index entry c moved as the module docstring's "sh" entry says."""
     return c if off == 0 and not minus and hi is None else ("sh", c, int(off), tuple(minus), hi)
@@ -184,7 +192,8 @@ def producer_key(e, key: tuple, inp: TensorView) -> tuple:
         for i, d in enumerate(e.dims):
             pk[d] = key[i]
     elif isinstance(e, E.SliceOp):
-        pk = [shifted(c, s) for c, s in zip(key, e.starts)]
+        pk = [shifted(c, s) if isinstance(s, int) else shifted(c, 0, (Plus(s),))
+              for c, s in zip(key, e.starts)]
     elif isinstance(e, E.ViewOp):
         if all(c == 0 for c in key):
             pk = [0] * inp.ndim
@@ -244,6 +253,9 @@ class Graph:
             xk = list(key)
             xk[e.dim] = ("ix", inode)
             node = Node("alias", tv, key, e, [self._visit(x, _zero_broadcasts(x, xk))])
+        elif isinstance(e, E.SliceOp):             # its bound scalars are the host's
+            x = e.inputs[0]
+            node = Node("alias", tv, key, e, [self._visit(x, producer_key(e, key, x))])
         elif isinstance(e, E.CatOp):
             args, before = [], []
             for x in e.inputs:

@@ -22,7 +22,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from .pointwise_graph import INDEX_KINDS, key_axes, shift_levels
+from .pointwise_graph import INDEX_KINDS, Plus, key_axes, shift_levels
 
 
 def bounded_axes(graph) -> set:
@@ -65,8 +65,8 @@ def index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
         v = size_of(d)
         return v is not None and v % vec == 0
 
-    def shift_ok(off, minus) -> bool:
-        return off % vec == 0 and all(multiple(d) for d in minus)
+    def shift_ok(off, minus) -> bool:      # a Plus term (a symbolic start): not provable
+        return off % vec == 0 and all(not isinstance(d, Plus) and multiple(d) for d in minus)
 
     def on_k(c) -> bool:
         lv = shift_levels(c) if c != 0 else None

@@ -8,8 +8,10 @@ the GPU, and a layer norm's team of threads widens while its rows are too few to
 sizes here keep the layout facts; where the test counts kernels, the split and the team are
 fixed (PYFUSER_RED_SPLITS, PYFUSER_RED_BDIMX: speed-only knobs). The first size of a dynamic run has no two
 equal dynamic sizes (Dynamo's duck sizing would guard on that equality). An `arange` of a SymInt
-bound (BERT's attention mask) is an iota of symbolic extent in its region: BERT's forward fuses
-as with static sizes."""
+bound (BERT's attention mask) is an iota of symbolic extent in its region, a slice with a SymInt
+bound (GPT-2's and Llama's packed-sequence mask) a slice of symbolic extent, and Dynamo's
+unspecialised floats (0-dim float64 inputs) fuse with the ops they feed: BERT's, GPT-2's and
+Llama's forwards fuse into the regions they have with static sizes."""
 from __future__ import annotations
 
 import copy
@@ -150,23 +152,26 @@ def test_arange_of_symbolic_bounds_fuses_as_an_iota(plans):
     assert_ran_as_sm90_kernels(graph.regions)
 
 
-def _bert_inference_graph(dynamic: bool, sizes):
-    """HF BERT (masked LM, one layer, random weights) compiled for inference: its one graph,
-    after checking each size's outputs against eager (values, shape, dtype)."""
+def _inference_graph(name: str, dynamic: bool, sizes, plans=None):
+    """HF `name` (BERT, GPT-2, Llama: one layer, random weights) compiled for inference: its one
+    graph, after checking each size's logits against eager (values, shape, dtype); with
+    `plans`, also the kernels planned after each size."""
     torch._dynamo.reset()
     small = dataclasses.replace(TC.SMALL, layers=1)
-    model = TC.TRAIN_CASES["bert"]("cpu", small).model.eval()
+    model = TC.TRAIN_CASES[name]("cpu", small).model.eval()
     cm = pyfuser.compile(model, dynamic=dynamic)
     before = len(compiled_graphs())
+    planned = []
     for b, s in sizes:
-        case = TC.TRAIN_CASES["bert"]("cpu", dataclasses.replace(small, batch=b, seq=s))
+        case = TC.TRAIN_CASES[name]("cpu", dataclasses.replace(small, batch=b, seq=s))
         inputs = {k: v for k, v in case.inputs.items() if k != "labels"}
         with torch.no_grad():
             got, want = cm(**inputs).logits, model(**inputs).logits
         assert got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        planned.append(None if plans is None else plans[0])
     (graph,) = compiled_graphs()[before:]          # one graph: dynamic=True never recompiles
-    return graph
+    return (graph, planned) if plans is not None else graph
 
 
 def test_bert_forward_fuses_under_dynamic_shapes_as_with_static_ones():
@@ -174,10 +179,65 @@ def test_bert_forward_fuses_under_dynamic_shapes_as_with_static_ones():
     left to eager ("arange of other than integer bounds") and the mask's region read its
     result, where static sizes fuse it. Now the regions and their ops are the static graph's,
     and nothing more is left unfused (host size arithmetic such as `s0 * s1` is not listed)."""
-    static = _bert_inference_graph(False, [(2, 12)])
-    dynamic = _bert_inference_graph(True, [(2, 12), (6, 20)])
+    static = _inference_graph("bert", False, [(2, 12)])
+    dynamic = _inference_graph("bert", True, [(2, 12), (6, 20)])
     assert len(dynamic.regions) == len(static.regions)
     assert sorted(sorted(r.ops) for r in dynamic.regions) == \
         sorted(sorted(r.ops) for r in static.regions)
     assert Counter(dynamic.unsupported.values()) == Counter(static.unsupported.values())
     assert not [n for n in dynamic.unsupported if n.startswith(("arange", "expand"))]
+
+
+_INT64_MAX = 2 ** 63 - 1
+# the ops AOTAutograd writes for an unspecialised float (a 0-dim float64 input): in float64,
+# then converted to the dtype of the op using it
+_FLOAT_INPUT_OPS = {"prims.convert_element_type.default", "aten.true_divide.Tensor",
+                    "aten.sqrt.default", "aten.scalar_tensor.default"}
+
+
+def _full_slice(n) -> bool:
+    """Dynamo's `x[:, 0:INT64_MAX]` of a whole axis (the dynamic graphs keep them): no op."""
+    return str(n.target) == "aten.slice.Tensor" and tuple(n.args[2:4]) == (0, _INT64_MAX)
+
+
+def _zero_dim(n) -> bool:
+    v = n.meta.get("val")
+    return isinstance(v, torch.Tensor) and v.dim() == 0
+
+
+def _ops(graph, keep):
+    return sorted(sorted(str(n.target) for n in r.region.nodes if keep(n)) for r in graph.regions)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_lm_forward_fuses_under_dynamic_shapes_as_with_static_ones(name, plans,
+                                                                         monkeypatch):
+    """GPT-2's and Llama's forward under dynamic=True had more regions than with static sizes
+    (GPT-2 8 against 5, Llama 7 against 6): their packed-sequence mask slices a `cat` to the
+    sequence length, a SymInt bound (refused: "aten::slice end must be a constant int"), and
+    Dynamo's unspecialised floats (GPT-2's `sqrt(2 / pi)`, Llama's RMS norm epsilon and rotary
+    scaling) came as `prims.convert_element_type` and `true_divide.Tensor` of 0-dim float64
+    inputs, which had no lowering. Now the regions are the static graph's, and so are their ops
+    but for two kinds of node the dynamic graph alone has: Dynamo's whole-axis slices
+    `x[:, 0:INT64_MAX]` (no ops) and the 0-dim float64 ops of those floats, each in the region
+    of the op it feeds. Unfused: the static graph's reasons but one, the `alias` of the logits'
+    hidden states (`hidden_states[:, -0:]`), which the dynamic graph writes as whole-axis slices
+    (views FX keeps). Equal to eager at two sizes, one graph, no kernel planned for the second."""
+    monkeypatch.setenv("PYFUSER_RED_SPLITS", "1")
+    monkeypatch.setenv("PYFUSER_RED_BDIMX", "8")
+    static = _inference_graph(name, False, [(2, 12)])
+    dynamic, planned = _inference_graph(name, True, [(2, 12), (6, 20)], plans)
+    assert planned[1] == planned[0]
+    assert len(dynamic.regions) == len(static.regions)
+    plain = lambda n: not _full_slice(n) and not _zero_dim(n)       # noqa: E731
+    assert _ops(dynamic, plain) == _ops(static, plain)
+    assert not [n for r in static.regions for n in r.region.nodes if _full_slice(n)]
+    extra = Counter(op for ops in _ops(dynamic, _zero_dim) for op in ops) - \
+        Counter(op for ops in _ops(static, _zero_dim) for op in ops)
+    assert extra and set(extra) <= _FLOAT_INPUT_OPS, extra
+    floats = [n.meta["val"] for n in dynamic.gm.graph.nodes if n.op == "placeholder"
+              and _zero_dim(n)]
+    assert floats and all(v.dtype == torch.float64 and v.device.type == "cpu" for v in floats)
+    want, got = Counter(static.unsupported.values()), Counter(dynamic.unsupported.values())
+    assert want - got == Counter({"aten.alias.default has no lowering": 1}) and not got - want
+    assert all(r.eager_calls == 0 for r in dynamic.regions)

@@ -7,6 +7,14 @@ outputs are the region's outputs. Each node goes through its table entry's handl
 (`aten_overloads.entry_for`), with its arguments in schema order: FX nodes as the values they
 lowered to, SymInts as the fusion's Scalars, everything else as the constant it is.
 
+A 0-dim CPU tensor (an input, or a node's value) is marked for the lowering
+(`lowering/device.mark_cpu_scalar`): eager's CUDA kernels read such an operand as a host scalar,
+at their computation precision in some ops (lowering/scalar_operands.py). A region on CUDA takes
+such an input by value, as TorchScript's groups do (`lowering.lower.by_value_input`: a scalar
+fusion input made a 0-dim tensor of its dtype inside the fusion, so promotion is a 0-dim
+tensor's): the kernel gets it as a parameter, no copy to the device, and the cached-call
+programs replay (they are never recorded for a call that moved a 0-dim CPU tensor).
+
 SymInts (dynamic shapes): a SymInt that is the size of one of the region's tensor inputs (its
 expression is that axis' symbol) is that axis' extent; any other becomes a scalar input of the
 fusion, passed at run time. A view's size list with one such scalar input and no -1 (a view to
@@ -35,8 +43,8 @@ from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
 from ..lowering import aten_backward, aten_factory, aten_indexing, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_resize, aten_shape  # noqa: F401,E501 (fill the table)
 from ..lowering.aten_overloads import entry_for, schema_args
-from ..lowering.device import lowering_device, single_device_type
-from ..lowering.lower import tensor_input
+from ..lowering.device import lowering_device, mark_cpu_scalar, single_device_type
+from ..lowering.lower import by_value_input, tensor_input
 from .meta import hint, meta, shape_hints, stride_hints
 
 # Ops whose size-list argument may take a -1 where it has one symbolic entry.
@@ -54,7 +62,8 @@ class RegionLoweringError(PyfuserError):
 class LoweredRegion:
     fusion: Fusion
     n_tensor_inputs: int
-    scalar_inputs: list       # indices into region.inputs of the SymInt nodes passed as scalars
+    scalar_inputs: list       # indices into region.inputs passed as scalars: SymInts, and the
+                              # 0-dim CPU tensors of a region on CUDA (by value: FusedRegion)
     outputs: list             # per region output, the index of its fusion output
     out_layouts: list         # per region output: (axes outermost first, dense?) of eager's value
 
@@ -66,7 +75,9 @@ def _sym_expr(x):
 
 def resolve_symints(region) -> list:
     """Per region input: None for a tensor, ("extent", k, axis) for a SymInt that is the size of
-    tensor input k's axis, ("scalar",) for another SymInt (a fusion scalar input)."""
+    tensor input k's axis, ("scalar",) for another SymInt (a fusion scalar input), ("value",)
+    for a 0-dim CPU tensor read by a region on CUDA (a scalar fusion input too: by value)."""
+    by_value = _device_type(region) == "cuda"
     sizes = {}
     for k, x in enumerate(region.inputs):
         v = meta(x)
@@ -79,7 +90,7 @@ def resolve_symints(region) -> list:
     for x in region.inputs:
         v = meta(x)
         if isinstance(v, torch.Tensor):
-            plan.append(None)
+            plan.append(("value",) if by_value and _cpu_scalar(v) else None)
             continue
         e = _sym_expr(v)
         hit = sizes.get(e) if e is not None else None
@@ -149,14 +160,22 @@ def lower_region(region, plan=None) -> LoweredRegion:
                 continue
             if p[0] == "extent":
                 env[x] = env[region.inputs[p[1]]].logical[p[2]].extent
+            elif p[0] == "value":
+                env[x] = by_value_input(meta(x).dtype, f"region input {x.name}")
+                scalar_inputs.append(k)
             else:
                 s = B.symbolic_scalar(_scalar_dtype(meta(x)))
                 fusion.add_input(s)
                 env[x] = s
                 scalar_inputs.append(k)
         with lowering_device(_device_type(region)):
+            for x in region.inputs:
+                if _cpu_scalar(meta(x)):
+                    mark_cpu_scalar(env[x])
             for n in region.nodes:
                 env[n] = _lower_node(n, env)
+                if _cpu_scalar(meta(n)):
+                    mark_cpu_scalar(env[n])
                 if fusion.aliases:
                     # a functional graph's region writes nothing: in-place lowerings stay out
                     raise RegionLoweringError(n, "its lowering writes an input in place")
@@ -172,12 +191,20 @@ def lower_region(region, plan=None) -> LoweredRegion:
     return LoweredRegion(fusion, len(tensors), scalar_inputs, outs, layouts)
 
 
+def _cpu_scalar(v) -> bool:
+    """A 0-dim CPU tensor: what a CUDA kernel of eager reads as a host scalar
+    (lowering/device.py), Dynamo's unspecialised floats among them."""
+    return isinstance(v, torch.Tensor) and v.dim() == 0 and v.device.type == "cpu"
+
+
 def _device_type(region):
-    """The device type of the region's tensors ("cuda", "cpu"), None when they do not say one:
-    lowerings whose result dtypes depend on it (lowering/device.py) follow eager there."""
+    """The device type of the region's tensors ("cuda", "cpu"; 0-dim CPU tensors, which eager
+    reads as scalars next to CUDA tensors, count only where they are all), None when they do
+    not say one: lowerings whose results depend on it (lowering/device.py) follow eager there."""
     vals = [meta(x) for x in list(region.inputs) + list(region.nodes)]
-    vals = [t for v in vals for t in (v if isinstance(v, (tuple, list)) else (v,))]
-    return single_device_type(t for t in vals if isinstance(t, torch.Tensor))
+    vals = [t for v in vals for t in (v if isinstance(v, (tuple, list)) else (v,))
+            if isinstance(t, torch.Tensor)]
+    return single_device_type([t for t in vals if not _cpu_scalar(t)] or vals)
 
 
 def _layout(v):

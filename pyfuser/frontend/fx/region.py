@@ -5,7 +5,8 @@ values, in `Region.inputs` order: tensors and SymInt values) and returns the tup
 outputs. It runs the region's Fusion through its cached-call programs (`dispatch.programs(fusion)
 .run`: what `runtime.dispatch.execute_fusion`, the single entry point, does with no mode, one
 frame fewer), with the fusion's inputs picked from the call's (tensors first, then the SymInts
-the fusion takes as scalars).
+the fusion takes as scalars, and the 0-dim CPU tensors a region on CUDA takes by value, as
+their numbers: `.item()` of a CPU tensor, no device sync).
 
 Results are eager's: values and dtypes by construction of the lowering; layouts are checked
 against eager's (the example values FX recorded): an output that should be dense in some stride
@@ -48,7 +49,10 @@ class FusedRegion:
         tensors = [k for k, x in enumerate(region.inputs) if k not in lowered.scalar_inputs
                    and isinstance(x.meta.get("val"), torch.Tensor)]
         self.picks = tensors + list(lowered.scalar_inputs)
-        self.identity = self.picks == list(range(len(region.inputs)))
+        # 0-dim CPU tensors the fusion takes by value (a region on CUDA): passed as numbers
+        self.by_value = [i for i, k in enumerate(self.picks) if k in lowered.scalar_inputs and
+                         isinstance(region.inputs[k].meta.get("val"), torch.Tensor)]
+        self.identity = self.picks == list(range(len(region.inputs))) and not self.by_value
         self.outputs = list(lowered.outputs)
         self.layouts = [(order, order == list(range(len(order)))) if dense else None
                         for order, dense in lowered.out_layouts]
@@ -73,8 +77,14 @@ class FusedRegion:
         return self._eager(*args)
 
     def __call__(self, *args):
+        if self.identity:
+            inputs = args
+        else:
+            inputs = [args[k] for k in self.picks]
+            for i in self.by_value:
+                inputs[i] = inputs[i].item()
         try:      # the fusion's cached-call programs (dispatch.programs): execute_fusion's path
-            outs = self.progs.run(args if self.identity else [args[k] for k in self.picks])
+            outs = self.progs.run(inputs)
         except ExecuteError as e:
             self._note(str(e))
             self.eager_calls += 1
@@ -105,6 +115,8 @@ class FusedRegion:
             vals = [meta(x) for x in self._region.inputs]
             inputs = [_hinted(vals[k]) if isinstance(vals[k], torch.Tensor)
                       else _scalar_hint(vals[k]) for k in self.picks]
+            for i in self.by_value:                 # a stand-in: kernels take any value
+                inputs[i] = torch.ones((), dtype=inputs[i].dtype).item()
             arch = arch_of(mode, device)
         except Exception as e:  # noqa: BLE001 - best effort: the first call plans then
             log.debug("pyfuser: region %s not prepared: %s", self.__name__, e)

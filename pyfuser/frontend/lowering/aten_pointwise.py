@@ -16,6 +16,7 @@ from ...ir.ops import OPS
 from ...ir.tensor import TensorView
 from ..torchscript.types import CODE_TO_DTYPE, DTYPE_TO_NAME
 from .registry import POINTWISE, lowers
+from .scalar_operands import binary
 
 ew = B.elementwise
 _TS_CONTIGUOUS_FORMAT = 0          # c10::MemoryFormat::Contiguous, as a TorchScript constant
@@ -78,14 +79,27 @@ def _promoted(*xs) -> DataType:
     return result_type(*ops)
 
 
+def _arith(op: str, a, b):
+    """add / sub / mul / div as eager computes them, also with a 0-dim operand it reads as a
+    scalar (scalar_operands.py)."""
+    if isinstance(a, TensorView) or isinstance(b, TensorView):
+        return binary(op, a, b, _promoted(a, b))
+    return ew(op, a, b)
+
+
 @lowers("aten::add", n_args=(2, 3))
 def _add(a, b, alpha=1):
-    return ew("add", a, _scaled(a, b, alpha))
+    return _arith("add", a, b) if _is_one(alpha) else ew("add", a, _scaled(a, b, alpha))
 
 
 @lowers("aten::sub", n_args=(2, 3))
 def _sub(a, b, alpha=1):
-    return ew("sub", a, _scaled(a, b, alpha))
+    return _arith("sub", a, b) if _is_one(alpha) else ew("sub", a, _scaled(a, b, alpha))
+
+
+@lowers("aten::mul", n_args=(2,))
+def _mul(a, b):
+    return _arith("mul", a, b)
 
 
 @lowers("aten::rsub", n_args=(2, 3))
@@ -98,17 +112,18 @@ def _add_optional(a, b):
     return a if b is None else ew("add", a, b)
 
 
-@lowers("aten::div", n_args=(2, 3), const_args=(2,))
+@lowers("aten::div", "aten::true_divide", n_args=(2, 3), const_args=(2,))
 def _div(a, b, rounding_mode=None):
+    """div (true_divide: its alias without a rounding mode)."""
     names = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}
     if rounding_mode not in names:
         raise UnsupportedOpError(f"aten::div: rounding_mode {rounding_mode!r}")
-    return ew(names[rounding_mode], a, b)
+    return _arith("div", a, b) if rounding_mode is None else ew(names[rounding_mode], a, b)
 
 
 # Ops whose aten arguments map one to one onto op-table operands.
 _DIRECT = {
-    "mul": "mul", "remainder": "remainder", "fmod": "fmod", "neg": "neg",
+    "remainder": "remainder", "fmod": "fmod", "neg": "neg",
     "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "log10": "log10",
     "log1p": "log1p", "expm1": "expm1", "sqrt": "sqrt", "rsqrt": "rsqrt",
     "reciprocal": "reciprocal", "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin",
@@ -220,9 +235,12 @@ def _to_dtype(x, dtype):
     return x if dtype is None else B.cast(x, _dtype(dtype))
 
 
-@lowers("aten::_to_copy", n_args=(1, 2, 3, 4, 5, 6, 7), const_args=(1, 2, 3, 4, 5, 6))
+@lowers("aten::_to_copy", "prims::convert_element_type", n_args=(1, 2, 3, 4, 5, 6, 7),
+        const_args=(1, 2, 3, 4, 5, 6))
 def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
+    """A copy in `dtype` (prims.convert_element_type(x, dtype): the same, as AOTAutograd writes
+    the casts of Dynamo's unspecialised float inputs)."""
     y = _to_dtype(x, dtype)
     return B.set_(y) if y is x else y
 

@@ -11,23 +11,27 @@ gradient, one element wide: ViT's class-token gradient). In the Fusion they are 
 a rotary embedding (`cat(-x2, x1)` of two halves of the head, and its backward's
 `slice_backward`s) into the kernel around it.
 
-Bounds are constants known when the graph is compiled: a slice's start and end (an open end, or
-eager's INT64_MAX, runs to the axis' end whatever its size at run time; a negative bound needs
-the axis' size to be a constant), the pads, the input sizes of `slice_backward` and
-`select_backward` (and the select's index); their gradient's sizes may be symbolic (`_fits`).
-Sizes may be symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a
-pad's extents are read from the sizes at run time. Anything else (steps other than 1, a
-negative bound on a symbolic axis) raises UnsupportedOpError: the node stays an eager op.
+A slice's start and end follow eager (negative bounds from the end, clamped into the axis; an
+open end, or eager's INT64_MAX, runs to the axis' end whatever its size at run time); on an
+axis of symbolic size, or given as SymInts (dynamic shapes: GPT-2's and Llama's packed-sequence
+mask slices a `cat` to the sequence length), the clamped bounds are scalar expressions of the
+Fusion computed when the sizes are bound (slice_bounds.py). Other bounds are constants known
+when the graph is compiled: the pads, the input sizes of `slice_backward` and `select_backward`
+(and the select's index); their gradient's sizes may be symbolic (`_fits`). Sizes may be
+symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a pad's extents
+are read from the sizes at run time. Anything else (a slice's step other than 1, a negative
+select index on a symbolic axis, SymInt sizes of `slice_backward` / `select_backward`) raises
+UnsupportedOpError: the node stays an eager op.
 """
 from __future__ import annotations
 
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.base import Scalar
+from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
-
-_OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
+from .slice_bounds import clamped
 
 
 def _size(x: TensorView, dim: int, what: str) -> int:
@@ -63,28 +67,33 @@ def _bounds(n: int, start, end) -> tuple[int, int]:
 
 @lowers("aten::slice", op_class=METADATA, n_args=(5,), const_args=(1, 2, 3, 4))
 def _slice(x, dim=0, start=None, end=None, step=1):
+    """x[start:end] along `dim` with eager's bounds (negative ones from the end, clamped into
+    the axis). Constant bounds on an axis of constant size are resolved now; a SymInt bound or
+    a symbolic size gives the clamped bounds as scalar expressions (slice_bounds.py), computed
+    when the sizes are bound: a symbolic start is a shift the kernel reads as a parameter."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("aten::slice of a 0-dim or non-tensor value")
-    if step != 1:
+    if isinstance(step, Scalar) or step != 1:
         raise UnsupportedOpError(f"aten::slice with step {step!r} (only 1 is fused)")
     d = _dim(dim, x.ndim, "aten::slice")
-    s = 0 if start is None else _const_int(start, "aten::slice start")
-    e = None if end is None else _const_int(end, "aten::slice end")
+    start, end = _bound(start, "start"), _bound(end, "end")
     n = x.logical[d].known_size()
-    if n is not None:
-        s, e = _bounds(n, s, e)
-        if (s, e) == (0, n):
-            return x
-    else:
-        if s < 0 or (e is not None and e < 0):
-            raise UnsupportedOpError("aten::slice: a negative bound on an axis of symbolic size")
-        if e is not None and e >= _OPEN:
-            e = None                     # "to the end", whatever the size at run time
-        if e is not None and e < s:
-            raise UnsupportedOpError(f"aten::slice: end {e} before start {s}")
-        if s == 0 and e is None:
-            return x
+    if n is not None and not isinstance(start, Scalar) and not isinstance(end, Scalar):
+        s, e = _bounds(n, start, end)
+        return x if (s, e) == (0, n) else B.slice_axis(x, d, s, e)
+    s, e = clamped(x.logical[d].full_extent if n is None else n, start, end)
+    if isinstance(s, int) and s == 0 and e is None:
+        return x
     return B.slice_axis(x, d, s, e)
+
+
+def _bound(v, what: str):
+    """A slice bound: None, a constant int or a symbolic Int (a SymInt of the graph)."""
+    if isinstance(v, Scalar):
+        if v.dtype is not DataType.Int:
+            raise UnsupportedOpError(f"aten::slice {what} of dtype {v.dtype.name}")
+        return int(v.value) if v.is_const else v
+    return None if v is None else _const_int(v, f"aten::slice {what}")
 
 
 @lowers("aten::select", op_class=METADATA, n_args=(3,), const_args=(1, 2))

@@ -235,12 +235,18 @@ def _by_value_input(v, example):
     if not isinstance(example, torch.Tensor) or example.dim() != 0:
         raise UnsupportedOpError(f"graph input %{v.debug_name}: only a 0-dim tensor can be "
                                  "passed by value")
+    return by_value_input(example.dtype, f"graph input %{v.debug_name}")
+
+
+def by_value_input(dtype, what: str):
+    """A 0-dim tensor of torch `dtype` passed by value (the FX frontend's too): a scalar fusion
+    input of its category (int64, double, bool or complex double: every value of the dtype fits
+    exactly) and a 0-dim tensor of `dtype` made from it (`full`)."""
     try:
-        dt = DataType.from_torch(example.dtype)
+        dt = DataType.from_torch(dtype)
     except ValueError:
-        raise UnsupportedOpError(f"graph input %{v.debug_name}: dtype {example.dtype} is not "
-                                 "supported") from None
-    s = B.symbolic_scalar(DataType.from_python(example.item()))
+        raise UnsupportedOpError(f"{what}: dtype {dtype} is not supported") from None
+    s = B.symbolic_scalar(DataType.from_python(torch.zeros((), dtype=dtype).item()))
     Fusion.current().add_input(s)
     return B.full([], s, dt)
 

@@ -1,0 +1,74 @@
+"""Python's slice bounds where the axis' size or a bound is symbolic (a SymInt under dynamic
+shapes): `x[start:end]` along an axis of n elements, as eager computes it, for
+lowering/aten_resize.py's `aten::slice`.
+
+Eager's rule (aten::slice, step 1): a negative bound counts from the end (+ n), then start is
+clamped into [0, n] and end into [start, n]; None (or eager's INT64_MAX) is the end. Here a
+bound or n may be an Int Scalar of the Fusion, and the clamped bounds are then scalar
+expressions the host computes when the sizes are bound (`where`, `maximum`, `minimum` on
+scalars, with eager's semantics: ir/shapes.py), never a guess from the traced sizes:
+
+- `clamped(n, start, end)` -> (start', end'): start' an int >= 0 or an Int Scalar, end' an
+  int, an Int Scalar or None ("to the end"), with start' <= end' <= n except where start' is a
+  constant past a symbolic n (then start' == end' when end' is not None: an empty slice,
+  which reads nothing; with end' None the run-time check below applies).
+  A constant start >= 0 stays that constant (the kernel reads at a constant shift and keeps its
+  vectors); a constant end >= 0 on a symbolic axis stays a constant, checked against the size
+  at run time (a call where it does not fit runs the region eagerly, which gives eager's
+  clamped result): Dynamo guards on it fitting (`5 <= s1` for `x[:, :5]`), so a kernel of
+  constant extent serves every call of the graph.
+
+Invariant: for every run-time n and bound values, [start', end') is the range eager's slice
+takes, or the slice's run-time check fails and the call runs eagerly (a constant end past n, a
+constant start past n with an open end) (tests/cpu/test_compile_dynamic_slices.py checks
+negative, None and out-of-range bounds against eager on several sizes).
+"""
+from __future__ import annotations
+
+from ...ir import builder as B
+from ...ir.base import Scalar
+
+OPEN = 2 ** 62          # an end at least this large means "to the end" (eager's INT64_MAX)
+
+ew = B.elementwise
+
+
+def _sym(v) -> bool:
+    return isinstance(v, Scalar)
+
+
+def _from_end(b, n):
+    """A bound counted from the end where it is negative: b + n for b < 0."""
+    if not _sym(b):
+        return b if b >= 0 else (b + n if not _sym(n) else ew("add", n, b))
+    return ew("where", ew("lt", b, 0), ew("add", b, n), b)
+
+
+def _max(a, b):
+    if not _sym(a) and not _sym(b):
+        return max(a, b)
+    return ew("maximum", a, b)
+
+
+def _min(a, b):
+    if not _sym(a) and not _sym(b):
+        return min(a, b)
+    return ew("minimum", a, b)
+
+
+def clamped(n, start, end):
+    """(start', end') of `x[start:end]` on an axis of n elements (see the module docstring); n
+    an int or an Int Scalar, start / end None, ints or Int Scalars."""
+    if end is not None and not _sym(end) and end >= OPEN:
+        end = None
+    if start is None:
+        start = 0
+    if _sym(start) or start < 0:                     # clamped into [0, n]: a scalar of n
+        start = _min(_max(_from_end(start, n), 0), n)
+    elif not _sym(n):
+        start = min(start, n)
+    if end is None:
+        return start, (n if _sym(start) else None)
+    if not _sym(end) and end >= 0 and not _sym(start) and _sym(n):
+        return start, max(end, start)               # checked against n at run time
+    return start, _max(_min(_from_end(end, n), n), start)

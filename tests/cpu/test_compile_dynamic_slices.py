@@ -1,0 +1,98 @@
+"""Slices with SymInt bounds under dynamic=True: GPT-2's and Llama's packed-sequence mask slices
+a `cat` to the sequence length (`[..., :seq]`, `[..., 1:seq + 1]`), which had been refused
+("aten::slice end must be a constant int") and split the mask's region. The clamped bounds are
+now scalar expressions of the Fusion with eager's semantics (lowering/slice_bounds.py:
+negative bounds from the end, clamped into [0, size], end before start empty, None the end),
+computed when the sizes are bound; a symbolic start is a shift the kernel reads as a
+parameter. Checked on three sizes: one graph, no new kernel, eager's values, shapes, dtypes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pyfuser
+import pyfuser.codegen.api as api
+from pyfuser.frontend.fx import compiled_graphs
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+def _slices(x, y):
+    """Slices of a computed value (so they stay inside the region) with SymInt, negative,
+    None and out-of-range bounds on an axis of symbolic size n."""
+    n = x.shape[1]
+    h = x * 2 + 1
+    c = torch.cat([h, y], 1)
+    return (h[:, :n - 1] + y[:, 1:],        # a SymInt end (the mask's `cat(...)[:, :seq]`)
+            c[:, 1:n + 1] - c[:, :n],       # the mask's two slices of a cat
+            h[:, 1:n + 5].sin(),            # an end past the size: clamped to n
+            h[:, -3:].cos(),                # a negative start: a shift of n - 3
+            h[:, n // 2:] * 3,              # a SymInt start
+            h[:, -n - 5:-2] - 1,            # a start before 0 (clamped), a negative end
+            h[:, 2 - n:n - 1] * y[:, 2:-1],  # a negative SymInt start
+            h[:, n:] + 1,                   # empty at the end
+            c[:, n - 2:n + 2] * 2)          # across the cat's boundary, a symbolic start
+
+
+def test_symbolic_slice_bounds_follow_eager_on_every_size(monkeypatch):
+    planned = [0]
+    orig = api.plan_kernel
+
+    def counting(*a, **k):
+        planned[0] += 1
+        return orig(*a, **k)
+    monkeypatch.setattr(api, "plan_kernel", counting)
+    cf = pyfuser.compile(_slices, dynamic=True)
+    seen = []
+    for n in (6, 10, 14):
+        gen = torch.Generator().manual_seed(n)
+        x, y = torch.randn(3, n, generator=gen), torch.randn(3, n, generator=gen)
+        with torch.no_grad():
+            got, want = cf(x, y), _slices(x, y)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (n, k, g.shape, w.shape)
+            assert torch.equal(g, w), (n, k)
+        seen.append((len(compiled_graphs()), planned[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]     # no recompile, no new kernel
+    (graph,) = compiled_graphs()
+    assert not [r for r in graph.unsupported.values() if "slice" in r], graph.unsupported
+    assert all(r.eager_calls == 0 for r in graph.regions)       # no call fell back to eager
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.slice.Tensor") >= 13
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def _empty_or_not(x):
+    n = x.shape[1]
+    return (x * 2)[:, 4:n - 6] + 1                  # end before start for n < 10: empty
+
+
+def test_an_end_before_the_start_gives_an_empty_slice():
+    """`x[:, 4:n - 6]` is empty while n < 10 (Dynamo guards on which side of 10 n is, so the
+    sizes past it compile a second graph); the fused slice gives eager's shapes either way."""
+    cf = pyfuser.compile(_empty_or_not, dynamic=True)
+    for n in (6, 7, 9, 14, 18):
+        x = torch.randn(3, n)
+        got, want = cf(x), _empty_or_not(x)
+        assert got.shape == want.shape and torch.equal(got, want), n
+    graphs = compiled_graphs()
+    assert len(graphs) == 2 and not any(g.unsupported for g in graphs)
+    assert all(r.eager_calls == 0 for g in graphs for r in g.regions)
+
+
+def _stepped(x):
+    n = x.shape[1]
+    return (x * 2)[:, 1:n - 1:2] + 1
+
+
+def test_a_stepped_slice_stays_an_aten_call():
+    """A step other than 1 is not fused (nor with static sizes): the slice is left to eager
+    with its reason, and the results are eager's."""
+    cf = pyfuser.compile(_stepped, dynamic=True)
+    for n in (6, 10, 14):
+        x = torch.randn(3, n)
+        got, want = cf(x), _stepped(x)
+        assert got.shape == want.shape and torch.equal(got, want)
+    (graph,) = compiled_graphs()
+    assert any("step 2" in r for r in graph.unsupported.values()), graph.unsupported
