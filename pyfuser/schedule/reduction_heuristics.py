@@ -221,7 +221,7 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
     if not cluster_capable():
         return
     for c in (knobs["cluster"],) if knobs["cluster"] else (2, 4, 8):
-        steps = -(-nv // (c * CLUSTER_BLOCK))
+        steps = max(1, -(-nv // (c * CLUSTER_BLOCK)))       # (an empty row: one step)
         fits = steps * per_step <= _budget(CLUSTER_BLOCK) and (steps <= STEPS_TARGET or c == 8)
         if fits or knobs["cluster"]:
             p.persistent, p.steps, p.unroll = True, steps, 1

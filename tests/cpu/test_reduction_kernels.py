@@ -269,6 +269,24 @@ def test_empty_rows_are_not_whole_steps(builder, shape, axes, full, monkeypatch)
     assert not plan.params.full and _bounds_checks(plan) > 0
 
 
+@pytest.mark.parametrize("cluster", [None, "4"], ids=["block", "cluster"])
+@pytest.mark.parametrize("shape,axes,layout", [((8, 0), [0, 1], "transposed"),
+                                               ((256, 0), [0, 1], "sliced"),
+                                               ((32, 32, 0), [0, 2], "transposed")], ids=str)
+def test_an_empty_row_of_several_reduced_groups(shape, axes, layout, cluster, monkeypatch):
+    """A persistent row over several reduced groups one of which is empty (here the innermost
+    in memory is not): the row is empty. The launch checks that the plan covers the whole row
+    (every reduced group: one linear index), not its innermost group alone, which raised "its
+    size class does not match these sizes" for these rows through FusionExecutor too; a
+    forced cluster holds one step of an empty row (no 0-element arrays: NVRTC rejects them,
+    test_kernels_compile_for_sm90)."""
+    if cluster:
+        monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    plan = run(RC.layer_norm, shape, axes, torch.float32, layout)
+    p = plan.params
+    assert p.persistent and p.steps >= 1 and p.cluster == int(cluster or 1)
+
+
 def test_whole_rows_are_a_size_class_of_their_own(monkeypatch):
     """The same fusion on 3072- and 3064-long rows: different signatures (one kernel checks no
     bounds), and $PYFUSER_RED_FULL=0 keeps the checks."""
