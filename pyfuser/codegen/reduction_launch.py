@@ -64,8 +64,8 @@ def launch_fn(sched):
         cap = p.max_blocks or MAX_GRID_X
         if p.kind == "inner":
             rows = L.numel(kept)
-            if p.persistent and red:
-                _check_cover(red[-1], p.steps * p.bdimx * p.vec * p.cluster)
+            if p.persistent and red:    # the row: every reduced group (one linear index)
+                _check_cover(L.numel(red), p.steps * p.bdimx * p.vec * p.cluster)
             if rows == 0:
                 return LaunchConfig((0, 1, 1), block)
             C = p.cluster                            # whole clusters: one per row block

@@ -221,7 +221,7 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
     if not cluster_capable():
         return
     for c in (knobs["cluster"],) if knobs["cluster"] else (2, 4, 8):
-        steps = -(-nv // (c * CLUSTER_BLOCK))
+        steps = max(1, -(-nv // (c * CLUSTER_BLOCK)))       # (an empty row: one step)
         fits = steps * per_step <= _budget(CLUSTER_BLOCK) and (steps <= STEPS_TARGET or c == 8)
         if fits or knobs["cluster"]:
             p.persistent, p.steps, p.unroll = True, steps, 1
@@ -259,7 +259,8 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     if p.cluster > 1:
         p.bdimy = 1                                   # a cluster per row
     team_step = p.steps * p.cluster * p.bdimx if p.persistent else p.unroll * p.bdimx
-    p.full = rows % p.bdimy == 0 and nv > 0 and rlen % p.vec == 0 and \
+    # (an empty row is no whole step: nv counts it as one vector, which its loads must skip)
+    p.full = rows % p.bdimy == 0 and rlen > 0 and nv > 0 and rlen % p.vec == 0 and \
         (nv == team_step if p.persistent else nv % team_step == 0)
     p.reason = (f"inner: {rows} rows of {rlen} x {nro}, {nv} vectors a row, "
                 + (f"persistent ({p.steps} vectors a thread)" if p.persistent else "streamed"))

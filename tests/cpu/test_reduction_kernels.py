@@ -246,6 +246,50 @@ def test_rows_of_whole_steps_check_no_bounds(builder, shape, monkeypatch):
         assert not p.full
 
 
+@pytest.mark.parametrize("full", [None, "1"], ids=["default", "forced"])
+@pytest.mark.parametrize("shape,axes", [((32, 0), [1]), ((128, 0), [1]), ((32, 1, 0), [1, 2]),
+                                        ((4, 8, 0), [0, 2])], ids=str)
+@pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm], ids=lambda b: b.__name__)
+def test_empty_rows_are_not_whole_steps(builder, shape, axes, full, monkeypatch):
+    """An empty row counts as one vector in the plan (a persistent kernel has at least one
+    step), which the bounds then skip: never `full`, also with $PYFUSER_RED_FULL=1 (rows of 32
+    and 128 fill whole row blocks; the full kernel read element 0 of the empty input, a
+    TypeError in the interpreter: softmax and logsumexp of a [32, 0] tensor through
+    torch.compile). Softmax's outputs are empty (eager's amax of an empty row raises: nothing
+    to compare); layer norm's mean and rstd are not."""
+    if full:
+        monkeypatch.setenv("PYFUSER_RED_FULL", full)
+    if builder is RC.softmax:
+        f = RC.fusion(builder, len(shape), torch.float32, axes)
+        xs = RC.inputs_for(f, shape, torch.float32, axes, "contiguous")
+        plan = api.plan_kernel(f, xs)
+        b = bind(f, xs)
+        outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
+        api.interpret(plan, xs, outs, b)
+        assert [tuple(o.shape) for o in outs] == [shape]
+    else:
+        plan = run(builder, shape, axes, torch.float32, "contiguous")
+    assert not plan.params.full and _bounds_checks(plan) > 0
+
+
+@pytest.mark.parametrize("cluster", [None, "4"], ids=["block", "cluster"])
+@pytest.mark.parametrize("shape,axes,layout", [((8, 0), [0, 1], "transposed"),
+                                               ((256, 0), [0, 1], "sliced"),
+                                               ((32, 32, 0), [0, 2], "transposed")], ids=str)
+def test_an_empty_row_of_several_reduced_groups(shape, axes, layout, cluster, monkeypatch):
+    """A persistent row over several reduced groups one of which is empty (here the innermost
+    in memory is not): the row is empty. The launch checks that the plan covers the whole row
+    (every reduced group: one linear index), not its innermost group alone, which raised "its
+    size class does not match these sizes" for these rows through FusionExecutor too; a
+    forced cluster holds one step of an empty row (no 0-element arrays: NVRTC rejects them,
+    test_kernels_compile_for_sm90)."""
+    if cluster:
+        monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
+    plan = run(RC.layer_norm, shape, axes, torch.float32, layout)
+    p = plan.params
+    assert p.persistent and p.steps >= 1 and p.cluster == int(cluster or 1)
+
+
 def test_whole_rows_are_a_size_class_of_their_own(monkeypatch):
     """The same fusion on 3072- and 3064-long rows: different signatures (one kernel checks no
     bounds), and $PYFUSER_RED_FULL=0 keeps the checks."""
