@@ -27,7 +27,8 @@ sm_80+) where they fit STAGE_BYTES a block: every thread issues all its copies a
 then reads its own vectors back (one vector read a step; no barrier); the registers they
 would take are free (more blocks an SM) and shared memory holds bytes in flight besides the
 register file. Such a block asks for registers for 6 blocks an SM (`min_blocks`, 40 registers a
-thread) where 6 blocks' staged rows fit the SM's shared memory.
+thread) where 6 blocks' staged rows fit the SM's shared memory and no value is kept in registers
+between passes (those spill under 40).
 Outer pure reductions with few column blocks split the reduced index over blockIdx.z (a grid
 reduction through a workspace), until the grid covers every SM twice.
 
@@ -95,9 +96,10 @@ def stageable(p, a, held) -> bool:
             and id(a.node) in held and p.vec * a.itemsize in (4, 8, 16))
 
 
-def _stage(p, accesses, held, knobs) -> None:
+def _stage(p, accesses, held, knobs, kept=()) -> None:
     """Stage the held loads of a persistent inner kernel in shared memory (module docstring):
-    by default on a row's cluster, with $PYFUSER_RED_STAGE=1 wherever they fit."""
+    by default on a row's cluster, with $PYFUSER_RED_STAGE=1 wherever they fit; `kept`: the
+    values held in registers between passes (reduction_graph.recompute_costly)."""
     k = knobs["stage"]
     p.stage = False
     if k == 0 or not p.persistent or p.kind != "inner" or (k is None and p.cluster == 1) \
@@ -113,10 +115,15 @@ def _stage(p, accesses, held, knobs) -> None:
     nbytes = per_step * p.steps * p.bdimx * p.bdimy
     if per_step == 0 or nbytes > STAGE_BYTES:
         p.stage = False
-    elif p.cluster > 1 and knobs["min_blocks"] is None and nbytes <= CLUSTER_STAGE_BYTES:
+    elif p.cluster > 1 and knobs["min_blocks"] is None and nbytes <= CLUSTER_STAGE_BYTES \
+            and not kept:
         # H200, rows of 65536 staged on a cluster, 5 blocks an SM (48 registers) -> 6 (40):
         # layer_norm 171 -> 165 µs float32, 103 -> 95 bfloat16; rms_norm and softmax 1-3%
-        # faster; 8 blocks (32 registers) slower than 6 on layer_norm (docs/benchmarks.md)
+        # faster; 8 blocks (32 registers) slower than 6 on layer_norm (docs/benchmarks.md).
+        # Not where values stay in registers between passes (steps x vec of each kept value,
+        # not staged): 40 registers spill them (ptxas, sm_90, 4 x 65536: log_softmax(gelu(x))
+        # 108 bytes a thread bfloat16, 120 float32; layer norm of gelu(x + bias) and dropout +
+        # residual + layer norm, bfloat16, 80 and 76), where the default takes 74-92, no spill
         p.min_blocks = CLUSTER_MIN_BLOCKS
 
 
@@ -164,7 +171,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     for k in ("stage", "full"):
         if knobs[k] not in (None, 0, 1):
             raise ValueError(f"$PYFUSER_RED_{k.upper()}={knobs[k]}: 0 or 1")
-    _stage(p, accesses, held, knobs)
+    _stage(p, accesses, held, knobs, kept)
     # no bounds checks where every team's positions are in bounds (`full`, set by _inner):
     # fewer instructions, and fewer registers where every full-size load is held (softmax
     # 8192x3072 bfloat16: 54 -> 40). Not for staged rows (without the checks' branches ptxas
