@@ -36,3 +36,17 @@ def fresh_compile():
     reset_compiled()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Counts kernels planned (one per new kernel signature: what compiles a kernel)."""
+    from pyfuser.codegen import api
+    count = [0]
+    orig = api.plan_kernel
+
+    def counting(*a, **k):
+        count[0] += 1
+        return orig(*a, **k)
+    monkeypatch.setattr(api, "plan_kernel", counting)
+    return count

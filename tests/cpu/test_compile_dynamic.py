@@ -23,26 +23,12 @@ import torch
 import torch.nn.functional as F
 
 import pyfuser
-import pyfuser.codegen.api as api
 from pyfuser.frontend.fx import compiled_graphs
 
 import train_corpus as TC
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
-
-
-@pytest.fixture
-def plans(monkeypatch):
-    """Counts kernels planned (one per new kernel signature: what compiles a kernel)."""
-    count = [0]
-    orig = api.plan_kernel
-
-    def counting(*a, **k):
-        count[0] += 1
-        return orig(*a, **k)
-    monkeypatch.setattr(api, "plan_kernel", counting)
-    return count
 
 
 class Block(torch.nn.Module):

@@ -186,17 +186,9 @@ def test_dropout_follows_the_cuda_generator():
 
 
 @pytest.mark.gpu
-def test_dynamic_shapes_on_cuda_reuse_kernels(monkeypatch):
-    import pyfuser.codegen.api as api
+def test_dynamic_shapes_on_cuda_reuse_kernels(plans, monkeypatch):
     monkeypatch.setenv("PYFUSER_RED_SPLITS", "1")
     monkeypatch.setenv("PYFUSER_RED_BDIMX", "8")
-    plans = [0]
-    orig = api.plan_kernel
-
-    def counting(*a, **k):
-        plans[0] += 1
-        return orig(*a, **k)
-    monkeypatch.setattr(api, "plan_kernel", counting)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64),
                                 torch.nn.LayerNorm(64)).cuda()
     ref = copy.deepcopy(model)
