@@ -123,6 +123,11 @@ def time_regions(run, reps: int, sync) -> list:
                  "eager nodes": lambda: r.eager(*args)}
         res = {}
         for name, f in paths.items():
+            try:
+                f()
+            except Exception:  # noqa: BLE001 - e.g. eager nodes outside the autocast they ran in
+                res[name] = float("nan")
+                continue
             for _ in range(5):
                 f()
             sync()
@@ -135,6 +140,59 @@ def time_regions(run, reps: int, sync) -> list:
     return out
 
 
+def profile_slow_regions(run, sync, n: int, top: int) -> None:
+    """cProfile of 200 progs.run calls of each of the n regions whose calls are slowest: where
+    a region's host time goes (its inputs, outputs and kernels printed first)."""
+    from pyfuser.frontend.fx import compile_graph as CG
+    from pyfuser.runtime import dispatch
+    import pyfuser.frontend.fx.region as R
+    last = {}
+    real = R.FusedRegion.__call__
+    R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), (self, a)), real(self, *a))[1]
+    try:
+        run()
+    finally:
+        R.FusedRegion.__call__ = real
+    sync()
+    timed = []
+    for r, args in last.values():
+        inputs = args if r.identity else [args[k] for k in r.picks]
+        progs = dispatch.programs(r.fusion)
+        for _ in range(3):
+            progs.run(inputs)
+        sync()
+        t = time.perf_counter()
+        for _ in range(20):
+            progs.run(inputs)
+        timed.append(((time.perf_counter() - t) / 20, r, progs, inputs))
+        sync()
+    timed.sort(key=lambda x: -x[0])
+    for sec, r, progs, inputs in timed[:n]:
+        outs = progs.run(inputs)
+        print(f"--- region {r.__name__}: {sec * 1e6:.1f} µs a progs.run, {len(inputs)} inputs, "
+              f"{len(outs)} outputs, {r.kernels()} kernels, program {type(progs).__name__}")
+        print("    inputs:", [tuple(x.shape) if hasattr(x, "shape") else x for x in inputs][:12])
+        print(f"    native runner: {progs.native!r}, programs {len(progs.runs)}, handed over "
+              f"{len(progs.native_data)}, pending {len(progs.pending)}")
+        if progs.native:
+            print(f"    the runner's key of these inputs: {'none' if progs.native.key(inputs) is None else 'made'}")
+        for key, steps in list(progs.pending.items()):
+            try:
+                print("    pending program's native form:", "None" if steps() is None else "ok")
+            except Exception as e:  # noqa: BLE001 - a diagnostic
+                print(f"    pending program's native form raised {type(e).__name__}: {e}")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            progs.run(inputs)
+        sync()
+        prof.disable()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+        text = s.getvalue()
+        print(text[text.find("ncalls"):])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "llama", "resnet18"))
@@ -144,6 +202,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--nodes", action="store_true", help="host time per node of pyfuser's graphs")
     ap.add_argument("--regions", action="store_true", help="host time per call path of each region")
+    ap.add_argument("--slow-regions", type=int, default=0,
+                    help="cProfile the N regions with the slowest progs.run calls (with --regions)")
     ap.add_argument("--step", default="forward", choices=("forward", "train"),
                     help="what is timed: an inference forward or a training step")
     ap.add_argument("--size", default="", help="batch,seq,hidden,layers (default: the bench's)")
@@ -152,6 +212,9 @@ def main(argv=None) -> int:
     import torch
     import models as BM
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        from pyfuser.runtime import native
+        native.build()                 # an install step (make setup), as bench/models.py does
     TC = BM.load_corpus()
     size = BM.profile_size(TC, device, args.size)
     case = BM.Case(TC, args.model, args.dtype, size, device, dropout=None)
@@ -171,9 +234,12 @@ def main(argv=None) -> int:
         if args.regions:
             print("| ops | kernels | region µs | execute_fusion µs | progs.run µs | eager nodes µs |")
             print("|---|---|---|---|---|---|")
-            for ops, k, res in time_regions(run, 200, sync):
+            timed = time_regions(run, 200, sync)
+            for ops, k, res in timed:
                 short = ",".join(o.split(".")[1] if o.startswith("aten.") else o for o in ops)
                 print(f"| {short[:70]} | {k} | " + " | ".join(f"{v:.1f}" for v in res.values()) + " |")
+            if args.slow_regions:
+                profile_slow_regions(run, sync, args.slow_regions, args.top)
             if not args.nodes:
                 continue
         if args.nodes:
