@@ -187,7 +187,7 @@ def configure(mod) -> bool:
 def launch_step(launcher, prep, ptr_slots):
     """The runner's ("launch", ...) step for Prepared `prep`, whose i-th tensor pointer comes from
     slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx. A kernel
-    drawing random numbers gets `draw` (runtime/rng.py's launch_state for its device and
+    drawing random numbers gets `draw` (runtime/rng.py's `drawer`: launch_state for its device and
     increment: the seed and offset the Python path would draw) and the byte offsets to write
     them at."""
     if launcher.mode != "ctypes" or launcher._raw is None or launcher._raw.launch_ex is None:
@@ -203,9 +203,9 @@ def launch_step(launcher, prep, ptr_slots):
     step = ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)
     if prep.rng is None:
         return step
-    from .rng import launch_state
+    from .rng import drawer
     device, increment, slots = prep.rng
-    return step + (functools.partial(launch_state, device, increment),
+    return step + (drawer(device, increment),
                    [(off, which) for _, off, which in slots])
 
 

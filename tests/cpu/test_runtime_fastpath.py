@@ -460,3 +460,33 @@ def test_grid_reductions_replay_with_their_workspaces(fake):
     progs = f.__dict__[dispatch._PROGS]
     assert (progs.native is not None and len(progs.native) == 1) == fake.native
     assert fake.ex_launches >= 3                         # the prepared launch, not the general one
+
+
+def test_a_cuda_drawer_reads_the_devices_generator_each_draw_and_yields_to_fixed(monkeypatch):
+    """rng.drawer (the native runner's `draw`) looks the device's generator up once and then
+    takes, per draw, its current seed and offset and advances the offset, as launch_state does:
+    a manual_seed between draws is seen; inside rng.fixed the fixed stream is drawn instead."""
+    from pyfuser.runtime import rng
+
+    class Gen:                                 # torch.cuda's default generator, as far as used
+        def __init__(self):
+            self.seed, self.offset = 7, 0
+
+        def get_offset(self):
+            return self.offset
+
+        def set_offset(self, v):
+            self.offset = v
+
+        def initial_seed(self):
+            return self.seed
+    gen = Gen()
+    monkeypatch.setattr(torch.cuda, "default_generators", (Gen(), gen))
+    draw = rng.drawer(torch.device("cuda", 1), 8)
+    assert [draw() for _ in range(3)] == [(7, 0), (7, 8), (7, 16)]
+    gen.seed, gen.offset = 2 ** 64 - 1, 4                  # a manual_seed: its state, not it
+    assert draw() == (-1, 4) == (rng.launch_state("cuda:1", 8)[0], 4)
+    assert gen.offset == 20
+    with rng.fixed(99, 3):
+        assert [draw(), draw()] == [(99, 3), (99, 11)]
+    assert gen.offset == 20
