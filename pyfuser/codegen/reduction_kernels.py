@@ -19,6 +19,8 @@ to arrive combines them in order); reduced outputs are written by threadIdx.y 0.
 """
 from __future__ import annotations
 
+import os
+
 from ..ir.dtypes import DataType
 from . import kernel_ir as K
 from .reduction_lowering import ReductionLowering, _and, _c, _guard, _lane_dependent
@@ -145,8 +147,8 @@ class InnerKernel(ReductionLowering):
 
     def combine(self, reds, out) -> tuple:
         """Lanes in order, then the team: xor shuffles within the warp (from bdimx / 2 down to
-        1), then, past a warp, the warps' partials in shared memory read in order. Every thread
-        of the team ends with the row's result."""
+        1), then, past a warp, the warps' partials in shared memory as a tree in every warp
+        (combine_threads). Every thread of the team ends with the row's result."""
         p = self.p
         for e in reds:
             if self.chunked(e):
@@ -214,7 +216,34 @@ class InnerKernel(ReductionLowering):
         new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out)
         self.comb.assign_all(e, names, (), new, out)
 
+    def ordered_shuffle_step(self, e, names, m: int, lane, out) -> None:
+        """One xor-shuffle round in which both lanes of a pair combine (lower lane's partial,
+        upper lane's partial) in that order, so both hold the same bits (a Welford merge or an
+        online pair's rescale is not symmetric in its operands)."""
+        upper = self.comb.fresh("up")
+        out.append(K.Let(upper, "bool", K.Bin("!=", K.Bin("&", lane, _c(m)), _c(0))))
+        lo, hi = [], []
+        for n, dt in zip(names, self.comb.dtypes(e)):
+            t, a, b = self.comb.fresh("tshf"), self.comb.fresh("tlo"), self.comb.fresh("thi")
+            ct = K.REGISTER_CTYPE[dt]
+            own, other = K.ArrayRef(n, ()), K.Var(t)
+            out += [K.Let(t, ct, K.Shfl(own, m, dt)),
+                    K.Let(a, ct, K.Op("where", (K.Var(upper), other, own), dt)),
+                    K.Let(b, ct, K.Op("where", (K.Var(upper), own, other), dt))]
+            lo.append(K.Var(a))
+            hi.append(K.Var(b))
+        new = self.comb.combine(e, lo, hi, out)
+        self.comb.assign_all(e, names, (), new, out)
+
     def combine_threads(self, reds, out) -> None:
+        """Within the warp, xor shuffles from min(bdimx, 32) / 2 down to 1; past a warp, lane 0
+        of each of the nw warps writes its partial to shared memory and, after a block barrier,
+        every warp combines the nw partials as a tree: lane l reads partial l % nw and ordered
+        xor shuffles from nw / 2 down to 1 merge them (each group of nw lanes holds them in the
+        same places, so every lane of every warp ends with the same bits: the tree's, in warp
+        order). log2(nw) merges a thread where reading them in order took nw - 1 (a Welford
+        merge divides: 7 -> 3 of them for a row of 8 warps). PYFUSER_RED_WARP_TREE=0 reads
+        them in order (every thread, nw - 1 merges)."""
         p = self.p
         if p.bdimx == 1:
             return
@@ -226,8 +255,11 @@ class InnerKernel(ReductionLowering):
         if p.bdimx <= WARP:
             return
         nw = p.bdimx // WARP
-        lane0 = K.Bin("==", K.Bin("%", TX, _c(WARP)), _c(0))
+        assert nw & (nw - 1) == 0, "a team past a warp is a power-of-two number of warps"
+        lane = K.Bin("%", TX, _c(WARP))
+        lane0 = K.Bin("==", lane, _c(0))
         warp = K.Bin("/", TX, _c(WARP))
+        in_order = os.environ.get("PYFUSER_RED_WARP_TREE") == "0"
         writes, reads = [], []
         for e in reds:
             names = self.partial_names(e)
@@ -237,7 +269,16 @@ class InnerKernel(ReductionLowering):
                 self.shared.append(K.Alloc(sm, dt, (p.bdimy, nw), "shared"))
                 writes.append(K.Assign(sm, (TY, warp), K.ArrayRef(n, ())))
                 sms.append(sm)
-            for n, sm in zip(names, sms):
+            if not in_order:
+                src = K.Bin("%", lane, _c(nw))
+                for n, sm in zip(names, sms):
+                    reads.append(K.Assign(n, (), K.ArrayRef(sm, (TY, src))))
+                m = nw // 2
+                while m >= 1:
+                    self.ordered_shuffle_step(e, names, m, lane, reads)
+                    m //= 2
+                continue
+            for n, sm in zip(names, sms):        # PYFUSER_RED_WARP_TREE=0: read in order
                 reads.append(K.Assign(n, (), K.ArrayRef(sm, (TY, _c(0)))))
             for w in range(1, nw):
                 new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names],
