@@ -1,9 +1,9 @@
-"""A row's team past a warp combines its warps' partials as a tree in every warp
-(codegen/reduction_kernels.InnerKernel.combine_threads): every thread must end with the same
-bits, since each one normalizes its own elements with its own copy of the statistics, and the
-row's results must stay those of a fixed order. Checked through the CPU interpreter of the kernel
-IR on teams of 2 to 16 warps (Welford, the online softmax pair, sums, max), and the generated
-CUDA compiles with NVRTC."""
+"""A row's team past a warp merges its warps' Welford partials as a tree in every warp (other
+reductions read them in order; codegen/reduction_kernels.InnerKernel.combine_threads): every
+thread must end with the same bits, since each one normalizes its own elements with its own copy
+of the statistics. Checked through the CPU interpreter of the kernel IR on teams of 2 to 16
+warps (Welford statistics bit for bit, layer norm and softmax against eager, sums and max over 16
+warps exactly), and the generated CUDA compiles with NVRTC."""
 from __future__ import annotations
 
 import pytest
