@@ -1,3 +1,13 @@
+"""Host cost of single torch calls the FX backend's graphs make, on the GPU machine: views as
+methods and as aten OpOverloads, Inductor's `_reinterpret_tensor`, a CUDA allocation, and the
+Philox draw of a random kernel's launch (rng.launch_state against the generator's own calls),
+with and without autocast. Microseconds a call (timeit, after a warm-up).
+
+    PYTHONPATH=. python3 tools/host_micro.py
+
+Measured on an H200 host (2026-11-29): a view 1.2-1.3 µs, `_reinterpret_tensor` 0.6,
+torch.empty_strided 2.1, launch_state 3.5 against 1.0 for the generator's calls.
+"""
 import torch, timeit, sys
 sys.path.insert(0, ".")
 from torch._C._dynamo.guards import _reinterpret_tensor as rt, assert_size_stride as ass
