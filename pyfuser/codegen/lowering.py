@@ -29,7 +29,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS, Plus, index_source
+from ..schedule.pointwise_graph import INDEX_KINDS, Minus, Plus, index_source, is_padded
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 
@@ -106,10 +106,13 @@ class Lowering(Emitter):
 
     def minus_terms(self, v, minus):
         """v less the sizes of the axes in an "sh" entry's `minus`, plus its Plus terms (a
-        slice's symbolic start, a kernel parameter)."""
+        slice's symbolic start, a kernel parameter), less its Minus terms (a pad's symbolic
+        leading size, a kernel parameter)."""
         for d in minus:
             if isinstance(d, Plus):
                 v = K.add(v, self.scalar_expr(d.scalar))
+            elif isinstance(d, Minus):
+                v = K.Bin("-", v, self.scalar_expr(d.scalar))
             else:
                 v = K.Bin("-", v, self.extent_expr(d))
         return v
@@ -287,11 +290,12 @@ class Lowering(Emitter):
             e = node.expr
             inside = None
             for j, ((lo, hi), d) in enumerate(zip(e.pads, e.inputs[0].logical)):
-                if lo == hi == 0:
+                if not is_padded((lo, hi)):
                     continue
                 i = self.key_index(node.key[j])
-                cond = K.Bin("&&", K.Bin("<=", self.const(lo), i),
-                             K.Bin("<", i, K.add(self.extent_expr(d), self.const(lo))))
+                lo = self.const(lo) if isinstance(lo, int) else self.scalar_expr(lo)
+                cond = K.Bin("&&", K.Bin("<=", lo, i),
+                             K.Bin("<", i, K.add(self.extent_expr(d), lo)))
                 inside = cond if inside is None else K.Bin("&&", inside, cond)
             value = node.args[1]
             fill = self.scalar(value)

@@ -152,35 +152,69 @@ def slice_axis(x: TensorView, dim: int, start, end) -> TensorView:
     return out
 
 
-def pad(x: TensorView, pads: Sequence, value: Operandish = 0) -> TensorView:
+def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None) -> TensorView:
     """A constant pad: `pads[j] = (lo, hi)` elements of `value` before and after axis j (one
-    pair per axis, non-negative ints); a padded axis of symbolic size gets a symbolic size."""
+    pair per axis, each a non-negative int or a symbolic Int Scalar the host computes, checked
+    to be >= 0 when the sizes are bound); a padded axis of symbolic size gets a symbolic size.
+    `extents` (optional, one per axis: None, an int or an Int Scalar) names the output's extent
+    where the caller knows it (a slice's gradient: the sliced tensor's sizes): the output axis
+    takes it, and binding the sizes checks that the input's size plus the pads equals it."""
     x = _check_tv(x, "pad")
     if not isinstance(pads, (list, tuple)) or len(pads) != x.ndim:
         raise FusionDefinitionError(f"pad: expects one (lo, hi) pair per axis of the rank-{x.ndim} "
                                     f"tensor {x.name}, got {pads!r}")
-    pairs = []
-    for j, p in enumerate(pads):
-        if not (isinstance(p, (list, tuple)) and len(p) == 2 and
-                all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)):
-            raise FusionDefinitionError(
-                f"pad: axis {j}: expects a pair of non-negative ints, got {p!r}")
-        pairs.append((int(p[0]), int(p[1])))
+    if extents is not None and (not isinstance(extents, (list, tuple)) or len(extents) != x.ndim):
+        raise FusionDefinitionError(f"pad: expects one extent per axis of {x.name}, "
+                                    f"got {extents!r}")
+    pairs = [_pad_pair(j, p) for j, p in enumerate(pads)]
     v = _as_val(value, "pad")
     if not isinstance(v, Scalar):
         raise FusionDefinitionError(f"pad: the value must be a scalar, got {v}")
     v = cast(v, x.dtype)
     fusion, root = Fusion.current(), []
     for j, ((lo, hi), d) in enumerate(zip(pairs, x.logical)):
-        if lo == 0 and hi == 0:
+        want = None if extents is None else _pad_extent(j, extents[j])
+        size = d.known_size()
+        const = isinstance(lo, int) and isinstance(hi, int)
+        grown = size + lo + hi if size is not None and const else None
+        if const and lo == 0 and hi == 0 and (want is None or want is d.extent or want == size):
             root.append(_copy_id(d))
             continue
-        size = d.known_size()
-        root.append(IterDomain(Scalar(DataType.Int, None if size is None else size + lo + hi,
-                                      fusion)))
+        if isinstance(want, int) and grown is not None and want != grown:
+            raise FusionDefinitionError(f"pad: axis {j} of {x.name} padded to {grown} elements, "
+                                        f"not the {want} asked for")
+        if want is None or isinstance(want, int):
+            want = Scalar(DataType.Int, grown if want is None else want, fusion)
+        root.append(IterDomain(want))
     out = TensorView(root, x.dtype, fusion)
     E.PadOp(out, x, pairs, v)
     return out
+
+
+def _pad_pair(j: int, p) -> tuple:
+    ok = isinstance(p, (list, tuple)) and len(p) == 2
+    out = []
+    for v in p if ok else ():
+        if isinstance(v, Scalar) and v.is_const and v.dtype is DataType.Int:
+            v = int(v.value)
+        if isinstance(v, Scalar):
+            ok = ok and v.dtype is DataType.Int
+        else:
+            ok = ok and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        out.append(v)
+    if not ok:
+        raise FusionDefinitionError(
+            f"pad: axis {j}: expects a pair of non-negative ints or Int scalars, got {p!r}")
+    return tuple(out)
+
+
+def _pad_extent(j: int, n):
+    if n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        return n
+    if isinstance(n, Scalar) and n.dtype is DataType.Int:
+        return int(n.value) if n.is_const else n
+    raise FusionDefinitionError(f"pad: the extent of axis {j} must be an int or an Int scalar, "
+                                f"got {n!r}")
 
 
 def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:

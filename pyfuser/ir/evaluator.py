@@ -171,7 +171,8 @@ def _slice(e, env):
 
 def _pad(e, env):
     x, value = env[e.inputs[0]], env[e.inputs[1]]
-    flat = [p for lo_hi in reversed(e.pads) for p in lo_hi]     # F.pad: last axis first
+    flat = [int(env.b.value(p)) if isinstance(p, Scalar) else p     # F.pad: last axis first
+            for lo_hi in reversed(e.pads) for p in lo_hi]
     return torch.nn.functional.pad(x, flat, value=float(value) if x.is_floating_point() else value)
 
 

@@ -199,13 +199,19 @@ class SliceOp(Expr):
 
 class PadOp(Expr):
     """torch.nn.functional.pad with a constant: out has `pads[j] = (lo, hi)` more elements before
-    and after inp's axis j (non-negative constants; the axis' size may be symbolic), filled
-    with the scalar operand."""
+    and after inp's axis j (the axis' size may be symbolic), filled with the scalar operand. A
+    pad is a non-negative constant or a symbolic Int Scalar (a slice's gradient under dynamic
+    shapes: the size less the slice's end, computed on the host and checked to be >= 0 when the
+    sizes are bound), which is then also an input of the expr after `value`."""
     op_name = "pad"
 
     def __init__(self, out, inp, pads: list, value):
-        self.pads = [(int(lo), int(hi)) for lo, hi in pads]
-        super().__init__([inp, value], [out])
+        self.pads = [tuple(p if isinstance(p, Val) else int(p) for p in pair) for pair in pads]
+        scalars = []
+        for p in (p for pair in self.pads for p in pair):
+            if isinstance(p, Val) and all(p is not s for s in scalars):
+                scalars.append(p)
+        super().__init__([inp, value] + scalars, [out])
 
 
 class CatOp(Expr):

@@ -133,8 +133,15 @@ def _check_slice(b: Bindings, e) -> None:
 
 
 def _bind_pad(b: Bindings, e) -> None:
+    """A pad's output extents, the input's size plus the pads; a symbolic pad (a Scalar the host
+    computed) must not be negative, and an output extent the pad was given (its Scalar already
+    bound, or a constant) must equal that sum."""
     shape = b.shape(e.inputs[0])
-    for axis, (n, (lo, hi)) in enumerate(zip(shape, e.pads)):
+    for axis, (n, pair) in enumerate(zip(shape, e.pads)):
+        lo, hi = (int(b.value(p)) if isinstance(p, Scalar) else p for p in pair)
+        if lo < 0 or hi < 0:
+            raise ExecuteError(f"execute: pad {lo}:{hi} of {e.inputs[0].name} on axis {axis} "
+                               f"(size {n}) is negative")
         _set(b, e.output.logical[axis].full_extent, n + lo + hi,
              f"pad output {e.output.name} axis {axis}")
 

@@ -181,7 +181,8 @@ def _check_pad(e) -> None:
     inp, out = e.inputs[0], e.output
     _check(len(e.pads) == inp.ndim == out.ndim and out.dtype is inp.dtype,
            f"pad: pads {e.pads} do not match {inp} and {out}")
-    _check(all(lo >= 0 and hi >= 0 for lo, hi in e.pads), f"pad: negative pads {e.pads}")
+    _check(all(p.dtype is DataType.Int if isinstance(p, Scalar) else p >= 0
+               for pair in e.pads for p in pair), f"pad: negative or non-Int pads {e.pads}")
 
 
 def _check_cat(e) -> None:

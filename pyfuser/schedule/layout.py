@@ -195,7 +195,8 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, E.CatOp):
         return torch.cat([env[v] for v in e.inputs], e.dim)
     if isinstance(e, E.PadOp):
-        return torch.nn.functional.pad(x, [p for pair in reversed(e.pads) for p in pair])
+        return torch.nn.functional.pad(x, [int(bindings.value(p)) if isinstance(p, Scalar) else p
+                                           for pair in reversed(e.pads) for p in pair])
     if isinstance(e, (E.ReductionOp, E.WelfordOp)):   # every reduction lays out as sum does
         r = x.sum(dim=list(e.axes)) if e.axes else x.sum(dim=list(range(x.dim())))
         # in the reduction's own dtype (a bool min stays bool; sum would make it int64), so the

@@ -14,7 +14,8 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
   ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
                       leading size) minus the sizes of the axes (IterDomains) in `minus` (the
                       operands before a cat operand) plus the value of each `Plus` term in
-                      `minus` (a slice's symbolic start), clamped to [0, size of axis hi - 1] when
+                      `minus` (a slice's symbolic start) minus the value of each `Minus` term
+                      (a pad's symbolic leading size), clamped to [0, size of axis hi - 1] when
                       hi is an axis: the index a pad or cat operand is read at, kept in bounds
                       where the consumer's index falls outside the operand (a load there is
                       skipped and its value discarded).
@@ -165,6 +166,26 @@ class Plus:
     scalar: object
 
 
+@dataclass(frozen=True)
+class Minus:
+    """A term of an "sh" entry's `minus` subtracted as the value of an Int Scalar the host
+    computes (a pad's symbolic leading size under dynamic shapes), a kernel parameter."""
+    scalar: object
+
+
+def is_padded(pair) -> bool:
+    """Whether a pad's (lo, hi) pads at all: a symbolic size (a Scalar) counts as padding."""
+    return any(not isinstance(p, int) or p != 0 for p in pair)
+
+
+def pad_shift(c, lo, d):
+    """The key entry of a pad's operand read at the pad's index entry c, lo (an int or a
+    symbolic Int Scalar) before it along an axis whose operand axis is d (clamped into it)."""
+    if isinstance(lo, int):
+        return shifted(c, -lo, (), d)
+    return shifted(c, 0, (Minus(lo),), d)
+
+
 def shifted(c, off: int, minus=(), hi=None):
     """The key entry of index entry c moved as the module docstring's "sh" entry says."""
     return c if off == 0 and not minus and hi is None else ("sh", c, int(off), tuple(minus), hi)
@@ -236,8 +257,8 @@ class Graph:
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
         elif isinstance(e, E.PadOp):
             x = e.inputs[0]
-            pk = [c if lo == hi == 0 else shifted(c, -lo, (), d)
-                  for c, (lo, hi), d in zip(key, e.pads, x.logical)]
+            pk = [pad_shift(c, pair[0], d) if is_padded(pair) else c
+                  for c, pair, d in zip(key, e.pads, x.logical)]
             node = Node("pad", tv, key, e, [self._visit(x, _zero_broadcasts(x, pk)), e.inputs[1]])
         elif isinstance(e, E.IndexSelectOp):
             # out's axes dim .. dim + r - 1 are the index's (one size-1 axis for a 0-dim index)

@@ -22,7 +22,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from .pointwise_graph import INDEX_KINDS, Plus, key_axes, shift_levels
+from .pointwise_graph import INDEX_KINDS, Minus, Plus, is_padded, key_axes, shift_levels
 
 
 def bounded_axes(graph) -> set:
@@ -32,7 +32,7 @@ def bounded_axes(graph) -> set:
     out = set()
     for n in graph.nodes:
         if n.kind == "pad":
-            bounded = [c for c, (lo, hi) in zip(n.key, n.expr.pads) if lo or hi]
+            bounded = [c for c, pair in zip(n.key, n.expr.pads) if is_padded(pair)]
         elif n.kind == "cat":
             bounded = [n.key[n.expr.dim]]
         elif n.kind == "iota":
@@ -65,8 +65,9 @@ def index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
         v = size_of(d)
         return v is not None and v % vec == 0
 
-    def shift_ok(off, minus) -> bool:      # a Plus term (a symbolic start): not provable
-        return off % vec == 0 and all(not isinstance(d, Plus) and multiple(d) for d in minus)
+    def shift_ok(off, minus) -> bool:      # a Plus / Minus term (symbolic): not provable
+        return off % vec == 0 and all(not isinstance(d, (Plus, Minus)) and multiple(d)
+                                      for d in minus)
 
     def on_k(c) -> bool:
         lv = shift_levels(c) if c != 0 else None
@@ -86,8 +87,9 @@ def index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
             return False                  # a bound along k read through a view: not provable
         if n.kind == "pad":
             for j, ((lo, hi), d) in enumerate(zip(n.expr.pads, n.expr.inputs[0].logical)):
-                if (lo or hi) and on_k(n.key[j]) and (lo % vec or not multiple(d)):
-                    return False
+                if is_padded((lo, hi)) and on_k(n.key[j]) and (
+                        not isinstance(lo, int) or lo % vec or not multiple(d)):
+                    return False                  # a symbolic leading size: not provable
         elif n.kind == "cat":
             if on_k(n.key[n.expr.dim]) and not all(
                     multiple(a.tv.logical[n.expr.dim]) for a in n.args):

@@ -15,12 +15,18 @@ A slice's start and end follow eager (negative bounds from the end, clamped into
 open end, or eager's INT64_MAX, runs to the axis' end whatever its size at run time); on an
 axis of symbolic size, or given as SymInts (dynamic shapes: GPT-2's and Llama's packed-sequence
 mask slices a `cat` to the sequence length), the clamped bounds are scalar expressions of the
-Fusion computed when the sizes are bound (slice_bounds.py). Other bounds are constants known
-when the graph is compiled: the pads, the input sizes of `slice_backward` and `select_backward`
-(and the select's index); their gradient's sizes may be symbolic (`_fits`). Sizes may be
+Fusion computed when the sizes are bound (slice_bounds.py). The pads of `constant_pad_nd` and
+a select's index are constants known when the graph is compiled. `slice_backward` and
+`select_backward` with constant input sizes and bounds give a pad of constant sizes (their
+gradient's sizes may be symbolic: `_fits`); with SymInt input sizes or bounds (dynamic shapes:
+BERT's pooler, `hidden_states[:, 0]`, in a training step) the pad's sides are scalar expressions
+(the clamped start, the size less the clamped end; a negative select index counts from the
+symbolic end) and its output's extents are the input sizes, so binding the sizes checks every
+pad >= 0 and the gradient's sizes against them: a call that does not fit (an index past the
+axis, a constant end past it) runs eagerly, which raises or clamps as eager does. Sizes may be
 symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a pad's extents
 are read from the sizes at run time. Anything else (a slice's step other than 1, a negative
-select index on a symbolic axis, SymInt sizes of `slice_backward` / `select_backward`) raises
+select index on a symbolic axis of a forward select, a SymInt select index) raises
 UnsupportedOpError: the node stays an eager op.
 """
 from __future__ import annotations
@@ -87,13 +93,13 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     return B.slice_axis(x, d, s, e)
 
 
-def _bound(v, what: str):
+def _bound(v, what: str, op: str = "aten::slice"):
     """A slice bound: None, a constant int or a symbolic Int (a SymInt of the graph)."""
     if isinstance(v, Scalar):
         if v.dtype is not DataType.Int:
-            raise UnsupportedOpError(f"aten::slice {what} of dtype {v.dtype.name}")
+            raise UnsupportedOpError(f"{op} {what} of dtype {v.dtype.name}")
         return int(v.value) if v.is_const else v
-    return None if v is None else _const_int(v, f"aten::slice {what}")
+    return None if v is None else _const_int(v, f"{op} {what}")
 
 
 @lowers("aten::select", op_class=METADATA, n_args=(3,), const_args=(1, 2))
@@ -190,43 +196,102 @@ def _constant_pad_nd(x, pad, value=0):
 
 @lowers("aten::slice_backward", n_args=(6,), const_args=(1, 2, 3, 4, 5))
 def _slice_backward(grad, input_sizes, dim, start, end, step):
+    """zeros(input_sizes) with grad at [start:end] along `dim` (eager's slice bounds): a pad of
+    grad. With constant sizes and bounds the pads are constants; with a SymInt size or bound
+    they are eager's clamped bounds as scalar expressions (slice_bounds.py): lo the start, hi
+    the size less the end, and the output's extents are input_sizes, so binding the sizes
+    checks that the gradient fits (a call it does not, or whose constant end is past the
+    size, runs eagerly)."""
+    what = "aten::slice_backward"
     if not isinstance(grad, TensorView):
-        raise UnsupportedOpError("aten::slice_backward of a non-tensor value")
-    if step != 1:
-        raise UnsupportedOpError(f"aten::slice_backward with step {step!r} (only 1 is fused)")
-    sizes = [_const_int(s, "aten::slice_backward input size") for s in input_sizes]
+        raise UnsupportedOpError(f"{what} of a non-tensor value")
+    if isinstance(step, Scalar) or step != 1:
+        raise UnsupportedOpError(f"{what} with step {step!r} (only 1 is fused)")
+    sizes = _sizes(input_sizes, what)
     if len(sizes) != grad.ndim:
-        raise UnsupportedOpError("aten::slice_backward: sizes and gradient ranks differ")
-    d = _dim(dim, grad.ndim, "aten::slice_backward")
-    s, e = _bounds(sizes[d], start, end)
-    _fits(grad, {d: e - s}, "aten::slice_backward")
-    pairs = [(0, 0)] * grad.ndim
-    pairs[d] = (s, sizes[d] - e)
-    return _pad(grad, pairs, 0, "aten::slice_backward")
+        raise UnsupportedOpError(f"{what}: sizes and gradient ranks differ")
+    d = _dim(dim, grad.ndim, what)
+    start, end = _bound(start, "start", what), _bound(end, "end", what)
+    if not any(isinstance(v, Scalar) for v in sizes + [start, end]):
+        s, e = _bounds(sizes[d], start, end)
+        _fits(grad, {d: e - s}, what)
+        pairs = [(0, 0)] * grad.ndim
+        pairs[d] = (s, sizes[d] - e)
+        return _pad(grad, pairs, 0, what)
+    n = sizes[d]
+    s, e = clamped(n, start, end)
+    _fits(grad, {k: m for k, m in enumerate(sizes) if k != d and isinstance(m, int)}, what)
+    hi = 0 if e is None or e is n else _sub(n, e)
+    return _symbolic_pad(grad, d, s, hi, sizes)
 
 
 @lowers("aten::select_backward", n_args=(4,), const_args=(1, 2, 3))
 def _select_backward(grad, input_sizes, dim, index):
+    """zeros(input_sizes) with grad at `index` along `dim`: a pad of the unsqueezed gradient,
+    one element wide. On an axis of symbolic size the index (a constant) is checked when the
+    sizes are bound (a negative one counts from the end): a call it does not fit runs eagerly,
+    which raises as eager does."""
+    what = "aten::select_backward"
     if not isinstance(grad, TensorView):
-        raise UnsupportedOpError("aten::select_backward of a non-tensor value")
-    sizes = [_const_int(s, "aten::select_backward input size") for s in input_sizes]
+        raise UnsupportedOpError(f"{what} of a non-tensor value")
+    sizes = _sizes(input_sizes, what)
     if len(sizes) != grad.ndim + 1:
-        raise UnsupportedOpError("aten::select_backward: the sizes are not one axis more than "
-                                 "the gradient's")
-    d = _dim(dim, len(sizes), "aten::select_backward")
-    i = _index(index, sizes[d], "aten::select_backward")
-    _fits(grad, {k if k < d else k - 1: n for k, n in enumerate(sizes) if k != d},
-          "aten::select_backward")
-    pairs = [(0, 0)] * len(sizes)
-    pairs[d] = (i, sizes[d] - i - 1)
-    return _pad(B.unsqueeze(grad, d), pairs, 0, "aten::select_backward")
+        raise UnsupportedOpError(f"{what}: the sizes are not one axis more than the gradient's")
+    d = _dim(dim, len(sizes), what)
+    rest = {k if k < d else k - 1: n for k, n in enumerate(sizes) if k != d}
+    n = sizes[d]
+    if not any(isinstance(v, Scalar) for v in sizes):
+        i = _index(index, n, what)
+        _fits(grad, rest, what)
+        pairs = [(0, 0)] * len(sizes)
+        pairs[d] = (i, n - i - 1)
+        return _pad(B.unsqueeze(grad, d), pairs, 0, what)
+    _fits(grad, {k: m for k, m in rest.items() if isinstance(m, int)}, what)
+    if isinstance(n, int):
+        i = _index(index, n, what)
+        lo, hi = i, n - i - 1
+    else:
+        i = _const_int(index, f"{what} index")
+        lo, hi = (i, _sub(n, i + 1)) if i >= 0 else (_sub(n, -i), -i - 1)
+    return _symbolic_pad(B.unsqueeze(grad, d), d, lo, hi, sizes)
+
+
+def _sizes(input_sizes, what: str) -> list:
+    """A backward op's input sizes: constant ints, or symbolic Int Scalars (SymInts)."""
+    if not isinstance(input_sizes, (list, tuple)):
+        raise UnsupportedOpError(f"{what}: the input sizes are not a list")
+    out = []
+    for v in input_sizes:
+        if isinstance(v, Scalar):
+            if v.dtype is not DataType.Int:
+                raise UnsupportedOpError(f"{what} input size of dtype {v.dtype.name}")
+            out.append(int(v.value) if v.is_const else v)
+        else:
+            out.append(_const_int(v, f"{what} input size"))
+    return out
+
+
+def _sub(a, b):
+    """a - b of ints or Int Scalars (a scalar expression the host computes when either is)."""
+    if not isinstance(a, Scalar) and not isinstance(b, Scalar):
+        return a - b
+    return B.elementwise("sub", a, b)
+
+
+def _symbolic_pad(grad: TensorView, d: int, lo, hi, sizes: list) -> TensorView:
+    """grad with lo / hi zeros around axis d (ints or Int Scalars, checked >= 0 when the sizes
+    are bound), whose output extents are `sizes` (checked against grad's sizes then)."""
+    pairs = [(0, 0)] * grad.ndim
+    pairs[d] = (lo, hi)
+    return B.pad(grad, pairs, 0, extents=sizes)
 
 
 def _fits(grad: TensorView, want: dict, what: str) -> None:
     """The gradient's axes {axis: size} as the op's constant sizes say. An axis of symbolic size
     is taken to fit: these ops come from traced backward graphs (AOTAutograd, TorchScript's
     autodiff), which pass them the gradient of the forward's own view, whose sizes the trace
-    checked; a constant that does not fit is refused (eager raises)."""
+    checked; a constant that does not fit is refused (eager raises). With SymInt sizes the pad's
+    output extents are the sizes, checked against the gradient's when the sizes are bound."""
     for k, n in want.items():
         have = grad.logical[k].known_size()
         if have is not None and have != n:
