@@ -148,8 +148,9 @@ class InnerKernel(ReductionLowering):
 
     def combine(self, reds, out) -> tuple:
         """Lanes in order, then the team: xor shuffles within the warp (from bdimx / 2 down to
-        1), then, past a warp, the warps' partials in shared memory as a tree in every warp
-        (combine_threads). Every thread of the team ends with the row's result."""
+        1), then, past a warp, the warps' partials in shared memory (combine_threads: Welford
+        statistics merged as a tree in every warp, the others read in order). Every thread of
+        the team ends with the row's result."""
         p = self.p
         for e in reds:
             if self.chunked(e):
