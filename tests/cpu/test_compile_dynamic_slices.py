@@ -88,3 +88,48 @@ def test_a_stepped_slice_stays_an_aten_call():
         assert got.shape == want.shape and torch.equal(got, want)
     (graph,) = compiled_graphs()
     assert any("step 2" in r for r in graph.unsupported.values()), graph.unsupported
+
+
+def _negative_selects(x):
+    h = x * 2 + 1                                     # selects of a computed value: in-region
+    return h[:, -1].sin(), h[:, -3] * h[:, 0], (h[:, -2] - 1).unsqueeze(1) * h
+
+
+def test_negative_selects_on_a_symbolic_axis_fuse_and_follow_eager(plans):
+    """`h[:, -1]`, `h[:, -3]` on an axis of symbolic size n: one-wide slices from n + index
+    (had been refused: "a negative index on an axis of symbolic size"); one graph, no new
+    kernel over three sizes, eager's values and shapes, no eager call."""
+    cf = pyfuser.compile(_negative_selects, dynamic=True)
+    seen = []
+    for n in (5, 9, 13):
+        x = torch.randn(3, n, 4)
+        with torch.no_grad():
+            got, want = cf(x), _negative_selects(x)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
+            assert torch.equal(g, w), n
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]
+    (graph,) = compiled_graphs()
+    assert not [r for r in graph.unsupported.values() if "select" in r], graph.unsupported
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 4
+
+
+def _select_minus_three(x):
+    return (x * 2)[:, -3] + 1
+
+
+def test_a_negative_select_past_a_short_axis_raises_as_eager():
+    """On an axis shorter than the index the bound start is negative: the region runs eagerly
+    for that call, which raises eager's IndexError; longer axes stay fused."""
+    cf = pyfuser.compile(_select_minus_three, dynamic=True)
+    for n in (4, 7):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(cf(x), _select_minus_three(x), rtol=0, atol=0)
+    with pytest.raises(IndexError):
+        _select_minus_three(torch.randn(2, 2))
+    with pytest.raises(IndexError):
+        cf(torch.randn(2, 2))
+    (graph,) = compiled_graphs()
+    assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 1

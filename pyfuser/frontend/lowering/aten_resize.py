@@ -25,9 +25,10 @@ symbolic end) and its output's extents are the input sizes, so binding the sizes
 pad >= 0 and the gradient's sizes against them: a call that does not fit (an index past the
 axis, a constant end past it) runs eagerly, which raises or clamps as eager does. Sizes may be
 symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a pad's extents
-are read from the sizes at run time. Anything else (a slice's step other than 1, a negative
-select index on a symbolic axis of a forward select, a SymInt select index) raises
-UnsupportedOpError: the node stays an eager op.
+are read from the sizes at run time; a forward select's negative index on such an axis starts
+its one-wide slice at size + index (checked >= 0 when the sizes are bound). Anything else (a
+slice's step other than 1, a SymInt select index) raises UnsupportedOpError: the node stays an
+eager op.
 """
 from __future__ import annotations
 
@@ -106,8 +107,9 @@ def _bound(v, what: str, op: str = "aten::slice"):
 def _select(x, dim, index):
     """x[..., index, ...] along `dim`: a one-wide slice, squeezed (a view like slice: free at a
     region's edge, an index shift between compute ops). On an axis of symbolic size the index
-    is checked when the sizes are bound (the slice's end past the size: the region runs
-    eagerly, which raises as eager does); a negative index there needs the size: refused."""
+    is checked when the sizes are bound (the slice past the axis: the region runs eagerly,
+    which raises as eager does); a negative index there starts the slice at size + index, a
+    scalar the host computes (a shift the kernel reads as a parameter), its extent 1."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("aten::select of a 0-dim or non-tensor value")
     d = _dim(dim, x.ndim, "aten::select")
@@ -117,7 +119,9 @@ def _select(x, dim, index):
     else:
         i = _const_int(index, "aten::select index")
         if i < 0:
-            raise UnsupportedOpError("aten::select: a negative index on an axis of symbolic size")
+            start = _sub(x.logical[d].full_extent, -i)     # < 0 when bound: eager's IndexError
+            end = None if i == -1 else B.elementwise("add", start, 1)
+            return B.squeeze(B.slice_axis(x, d, start, end, extent=1), [d])
     return B.squeeze(B.slice_axis(x, d, i, i + 1), [d])
 
 
