@@ -114,6 +114,8 @@ def test_negative_selects_on_a_symbolic_axis_fuse_and_follow_eager(plans):
     assert not [r for r in graph.unsupported.values() if "select" in r], graph.unsupported
     assert all(r.eager_calls == 0 for r in graph.regions)
     assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 4
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
 
 
 def _select_minus_three(x):
