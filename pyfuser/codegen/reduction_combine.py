@@ -108,8 +108,10 @@ class Combiner:
         self.count += 1
         return f"{stem}{self.count}"
 
-    def combine(self, e, a: list, b: list, out: list) -> list:
-        """Partial of `a` then `b` (order matters only for rounding; it is fixed)."""
+    def combine(self, e, a: list, b: list, out: list, equal: bool = False) -> list:
+        """Partial of `a` then `b` (order matters only for rounding; it is fixed). `equal`: the
+        two Welford partials count as many elements (or none), so b's weight nb / (na + nb) is
+        1/2, the division's bits (0 for none: the means then 0, the same result), without it."""
         if isinstance(e, OnlinePair):
             dt = acc_dtypes(e)[0]
             m = self._let(out, "om", dt, K.Op("maximum", (a[0], b[0]), dt))
@@ -128,7 +130,11 @@ class Combiner:
         naf = K.Convert("cast", na, N, c_dt)
         zero = K.Const(0.0, K.REGISTER_CTYPE[c_dt], c_dt)
         pos = K.Op("gt", (n, K.Const(0, K.REGISTER_CTYPE[N], N)), N)
-        c = self._let(out, "wc", c_dt, K.Op("where", (pos, K.Op("div", (nbf, nf), c_dt), zero), c_dt))
+        if equal:
+            c = K.Const(0.5, K.REGISTER_CTYPE[c_dt], c_dt)
+        else:
+            c = self._let(out, "wc", c_dt,
+                          K.Op("where", (pos, K.Op("div", (nbf, nf), c_dt), zero), c_dt))
         d = self._let(out, "wd", c_dt, K.Op("sub", (mb, ma), c_dt))
         mean = K.Op("add", (ma, K.Op("mul", (d, c), c_dt)), c_dt)
         dd = K.Op("mul", (K.Op("mul", (K.Op("mul", (d, d), c_dt), naf), c_dt), c), c_dt)

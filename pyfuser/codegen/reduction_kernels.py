@@ -207,6 +207,11 @@ class InnerKernel(ReductionLowering):
         out += [K.If(first, writes), K.ClusterSync()] + own + \
             [K.If(K.Bin("<", TX, _c(WARP)), warp0), K.Sync()] + reads
 
+    def equal_counts(self) -> bool:
+        """Every thread of a row holds as many elements (the plan's `whole`), so partials met
+        pairwise in a tree (shuffle rounds, the warps' and the ranks' trees) count alike."""
+        return bool(getattr(self.p, "whole", False))
+
     def shuffle_step(self, e, names, m: int, out, stem: str = "shf") -> None:
         """One xor-shuffle round of reduction e's partials `names` (scalar arrays): each lane
         combines its partial with that of lane ^ m (its own first)."""
@@ -215,7 +220,8 @@ class InnerKernel(ReductionLowering):
             t = self.comb.fresh(stem)
             out.append(K.Let(t, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(n, ()), m, dt)))
             shf.append(K.Var(t))
-        new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out)
+        new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out,
+                                equal=self.equal_counts())
         self.comb.assign_all(e, names, (), new, out)
 
     def ordered_shuffle_step(self, e, names, m: int, lane, out) -> None:
@@ -234,7 +240,7 @@ class InnerKernel(ReductionLowering):
                     K.Let(b, ct, K.Op("where", (K.Var(upper), own, other), dt))]
             lo.append(K.Var(a))
             hi.append(K.Var(b))
-        new = self.comb.combine(e, lo, hi, out)
+        new = self.comb.combine(e, lo, hi, out, equal=self.equal_counts())
         self.comb.assign_all(e, names, (), new, out)
 
     def combine_threads(self, reds, out) -> None:

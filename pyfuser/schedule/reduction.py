@@ -78,6 +78,9 @@ class ReductionParams:
     full: bool = False           # inner: every thread's positions are in bounds (the rows a
                                  # multiple of bdimy, the row a whole number of the team's
                                  # steps): the kernel checks no bounds
+    whole: bool = False          # inner: the row a whole number of the team's steps (checks or
+                                 # not): every thread of a row holds as many elements, so the
+                                 # team's and cluster's Welford merges weigh equal counts (1/2)
     reason: str = ""
 
     def as_dict(self) -> dict:
@@ -88,7 +91,7 @@ class ReductionParams:
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
                 self.steps, self.kept, self.splits, self.cluster, self.stage,
                 tuple(map(tuple, self.groups)),
-                tuple(self.dropped), self.online, self.full)
+                tuple(self.dropped), self.online, self.full, self.whole)
 
 
 @dataclass

@@ -267,8 +267,9 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
         p.bdimy = 1                                   # a cluster per row
     team_step = p.steps * p.cluster * p.bdimx if p.persistent else p.unroll * p.bdimx
     # (an empty row is no whole step: nv counts it as one vector, which its loads must skip)
-    p.full = rows % p.bdimy == 0 and rlen > 0 and nv > 0 and rlen % p.vec == 0 and \
+    p.whole = rlen > 0 and nv > 0 and rlen % p.vec == 0 and \
         (nv == team_step if p.persistent else nv % team_step == 0)
+    p.full = p.whole and rows % p.bdimy == 0
     p.reason = (f"inner: {rows} rows of {rlen} x {nro}, {nv} vectors a row, "
                 + (f"persistent ({p.steps} vectors a thread)" if p.persistent else "streamed"))
 

@@ -113,3 +113,38 @@ def test_the_knob_reads_the_warps_partials_in_order(monkeypatch):
     results are eager's within rounding, and every thread still has the same statistics."""
     monkeypatch.setenv("PYFUSER_RED_WARP_TREE", "0")
     test_every_thread_normalizes_with_the_same_welford_statistics(256, monkeypatch)
+
+
+@pytest.mark.parametrize("rlen,bdimx", [(768, None), (4096, None), (2048, "256"), (65536, None)])
+def test_equal_count_merges_weigh_one_half_with_the_divisions_bits(rlen, bdimx, monkeypatch):
+    """Rows a whole number of the team's steps (the plan's `whole`): every thread holds as many
+    elements, so the shuffle rounds' and trees' Welford merges weigh 1/2 without dividing
+    (fewer divisions in the source), and the results are the division's bits: the same kernel
+    with `whole` cleared gives identical outputs."""
+    from pyfuser.codegen import api
+    from pyfuser.schedule import reduction_heuristics as RH
+    if bdimx:
+        monkeypatch.setenv("PYFUSER_RED_BDIMX", bdimx)
+    g = torch.Generator().manual_seed(rlen)
+    col = torch.arange(rlen)
+    scale = 10.0 ** ((col // 4 % 7) - 3).float()
+    x = (torch.randn(4, rlen, generator=g) * scale + (col % 5).float() * 0.37).float()
+    runs = []
+    for whole in (True, False):
+        dispatch.clear_caches()
+        if not whole:
+            real = RH._inner
+
+            def inner(p, *a, **k):
+                real(p, *a, **k)
+                p.whole = False
+            monkeypatch.setattr(RH, "_inner", inner)
+        f = _norm_stats_fusion(rlen)
+        plan = api.plan_kernel(f, [x])
+        assert plan.params.whole is whole
+        divisions = plan.kernel.source.count("/ pf_cast<float>(wn")
+        runs.append((divisions, dispatch.execute_fusion(f, [x])))
+    (d_whole, got), (d_div, want) = runs
+    assert d_whole < d_div
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
