@@ -313,8 +313,8 @@ def test_select_backward_refusals_name_the_op():
 def test_select_between_compute_ops_fuses():
     """`x[:, i]` between compute ops is an index shift in the kernel (a one-wide slice,
     squeezed): one region, values and strides equal to eager's, on expanded, transposed and
-    size-1 axes too; a negative index on an axis of symbolic size stays an eager view (the
-    size is needed), with its reason."""
+    size-1 axes too; a negative index on an axis of symbolic size fuses too (a one-wide slice
+    from size + index, a host scalar)."""
     cases = [
         (lambda x: (x * 2)[:, 1].sin() + x[:, 0], torch.randn(3, 5, 4)),
         (lambda x: (x.expand(3, 5, 4) + 1)[:, 3].sin(), torch.randn(3, 1, 4)),
@@ -333,9 +333,11 @@ def test_select_between_compute_ops_fuses():
     torch._dynamo.reset()
     f = lambda x: (x * 2)[..., -1].exp()                             # noqa: E731
     x = torch.randn(3, 4)
-    assert torch.equal(pyfuser.compile(f)(x), f(x))
-    assert "aten::select: a negative index on an axis of symbolic size" in \
-        compiled_graphs()[-1].unsupported.values()
+    got, want = pyfuser.compile(f)(x), f(x)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+    g = compiled_graphs()[-1]
+    assert not g.unsupported and "aten.select.int" in g.regions[0].ops
+    assert_ran_as_sm90_kernels(g.regions)
 
 
 @pytest.mark.parametrize("mode", ["evaluator", "interpret"])
