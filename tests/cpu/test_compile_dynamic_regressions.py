@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
@@ -63,3 +64,20 @@ def test_a_slice_of_the_whole_axis_on_one_call_keeps_its_kernel_to_itself():
     for n, cut in ((7, 7), (9, 7), (7, 5), (9, 5)):
         x = torch.randn(3, n)
         torch.testing.assert_close(ex.run([x, cut])[0], (x * 2)[:, :cut] + 1)
+
+
+def test_an_expand_of_an_axis_one_element_long_at_run_time():
+    """Fuzz seed 910160 (grad, mark_dynamic): the backward of `x.half().sum(-1, keepdim=True)`
+    with an empty slice of the sum (`v[:, 2:]`, tanh) expands `pad(grad[:, 2:]) + grad`, of
+    size [1, 1], to [1, n]; that axis' extent was the pad's (0 + 1, a symbol bound at run time)
+    and the expand's symbolic size was taken as the axis' own: the gradient came back [1, 1]
+    (autograd: 'invalid gradient'). Such an expand is now left to eager
+    (aten_shape._refuse_expanding_maybe_one)."""
+    def f(x):
+        v = x.half().sum(-1, keepdim=True).float()
+        return v + torch.tanh(v[:, 2:]).sum()
+    _calls(f, True, [(1, 33), (1, 16), (1, 11)], grad=True)
+
+    def g(y):                                       # the same in a forward
+        return F.pad(y[:, :0] * 3, [0, 1]).expand(1, y.shape[1]) * 2
+    _calls(g, True, [(1, 33), (1, 16)])
