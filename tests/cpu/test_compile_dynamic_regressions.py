@@ -1,6 +1,7 @@
 """What the dynamic-shape fuzz campaign (tests/cpu/fx_fuzz_dynamic.py, docs/fuzzing.md) found in
-the torch.compile backend, one minimal program each: two wrong results. Checked on the CPU
-(kernels through the interpreter) at several sizes against eager."""
+the torch.compile backend, one minimal program each: two wrong results and four graphs whose
+regions ran eagerly on every call (right values, no kernel). Checked on the CPU (kernels through
+the interpreter) at several sizes against eager."""
 from __future__ import annotations
 
 import pytest
@@ -81,3 +82,60 @@ def test_an_expand_of_an_axis_one_element_long_at_run_time():
     def g(y):                                       # the same in a forward
         return F.pad(y[:, :0] * 3, [0, 1]).expand(1, y.shape[1]) * 2
     _calls(g, True, [(1, 33), (1, 16)])
+
+
+# ---- regions that ran eagerly on every call --------------------------------------------------
+
+def _fused_every_call(regions):
+    assert regions and all(r.eager_calls == 0 for r in regions), \
+        [(r.__name__, r._logged) for r in regions]
+
+
+def test_a_constant_bound_outside_the_traced_size_fuses():
+    """Fuzz seed 68 (a trial run): `v[2:n + 3]` of n = 3 made Dynamo trace `slice(v, 0, 2, 6)`
+    with n guarded below 6; the constant end 6, checked against the size when bound, never fit,
+    and the region ran eagerly on every call. A constant bound outside the traced size is now
+    the clamped bound, a scalar of n (fx/lower.py `_bounds_past_size`), also a negative start
+    before it (`x[:, -5:-4]` of 3)."""
+    regions = _calls(lambda x: (x * 2)[:, 2:6] + 1, True, [(3, 4), (3, 5), (3, 3)])
+    regions += _calls(lambda x: (x * 2)[:, -5:-4] * x[:, :1], True, [(3, 3), (3, 4)])
+    _fused_every_call(regions)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_slice_of_the_last_elements_is_a_broadcast_axis(dynamic):
+    """`x[:, -1:]` of a symbolic n had the extent n - (n - 1), a symbol bound to 1, which a
+    binary op with an [N, n] operand could not broadcast ('operands of mul have sizes [1, 5]'):
+    the region ran eagerly on every call, static shapes too (a region's sizes are symbolic).
+    A negative constant start with an open or negative end has the constant extent -start
+    (slice_bounds.constant_length, checked when bound): `x[:, -1:]` is a broadcast axis, as
+    `x[:, 2:3]` is."""
+    regions = _calls(lambda x: (x * 2)[:, -1:] * x, dynamic, [(3, 5), (3, 7)])
+    regions += _calls(lambda x: (x * 2)[:, -3:-1].sum(1, keepdim=True) * x, dynamic,
+                      [(3, 5), (3, 7)])
+    _fused_every_call(regions)
+    _calls(lambda x: (x * 2)[:, -3:] + 1, True, [(3, 5), (3, 2)])      # n < 3: eager's extent
+
+
+def test_an_arange_of_one_element_broadcasts():
+    """Fuzz seed 910296: `torch.arange(x1.shape[-1])` of a [1, 1] input, an iota of length 1,
+    had a full axis of extent 1, which `minimum` with an [.., n] operand could not broadcast:
+    the region ran eagerly on every call. An iota of one element is a broadcast axis, as a
+    `full` of one is (ir/builder.py `iota`)."""
+    regions = _calls(lambda x: torch.minimum(x * 2, torch.arange(1) + 0.5), True,
+                     [(3, 5), (3, 7)])
+    regions += _calls(lambda x: x * 2 + torch.arange(3, 4), False, [(3, 5)])
+    _fused_every_call(regions)
+
+
+def test_a_view_whose_minus_one_is_one_broadcasts():
+    """Fuzz seed 912022: `x.reshape(x.shape[0], -1).expand(-1, 2)` of an [n, 1] x: the -1 was
+    an extent inferred when the sizes are bound, 1, which the expand could not broadcast ('the
+    fusion holds it as a full axis'): the region ran eagerly on every call. A -1 whose traced
+    size is the constant 1 is lowered as 1, a broadcast axis (fx/lower.py
+    `_minus_ones_traced_as_one`)."""
+    regions = _calls(lambda x: x.reshape(x.shape[0], -1).expand(-1, 2).contiguous(), True,
+                     [(24, 1), (17, 1)])
+    regions += _calls(lambda x: (x * 2).sum(1, keepdim=True).reshape(x.shape[0], -1) * x, True,
+                      [(5, 3), (7, 4)])
+    _fused_every_call(regions)

@@ -31,7 +31,7 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
-from .slice_bounds import clamped
+from .slice_bounds import clamped, constant_length
 
 
 def _size(x: TensorView, dim: int, what: str) -> int:
@@ -84,7 +84,7 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     s, e = clamped(x.logical[d].full_extent if n is None else n, start, end)
     if isinstance(s, int) and s == 0 and e is None:
         return x
-    return B.slice_axis(x, d, s, e)
+    return B.slice_axis(x, d, s, e, length=constant_length(start, end) if n is None else None)
 
 
 def _bound(v, what: str):
