@@ -4,8 +4,16 @@ tensors, checked against eager.
 
     PYTHONPATH=. python3 bench/fuzz_fx.py --n 1000 --seed 0
 
-Program i is `fx_fuzz.generate(seed + i)`, so a failure is reproduced by its seed alone
-(`--seed S --n 1`). A progress line every `--every` programs; each failure is printed with its
+    PYTHONPATH=. python3 bench/fuzz_fx.py --dynamic --n 300 --seed 910000
+
+`--dynamic`: the dynamic-shape programs (tests/cpu/fx_fuzz_dynamic.py: compiled once with
+dynamic=True or mark_dynamic, called at three sets of sizes, checked for recompiles too); the
+summary then also counts the region calls that ran eagerly by reason and the programs whose
+guards Dynamo itself recompiles or rejects (skipped). It runs with PYFUSER_DISABLE_DISK_CACHE=1
+unless that is set (no region or kernel plans from earlier processes).
+
+Program i is `fx_fuzz.generate(seed + i)` (`fx_fuzz_dynamic.generate` with --dynamic), so a
+failure is reproduced by its seed alone (`--seed S --n 1`). A progress line every `--every` programs; each failure is printed with its
 program source and inputs, the failing seeds are listed at the end, and the exit status is 1
 when any program failed. The summary also sums what the backend fused (nodes), how many region
 calls fell back to eager and why nodes stayed unfused.
@@ -24,10 +32,16 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 
-def _load():
+def _load(dynamic=False):
     sys.path.insert(0, HERE)
     from common import load_test_module
-    return load_test_module("fx_fuzz")
+    if not dynamic:
+        return load_test_module("fx_fuzz"), None
+    import types
+    load_test_module("fx_fuzz")
+    gen, chk = load_test_module("fx_fuzz_dynamic"), load_test_module("fx_check_dynamic")
+    return types.SimpleNamespace(generate=gen.generate, check=chk.check,
+                                 Failure=chk.Failure), chk
 
 
 def main(argv=None) -> int:
@@ -35,11 +49,15 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200, help="number of programs")
     ap.add_argument("--seed", type=int, default=0, help="first program's seed")
     ap.add_argument("--every", type=int, default=50, help="progress line every N programs")
+    ap.add_argument("--dynamic", action="store_true", help="dynamic-shape programs")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("pyfuser").setLevel(logging.WARNING)
-    FZ = _load()
-    failed, fused, eager_calls, unfused = [], 0, 0, {}
+    logging.getLogger("torch._guards").setLevel(logging.CRITICAL)  # Dynamo's own rejections
+    if args.dynamic:   # no plans from other processes: a seed's result is its own
+        os.environ.setdefault("PYFUSER_DISABLE_DISK_CACHE", "1")
+    FZ, _ = _load(args.dynamic)
+    failed, fused, eager_calls, unfused, reasons, skipped = [], 0, 0, {}, {}, {}
     t0 = time.time()
     for i, s in enumerate(range(args.seed, args.seed + args.n), 1):
         p = FZ.generate(s)
@@ -51,6 +69,11 @@ def main(argv=None) -> int:
         eager_calls += p.stats.get("eager_calls", 0)
         for reason, k in p.stats.get("unfused", {}).items():
             unfused[reason] = unfused.get(reason, 0) + k
+        for reason, k in p.stats.get("eager_reasons", {}).items():
+            reasons.setdefault(reason, []).append(s)
+        for key in ("dynamo_skipped", "dynamo_recompiled"):
+            if p.stats.get(key):
+                skipped.setdefault(key, []).append(s)
         if f is not None:
             failed.append(s)
             print(f"FAIL {f}\n", flush=True)
@@ -60,6 +83,10 @@ def main(argv=None) -> int:
     print(f"fused nodes {fused}, region calls run eagerly {eager_calls}")
     for reason, k in sorted(unfused.items(), key=lambda kv: -kv[1])[:10]:
         print(f"  unfused x{k}: {reason}")
+    for reason, seeds in reasons.items():
+        print(f"  ran eagerly ({len(seeds)} programs, e.g. {seeds[:5]}): {reason}")
+    for key, seeds in skipped.items():
+        print(f"  {key}: {len(seeds)} programs, e.g. {seeds[:8]}")
     print(f"failing seeds: {failed}" if failed else "no failures")
     return 1 if failed else 0
 

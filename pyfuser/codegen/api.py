@@ -38,8 +38,9 @@ MAX_GRID_Y = 65535
 
 def signature(fusion, inputs) -> tuple:
     """The kernel cache key: layout facts of the inputs (schedule/layout.py), 64-bit indexing,
-    view extents' facts, and for schedulers whose plan depends on sizes (the reduction family)
-    the scheduler chosen for these inputs and its size class."""
+    view extents' facts, slice / pad / cat output extents' facts, and for schedulers whose plan
+    depends on sizes (the reduction family) the scheduler chosen for these inputs and its size
+    class."""
     facts = []
     for v, x in zip(fusion.inputs, inputs):
         if isinstance(v, TensorView):
@@ -48,7 +49,9 @@ def signature(fusion, inputs) -> tuple:
             facts.append(L.scalar_fact(x))
     out_numel = _ref_numel(fusion, inputs)
     views = L.view_extent_facts(fusion, inputs)
-    sig = (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ())
+    resized = L.resize_extent_facts(fusion, inputs)
+    sig = (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ()) + \
+        ((("resized", resized),) if resized else ())
     if getattr(fusion, "kernel_scheduler", None) not in (None, "pointwise", "transpose") or \
             _has_reduction(fusion):
         inputs = list(inputs)

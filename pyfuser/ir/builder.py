@@ -418,7 +418,10 @@ def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
     length = _as_val(length, "iota")
     if length.dtype is not DataType.Int:
         raise FusionDefinitionError(f"iota: length must be an Int scalar, got {length.dtype.name}")
-    out = TensorView([IterDomain(length)], dtype, fusion)
+    # one element: a broadcast axis, as full's and a slice's (an [N, n] operand broadcasts it)
+    one = length.is_const and length.value == 1
+    out = TensorView([IterDomain(length, IterType.Broadcast) if one else IterDomain(length)],
+                     dtype, fusion)
     E.IotaOp(out, length, cast(_as_val(start, "iota"), dtype), cast(_as_val(step, "iota"), dtype))
     return out
 

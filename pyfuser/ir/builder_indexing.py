@@ -114,13 +114,14 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
     return out
 
 
-def slice_axis(x: TensorView, dim: int, start, end, extent=None) -> TensorView:
+def slice_axis(x: TensorView, dim: int, start, end, length: int | None = None) -> TensorView:
     """x sliced on axis `dim` from `start` to `end` (None: to the end, however long the axis is at
     run time); the frontends' form of slice, whose sizes may be symbolic. A constant end past
     a symbolic size is checked at run time. A bound may be a symbolic Int Scalar (computed on
     the host, clamped into [0, size] with start <= end, or checked to be so when the sizes are
-    bound): the axis' extent is then a symbol the run time binds to end - start, or `extent`
-    where the caller knows it (an int: a select's 1), checked against end - start then."""
+    bound): the axis' extent is then a symbol the run time binds to end - start, or the
+    constant `length` where the frontend knows it (`x[:, -1:]`, a select's one-wide slice: 1,
+    a broadcast axis), checked against end - start at run time."""
     x = _check_tv(x, "slice")
     start, end = (b.value if isinstance(b, Scalar) and b.is_const else b for b in (start, end))
     sym = [b for b in (start, end) if isinstance(b, Scalar)]
@@ -135,7 +136,7 @@ def slice_axis(x: TensorView, dim: int, start, end, extent=None) -> TensorView:
             continue
         size = d.known_size()
         if sym:
-            n = extent
+            n = length if length is not None and length >= 1 else None
         elif size is not None:
             stop = size if end is None else end
             if stop > size:

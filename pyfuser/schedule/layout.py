@@ -7,8 +7,9 @@ per tensor input its dtype, rank, which axes have size 1, which have stride 0, i
 stride is 1, the power of two (capped at 16) dividing each size and stride and the data pointer's
 byte alignment (capped at 16); per scalar input its Python type; whether 64-bit indexing is
 needed; and, when views have extents bound at run time (a `-1` size), per such extent whether it
-is 1 and the power of two (capped at 16) dividing it (`view_extent_facts`). Sizes themselves are
-not in it.
+is 1 and the power of two (capped at 16) dividing it (`view_extent_facts`); and, when slices,
+pads or cats are in the fusion, per axis of their outputs whether it is 0, 1 or its input's
+extent (`resize_extent_facts`). Sizes themselves are not in it.
 
 Invariant: every decision `plan_kernel` takes that affects correctness is a function of these
 facts; heuristic choices (1-D vs 2-D, unroll) may also look at sizes, and are valid for any size.
@@ -90,6 +91,31 @@ def view_extent_facts(fusion, inputs) -> tuple:
     from ..ir.shapes import bind
     b = bind(fusion, inputs)
     return tuple((int(b.value(s)) == 1, p2(int(b.value(s)))) for s in extents)
+
+
+def resize_extent_facts(fusion, inputs) -> tuple:
+    """Per axis of each slice's, pad's and cat's output, whether its extent is 0, 1, or each of
+    its inputs' extents at these sizes; () when there are none. The schedulers read these
+    extents' values (an access of an axis of one element is a broadcast; a slice taking its
+    whole axis reads contiguous rows, so the axes collapse), and the extents are computed from
+    sizes and bounds when bound (`x[:, 2:]` has n - 2, `x[:, :m]` m): without the facts, a
+    kernel planned where such an extent was 1 (n = 3) or the whole axis (m = n) served a later
+    call of the same input facts where it is not (n = 5, m < n), and wrote one column or read
+    the wrong rows (a recompile for a new size shares the region's Fusion)."""
+    from ..ir import exprs as E
+    from ..ir.tensor import TensorView
+    ops = [e for e in fusion.exprs if isinstance(e, (E.SliceOp, E.PadOp, E.CatOp))]
+    if not ops:
+        return ()
+    from ..ir.shapes import bind
+    b = bind(fusion, inputs)
+    facts = []
+    for e in ops:
+        out = b.shape(e.outputs[0])
+        ins = [b.shape(t) for t in e.inputs if isinstance(t, TensorView)]
+        facts.append(tuple((o == 0, o == 1) + tuple(o == s[k] for s in ins)
+                           for k, o in enumerate(out)))
+    return tuple(facts)
 
 
 def scalar_fact(x) -> str:

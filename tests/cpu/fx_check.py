@@ -74,7 +74,8 @@ def _views_input(t: torch.Tensor, inputs) -> bool:
     if t.numel() == 0:
         return False
     ptr = t.untyped_storage().data_ptr()
-    return any(ptr == x.untyped_storage().data_ptr() for x in inputs if x.numel())
+    return any(ptr == x.untyped_storage().data_ptr() for x in inputs
+               if isinstance(x, torch.Tensor) and x.numel())
 
 
 def _float_sum(outs):
@@ -122,6 +123,14 @@ def check(p: Program, backend=None) -> Optional[Failure]:
             return Failure(p, f"pyfuser raised {type(e).__name__}: {str(e)[:400]}")
         _record(p)
     torch._dynamo.reset()
+    return judge_call(p, got, want, eager_error, eager_in, fused_in)
+
+
+def judge_call(p: Program, got, want, eager_error, eager_in, fused_in) -> Optional[Failure]:
+    """One call's verdict: pyfuser's outputs `got` against eager's `want` (or eager's error),
+    the inputs after the call, and in grad mode the backward of the float outputs' sum and the
+    inputs' gradients (fx_fuzz_dynamic's checker judges each of its calls with it). Inputs that
+    are not tensors (Python floats) are passed over."""
     if eager_error is not None:
         return Failure(p, f"eager raised {type(eager_error).__name__}: {eager_error} "
                           f"but pyfuser returned")
@@ -147,6 +156,8 @@ def check(p: Program, backend=None) -> Optional[Failure]:
             return Failure(p, f"output {i}: requires_grad {g.requires_grad}, eager "
                               f"{w.requires_grad}")
     for i, (a, b) in enumerate(zip(fused_in, eager_in)):
+        if not isinstance(b, torch.Tensor):
+            continue
         bad = _compare(f"input {i} after the call", a, b)
         if bad:
             return Failure(p, bad)
@@ -167,6 +178,8 @@ def check(p: Program, backend=None) -> Optional[Failure]:
                 return Failure(p, f"eager's backward raised {type(eager_error).__name__}: "
                                   f"{eager_error} but pyfuser's did not")
             for i, (a, b) in enumerate(zip(fused_in, eager_in)):
+                if not isinstance(b, torch.Tensor):
+                    continue
                 # a gradient is a sum of products: cancellation (the gradient of a layer
                 # norm's sum is ~0) leaves a few float32 ulps of the terms (seed 1054)
                 bad = _compare(f"grad of x{i}", a.grad, b.grad, p.loosest, grad=True)
@@ -266,8 +279,9 @@ class Float64Judge:
 
     def _run(self, rounding: Optional[TorchDispatchMode]):
         p = self.p
-        ins = [x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point()
-               else x for x in p.make_inputs()]
+        ins = [x.detach().double().requires_grad_(x.requires_grad)
+               if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+               for x in p.make_inputs()]
         old = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
         try:

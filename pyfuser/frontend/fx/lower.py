@@ -45,6 +45,7 @@ from ..lowering import aten_backward, aten_factory, aten_indexing, aten_loss, at
 from ..lowering.aten_overloads import entry_for, schema_args
 from ..lowering.device import lowering_device, mark_cpu_scalar, single_device_type
 from ..lowering.lower import by_value_input, tensor_input
+from ..lowering.slice_bounds import OPEN, clamped_bound
 from .meta import hint, meta, shape_hints, stride_hints
 
 # Ops whose size-list argument may take a -1 where it has one symbolic entry.
@@ -139,7 +140,7 @@ def region_key(region, plan) -> tuple:
 
     key = [("in", _input_sig(meta(x)), plan[k]) for k, x in enumerate(region.inputs)]
     for n in region.nodes:
-        key.append((str(n.target), canon(n.args), canon(n.kwargs)))
+        key.append((str(n.target), canon(n.args), canon(n.kwargs), _traced_facts(n)))
     key.append(("out", tuple(index[o] for o in region.outputs)))
     return tuple(key)
 
@@ -234,6 +235,11 @@ def _lower_node(n, env):
     pos = _SIZE_ARG.get(entry.kind)
     if pos is not None:
         lowered[pos] = _one_symbolic_as_minus_one(lowered[pos])
+        for i in _minus_ones_traced_as_one(n, pos):
+            lowered[pos][i] = 1
+    if entry.kind == "aten::slice":
+        for i in _bounds_past_size(n):
+            lowered[i] = clamped_bound(lowered[0].logical[_slice_dim(n)].full_extent, lowered[i])
     try:
         result = entry.handler(*lowered)
     except PyfuserError as e:
@@ -253,6 +259,55 @@ def _lower_node(n, env):
         raise RegionLoweringError(n, f"the lowering gives {result.dtype.name} rank {result.ndim}, "
                                      f"eager {m.dtype} rank {m.dim()}")
     return result
+
+
+def _traced_facts(n) -> tuple:
+    """What the lowering of node n takes from the traced sizes (its example values) besides its
+    arguments: part of the region key."""
+    entry = entry_for(n.target) if n.op == "call_function" else None
+    pos = _SIZE_ARG.get(entry.kind) if entry is not None else None
+    return (tuple(_bounds_past_size(n)),
+            tuple(_minus_ones_traced_as_one(n, pos)) if pos is not None else ())
+
+
+def _minus_ones_traced_as_one(n, pos: int) -> list:
+    """The positions of a view's size list where it has -1 and the traced result has the
+    constant size 1 (`x.reshape(x.shape[0], -1)` of an [n, 1] x): lowered as 1, a broadcast axis
+    that later ops broadcast, not an extent inferred at run time (which an expand or a binary op
+    with an [n, m] operand could not broadcast: the region ran eagerly on every call; fuzz seed
+    912022). Dynamo's graph holds that size as the constant 1, so it is 1 on every call."""
+    args = schema_args(n.target, n.args, n.kwargs)
+    sizes, out = (args[pos] if len(args) > pos else None), meta(n)
+    if not isinstance(sizes, (list, tuple)) or not isinstance(out, torch.Tensor) or \
+            len(sizes) != out.dim():
+        return []
+    return [i for i, (s, o) in enumerate(zip(sizes, out.shape))
+            if isinstance(s, int) and s == -1 and type(o) is int and o == 1]
+
+
+def _slice_dim(n) -> int:
+    args = schema_args(n.target, n.args, n.kwargs)
+    return args[1] % max(meta(args[0]).dim(), 1)
+
+
+def _bounds_past_size(n) -> list:
+    """For an aten.slice node, the positions (2: start, 3: end) of its constant bounds that lie
+    outside its input's axis at the traced sizes (`x[:, :512]` of a sequence of 20, `x[5:]` or
+    `x[-5:]` of 3). The axis is symbolic in the Fusion, where such a bound stays a constant
+    checked when the sizes are bound (slice_bounds.py; `x[-5:]` has the constant extent 5),
+    which then fails on every call Dynamo's guards let this graph take (the slice's size says on
+    which side of the bound n lies) and ran the region eagerly; lowered as the clamped bound
+    instead (slice_bounds.clamped_bound, a scalar of n): right for any size. Part of the region
+    key, so regions traced on the two sides do not share a Fusion."""
+    if str(n.target) != "aten.slice.Tensor":
+        return []
+    args = schema_args(n.target, n.args, n.kwargs)
+    x = meta(args[0]) if isinstance(args[0], torch.fx.Node) else None
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(args[1], int):
+        return []
+    size = hint(x.shape[_slice_dim(n)])
+    return [i for i in (2, 3) if isinstance(args[i], int) and not isinstance(args[i], bool)
+            and (size < args[i] < OPEN or args[i] < -size)]
 
 
 def _matches(tv, m) -> bool:

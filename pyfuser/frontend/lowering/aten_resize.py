@@ -38,7 +38,7 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
-from .slice_bounds import clamped
+from .slice_bounds import clamped, constant_length
 
 
 def _size(x: TensorView, dim: int, what: str) -> int:
@@ -91,7 +91,7 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     s, e = clamped(x.logical[d].full_extent if n is None else n, start, end)
     if isinstance(s, int) and s == 0 and e is None:
         return x
-    return B.slice_axis(x, d, s, e)
+    return B.slice_axis(x, d, s, e, length=constant_length(start, end) if n is None else None)
 
 
 def _bound(v, what: str, op: str = "aten::slice"):
@@ -121,7 +121,7 @@ def _select(x, dim, index):
         if i < 0:
             start = _sub(x.logical[d].full_extent, -i)     # < 0 when bound: eager's IndexError
             end = None if i == -1 else B.elementwise("add", start, 1)
-            return B.squeeze(B.slice_axis(x, d, start, end, extent=1), [d])
+            return B.squeeze(B.slice_axis(x, d, start, end, length=1), [d])
     return B.squeeze(B.slice_axis(x, d, i, i + 1), [d])
 
 

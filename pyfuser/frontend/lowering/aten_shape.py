@@ -83,7 +83,7 @@ def _squeeze(x, dims=None):
 def _may_be_one(d) -> bool:
     """A full axis whose extent is neither constant nor a fusion input's: a group's inputs are
     specialised on their size-1 axes (those are broadcast axes), so an input's symbolic extent
-    is never 1, but the extent a view infers (-1) may be."""
+    is never 1, but the extent a view infers (-1), or a slice's, pad's or cat's, may be."""
     if d.is_broadcast or d.extent.is_const:
         return False
     from ...ir.fusion import Fusion
@@ -132,10 +132,23 @@ def _expand(x, sizes, implicit=False):
     if len(sizes) > x.ndim:
         x = B.broadcast(x, [True] * (len(sizes) - x.ndim) + [False] * x.ndim)
     # a symbolic size of a full axis is that axis' own size (eager checked it when the graph
-    # was traced): kept as it is
+    # was traced): kept as it is, unless the axis may be 1 at run time (below)
+    _refuse_expanding_maybe_one(x, sizes)
     sizes = [-1 if isinstance(s, Scalar) and not d.is_broadcast else s
              for s, d in zip(sizes, x.logical)]
     return B.expand(x, sizes)
+
+
+def _refuse_expanding_maybe_one(x, sizes) -> None:
+    """A symbolic size other than a full axis' own extent, where that extent may be 1 at run
+    time (a slice's, pad's or cat's size, a view's -1): eager may have expanded a size-1 axis
+    there (the backward of a slice of a [1, 1] sum, `expand(pad(x[:, :0], [0, 1]), [1, n])`),
+    which a fusion cannot take as the axis kept (it gave [1, 1] for [1, n]). Left to eager."""
+    for i, (s, d) in enumerate(zip(sizes, x.logical)):
+        if isinstance(s, Scalar) and not s.is_const and s is not d.extent and _may_be_one(d):
+            raise UnsupportedOpError(
+                f"expand: axis {i} has a size known only at run time (a slice's, pad's, cat's or "
+                "view's), which may be 1 (eager would expand it)")
 
 
 @lowers(*_kinds("expand_as"), op_class=METADATA, n_args=(2,))
@@ -145,4 +158,5 @@ def _expand_as(x, other):
     if other.ndim > x.ndim:
         x = B.broadcast(x, [True] * (other.ndim - x.ndim) + [False] * x.ndim)
     sizes = [d.full_extent for d in other.logical]
+    _refuse_expanding_maybe_one(x, sizes)
     return B.expand(x, [-1 if not xd.is_broadcast else s for xd, s in zip(x.logical, sizes)])

@@ -18,6 +18,9 @@ scalars, with eager's semantics: ir/shapes.py), never a guess from the traced si
   clamped result): Dynamo guards on it fitting (`5 <= s1` for `x[:, :5]`), so a kernel of
   constant extent serves every call of the graph.
 
+A frontend that knows a constant bound lies outside the axis (Dynamo's graph is guarded on it)
+passes `clamped_bound(n, bound)` instead, a scalar: clamped for every size, no run-time check.
+
 Invariant: for every run-time n and bound values, [start', end') is the range eager's slice
 takes, or the slice's run-time check fails and the call runs eagerly (a constant end past n, a
 constant start past n with an open end) (tests/cpu/test_compile_dynamic_slices.py checks
@@ -54,6 +57,31 @@ def _min(a, b):
     if not _sym(a) and not _sym(b):
         return min(a, b)
     return ew("minimum", a, b)
+
+
+def constant_length(start, end):
+    """The extent of `x[start:end]` that does not depend on the axis' size n as long as
+    n >= -start: a negative constant start with an open or a negative constant end (`x[:, -1:]`,
+    `x[..., -3:-1]`); None otherwise. The frontend gives the slice that constant extent (checked
+    when the sizes are bound: a call with n < -start runs eagerly), so `x[:, -1:]` is a
+    broadcast axis of one element, as `x[:, 2:3]` is, which a binary op with an [N, n] operand
+    broadcasts (as a symbol bound to 1, the region ran eagerly on every call)."""
+    if isinstance(start, bool) or not isinstance(start, int) or start >= 0:
+        return None
+    if end is None or (isinstance(end, int) and not isinstance(end, bool) and end >= OPEN):
+        return -start
+    if isinstance(end, int) and not isinstance(end, bool) and start < end < 0:
+        return end - start
+    return None
+
+
+def clamped_bound(n, b):
+    """A constant bound b clamped into [0, n] as a scalar of the axis' size n (an Int Scalar):
+    min(n, b) for b >= 0, max(n + b, 0) for b < 0. For a bound a frontend knows to lie outside
+    the axis at its traced sizes (fx/lower.py `_bounds_past_size`): a scalar, so that the
+    clamping is computed for every size instead of checked (a constant end past the size, a
+    negative start before it, ran the region eagerly)."""
+    return _min(n, b) if b >= 0 else _max(ew("add", n, b), 0)
 
 
 def clamped(n, start, end):

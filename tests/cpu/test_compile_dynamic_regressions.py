@@ -1,0 +1,141 @@
+"""What the dynamic-shape fuzz campaign (tests/cpu/fx_fuzz_dynamic.py, docs/fuzzing.md) found in
+the torch.compile backend, one minimal program each: two wrong results and four graphs whose
+regions ran eagerly on every call (right values, no kernel). Checked on the CPU (kernels through
+the interpreter) at several sizes against eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+def _calls(f, dynamic, shapes, grad=False):
+    """f compiled once, called at each shape (x of that shape, values 0.5 * arange); every
+    output equal to eager's (values, shape, dtype). Returns the regions of every graph."""
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for shape in shapes:
+        x = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 0.5
+             ).sin().requires_grad_(grad)
+        y = x.detach().clone().requires_grad_(grad)
+        got, want = cf(x), f(y)
+        assert got.shape == want.shape and got.dtype == want.dtype, (shape, got.shape)
+        torch.testing.assert_close(got, want, msg=f"shape {shape}")
+        if grad:
+            got.sum().backward()
+            want.sum().backward()
+            torch.testing.assert_close(x.grad, y.grad, msg=f"grad, shape {shape}")
+    return [r for g in compiled_graphs() for r in g.regions]
+
+
+# ---- wrong results ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_slice_one_element_wide_on_one_call_keeps_its_kernel_to_itself(dynamic):
+    """`(x * 2)[:, 2:] + 1` of n = 3 has one column; the kernel planned for it (the column's
+    store a broadcast) served n = 5 and 7 (the same input facts: odd, not 1) through the region
+    the recompile shares, and wrote one column of three. The kernel signature now holds, per
+    axis of a slice's, pad's or cat's output, whether it is 0, 1 or the input's extent
+    (schedule/layout.py `resize_extent_facts`)."""
+    _calls(lambda x: (x * 2)[:, 2:] + 1, dynamic, [(3, 3), (3, 5), (3, 7)])
+
+
+def test_a_slice_of_the_whole_axis_on_one_call_keeps_its_kernel_to_itself():
+    """The same at the Fusion level: `x[:, :m]` with m == n reads whole rows (the axes
+    collapse); that kernel served m < n (same input facts) and read the wrong elements."""
+    from pyfuser.frontend.lowering.slice_bounds import clamped
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.runtime.executor import FusionExecutor
+    fusion = Fusion()
+    with fusion:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        fusion.add_input(x)
+        m = B.symbolic_scalar(DataType.Int)
+        fusion.add_input(m)
+        y = B.elementwise("mul", x, 2.0)
+        start, end = clamped(y.logical[1].full_extent, 0, m)
+        fusion.add_output(B.elementwise("add", B.slice_axis(y, 1, start, end), 1.0))
+    ex = FusionExecutor(fusion, mode="interpret")
+    for n, cut in ((7, 7), (9, 7), (7, 5), (9, 5)):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(ex.run([x, cut])[0], (x * 2)[:, :cut] + 1)
+
+
+def test_an_expand_of_an_axis_one_element_long_at_run_time():
+    """Fuzz seed 910160 (grad, mark_dynamic): the backward of `x.half().sum(-1, keepdim=True)`
+    with an empty slice of the sum (`v[:, 2:]`, tanh) expands `pad(grad[:, 2:]) + grad`, of
+    size [1, 1], to [1, n]; that axis' extent was the pad's (0 + 1, a symbol bound at run time)
+    and the expand's symbolic size was taken as the axis' own: the gradient came back [1, 1]
+    (autograd: 'invalid gradient'). Such an expand is now left to eager
+    (aten_shape._refuse_expanding_maybe_one)."""
+    def f(x):
+        v = x.half().sum(-1, keepdim=True).float()
+        return v + torch.tanh(v[:, 2:]).sum()
+    _calls(f, True, [(1, 33), (1, 16), (1, 11)], grad=True)
+
+    def g(y):                                       # the same in a forward
+        return F.pad(y[:, :0] * 3, [0, 1]).expand(1, y.shape[1]) * 2
+    _calls(g, True, [(1, 33), (1, 16)])
+
+
+# ---- regions that ran eagerly on every call --------------------------------------------------
+
+def _fused_every_call(regions):
+    assert regions and all(r.eager_calls == 0 for r in regions), \
+        [(r.__name__, r._logged) for r in regions]
+
+
+def test_a_constant_bound_outside_the_traced_size_fuses():
+    """Fuzz seed 68 (a trial run): `v[2:n + 3]` of n = 3 made Dynamo trace `slice(v, 0, 2, 6)`
+    with n guarded below 6; the constant end 6, checked against the size when bound, never fit,
+    and the region ran eagerly on every call. A constant bound outside the traced size is now
+    the clamped bound, a scalar of n (fx/lower.py `_bounds_past_size`), also a negative start
+    before it (`x[:, -5:-4]` of 3)."""
+    regions = _calls(lambda x: (x * 2)[:, 2:6] + 1, True, [(3, 4), (3, 5), (3, 3)])
+    regions += _calls(lambda x: (x * 2)[:, -5:-4] * x[:, :1], True, [(3, 3), (3, 4)])
+    _fused_every_call(regions)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_slice_of_the_last_elements_is_a_broadcast_axis(dynamic):
+    """`x[:, -1:]` of a symbolic n had the extent n - (n - 1), a symbol bound to 1, which a
+    binary op with an [N, n] operand could not broadcast ('operands of mul have sizes [1, 5]'):
+    the region ran eagerly on every call, static shapes too (a region's sizes are symbolic).
+    A negative constant start with an open or negative end has the constant extent -start
+    (slice_bounds.constant_length, checked when bound): `x[:, -1:]` is a broadcast axis, as
+    `x[:, 2:3]` is."""
+    regions = _calls(lambda x: (x * 2)[:, -1:] * x, dynamic, [(3, 5), (3, 7)])
+    regions += _calls(lambda x: (x * 2)[:, -3:-1].sum(1, keepdim=True) * x, dynamic,
+                      [(3, 5), (3, 7)])
+    _fused_every_call(regions)
+    _calls(lambda x: (x * 2)[:, -3:] + 1, True, [(3, 5), (3, 2)])      # n < 3: eager's extent
+
+
+def test_an_arange_of_one_element_broadcasts():
+    """Fuzz seed 910296: `torch.arange(x1.shape[-1])` of a [1, 1] input, an iota of length 1,
+    had a full axis of extent 1, which `minimum` with an [.., n] operand could not broadcast:
+    the region ran eagerly on every call. An iota of one element is a broadcast axis, as a
+    `full` of one is (ir/builder.py `iota`)."""
+    regions = _calls(lambda x: torch.minimum(x * 2, torch.arange(1) + 0.5), True,
+                     [(3, 5), (3, 7)])
+    regions += _calls(lambda x: x * 2 + torch.arange(3, 4), False, [(3, 5)])
+    _fused_every_call(regions)
+
+
+def test_a_view_whose_minus_one_is_one_broadcasts():
+    """Fuzz seed 912022: `x.reshape(x.shape[0], -1).expand(-1, 2)` of an [n, 1] x: the -1 was
+    an extent inferred when the sizes are bound, 1, which the expand could not broadcast ('the
+    fusion holds it as a full axis'): the region ran eagerly on every call. A -1 whose traced
+    size is the constant 1 is lowered as 1, a broadcast axis (fx/lower.py
+    `_minus_ones_traced_as_one`)."""
+    regions = _calls(lambda x: x.reshape(x.shape[0], -1).expand(-1, 2).contiguous(), True,
+                     [(24, 1), (17, 1)])
+    regions += _calls(lambda x: (x * 2).sum(1, keepdim=True).reshape(x.shape[0], -1) * x, True,
+                      [(5, 3), (7, 4)])
+    _fused_every_call(regions)
