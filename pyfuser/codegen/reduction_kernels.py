@@ -212,35 +212,31 @@ class InnerKernel(ReductionLowering):
         pairwise in a tree (shuffle rounds, the warps' and the ranks' trees) count alike."""
         return bool(getattr(self.p, "whole", False))
 
-    def shuffle_step(self, e, names, m: int, out, stem: str = "shf") -> None:
+    def shuffle_step(self, e, names, m: int, out, stem: str = "shf", lane=None) -> None:
         """One xor-shuffle round of reduction e's partials `names` (scalar arrays): each lane
-        combines its partial with that of lane ^ m (its own first)."""
-        shf = []
+        combines its partial with that of lane ^ m, its own first; or, given its `lane` index,
+        both lanes of a pair combine (lower lane's partial, upper lane's) in that order, so both
+        hold the same bits (a Welford merge is not symmetric in its operands)."""
+        upper = None
+        if lane is not None:
+            upper = self.comb.fresh("up")
+            out.append(K.Let(upper, "bool", K.Bin("!=", K.Bin("&", lane, _c(m)), _c(0))))
+        first, second = [], []
         for n, dt in zip(names, self.comb.dtypes(e)):
             t = self.comb.fresh(stem)
-            out.append(K.Let(t, K.REGISTER_CTYPE[dt], K.Shfl(K.ArrayRef(n, ()), m, dt)))
-            shf.append(K.Var(t))
-        new = self.comb.combine(e, [K.ArrayRef(n, ()) for n in names], shf, out,
-                                equal=self.equal_counts())
-        self.comb.assign_all(e, names, (), new, out)
-
-    def ordered_shuffle_step(self, e, names, m: int, lane, out) -> None:
-        """One xor-shuffle round in which both lanes of a pair combine (lower lane's partial,
-        upper lane's partial) in that order, so both hold the same bits (a Welford merge or an
-        online pair's rescale is not symmetric in its operands)."""
-        upper = self.comb.fresh("up")
-        out.append(K.Let(upper, "bool", K.Bin("!=", K.Bin("&", lane, _c(m)), _c(0))))
-        lo, hi = [], []
-        for n, dt in zip(names, self.comb.dtypes(e)):
-            t, a, b = self.comb.fresh("tshf"), self.comb.fresh("tlo"), self.comb.fresh("thi")
             ct = K.REGISTER_CTYPE[dt]
             own, other = K.ArrayRef(n, ()), K.Var(t)
-            out += [K.Let(t, ct, K.Shfl(own, m, dt)),
-                    K.Let(a, ct, K.Op("where", (K.Var(upper), other, own), dt)),
+            out.append(K.Let(t, ct, K.Shfl(own, m, dt)))
+            if upper is None:
+                first.append(own)
+                second.append(other)
+                continue
+            a, b = self.comb.fresh("tlo"), self.comb.fresh("thi")
+            out += [K.Let(a, ct, K.Op("where", (K.Var(upper), other, own), dt)),
                     K.Let(b, ct, K.Op("where", (K.Var(upper), own, other), dt))]
-            lo.append(K.Var(a))
-            hi.append(K.Var(b))
-        new = self.comb.combine(e, lo, hi, out, equal=self.equal_counts())
+            first.append(K.Var(a))
+            second.append(K.Var(b))
+        new = self.comb.combine(e, first, second, out, equal=self.equal_counts())
         self.comb.assign_all(e, names, (), new, out)
 
     def combine_threads(self, reds, out) -> None:
@@ -286,7 +282,7 @@ class InnerKernel(ReductionLowering):
                     reads.append(K.Assign(n, (), K.ArrayRef(sm, (TY, src))))
                 m = nw // 2
                 while m >= 1:
-                    self.ordered_shuffle_step(e, names, m, lane, reads)
+                    self.shuffle_step(e, names, m, reads, "tshf", lane)
                     m //= 2
                 continue
             for n, sm in zip(names, sms):        # other reductions: read in order
