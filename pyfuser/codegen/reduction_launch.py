@@ -18,7 +18,8 @@ from .reduction_lowering import MAX_GRID_X, MAX_GRID_Y
 
 def plan_reduction_kernel(sched, name: str):
     """(kernel IR, launch_config, workspace sizes) of a reduction-family schedule."""
-    from .reduction_kernels import InnerKernel, OuterKernel
+    from .reduction_kernels import InnerKernel
+    from .reduction_outer import OuterKernel
     low = (InnerKernel if sched.params.kind == "inner" else OuterKernel)(sched)
     kir = low.build(name)
     sched.inplace_pairs = list(low.inplace)

@@ -1,6 +1,6 @@
 """Lowering of the reduction-family schedules (reduction, inner / outer persistent) to kernel IR:
-what both kernel shapes share (reduction_kernels.py has the two shapes; reduction_memory.py the
-buffers, loads, stores and workspaces).
+what both kernel shapes share (reduction_kernels.py and reduction_outer.py have the two
+shapes; reduction_memory.py the buffers, loads, stores and workspaces).
 
 Names: `e<i>` collapsed group extents, `g<i>` a thread's index in group i, `row` / `col` the kept
 index a thread works on, `j` (inner) or `r` (outer) its position along the reduced index, `acc*`
@@ -77,7 +77,7 @@ def _subst(x, env):
 
 
 class ReductionLowering(Accumulators, ReductionMemory, Emitter):
-    """The shared machinery; a kernel shape (reduction_kernels.py) provides:
+    """The shared machinery; a kernel shape (reduction_kernels.py, reduction_outer.py) provides:
     `kernel_body()`, `position(step_expr) -> (lets, cond, guarded lets, index)`,
     `step_expr(var, streamed)`, `wrap_streamed(loop) -> statements`, `combine(reds, out) ->
     {id(e): partial exprs}`, `row_values(q, known, out) -> known`, `LANE_WELFORD` (Welford
