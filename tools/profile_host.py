@@ -92,30 +92,38 @@ def time_nodes(run, reps: int, sync) -> list:
     return rows
 
 
-def time_regions(run, reps: int, sync) -> list:
-    """[(ops, kernels, {path: µs per call})] per distinct fused region of pyfuser's graphs."""
-    from pyfuser.frontend.fx import compile_graph as CG
-    from pyfuser.runtime import dispatch
-    last = {}
-    regions = [r for g in CG.compiled_graphs() for r in g.regions]
-    seen = {}
-    for r in regions:
-        key = (tuple(r.ops), id(r.fusion))
-        seen.setdefault(key, r)
+def last_region_calls(run, sync) -> dict:
+    """id(region) -> (region, its arguments) of the last call of every fused region that one
+    `run()` calls."""
     import pyfuser.frontend.fx.region as R
+    last = {}
     real = R.FusedRegion.__call__
-    R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), a), real(self, *a))[1]
+    R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), (self, a)),
+                                               real(self, *a))[1]
     try:
         run()
     finally:
         R.FusedRegion.__call__ = real
     sync()
+    return last
+
+
+def time_regions(run, reps: int, sync) -> list:
+    """[(ops, kernels, {path: µs per call})] per distinct fused region of pyfuser's graphs."""
+    from pyfuser.frontend.fx import compile_graph as CG
+    from pyfuser.runtime import dispatch
+    regions = [r for g in CG.compiled_graphs() for r in g.regions]
+    seen = {}
+    for r in regions:
+        key = (tuple(r.ops), id(r.fusion))
+        seen.setdefault(key, r)
+    last = last_region_calls(run, sync)
     out = []
     for r in seen.values():
-        args = last.get(id(r))
-        if args is None:
+        if id(r) not in last:
             continue
-        inputs = args if r.identity else [args[k] for k in r.picks]
+        args = last[id(r)][1]
+        inputs = args if r.identity else r.fusion_inputs(args)
         progs = dispatch.programs(r.fusion)
         paths = {"region": lambda: r(*args),
                  "execute_fusion": lambda: dispatch.execute_fusion(r.fusion, inputs),
@@ -143,20 +151,10 @@ def time_regions(run, reps: int, sync) -> list:
 def profile_slow_regions(run, sync, n: int, top: int) -> None:
     """cProfile of 200 progs.run calls of each of the n regions whose calls are slowest: where
     a region's host time goes (its inputs, outputs and kernels printed first)."""
-    from pyfuser.frontend.fx import compile_graph as CG
     from pyfuser.runtime import dispatch
-    import pyfuser.frontend.fx.region as R
-    last = {}
-    real = R.FusedRegion.__call__
-    R.FusedRegion.__call__ = lambda self, *a: (last.__setitem__(id(self), (self, a)), real(self, *a))[1]
-    try:
-        run()
-    finally:
-        R.FusedRegion.__call__ = real
-    sync()
     timed = []
-    for r, args in last.values():
-        inputs = args if r.identity else [args[k] for k in r.picks]
+    for r, args in last_region_calls(run, sync).values():
+        inputs = args if r.identity else r.fusion_inputs(args)
         progs = dispatch.programs(r.fusion)
         for _ in range(3):
             progs.run(inputs)

@@ -55,18 +55,16 @@ class FusedRegion:
                          isinstance(region.inputs[k].meta.get("val"), torch.Tensor)]
         self.identity = self.picks == list(range(len(region.inputs))) and not self.by_value
         self.outputs = list(lowered.outputs)
-        self.layouts = [(order, order == list(range(len(order)))) if dense else None
-                        for order, dense in lowered.out_layouts]
-        # (output, axes outermost first, row-major?, the (sizes, strides) already found dense
-        # in that order): a permuted-dense check is Python arithmetic (~1.7 µs), a lookup of
-        # the output's sizes and strides ~0.3 µs; a region casting and transposing all of
-        # BERT's weights checks 26 such outputs a call
-        self.checks = [(k, want[0], want[1], set()) for k, want in enumerate(self.layouts)
-                       if want is not None]
+        # per output eager makes dense: (output, axes outermost first, row-major?, the (sizes,
+        # strides) already found dense in that order): a permuted-dense check is Python
+        # arithmetic (~1.7 µs), a lookup of the output's sizes and strides ~0.3 µs; a region
+        # casting and transposing all of BERT's weights checks 26 such outputs a call
+        self.checks = [(k, order, order == list(range(len(order))), set())
+                       for k, (order, dense) in enumerate(lowered.out_layouts) if dense]
         self.empty = _empty_outputs(region)
         self.progs = dispatch.programs(self.fusion)
         self.all_outputs = self.outputs == list(range(len(self.fusion.outputs)))
-        self.plain = not self.empty and all(w is None for w in self.layouts)   # nothing to check
+        self.plain = not self.empty and not self.checks                    # nothing to check
         self.node_names = [n.name for n in region.nodes]
         vals = [x.meta.get("val") for x in list(region.inputs) + list(region.outputs)]
         self.on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in vals)
@@ -83,13 +81,16 @@ class FusedRegion:
             self._eager = eager_module(self._region, self._root)
         return self._eager(*args)
 
+    def fusion_inputs(self, args) -> list:
+        """The fusion's inputs from the region's (tensors first, then the scalars; 0-dim CPU
+        tensors taken by value as their numbers)."""
+        inputs = [args[k] for k in self.picks]
+        for i in self.by_value:
+            inputs[i] = inputs[i].item()
+        return inputs
+
     def __call__(self, *args):
-        if self.identity:
-            inputs = args
-        else:
-            inputs = [args[k] for k in self.picks]
-            for i in self.by_value:
-                inputs[i] = inputs[i].item()
+        inputs = args if self.identity else self.fusion_inputs(args)
         try:      # the fusion's cached-call programs (dispatch.programs): execute_fusion's path
             outs = self.progs.run(inputs)
         except ExecuteError as e:
