@@ -94,13 +94,14 @@ def _slice(x, dim=0, start=None, end=None, step=1):
     return B.slice_axis(x, d, s, e, length=constant_length(start, end) if n is None else None)
 
 
-def _bound(v, what: str, op: str = "aten::slice"):
-    """A slice bound: None, a constant int or a symbolic Int (a SymInt of the graph)."""
+def _bound(v, what: str, op: str = "aten::slice", open_ok: bool = True):
+    """A slice bound: None (where `open_ok`), a constant int or a symbolic Int (a SymInt of the
+    graph)."""
     if isinstance(v, Scalar):
         if v.dtype is not DataType.Int:
             raise UnsupportedOpError(f"{op} {what} of dtype {v.dtype.name}")
         return int(v.value) if v.is_const else v
-    return None if v is None else _const_int(v, f"{op} {what}")
+    return None if v is None and open_ok else _const_int(v, f"{op} {what}")
 
 
 @lowers("aten::select", op_class=METADATA, n_args=(3,), const_args=(1, 2))
@@ -264,15 +265,7 @@ def _sizes(input_sizes, what: str) -> list:
     """A backward op's input sizes: constant ints, or symbolic Int Scalars (SymInts)."""
     if not isinstance(input_sizes, (list, tuple)):
         raise UnsupportedOpError(f"{what}: the input sizes are not a list")
-    out = []
-    for v in input_sizes:
-        if isinstance(v, Scalar):
-            if v.dtype is not DataType.Int:
-                raise UnsupportedOpError(f"{what} input size of dtype {v.dtype.name}")
-            out.append(int(v.value) if v.is_const else v)
-        else:
-            out.append(_const_int(v, f"{what} input size"))
-    return out
+    return [_bound(v, "input size", what, open_ok=False) for v in input_sizes]
 
 
 def _sub(a, b):
