@@ -348,8 +348,9 @@ class Float64Judge:
         return bool((near_eager | near_truth).all())
 
 
-def run_many(seeds):
-    """Yield (program, failure) for each failing seed."""
+def run_many(seeds, generate=generate, check=check):
+    """Yield (program, failure) for each failing seed (programs of `generate`, judged by
+    `check`: the dynamic-shape fuzzer passes its own)."""
     for s in seeds:
         p = generate(s)
         f = check(p)

@@ -160,11 +160,7 @@ def _eager_reasons(p: DynProgram) -> None:
 
 def run_many(seeds):
     """Yield (program, failure) for each failing seed."""
-    for s in seeds:
-        p = generate(s)
-        f = check(p)
-        if f is not None:
-            yield p, f
+    return fx_check.run_many(seeds, generate, check)
 
 
 __all__ = ["check", "run_many", "Failure", "fx_check"]

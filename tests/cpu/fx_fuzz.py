@@ -474,14 +474,23 @@ def _gen_input(b: _Builder, dtype=None, shape=None) -> str:
 
 
 def _gen_new_input_binary(b: _Builder) -> bool:
+    return binary_with_new_input(b, lambda x: _gen_input(
+        b, shape=_broadcast_partner(b.r, tuple(b.env[x].shape)), dtype=same_dtype_often(b, x)))
+
+
+def same_dtype_often(b: _Builder, x: str):
+    """A new input's dtype beside value x: x's more often than not, else None (drawn)."""
+    return b.env[x].dtype if b.r.random() < 0.6 else None
+
+
+def binary_with_new_input(b: _Builder, new_input) -> bool:
+    """A binary op of a value x and a new input, `new_input(x)` (its name)."""
     if len(b.inputs) >= 4:
         return False
     x = b.pick(lambda u: u.dim() >= 1)
     if x is None:
         return False
-    t = b.env[x]
-    y = _gen_input(b, shape=_broadcast_partner(b.r, tuple(t.shape)),
-                   dtype=t.dtype if b.r.random() < 0.6 else None)
+    y = new_input(x)
     out = b.fresh()
     op = b.r.choice(BINARY)
     args = (x, y) if b.r.random() < 0.7 or op in ("torch.div", "torch.pow") else (y, x)
@@ -513,26 +522,38 @@ def generate(seed: int) -> Program:
     b.gen = torch.Generator().manual_seed(seed)
     for i in range(r.randint(1, 2)):
         _gen_input(b, dtype=F32 if grad and i == 0 else None)
-    n_ops = r.randint(2, 12)
-    gens, weights = zip(*GENERATORS)
-    done = tries = 0
-    while done < n_ops and tries < 200:
-        tries += 1
-        if r.choices(gens, weights)[0](b):
+    produced = draw_ops(b, GENERATORS, r.randint(2, 12), 200, next(iter(b.env)))
+    extra = _extra_gather(b, seed)
+    outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.25] + extra
+    source, loosest = program_source(b, [f"x{i}" for i in range(len(b.inputs))], outs)
+    return Program(seed, source, b.inputs, grad, input_seed=seed, loosest=loosest)
+
+
+def draw_ops(b: _Builder, generators, n_ops: int, tries: int, fallback: str) -> list:
+    """Draw ops from the weighted `generators` until `n_ops` of them made a line (at most
+    `tries` draws); the values made, in order (`v = fallback * 2` if none was)."""
+    gens, weights = zip(*generators)
+    done = drawn = 0
+    while done < n_ops and drawn < tries:
+        drawn += 1
+        if b.r.choices(gens, weights)[0](b):
             done += 1
     produced = [n for n in b.env if n.startswith("v")]
     if not produced:
         out = b.fresh()
-        b.lines.append(f"{out} = {next(iter(b.env))} * 2")
+        b.lines.append(f"{out} = {fallback} * 2")
         produced = [out]
-    extra = _extra_gather(b, seed)
-    outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.25] + extra
-    params = ", ".join(f"x{i}" for i in range(len(b.inputs)))
+    return produced
+
+
+def program_source(b: _Builder, params: list, outs: list) -> tuple:
+    """(source of `def f(params)` returning `outs`, the loosest tolerance's dtype: the
+    builder's and its inputs')."""
     body = "".join(f"    {line}\n" for line in b.lines)
-    source = f"def f({params}):\n{body}    return ({', '.join(outs)},)\n"
+    source = f"def f({', '.join(params)}):\n{body}    return ({', '.join(outs)},)\n"
     loosest = max([b.loosest] + [d for _, d, _ in b.inputs if d in TOLERANCE],
                   key=lambda d: TOLERANCE[d])
-    return Program(seed, source, b.inputs, grad, input_seed=seed, loosest=loosest)
+    return source, loosest
 
 
 # the checking half (check, run_many, Failure) lives in fx_check.py, which imports the

@@ -373,18 +373,8 @@ def _dims_of(b: _Builder, x: str) -> tuple:
 
 
 def _gen_new_input_binary(b: _Builder) -> bool:
-    if len(b.inputs) >= 4:
-        return False
-    x = b.pick(lambda u: u.dim() >= 1)
-    if x is None:
-        return False
-    t = b.env[x]
-    y = _input(b, dims=_partner(b, _dims_of(b, x)),
-               dtype=t.dtype if b.r.random() < 0.6 else None)
-    out = b.fresh()
-    op = b.r.choice(FZ.BINARY)
-    args = (x, y) if b.r.random() < 0.7 or op in ("torch.div", "torch.pow") else (y, x)
-    return b.try_line(f"{out} = {op}({args[0]}, {args[1]})", out, True)
+    return FZ.binary_with_new_input(b, lambda x: _input(
+        b, dims=_partner(b, _dims_of(b, x)), dtype=FZ.same_dtype_often(b, x)))
 
 
 GENERATORS = [(FZ._gen_binary, 14), (FZ._gen_unary, 9), (_gen_new_input_binary, 8),
@@ -404,28 +394,14 @@ def generate(seed: int) -> DynProgram:
     b.gens = [torch.Generator().manual_seed(seed * CALLS + k) for k in range(CALLS)]
     for i in range(r.randint(1, 2)):
         _input(b, dtype=F32 if grad and i == 0 else None)
-    n_ops = r.randint(2, 10)
-    gens, weights = zip(*GENERATORS)
-    done = tries = 0
-    while done < n_ops and tries < 300:
-        tries += 1
-        if r.choices(gens, weights)[0](b):
-            done += 1
-    produced = [n for n in b.env if n.startswith("v")]
-    if not produced:
-        out = b.fresh()
-        b.lines.append(f"{out} = x0 * 2")
-        produced = [out]
+    produced = FZ.draw_ops(b, GENERATORS, r.randint(2, 10), 300, "x0")
     outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.35]
     # a float argument only dead code reads is specialised by Dynamo (a recompile per value):
     # the values computed with one are returned
     floated = [line.split(" = ")[0] for line in b.lines if re.search(r"\bs\d", line)]
     outs += [n for n in floated if n in produced and n not in outs]
     params = [f"x{i}" for i in range(len(b.inputs))] + [f"s{i}" for i in range(len(b.floats))]
-    body = "".join(f"    {line}\n" for line in b.lines)
-    source = f"def f({', '.join(params)}):\n{body}    return ({', '.join(outs)},)\n"
-    loosest = max([b.loosest] + [d for _, d, _ in b.inputs if d in TOLERANCE],
-                  key=lambda d: TOLERANCE[d])
+    source, loosest = FZ.program_source(b, params, outs)
     if "torch.bfloat16" in source or "torch.float16" in source:
         loosest = max([loosest, BF16 if "bfloat16" in source else F16],
                       key=lambda d: TOLERANCE[d])
