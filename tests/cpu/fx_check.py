@@ -191,7 +191,7 @@ def judge_call(p: Program, got, want, eager_error, eager_in, fused_in) -> Option
 
 
 def _eager_with_gelu_formula(p: Program):
-    """Eager's outputs with `F.gelu` as the op table's formula (fx_fuzz._FormulaGelu): the judge
+    """Eager's outputs with `F.gelu` as the op table's formula (fx_fuzz_base._FormulaGelu): the judge
     of a mismatch in a program with gelu, where CPU eager's own gelu disagrees with itself on
     +inf (NaN on its vectorized path, inf otherwise; seeds 730167, 740104). None if it raises."""
     with torch.set_grad_enabled(p.grad), warnings.catch_warnings():
