@@ -205,7 +205,10 @@ class InnerKernel(ReductionLowering):
 
     def equal_counts(self) -> bool:
         """Every thread of a row holds as many elements (the plan's `whole`), so partials met
-        pairwise in a tree (shuffle rounds, the warps' and the ranks' trees) count alike."""
+        pairwise in a tree (shuffle rounds, the warps' and the ranks' trees) count alike.
+        PYFUSER_RED_EQUAL_MERGE=0 divides by the counts anyway (A/B timing)."""
+        if os.environ.get("PYFUSER_RED_EQUAL_MERGE") == "0":
+            return False
         return bool(getattr(self.p, "whole", False))
 
     def shuffle_step(self, e, names, m: int, out, stem: str = "shf", lane=None) -> None:
