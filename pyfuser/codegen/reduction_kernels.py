@@ -241,15 +241,19 @@ class InnerKernel(ReductionLowering):
     def combine_threads(self, reds, out) -> None:
         """Within the warp, xor shuffles from min(bdimx, 32) / 2 down to 1; past a warp, lane 0
         of each of the nw warps writes its partial to shared memory and, after a block barrier,
-        every thread reads the nw partials in order, except Welford statistics, which every
-        warp merges as a tree: lane l reads partial l % nw and ordered xor shuffles from nw / 2
-        down to 1 merge them (each group of nw lanes holds them in the same places, so every
-        lane of every warp ends with the same bits: the tree's, in warp order). log2(nw)
-        merges a thread where the order took nw - 1 (a Welford merge divides: 7 -> 3 of them
-        for a row of 8 warps; H200, layer_norm 1024x65536 165.2 -> 160.4 µs float32, 95.8 ->
-        94.0 bfloat16). A sum's or an online pair's merge is cheaper than the tree's shuffles
+        every thread reads the nw partials in order, except Welford statistics of rows staged
+        in shared memory, which every warp merges as a tree: lane l reads partial l % nw and
+        ordered xor shuffles from nw / 2 down to 1 merge them (each group of nw lanes holds
+        them in the same places, so every lane of every warp ends with the same bits: the
+        tree's, in warp order). log2(nw) merges a thread where the order took nw - 1 (a
+        Welford merge divides: 7 -> 3 of them for a row of 8 warps; H200, layer_norm
+        1024x65536 165.2 -> 160.4 µs float32, 95.8 -> 94.0 bfloat16). The tree takes ~8
+        registers more: a row held in registers can lose a block an SM (batch_norm training
+        32x256x56x56 float32: 80 -> 88 registers, 3 -> 2 blocks, 84 -> 99 µs), so those rows
+        read in order. A sum's or an online pair's merge is cheaper than the tree's shuffles
         and selects (sum(-1), softmax: even or 1-2% slower as a tree), so those read in order.
-        PYFUSER_RED_WARP_TREE=0 reads Welford statistics in order too."""
+        PYFUSER_RED_WARP_TREE=0 reads Welford statistics in order everywhere, =1 merges them
+        as a tree everywhere."""
         p = self.p
         if p.bdimx == 1:
             return
@@ -265,7 +269,8 @@ class InnerKernel(ReductionLowering):
         lane = K.Bin("%", TX, _c(WARP))
         lane0 = K.Bin("==", lane, _c(0))
         warp = K.Bin("/", TX, _c(WARP))
-        in_order = os.environ.get("PYFUSER_RED_WARP_TREE") == "0"
+        knob = os.environ.get("PYFUSER_RED_WARP_TREE")
+        in_order = knob == "0" or (knob != "1" and not getattr(p, "stage", False))
         writes, reads = [], []
         for e in reds:
             names = self.partial_names(e)

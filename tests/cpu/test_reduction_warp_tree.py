@@ -1,5 +1,7 @@
-"""A row's team past a warp merges its warps' Welford partials as a tree in every warp (other
-reductions read them in order; codegen/reduction_kernels.InnerKernel.combine_threads): every
+"""A row's team past a warp merges its warps' Welford partials as a tree in every warp where the
+row is staged in shared memory, or where PYFUSER_RED_WARP_TREE=1 forces it, as these tests do
+(other reductions and rows held in registers read them in order;
+codegen/reduction_kernels.InnerKernel.combine_threads): every
 thread must end with the same bits, since each one normalizes its own elements with its own copy
 of the statistics. Checked through the CPU interpreter of the kernel IR on teams of 2 to 16
 warps (Welford statistics bit for bit, layer norm and softmax against eager, sums and max over 16
@@ -16,6 +18,12 @@ from pyfuser.runtime import dispatch
 from reduction_cases import fusion, layer_norm, softmax
 
 ew = B.elementwise
+
+
+@pytest.fixture(autouse=True)
+def _forced_tree(monkeypatch):
+    """These small rows are held in registers, where the default reads in order: force the tree."""
+    monkeypatch.setenv("PYFUSER_RED_WARP_TREE", "1")
 
 
 def _norm_stats_fusion(x_cols):
@@ -148,3 +156,27 @@ def test_equal_count_merges_weigh_one_half_with_the_divisions_bits(rlen, bdimx, 
     assert d_whole < d_div
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("knob,staged_tree,held_tree", [(None, True, False), ("0", False, False),
+                                                        ("1", True, True)])
+def test_the_tree_by_default_only_where_the_row_is_staged(knob, staged_tree, held_tree,
+                                                           monkeypatch):
+    """Rows held in registers read the warps' partials in order by default (the tree's extra
+    registers cost a block an SM in batch_norm training on the H200: 84 -> 99 µs); rows staged in
+    shared memory merge them as a tree. The knob forces either way."""
+    from pyfuser.codegen import api
+    if knob is None:
+        monkeypatch.delenv("PYFUSER_RED_WARP_TREE")
+    else:
+        monkeypatch.setenv("PYFUSER_RED_WARP_TREE", knob)
+    monkeypatch.setenv("PYFUSER_RED_BDIMX", "256")
+    x = torch.randn(4, 4096)
+    for stage, want in (("1", staged_tree), ("0", held_tree)):
+        monkeypatch.setenv("PYFUSER_RED_STAGE", stage)
+        dispatch.clear_caches()
+        plan = api.plan_kernel(_norm_stats_fusion(4096), [x])
+        assert bool(plan.params.stage) is (stage == "1")
+        assert ("tshf" in plan.kernel.source) is want
+        assert torch.equal(*(lambda y, m, r: (y, (x - m[:, None]) * r[:, None]))(
+            *dispatch.execute_fusion(_norm_stats_fusion(4096), [x])))
