@@ -180,9 +180,15 @@ class Printer:
                 idx = "".join(f"[{self.e(i)}]" for i in s.index)
                 self.lines.append(f"{pad}{s.name}{idx} = {self.e(s.expr)};")
             elif isinstance(s, K.VecCopy):
-                assert s.dst not in self.packed and s.src not in self.packed, s
-                self.lines.append(f"{pad}pf_ld<{s.width}>(&{self._dst(s.dst, s.dst_index)}[0], "
-                                  f"&{self._dst(s.src, s.src_index)}[0]);")
+                assert s.src not in self.packed, s
+                src = f"&{self._dst(s.src, s.src_index)}[0]"
+                if s.dst in self.packed:             # 2-byte elements read as 32-bit words
+                    assert s.width == self.dims[s.dst][-1] and s.width % 2 == 0, s
+                    self.lines.append(f"{pad}pf_ld<{s.width // 2}>(&{self._dst(s.dst, s.dst_index)}"
+                                      f"[0], reinterpret_cast<const uint32_t*>({src}));")
+                else:
+                    self.lines.append(f"{pad}pf_ld<{s.width}>(&{self._dst(s.dst, s.dst_index)}[0], "
+                                      f"{src});")
             elif isinstance(s, K.Sync):
                 self.lines.append(f"{pad}__syncthreads();")
             elif isinstance(s, K.AtomicAdd):

@@ -48,7 +48,9 @@ Statements:
   Assign(name, index, expr)
   VecCopy(dst, dst_index, src, src_index, width)   the row of `width` elements of array src at
                            src_index (local or shared, 16-byte aligned) into local array dst at
-                           dst_index, as one vector access (a staged row read back: `ld.shared.v4`)
+                           dst_index, as one vector access (a staged row read back: `ld.shared.v4`);
+                           a packed dst takes the 2-byte elements as 32-bit words (one register,
+                           two elements, each unpacked with one instruction where it is read)
   Sync()                   `__syncthreads()`: every thread of the block reaches it (block-uniform
                            control flow); orders shared-memory accesses before and after it
   AtomicAdd(dst, ptr, offset, value)   `dst = atomicAdd(ptr + offset, value)` on an integer

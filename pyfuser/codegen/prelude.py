@@ -340,6 +340,9 @@ template <typename T> PF_D T pf_reciprocal(T x) { return T(1) / x; }
 PF_D float pf_exp_shifted(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f)); return y; }
 template <typename T> PF_D T pf_exp_shifted(T x) { return exp(x); }
+// a * b + c rounded once (ir/ops.py KERNEL_OPS: a reduction's own sums of squares)
+PF_D float pf_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+PF_D double pf_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 // a / d from the row's y = 1 / d, ys = y 2^-64 and ds = d 2^64 (ir/ops.py KERNEL_OPS): q = a y
 // corrected once by the remainder (a - q d) 2^64, exact where unscaled it could underflow
 PF_D float pf_div_rcp(float a, float y, float ys, float ds) {

@@ -279,7 +279,22 @@ RANDOM_OPS: dict[str, RandomInfo] = {
 # exponential (0 to 1) by the sum of those exponentials over the same row (at least 1: the
 # max's term is exp(0), at most the row's length; or NaN),
 # reduction_patterns.find_shifted_quotients. The CPU interpreter computes a / d.
+def _fma_ref(a, b, c):
+    """a * b + c rounded once: the float32 product is exact in float64, and the sum rounded
+    there then to float32 can differ from one rounding only on a float64 tie (the interpreter's
+    reference; CUDA's fmaf rounds once)."""
+    dt = torch.result_type(a, c) if isinstance(a, torch.Tensor) else torch.float32
+    wide = torch.float64
+    return (torch.as_tensor(a, dtype=wide) * torch.as_tensor(b, dtype=wide)
+            + torch.as_tensor(c, dtype=wide)).to(dt)
+
+
+# fma: a * b + c with one rounding. Not an op of the Fusion IR (eager rounds a product before a
+# sum, which its pointwise ops keep): written only by a reduction's own arithmetic, the squared
+# deviations a Welford chunk accumulates (codegen/reduction_accumulators.py), where one rounding
+# is as exact or more and one instruction instead of two.
 KERNEL_OPS: dict[str, OpInfo] = {
+    "fma": OpInfo("fma", 3, Promotion.INT_TO_FLOAT, _fma_ref, "pf_fma({0}, {1}, {2})", FLOAT),
     "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,
                           "pf_exp_shifted({0})", FLOAT),
     "div_rcp": OpInfo("div_rcp", 4, Promotion.INT_TO_FLOAT,
