@@ -45,8 +45,8 @@ class InnerKernel(ReductionLowering):
             body.append(K.Let("niter", "nidx_t", K.Bin("/", K.add(self.rtot, _c(chunk - 1)),
                                                        _c(chunk))))
         rb: list = [K.Let("row", "nidx_t", K.add(K.mul(K.Var("rb"), _c(p.bdimy)), TY))]
-        self.row_ok = None                        # p.full: every row of every row block exists
-        if not p.full:
+        self.row_ok = None                # p.full / p.fence: every row of every row block exists
+        if not (p.full or getattr(p, "fence", False)):
             rb.append(K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows"))))
             self.row_ok = K.Var("row_ok")
         self.kidx = self.decompose(K.Var("row"), self.kg, rb)
@@ -87,17 +87,20 @@ class InnerKernel(ReductionLowering):
         inner index and the outer groups' indices."""
         idx = dict(self.kidx)
         full = self.p.full                    # every position in bounds: no check
+        fence = None                          # ... but a branch on a uniform, true condition
+        if getattr(self.p, "fence", False):   # (ReductionParams.fence)
+            full, fence = True, K.Bin("<", _c(0), K.Var("rlen"))
         if not self.rout:
             if self.rin is not None:
                 idx[self.rin] = K.Var("j")
             return ([K.Let("j", "nidx_t", j)],
-                    None if full else _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
+                    fence if full else _and(self.row_ok, K.Bin("<", K.Var("j"), K.Var("rlen"))),
                     [], idx)
         inner = [K.Let("j", "nidx_t", K.Bin("%", K.Var("jl"), K.Var("rlen")))]
         idx.update(self.decompose(K.Bin("/", K.Var("jl"), K.Var("rlen")), self.rout, inner))
         idx[self.rin] = K.Var("j")
         return ([K.Let("jl", "nidx_t", j)],
-                None if full else _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
+                fence if full else _and(self.row_ok, K.Bin("<", K.Var("jl"), self.rtot)),
                 inner, idx)
 
     def wrap_streamed(self, loop) -> list:

@@ -81,6 +81,11 @@ class ReductionParams:
     whole: bool = False          # inner: the row a whole number of the team's steps (checks or
                                  # not): every thread of a row holds as many elements, so the
                                  # team's and cluster's Welford merges weigh equal counts (1/2)
+    fence: bool = False          # inner staged rows that would be `full`: every position in
+                                 # bounds, yet each step stays under a branch on a condition
+                                 # that is always true and the same in every thread (0 < rlen):
+                                 # without a branch ptxas reads every staged vector back at once
+                                 # and spills; a uniform branch costs less than the bounds check
     reason: str = ""
 
     def as_dict(self) -> dict:
@@ -91,7 +96,7 @@ class ReductionParams:
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
                 self.steps, self.kept, self.splits, self.cluster, self.stage,
                 tuple(map(tuple, self.groups)),
-                tuple(self.dropped), self.online, self.full, self.whole)
+                tuple(self.dropped), self.online, self.full, self.whole, self.fence)
 
 
 @dataclass

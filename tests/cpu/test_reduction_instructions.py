@@ -71,3 +71,24 @@ def test_layer_norm_statistics_stay_eager_s_on_a_shifted_row():
     torch.testing.assert_close(rstd.double().flatten(), torch.rsqrt(var + 1e-5), rtol=5e-4, atol=0)
     torch.testing.assert_close(mean.double().flatten(), x.double().mean(1), rtol=0, atol=6e-5)
     assert y.shape == x.shape and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("knob,cols,fenced", [(None, 4096, True), ("0", 4096, False),
+                                              (None, 4000, False)])
+def test_staged_whole_rows_step_under_a_uniform_branch(knob, cols, fenced, monkeypatch):
+    """A staged row of whole steps (every position in bounds) checks no bounds but keeps each
+    step under `0 < rlen` (ReductionParams.fence: without a branch ptxas reads every staged
+    vector at once and spills); $PYFUSER_RED_FENCE=0 and rows that are not whole keep the
+    bounds checks. Eager's values either way (run), NVRTC compiles it."""
+    monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
+    if knob is not None:
+        monkeypatch.setenv("PYFUSER_RED_FENCE", knob)
+    dispatch.clear_caches()
+    plan = run(RC.layer_norm, (4, cols), [1], torch.bfloat16, "contiguous")
+    src = plan.kernel.source
+    assert plan.params.stage and plan.params.fence is fenced and not plan.params.full
+    assert ("if ((0 < rlen))" in src) is fenced
+    assert ("row_ok" in src) is not fenced
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from pyfuser.runtime import nvrtc
+    nvrtc.compile_cuda(src, plan.kernel.name, "sm_90", use_disk_cache=False)
