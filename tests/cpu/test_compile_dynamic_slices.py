@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
@@ -193,3 +194,59 @@ def test_a_negative_select_past_a_short_axis_raises_as_eager():
         cf(torch.randn(2, 2))
     (graph,) = compiled_graphs()
     assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 1
+
+
+def _negative_pads(x):
+    """constant_pad_nd with negative sides on axes of symbolic size (a crop), alone or with a
+    positive side, on one axis or two."""
+    h = x * 2
+    return (F.pad(h, (-1, -2)) + 1,
+            F.pad(h, (-2, 3), value=0.5).exp(),
+            F.pad(h, (1, -3, -1, 0)).sin(),
+            F.pad(h, (0, -1)) * h[:, 1:])
+
+
+def test_negative_pads_on_symbolic_axes_fuse(plans):
+    """A negative pad on an axis of symbolic size had stayed an aten call ("axis 1 of the input
+    has no constant size"); it is the slice [-lo, n + hi) with the end a scalar the host
+    computes (then a pad of the positive sides). One graph and no new kernel over three sizes,
+    eager's values bit for bit, shapes and strides, no eager call, kernels for sm_90."""
+    cf = pyfuser.compile(_negative_pads, dynamic=True)
+    seen = []
+    for n in (6, 10, 14):
+        x = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            got, want = cf(x), _negative_pads(x)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), (n, k)
+            assert torch.equal(g, w), (n, k)
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    assert sum(r.ops.count("aten.constant_pad_nd.default") for r in graph.regions) == 4
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def test_a_negative_pad_past_a_short_axis_does_not_fit_when_bound():
+    """On a Fusion alone (Dynamo guards the sizes itself and raises eager's error when tracing a
+    size that is too short): the crop's end n + hi before its start fails the binding check, so
+    a region would run eagerly, which raises as eager does."""
+    from pyfuser.errors import ExecuteError
+    from pyfuser.frontend.lowering.aten_resize import _constant_pad_nd
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.runtime import dispatch
+    f = Fusion()
+    with f:
+        f.add_output(_constant_pad_nd(B.define_tensor([-1, -1], DataType.Float), [-2, -2], 0))
+    x = torch.randn(2, 7)
+    (got,) = dispatch.execute_fusion(f, [x], "interpret")
+    assert torch.equal(got, F.pad(x, (-2, -2)))
+    with pytest.raises(RuntimeError):
+        F.pad(torch.randn(2, 3), (-2, -2))
+    with pytest.raises(ExecuteError, match="does not fit"):
+        dispatch.execute_fusion(f, [torch.randn(2, 3)], "interpret")

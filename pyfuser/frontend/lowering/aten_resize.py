@@ -16,7 +16,9 @@ open end, or eager's INT64_MAX, runs to the axis' end whatever its size at run t
 axis of symbolic size, or given as SymInts (dynamic shapes: GPT-2's and Llama's packed-sequence
 mask slices a `cat` to the sequence length), the clamped bounds are scalar expressions of the
 Fusion computed when the sizes are bound (slice_bounds.py). The pads of `constant_pad_nd` and
-a select's index are constants known when the graph is compiled. `slice_backward` and
+a select's index are constants known when the graph is compiled; a negative pad (a crop) is a
+slice first, on an axis of symbolic size n one from -lo to the scalar n + hi, checked when the
+sizes are bound. `slice_backward` and
 `select_backward` with constant input sizes and bounds give a pad of constant sizes (their
 gradient's sizes may be symbolic: `_fits`); with SymInt input sizes or bounds (dynamic shapes:
 BERT's pooler, `hidden_states[:, 0]`, in a training step) the pad's sides are scalar expressions
@@ -187,10 +189,16 @@ def _is_empty(t: TensorView) -> bool:
 
 
 def _pad(x: TensorView, pairs: list, value, what: str):
-    """x with pairs[j] = (lo, hi) elements of `value` around axis j; negative entries slice."""
+    """x with pairs[j] = (lo, hi) elements of `value` around axis j; negative entries slice.
+    On an axis of symbolic size n a negative high side ends the slice at the scalar n + hi
+    (computed on the host); binding the sizes checks start <= end (a call where the axis is too
+    short runs eagerly, which raises as eager does)."""
     grow = []
     for j, (lo, hi) in enumerate(pairs):
-        if lo < 0 or hi < 0:                     # a negative pad cuts: a slice first
+        if (lo < 0 or hi < 0) and x.logical[j].known_size() is None:
+            x = B.slice_axis(x, j, max(-lo, 0),
+                             None if hi >= 0 else _sub(x.logical[j].full_extent, -hi))
+        elif lo < 0 or hi < 0:                   # a negative pad cuts: a slice first
             n = _size(x, j, what)
             s, e = max(-lo, 0), n - max(-hi, 0)
             if e < s:
