@@ -13,8 +13,8 @@ the reference index plus a constant, clamped into the operand where it may fall 
 stepped slice's index times its step, "st", a stepped pad's operand at the index less its low
 side divided by its step, "dv"); a pad or cat node selects, by the consumer's index, the
 operand's value or the pad value (a `where`; a stepped pad keeps the operand only at every
-step-th index), so no load is ever out of bounds and no element is computed twice per output. With vectors
-(only where every vector lies on one side of each such bound:
+step-th index), so no load is ever out of bounds and no element is computed twice per output.
+With vectors (only where every vector lies on one side of each such bound:
 schedule/pointwise_resize.index_vec_ok) the shifted loads are vector loads at the affine offset
 plus the shift, guarded by the bounds test of the vector's first element, and an iota along the
 vectors adds each lane.

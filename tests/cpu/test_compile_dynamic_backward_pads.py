@@ -200,10 +200,11 @@ def test_interleaved_rotary_training_step_fuses_its_stepped_slices(plans, monkey
     seen = []
     for b, s in ((3, 6), (5, 10), (7, 14)):
         x, sin, cos = torch.randn(b, s, 16), torch.randn(s, 16), torch.randn(s, 16)
-        got, want = _step(model, lambda t: cm(t, sin, cos), x), _step(ref, lambda t: ref(t, sin, cos), x)
+        got = _step(model, lambda t: cm(t, sin, cos), x)
+        want = _step(ref, lambda t: ref(t, sin, cos), x)
         exact = _step(oracle, lambda t: oracle(t, sin.double(), cos.double()), x.double())
-        for g, w, o in zip([got[0], got[1], *got[2].values()], [want[0], want[1], *want[2].values()],
-                           [exact[0], exact[1], *exact[2].values()]):
+        flat = [[r[0], r[1], *r[2].values()] for r in (got, want, exact)]
+        for g, w, o in zip(*flat):
             assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
             err, eager_err = (g.double() - o).abs().max(), (w.double() - o).abs().max()
             assert err <= 4 * eager_err + 1e-6 * o.abs().max(), (b, s, err, eager_err)
