@@ -9,10 +9,12 @@ Kernel shape (T threads, V lanes, U unrolled vectors / rows per thread):
          for u < U: o = by*U + u; if (o < e_outer): outer group indices from o; loads [u]
          for u < U: same; lanes: compute; stores
 Slices, pads and cats read their operands at shifted indices (pointwise_graph's "sh" key entries:
-the reference index plus a constant, clamped into the operand where it may fall outside); a pad
-or cat node selects, by the consumer's index, the operand's value or the pad value (a `where`),
-so no load is ever out of bounds and no element is computed twice per output. With vectors
-(only where every vector lies on one side of each such bound:
+the reference index plus a constant, clamped into the operand where it may fall outside; a
+stepped slice's index times its step, "st", a stepped pad's operand at the index less its low
+side divided by its step, "dv"); a pad or cat node selects, by the consumer's index, the
+operand's value or the pad value (a `where`; a stepped pad keeps the operand only at every
+step-th index), so no load is ever out of bounds and no element is computed twice per output.
+With vectors (only where every vector lies on one side of each such bound:
 schedule/pointwise_resize.index_vec_ok) the shifted loads are vector loads at the affine offset
 plus the shift, guarded by the bounds test of the vector's first element, and an iota along the
 vectors adds each lane.
@@ -77,6 +79,12 @@ class Lowering(Emitter):
             return K.Var(f"r{c[1]}")
         if c[0] == "ix":
             return self.ix_vars[id(c[1])]
+        if c[0] == "st":                # a stepped slice's operand: index * step
+            return K.mul(self.key_index(c[1]), self.const(c[2]))
+        if c[0] == "dv":                # a stepped pad's operand: max(index, 0) / step
+            v = self.key_index(c[1])
+            v = K.Op("where", (K.Bin("<", v, self.const(0)), self.const(0), v), DataType.Int)
+            return K.Bin("/", v, self.const(c[2]))
         if c[0] == "sh":
             v = self._shifted(c)
             if c[4] is not None:        # into [0, size - 1]: the load there is skipped anyway
@@ -126,7 +134,9 @@ class Lowering(Emitter):
         def walk(c):
             if not isinstance(c, tuple):
                 return
-            if c[0] == "sh":
+            if c[0] in ("st", "dv"):
+                walk(c[1])
+            elif c[0] == "sh":
                 walk(c[1])
                 if c[4] is not None:
                     v = self._shifted(c)
@@ -289,13 +299,17 @@ class Lowering(Emitter):
         if node.kind == "pad":
             e = node.expr
             inside = None
-            for j, ((lo, hi), d) in enumerate(zip(e.pads, e.inputs[0].logical)):
-                if not is_padded((lo, hi)):
+            for j, ((lo, hi), d, st) in enumerate(zip(e.pads, e.inputs[0].logical, e.steps)):
+                if not is_padded((lo, hi), st):
                     continue
                 i = self.key_index(node.key[j])
                 lo = self.const(lo) if isinstance(lo, int) else self.scalar_expr(lo)
+                n = self.extent_expr(d)
                 cond = K.Bin("&&", K.Bin("<=", lo, i),
-                             K.Bin("<", i, K.add(self.extent_expr(d), lo)))
+                             K.Bin("<", i, K.add(n if st == 1 else K.mul(n, self.const(st)), lo)))
+                if st != 1:                     # every step-th index from lo: the operand's
+                    on = K.Bin("==", K.Bin("%", K.Bin("-", i, lo), self.const(st)), self.const(0))
+                    cond = K.Bin("&&", cond, on)
                 inside = cond if inside is None else K.Bin("&&", inside, cond)
             value = node.args[1]
             fill = self.scalar(value)

@@ -277,7 +277,7 @@ class Ops:
                                   sparse=sparse))
 
     def slice(self, x, start_indices=None, end_indices=None, strides=None):
-        """x[start_indices[0]:end_indices[0], ...] (strides must be 1)."""
+        """x[start_indices[0]:end_indices[0]:strides[0], ...] (strides >= 1, default 1)."""
         if start_indices is None or end_indices is None:
             raise FusionDefinitionError("slice needs start_indices= and end_indices=")
         kwargs = dict(start_indices=start_indices, end_indices=end_indices)

@@ -78,8 +78,8 @@ def _int_list(v, opname: str, what: str) -> list[int]:
 
 def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
            steps: Sequence[int] | None = None) -> TensorView:
-    """x[starts[0]:ends[0], ...] with unit steps; constant bounds, checked against known sizes
-    now and against run-time sizes at execute."""
+    """x[starts[0]:ends[0]:steps[0], ...] (steps: ints >= 1, 1 where not given); constant bounds,
+    checked against known sizes now and against run-time sizes at execute."""
     x = _check_tv(x, "slice")
     starts = _int_list(starts, "slice", "start_indices")
     ends = _int_list(ends, "slice", "end_indices")
@@ -99,39 +99,43 @@ def slice_(x: TensorView, starts: Sequence[int], ends: Sequence[int],
         if b < a:
             raise FusionDefinitionError(
                 f"slice: end index {b} of axis {i} is smaller than its start index {a}")
-        if st != 1:
-            raise FusionDefinitionError(f"slice: stride {st} of axis {i}: only stride 1 is supported")
+        if st < 1:
+            raise FusionDefinitionError(f"slice: stride {st} of axis {i} must be at least 1")
         known = ax.known_size()
         if known is None and hint > 1:
             known = hint
         if known is not None and b > known:
             raise FusionDefinitionError(f"slice: end index {b} of axis {i} is past its size {known}")
-        n = b - a
+        n = -(-(b - a) // st)
         root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1 else
                     IterDomain(Scalar(DataType.Int, n, fusion)))
     out = TensorView(root, x.dtype, fusion)
-    E.SliceOp(out, x, starts, ends)
+    E.SliceOp(out, x, starts, ends, steps)
     return out
 
 
-def slice_axis(x: TensorView, dim: int, start, end, length: int | None = None) -> TensorView:
+def slice_axis(x: TensorView, dim: int, start, end, length: int | None = None,
+               step: int = 1) -> TensorView:
     """x sliced on axis `dim` from `start` to `end` (None: to the end, however long the axis is at
-    run time); the frontends' form of slice, whose sizes may be symbolic. A constant end past
-    a symbolic size is checked at run time. A bound may be a symbolic Int Scalar (computed on
-    the host, clamped into [0, size] with start <= end, or checked to be so when the sizes are
-    bound): the axis' extent is then a symbol the run time binds to end - start, or the
-    constant `length` where the frontend knows it (`x[:, -1:]`, a select's one-wide slice: 1,
-    a broadcast axis), checked against end - start at run time."""
+    run time) taking every `step`-th element (a constant int >= 1); the frontends' form of
+    slice, whose sizes may be symbolic. A constant end past a symbolic size is checked at run
+    time. A bound may be a symbolic Int Scalar (computed on the host, clamped into [0, size]
+    with start <= end, or checked to be so when the sizes are bound): the axis' extent is then
+    a symbol the run time binds to ceil((end - start) / step), or the constant `length` where
+    the frontend knows it (`x[:, -1:]`, a select's one-wide slice: 1, a broadcast axis),
+    checked against that at run time."""
     x = _check_tv(x, "slice")
     start, end = (b.value if isinstance(b, Scalar) and b.is_const else b for b in (start, end))
     sym = [b for b in (start, end) if isinstance(b, Scalar)]
     if any(b.dtype is not DataType.Int for b in sym) or not 0 <= dim < x.ndim or \
             (start is not None and not sym and start < 0) or \
-            (not sym and end is not None and end < start):
-        raise FusionDefinitionError(f"slice: bad bounds {start}:{end} on axis {dim} of {x.name}")
+            (not sym and end is not None and end < start) or \
+            type(step) is not int or step < 1:
+        raise FusionDefinitionError(
+            f"slice: bad bounds {start}:{end}:{step} on axis {dim} of {x.name}")
     fusion, root = Fusion.current(), []
     for j, d in enumerate(x.logical):
-        if j != dim or (start == 0 and end is None and not sym):
+        if j != dim or (start == 0 and end is None and not sym and step == 1):
             root.append(_copy_id(d))
             continue
         size = d.known_size()
@@ -142,25 +146,28 @@ def slice_axis(x: TensorView, dim: int, start, end, length: int | None = None) -
             if stop > size:
                 raise FusionDefinitionError(
                     f"slice: end {end} of axis {dim} is past its size {size}")
-            n = stop - start
+            n = -(-(stop - start) // step)
         else:
-            n = None if end is None else end - start
+            n = None if end is None else -(-(end - start) // step)
         root.append(IterDomain(Scalar(DataType.Int, 1, fusion), IterType.Broadcast) if n == 1
                     else IterDomain(Scalar(DataType.Int, n, fusion)))
     out = TensorView(root, x.dtype, fusion)
     starts = [start if j == dim else 0 for j in range(x.ndim)]
     ends = [end if j == dim else None for j in range(x.ndim)]
-    E.SliceOp(out, x, starts, ends)
+    E.SliceOp(out, x, starts, ends, [step if j == dim else 1 for j in range(x.ndim)])
     return out
 
 
-def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None) -> TensorView:
+def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None,
+        steps: Sequence[int] | None = None) -> TensorView:
     """A constant pad: `pads[j] = (lo, hi)` elements of `value` before and after axis j (one
     pair per axis, each a non-negative int or a symbolic Int Scalar the host computes, checked
     to be >= 0 when the sizes are bound); a padded axis of symbolic size gets a symbolic size.
     `extents` (optional, one per axis: None, an int or an Int Scalar) names the output's extent
     where the caller knows it (a slice's gradient: the sliced tensor's sizes): the output axis
-    takes it, and binding the sizes checks that the input's size plus the pads equals it."""
+    takes it, and binding the sizes checks that the input's size plus the pads equals it.
+    `steps` (optional, one int >= 1 per axis) spreads x's elements `step` apart along an axis
+    (a stepped slice's gradient; E.PadOp): its size counts as E.span(size, step) there."""
     x = _check_tv(x, "pad")
     if not isinstance(pads, (list, tuple)) or len(pads) != x.ndim:
         raise FusionDefinitionError(f"pad: expects one (lo, hi) pair per axis of the rank-{x.ndim} "
@@ -169,17 +176,22 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None) -> T
         raise FusionDefinitionError(f"pad: expects one extent per axis of {x.name}, "
                                     f"got {extents!r}")
     pairs = [_pad_pair(j, p) for j, p in enumerate(pads)]
+    steps = [1] * x.ndim if steps is None else list(steps)
+    if len(steps) != x.ndim or any(type(s) is not int or s < 1 for s in steps):
+        raise FusionDefinitionError(f"pad: expects one int step >= 1 per axis of {x.name}, "
+                                    f"got {steps!r}")
     v = _as_val(value, "pad")
     if not isinstance(v, Scalar):
         raise FusionDefinitionError(f"pad: the value must be a scalar, got {v}")
     v = cast(v, x.dtype)
     fusion, root = Fusion.current(), []
-    for j, ((lo, hi), d) in enumerate(zip(pairs, x.logical)):
+    for j, ((lo, hi), d, st) in enumerate(zip(pairs, x.logical, steps)):
         want = None if extents is None else _pad_extent(j, extents[j])
         size = d.known_size()
         const = isinstance(lo, int) and isinstance(hi, int)
-        grown = size + lo + hi if size is not None and const else None
-        if const and lo == 0 and hi == 0 and (want is None or want is d.extent or want == size):
+        grown = E.span(size, st) + lo + hi if size is not None and const else None
+        if const and lo == 0 and hi == 0 and st == 1 and \
+                (want is None or want is d.extent or want == size):
             root.append(_copy_id(d))
             continue
         if isinstance(want, int) and grown is not None and want != grown:
@@ -189,7 +201,7 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None) -> T
             want = Scalar(DataType.Int, grown if want is None else want, fusion)
         root.append(IterDomain(want))
     out = TensorView(root, x.dtype, fusion)
-    E.PadOp(out, x, pairs, v)
+    E.PadOp(out, x, pairs, v, steps)
     return out
 
 

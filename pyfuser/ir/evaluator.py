@@ -166,14 +166,23 @@ def _index_select(e, env):
 def _slice(e, env):
     def v(b):
         return int(env.b.value(b)) if isinstance(b, Scalar) else b
-    return env[e.inputs[0]][tuple(slice(v(a), v(b)) for a, b in zip(e.starts, e.ends))]
+    return env[e.inputs[0]][tuple(slice(v(a), v(b), s)
+                                  for a, b, s in zip(e.starts, e.ends, e.steps))]
 
 
 def _pad(e, env):
     x, value = env[e.inputs[0]], env[e.inputs[1]]
-    flat = [int(env.b.value(p)) if isinstance(p, Scalar) else p     # F.pad: last axis first
-            for lo_hi in reversed(e.pads) for p in lo_hi]
-    return torch.nn.functional.pad(x, flat, value=float(value) if x.is_floating_point() else value)
+    pads = [tuple(int(env.b.value(p)) if isinstance(p, Scalar) else p for p in pair)
+            for pair in e.pads]
+    fill = float(value) if x.is_floating_point() else value
+    if any(s != 1 for s in e.steps):        # spread apart: the scalar everywhere, then inp
+        shape = [lo + E.span(n, s) + hi for n, (lo, hi), s in zip(x.shape, pads, e.steps)]
+        out = torch.full(shape, fill, dtype=x.dtype, device=x.device)
+        out[tuple(slice(lo, lo + E.span(n, s), s)
+                  for n, (lo, _), s in zip(x.shape, pads, e.steps))] = x
+        return out
+    flat = [p for lo_hi in reversed(pads) for p in lo_hi]        # F.pad: last axis first
+    return torch.nn.functional.pad(x, flat, value=fill)
 
 
 def _cat(e, env):

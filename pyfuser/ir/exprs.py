@@ -181,15 +181,17 @@ class IndexSelectOp(Expr):
 
 
 class SliceOp(Expr):
-    """out = inp[start[0]:end[0], ...] (unit steps), 0 <= start <= end <= size (an empty slice,
-    start == end, may lie past the end). A bound is a constant or a symbolic Int Scalar (a
-    SymInt's bound under dynamic shapes, clamped by the frontend as Python does), which is then
-    also an input of the expr after `inp`; an end None runs to the axis' end (its size known at
-    run time)."""
+    """out = inp[start[0]:end[0]:step[0], ...], 0 <= start <= end <= size (an empty slice,
+    start == end, may lie past the end); out's extent along an axis is ceil((end - start) /
+    step). A bound is a constant or a symbolic Int Scalar (a SymInt's bound under dynamic
+    shapes, clamped by the frontend as Python does), which is then also an input of the expr
+    after `inp`; an end None runs to the axis' end (its size known at run time). A step is a
+    constant int >= 1 (1 where not given): out's element i is inp's element start + i * step."""
     op_name = "slice"
 
-    def __init__(self, out, inp, starts: list, ends: list):
+    def __init__(self, out, inp, starts: list, ends: list, steps: list | None = None):
         self.starts, self.ends = list(starts), list(ends)
+        self.steps = [1] * len(self.starts) if steps is None else [int(s) for s in steps]
         scalars = []
         for b in self.starts + self.ends:
             if isinstance(b, Val) and all(b is not s for s in scalars):
@@ -202,16 +204,27 @@ class PadOp(Expr):
     and after inp's axis j (the axis' size may be symbolic), filled with the scalar operand. A
     pad is a non-negative constant or a symbolic Int Scalar (a slice's gradient under dynamic
     shapes: the size less the slice's end, computed on the host and checked to be >= 0 when the
-    sizes are bound), which is then also an input of the expr after `value`."""
+    sizes are bound), which is then also an input of the expr after `value`.
+
+    A step s > 1 on axis j (a stepped slice's gradient: `steps`, a constant int >= 1, 1 where
+    not given) spreads inp's elements apart too: inp's element i is out's element lo + i * s,
+    the s - 1 elements between two of them are the scalar, and out's extent is lo + span + hi
+    with span = (n - 1) * s + 1 for n > 0 elements of inp (0 for n = 0)."""
     op_name = "pad"
 
-    def __init__(self, out, inp, pads: list, value):
+    def __init__(self, out, inp, pads: list, value, steps: list | None = None):
         self.pads = [tuple(p if isinstance(p, Val) else int(p) for p in pair) for pair in pads]
+        self.steps = [1] * len(self.pads) if steps is None else [int(s) for s in steps]
         scalars = []
         for p in (p for pair in self.pads for p in pair):
             if isinstance(p, Val) and all(p is not s for s in scalars):
                 scalars.append(p)
         super().__init__([inp, value] + scalars, [out])
+
+
+def span(n: int, step: int) -> int:
+    """The extent n elements take spread `step` apart (PadOp): (n - 1) * step + 1, 0 for n = 0."""
+    return (n - 1) * step + 1 if n > 0 else 0
 
 
 class CatOp(Expr):

@@ -170,12 +170,14 @@ def _indexing(e) -> str:
 
 
 def _slice(e) -> str:
-    ranges = ", ".join(f"{a}:{'' if b is None else b}" for a, b in zip(e.starts, e.ends))
+    ranges = ", ".join(f"{a}:{'' if b is None else b}" + (f":{s}" if s != 1 else "")
+                       for a, b, s in zip(e.starts, e.ends, e.steps))
     return _assign(e.output, f"slice( {e.inputs[0]}, [{ranges}] )")
 
 
 def _pad(e) -> str:
-    pads = ", ".join(f"{lo}:{hi}" for lo, hi in e.pads)
+    pads = ", ".join(f"{lo}:{hi}" + (f" step {s}" if s != 1 else "")
+                     for (lo, hi), s in zip(e.pads, e.steps))
     return _assign(e.output, f"pad( {e.inputs[0]}, [{pads}], value = {e.inputs[1]} )")
 
 

@@ -119,30 +119,30 @@ def _propagate(b: Bindings, e) -> None:
 
 def _check_slice(b: Bindings, e) -> None:
     """A slice's bounds (constants, or Scalars the host computed) inside its input's axis (an
-    empty slice anywhere), and its output's extents, end - start."""
+    empty slice anywhere), and its output's extents, ceil((end - start) / step)."""
     shape = b.shape(e.inputs[0])
-    for axis, (n, start, end) in enumerate(zip(shape, e.starts, e.ends)):
+    for axis, (n, start, end, step) in enumerate(zip(shape, e.starts, e.ends, e.steps)):
         start = int(b.value(start)) if isinstance(start, Scalar) else start
         end = int(b.value(end)) if isinstance(end, Scalar) else end
         stop = n if end is None else end
         if (stop > n and stop != start) or not 0 <= start <= stop:
             raise ExecuteError(f"execute: slice {start}:{'' if end is None else end} of "
                                f"{e.inputs[0].name} on axis {axis} does not fit its size {n}")
-        _set(b, e.output.logical[axis].full_extent, stop - start,
+        _set(b, e.output.logical[axis].full_extent, -(-(stop - start) // step),
              f"slice output {e.output.name} axis {axis}")
 
 
 def _bind_pad(b: Bindings, e) -> None:
-    """A pad's output extents, the input's size plus the pads; a symbolic pad (a Scalar the host
-    computed) must not be negative, and an output extent the pad was given (its Scalar already
-    bound, or a constant) must equal that sum."""
+    """A pad's output extents, the input's size (its span, E.span, for a step > 1) plus the pads;
+    a symbolic pad (a Scalar the host computed) must not be negative, and an output extent the
+    pad was given (its Scalar already bound, or a constant) must equal that sum."""
     shape = b.shape(e.inputs[0])
-    for axis, (n, pair) in enumerate(zip(shape, e.pads)):
+    for axis, (n, pair, step) in enumerate(zip(shape, e.pads, e.steps)):
         lo, hi = (int(b.value(p)) if isinstance(p, Scalar) else p for p in pair)
         if lo < 0 or hi < 0:
             raise ExecuteError(f"execute: pad {lo}:{hi} of {e.inputs[0].name} on axis {axis} "
                                f"(size {n}) is negative")
-        _set(b, e.output.logical[axis].full_extent, n + lo + hi,
+        _set(b, e.output.logical[axis].full_extent, E.span(n, step) + lo + hi,
              f"pad output {e.output.name} axis {axis}")
 
 

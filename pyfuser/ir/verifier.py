@@ -175,6 +175,8 @@ def _check_slice(e) -> None:
            f"slice: bad bounds {e.starts} {e.ends}")
     _check(all(b.dtype is DataType.Int for b in e.starts + e.ends if isinstance(b, Scalar)),
            f"slice: bounds {e.starts} {e.ends} that are not Int scalars")
+    _check(len(e.steps) == inp.ndim and all(type(s) is int and s >= 1 for s in e.steps),
+           f"slice: steps {e.steps} are not one int >= 1 per axis")
 
 
 def _check_pad(e) -> None:
@@ -183,6 +185,8 @@ def _check_pad(e) -> None:
            f"pad: pads {e.pads} do not match {inp} and {out}")
     _check(all(p.dtype is DataType.Int if isinstance(p, Scalar) else p >= 0
                for pair in e.pads for p in pair), f"pad: negative or non-Int pads {e.pads}")
+    _check(len(e.steps) == inp.ndim and all(type(s) is int and s >= 1 for s in e.steps),
+           f"pad: steps {e.steps} are not one int >= 1 per axis")
 
 
 def _check_cat(e) -> None:

@@ -217,9 +217,11 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, E.SliceOp):                        # a view: the input's strides
         def bound(b):
             return int(bindings.value(b)) if isinstance(b, Scalar) else b
-        return x[tuple(slice(bound(a), bound(b)) for a, b in zip(e.starts, e.ends))]
+        return x[tuple(slice(bound(a), bound(b), s) for a, b, s in zip(e.starts, e.ends, e.steps))]
     if isinstance(e, E.CatOp):
         return torch.cat([env[v] for v in e.inputs], e.dim)
+    if isinstance(e, E.PadOp) and any(s != 1 for s in e.steps):   # eager's slice_backward:
+        return torch.zeros(bindings.shape(out), dtype=x.dtype, device="meta")  # new zeros
     if isinstance(e, E.PadOp):
         return torch.nn.functional.pad(x, [int(bindings.value(p)) if isinstance(p, Scalar) else p
                                            for pair in reversed(e.pads) for p in pair])

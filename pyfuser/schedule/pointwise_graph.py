@@ -19,6 +19,14 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
                       hi is an axis: the index a pad or cat operand is read at, kept in bounds
                       where the consumer's index falls outside the operand (a load there is
                       skipped and its value discarded).
+  ("st", c, s)        entry c times the constant step s > 1: a stepped slice's operand is read at
+                      ("sh", ("st", c, s), start, ...), start + s * index.
+  ("dv", c, s)        entry c, taken as 0 where negative, divided by the constant step s > 1: a
+                      stepped pad's operand is read at ("sh", ("dv", ("sh", c, -lo, ...), s), 0,
+                      (), d), (index - lo) / s clamped into its axis d (the pad node keeps only
+                      the indices lo + s * i).
+A key with an "st" or "dv" entry is not affine, nor shifted (shift_levels: None): its loads are
+"general" accesses, addressed element by element (no vectors).
 A Node is a (TensorView, key) pair, so a tensor read at two different indices (x + x.T) is loaded
 twice and a tensor read at one index is computed once, whatever the number of its uses.
 
@@ -77,7 +85,7 @@ def key_axes(c) -> set:
         return set()
     if c[0] == "r":
         return {c[1]}
-    if c[0] == "sh":
+    if c[0] in ("sh", "st", "dv"):
         return key_axes(c[1])
     if c[0] == "ix":                                     # the index's own key
         return set().union(*(key_axes(x) for x in c[1].key))
@@ -173,17 +181,27 @@ class Minus:
     scalar: object
 
 
-def is_padded(pair) -> bool:
-    """Whether a pad's (lo, hi) pads at all: a symbolic size (a Scalar) counts as padding."""
-    return any(not isinstance(p, int) or p != 0 for p in pair)
+def is_padded(pair, step: int = 1) -> bool:
+    """Whether a pad's (lo, hi) with its step pads at all: a symbolic size (a Scalar) counts as
+    padding, so does a step > 1 (the elements between the operand's)."""
+    return step != 1 or any(not isinstance(p, int) or p != 0 for p in pair)
 
 
-def pad_shift(c, lo, d):
+def pad_shift(c, lo, d, step: int = 1):
     """The key entry of a pad's operand read at the pad's index entry c, lo (an int or a
-    symbolic Int Scalar) before it along an axis whose operand axis is d (clamped into it)."""
+    symbolic Int Scalar) before it along an axis whose operand axis is d (clamped into it);
+    with a step > 1, at (index - lo) / step."""
+    if step != 1:
+        base = shifted(c, -lo) if isinstance(lo, int) else shifted(c, 0, (Minus(lo),))
+        return ("sh", ("dv", base, step), 0, (), d)
     if isinstance(lo, int):
         return shifted(c, -lo, (), d)
     return shifted(c, 0, (Minus(lo),), d)
+
+
+def stepped(c, step: int):
+    """The key entry of index entry c times a constant step (a stepped slice's operand)."""
+    return c if step == 1 or c == 0 else ("st", c, step)
 
 
 def shifted(c, off: int, minus=(), hi=None):
@@ -213,8 +231,8 @@ def producer_key(e, key: tuple, inp: TensorView) -> tuple:
         for i, d in enumerate(e.dims):
             pk[d] = key[i]
     elif isinstance(e, E.SliceOp):
-        pk = [shifted(c, s) if isinstance(s, int) else shifted(c, 0, (Plus(s),))
-              for c, s in zip(key, e.starts)]
+        pk = [shifted(stepped(c, st), s) if isinstance(s, int) else
+              shifted(stepped(c, st), 0, (Plus(s),)) for c, s, st in zip(key, e.starts, e.steps)]
     elif isinstance(e, E.ViewOp):
         if all(c == 0 for c in key):
             pk = [0] * inp.ndim
@@ -257,8 +275,8 @@ class Graph:
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
         elif isinstance(e, E.PadOp):
             x = e.inputs[0]
-            pk = [pad_shift(c, pair[0], d) if is_padded(pair) else c
-                  for c, pair, d in zip(key, e.pads, x.logical)]
+            pk = [pad_shift(c, pair[0], d, st) if is_padded(pair, st) else c
+                  for c, pair, d, st in zip(key, e.pads, x.logical, e.steps)]
             node = Node("pad", tv, key, e, [self._visit(x, _zero_broadcasts(x, pk)), e.inputs[1]])
         elif isinstance(e, E.IndexSelectOp):
             # out's axes dim .. dim + r - 1 are the index's (one size-1 axis for a 0-dim index)

@@ -18,6 +18,9 @@ Invariants:
   of one signature and a kernel compiled for one is right for all.
 - With no pad, cat, iota or shifted load, `index_vec_ok` is True: other fusions keep the vector
   width the strides and alignment allow.
+- A stepped slice's or pad's operand is read at a key with an "st" / "dv" entry, a "general"
+  access (pointwise_access: one element a vector, so vector_width is 1); a stepped pad's own
+  choice (every step-th index) never keeps vectors along its axis.
 - Nothing here imports from codegen/ (schedule/ decides, codegen/ follows).
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ def bounded_axes(graph) -> set:
     out = set()
     for n in graph.nodes:
         if n.kind == "pad":
-            bounded = [c for c, pair in zip(n.key, n.expr.pads) if is_padded(pair)]
+            bounded = [c for c, pair, st in zip(n.key, n.expr.pads, n.expr.steps)
+                       if is_padded(pair, st)]
         elif n.kind == "cat":
             bounded = [n.key[n.expr.dim]]
         elif n.kind == "iota":
@@ -86,10 +90,11 @@ def index_vec_ok(graph, accesses, groups, vec: int, size_of) -> bool:
                                           for c in n.key):
             return False                  # a bound along k read through a view: not provable
         if n.kind == "pad":
-            for j, ((lo, hi), d) in enumerate(zip(n.expr.pads, n.expr.inputs[0].logical)):
-                if is_padded((lo, hi)) and on_k(n.key[j]) and (
-                        not isinstance(lo, int) or lo % vec or not multiple(d)):
-                    return False                  # a symbolic leading size: not provable
+            for j, ((lo, hi), d, st) in enumerate(zip(n.expr.pads, n.expr.inputs[0].logical,
+                                                       n.expr.steps)):
+                if is_padded((lo, hi), st) and on_k(n.key[j]) and (
+                        st != 1 or not isinstance(lo, int) or lo % vec or not multiple(d)):
+                    return False      # a symbolic leading size, or a step: not provable
         elif n.kind == "cat":
             if on_k(n.key[n.expr.dim]) and not all(
                     multiple(a.tv.logical[n.expr.dim]) for a in n.args):

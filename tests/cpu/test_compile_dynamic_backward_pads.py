@@ -6,8 +6,10 @@ extent (lowering/aten_resize.py): the slice's clamped bounds as scalar expressio
 (slice_bounds.py), the pad's high side the size less the end, a symbolic low side (a negative or
 SymInt start, a negative select index) a shift the kernel reads as a parameter; the output's
 extents are the op's sizes, so binding the sizes checks that the gradient and the index fit
-(a call they do not runs eagerly, raising as eager does). Checked against eager on several
-sizes: one graph, no new kernel, eager's values, shapes, dtypes and strides."""
+(a call they do not runs eagerly, raising as eager does). A stepped slice's gradient is a pad
+with that step (its operand spread step apart): GPT-J's interleaved rotary trains fused.
+Checked against eager on several sizes: one graph, no new kernel, eager's values, shapes,
+dtypes and strides."""
 from __future__ import annotations
 
 import copy
@@ -129,13 +131,104 @@ def test_symbolic_gradient_pads_follow_eager_on_every_size(plans):
     assert_ran_as_sm90_kernels(graph.regions)
 
 
-def _stepped(y):
+def _stepped_gradients(y):
+    """slice_backward with steps 2 and 3 of stepped slices of a computed value, called directly
+    with SymInt sizes: every kind of bound eager's slice takes."""
     n = y.shape[1]
-    return torch.ops.aten.slice_backward((y * 2)[:, 1:n - 1:2], y.shape, 1, 1, n - 1, 2) + 1
+    h = y * 2 + 1
+    out = []
+    for a, b, st in ((0, BIG, 2), (1, BIG, 2), (1, n - 1, 2), (-5, BIG, 2), (n // 2, BIG, 2),
+                     (1, n + 5, 3), (n, BIG, 2), (2, 5, 2), (-n - 5, -2, 3), (None, 3, 2)):
+        out.append(torch.ops.aten.slice_backward(h[:, a:b:st].sin(), y.shape, 1,
+                                                 0 if a is None else a, b, st))
+    return out
 
 
-def test_a_stepped_slice_gradient_stays_an_aten_call():
-    assert_left_to_eager(_stepped, "slice_backward with step 2")
+def test_stepped_slice_gradients_follow_eager_on_every_size(plans):
+    """`aten.slice_backward` with a step other than 1 (zeros but at every step-th element from
+    the start) had stayed an aten call; it is a pad spreading the gradient step apart
+    (PadOp.steps), its low side the clamped start, its high side the size less the start less
+    the span of the gradient's elements (slice_bounds.stepped_span). One graph and no new
+    kernel over four sizes (and odd ones: new layout facts, new kernels), eager's values bit
+    for bit, shapes, strides, no eager call."""
+    cf = pyfuser.compile(_stepped_gradients, dynamic=True)
+    seen = []
+    for n in (6, 10, 14, 10, 7, 13):
+        y = torch.randn(3, n, 4, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            got, want = cf(y), _stepped_gradients(y)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), (n, k)
+            assert torch.equal(g, w), (n, k)
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[5][0] == 1 and seen[3] == seen[2] == seen[1] == seen[0]
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.slice_backward.default") == 10
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def rotate_every_two(x):
+    """GPT-J's interleaved rotary (NeoX's `rotate_every_two`): pairs (x0, x1) -> (-x1, x0)."""
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+class InterleavedRotary(torch.nn.Module):
+    def __init__(self, h=16):
+        super().__init__()
+        self.lin = torch.nn.Linear(h, h)
+
+    def forward(self, x, sin, cos):
+        q = torch.tanh(self.lin(x))
+        return ((q * cos + rotate_every_two(q) * sin) * 2).square().sum()
+
+
+def test_interleaved_rotary_training_step_fuses_its_stepped_slices(plans, monkeypatch):
+    """A training step of GPT-J's interleaved rotary under dynamic=True on three sizes: the
+    forward's stepped slices and the backward's stepped slice_backwards are in fused regions
+    (no aten call left for them), one graph each and no new kernel, loss and gradients as
+    close to float64 eager's as float32 eager's are."""
+    monkeypatch.setenv("PYFUSER_RED_SPLITS", "1")
+    monkeypatch.setenv("PYFUSER_RED_BDIMX", "8")
+    torch.manual_seed(0)
+    model = InterleavedRotary()
+    ref, oracle = copy.deepcopy(model), copy.deepcopy(model).double()
+    cm = pyfuser.compile(model, dynamic=True)
+    seen = []
+    for b, s in ((3, 6), (5, 10), (7, 14)):
+        x, sin, cos = torch.randn(b, s, 16), torch.randn(s, 16), torch.randn(s, 16)
+        got = _step(model, lambda t: cm(t, sin, cos), x)
+        want = _step(ref, lambda t: ref(t, sin, cos), x)
+        exact = _step(oracle, lambda t: oracle(t, sin.double(), cos.double()), x.double())
+        flat = [[r[0], r[1], *r[2].values()] for r in (got, want, exact)]
+        for g, w, o in zip(*flat):
+            assert g.shape == w.shape and g.dtype == w.dtype and g.stride() == w.stride()
+            err, eager_err = (g.double() - o).abs().max(), (w.double() - o).abs().max()
+            assert err <= 4 * eager_err + 1e-6 * o.abs().max(), (b, s, err, eager_err)
+        for m in (model, ref, oracle):
+            m.zero_grad()
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 2 and seen[2] == seen[1] == seen[0]
+    fw = next(g for g in compiled_graphs() if g.kind == "forward")
+    bw = _backward_graph()
+    for g, op in ((fw, "aten.slice.Tensor"), (bw, "aten.slice_backward.default")):
+        assert not [r for r in g.unsupported.values() if "slice" in r], g.unsupported
+        assert sum(r.ops.count(op) for r in g.regions) == 2, (op, [r.ops for r in g.regions])
+        assert all(r.eager_calls == 0 for r in g.regions)
+    assert_ran_as_sm90_kernels([r for r in bw.regions if "aten.slice_backward.default" in r.ops])
+
+
+def _symbolic_step(y):
+    n = y.shape[1]
+    return torch.ops.aten.slice_backward((y * 2)[:, ::y.shape[0]], y.shape, 1, 0, n,
+                                         y.shape[0]) + 1
+
+
+def test_a_symbolic_gradient_step_stays_an_aten_call():
+    assert_left_to_eager(_symbolic_step, "aten::slice_backward with a symbolic step")
 
 
 def _pad_at(start):

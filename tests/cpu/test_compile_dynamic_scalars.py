@@ -7,7 +7,9 @@ split GPT-2's GELU into two tiny regions); a 0-dim operand keeps eager's promoti
 promote a dimensioned tensor of its category) and the value eager computes with
 (lowering/scalar_operands.py): results equal eager's bit for bit, float32, bfloat16 and half.
 A region on CUDA takes such an input by value (a kernel parameter: no copy to the device, and
-its cached calls replay), checked on fake_cuda.py's fake CUDA."""
+its cached calls replay), checked on fake_cuda.py's fake CUDA. Floats of symbolic sizes
+(`x / math.sqrt(x.shape[-1])`: `scalar_tensor` of a SymInt, then the same float64 chain) fuse
+too."""
 from __future__ import annotations
 
 import math
@@ -126,3 +128,69 @@ def test_cuda_reads_a_cpu_scalar_operand_in_float(monkeypatch, tmp_path):
         assert g_.dtype == torch.bfloat16 and torch.equal(g_, w), k
     # the rounded scalar would differ: the test tells the two apart
     assert not torch.equal(want[0], x * s32.bfloat16())
+
+
+def _size_scalars(x):
+    """Float scalars of symbolic sizes (SymFloats under dynamic=True): an attention scale
+    `1 / sqrt(head_dim)` in its forms, a mean's `1 / n`, a float of a size product."""
+    n, b = x.shape[-1], x.shape[0]
+    h = x * 2
+    return (h / math.sqrt(n),                          # sym_sqrt: scalar_tensor(s1), sqrt
+            h * (1.0 / math.sqrt(n)),
+            h / n ** 0.5,                              # pow of the float64 scalar
+            h * (1.0 / n),                             # true_divide
+            h / float(n),
+            h / math.sqrt(n * b))                      # a product of two sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_symbolic_float_scalars_of_sizes_fuse(dtype, plans):
+    """`x / math.sqrt(x.shape[-1])` under dynamic=True: Dynamo's SymFloat becomes, in
+    AOTAutograd's graph, `scalar_tensor(s1)` (the SymInt), converted to float64, `sqrt` /
+    `pow` / `true_divide`, converted to the op's dtype. scalar_tensor of a symbolic size had
+    been left to eager ("not a constant number"), a tiny op and a 0-dim tensor input per
+    region; it is now a 0-dim tensor of the size scalar in the Fusion (the size converted on
+    the host when the sizes are bound, the float64 chain once per thread in the kernel). One
+    graph and no new kernel over three sizes, no op left out, eager's values bit for bit."""
+    cf = pyfuser.compile(_size_scalars, dynamic=True)
+    seen = []
+    for b, n in ((3, 6), (5, 10), (7, 14)):
+        x = torch.randn(b, n, generator=torch.Generator().manual_seed(n)).to(dtype)
+        with torch.no_grad():
+            got, want = cf(x), _size_scalars(x)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype == dtype and g.shape == w.shape and \
+                g.stride() == w.stride(), (k, n)
+            assert torch.equal(g, w), (dtype, k, n, (g.float() - w.float()).abs().max())
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]     # no recompile, no new kernel
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.scalar_tensor.default") >= 5 and "aten.sqrt.default" in ops
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def _scaled_softmax(x):
+    return torch.softmax(x * 2 / math.sqrt(x.shape[-1]), -1)
+
+
+def test_a_scaled_softmax_takes_the_size_scalar_in_its_region():
+    """An attention-like softmax of `x / sqrt(head_dim)`: the size's scalar_tensor joins the
+    softmax's region (a reduction kernel reads it), one graph over three sizes, values within
+    float tolerance of eager's (the row reductions may round differently)."""
+    cf = pyfuser.compile(_scaled_softmax, dynamic=True)
+    for b, n in ((3, 6), (5, 10), (7, 14)):
+        x = torch.randn(b, 2, n, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            got, want = cf(x), _scaled_softmax(x)
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    (region,) = graph.regions
+    assert "aten.scalar_tensor.default" in region.ops and region.eager_calls == 0
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)

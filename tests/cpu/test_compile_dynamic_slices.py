@@ -4,11 +4,14 @@ a `cat` to the sequence length (`[..., :seq]`, `[..., 1:seq + 1]`), which had be
 now scalar expressions of the Fusion with eager's semantics (lowering/slice_bounds.py:
 negative bounds from the end, clamped into [0, size], end before start empty, None the end),
 computed when the sizes are bound; a symbolic start is a shift the kernel reads as a
-parameter. Checked on three sizes: one graph, no new kernel, eager's values, shapes, dtypes."""
+parameter. Stepped slices (`x[:, 1::2]`, a constant step) take the same bounds and read every
+step-th element; a SymInt step stays eager. Checked on three sizes: one graph, no new kernel,
+eager's values, shapes, dtypes."""
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
@@ -74,14 +77,64 @@ def test_an_end_before_the_start_gives_an_empty_slice():
 
 
 def _stepped(x):
+    """Stepped slices of a computed value (in the region): an interleaved rotary's even and odd
+    elements, SymInt, negative, open and past-the-end bounds, steps along two axes."""
     n = x.shape[1]
-    return (x * 2)[:, 1:n - 1:2] + 1
+    h = x * 2 + 1
+    return (h[:, 1:n - 1:2] + 1,                   # a SymInt end
+            h[:, ::2] * 3 - h[:, 1::2],           # rotate_every_two's halves
+            h[:, ::3].sin(),                      # ceil(n / 3) elements
+            h[:, n // 2::2] * 2,                  # a SymInt start: a shift the kernel reads
+            h[:, -5::2].cos(),                    # a negative start: the constant extent 3
+            h[:, 2:n + 5:3] - 1,                  # an end past the size: clamped to n
+            h[::2, 1::3] * h[::2, ::3][:, :1],    # steps along both axes
+            h[:, n::2] + 1)                       # empty at the end
 
 
-def test_a_stepped_slice_stays_an_aten_call():
-    """A step other than 1 is not fused (nor with static sizes): the slice is left to eager
-    with its reason, and the results are eager's."""
-    assert_left_to_eager(_stepped, "step 2")
+def test_stepped_slices_fuse_and_follow_eager_on_every_size(plans):
+    """A slice with a step other than 1 (`x[:, 1::2]`, forward `aten.slice.Tensor` with step
+    > 1) had stayed an aten call; it is a SliceOp with that step, the kernel reading its input
+    at start + step * index. One graph and no new kernel over three sizes, eager's values bit
+    for bit, shapes, strides and dtypes, no call run eagerly, kernels compiled for sm_90."""
+    cf = pyfuser.compile(_stepped, dynamic=True)
+    seen = []
+    for n in (6, 10, 14):
+        x = torch.randn(3, n, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            got, want = cf(x), _stepped(x)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), (n, k)
+            assert torch.equal(g, w), (n, k)
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]     # no recompile, no new kernel
+    (graph,) = compiled_graphs()
+    assert not [r for r in graph.unsupported.values() if "slice" in r], graph.unsupported
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    ops = [op for r in graph.regions for op in r.ops]
+    assert ops.count("aten.slice.Tensor") >= 10
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def test_stepped_slices_fuse_with_static_sizes():
+    """The same slices with static sizes: constant bounds and extents, eager's values."""
+    x = torch.randn(5, 12)
+    with torch.no_grad():
+        got, want = pyfuser.compile(_stepped)(x), _stepped(x)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and torch.equal(g, w)
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported and all(r.eager_calls == 0 for r in graph.regions)
+
+
+def _symbolic_step(x):
+    return (x * 2)[:, ::x.shape[0]] + 1
+
+
+def test_a_symbolic_step_stays_an_aten_call():
+    """A step that is a SymInt (`x[:, ::x.shape[0]]` under dynamic=True) is not fused: the
+    slice is left to eager with its reason, and the results are eager's."""
+    assert_left_to_eager(_symbolic_step, "aten::slice with a symbolic step")
 
 
 def assert_left_to_eager(fn, reason: str) -> None:
@@ -141,3 +194,59 @@ def test_a_negative_select_past_a_short_axis_raises_as_eager():
         cf(torch.randn(2, 2))
     (graph,) = compiled_graphs()
     assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 1
+
+
+def _negative_pads(x):
+    """constant_pad_nd with negative sides on axes of symbolic size (a crop), alone or with a
+    positive side, on one axis or two."""
+    h = x * 2
+    return (F.pad(h, (-1, -2)) + 1,
+            F.pad(h, (-2, 3), value=0.5).exp(),
+            F.pad(h, (1, -3, -1, 0)).sin(),
+            F.pad(h, (0, -1)) * h[:, 1:])
+
+
+def test_negative_pads_on_symbolic_axes_fuse(plans):
+    """A negative pad on an axis of symbolic size had stayed an aten call ("axis 1 of the input
+    has no constant size"); it is the slice [-lo, n + hi) with the end a scalar the host
+    computes (then a pad of the positive sides). One graph and no new kernel over three sizes,
+    eager's values bit for bit, shapes and strides, no eager call, kernels for sm_90."""
+    cf = pyfuser.compile(_negative_pads, dynamic=True)
+    seen = []
+    for n in (6, 10, 14):
+        x = torch.randn(5, n, generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            got, want = cf(x), _negative_pads(x)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), (n, k)
+            assert torch.equal(g, w), (n, k)
+        seen.append((len(compiled_graphs()), plans[0]))
+    assert seen[0][0] == 1 and seen[2] == seen[1] == seen[0]
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported, graph.unsupported
+    assert sum(r.ops.count("aten.constant_pad_nd.default") for r in graph.regions) == 4
+    assert all(r.eager_calls == 0 for r in graph.regions)
+    from test_compile_training import assert_ran_as_sm90_kernels
+    assert_ran_as_sm90_kernels(graph.regions)
+
+
+def test_a_negative_pad_past_a_short_axis_does_not_fit_when_bound():
+    """On a Fusion alone (Dynamo guards the sizes itself and raises eager's error when tracing a
+    size that is too short): the crop's end n + hi before its start fails the binding check, so
+    a region would run eagerly, which raises as eager does."""
+    from pyfuser.errors import ExecuteError
+    from pyfuser.frontend.lowering.aten_resize import _constant_pad_nd
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.dtypes import DataType
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.runtime import dispatch
+    f = Fusion()
+    with f:
+        f.add_output(_constant_pad_nd(B.define_tensor([-1, -1], DataType.Float), [-2, -2], 0))
+    x = torch.randn(2, 7)
+    (got,) = dispatch.execute_fusion(f, [x], "interpret")
+    assert torch.equal(got, F.pad(x, (-2, -2)))
+    with pytest.raises(RuntimeError):
+        F.pad(torch.randn(2, 3), (-2, -2))
+    with pytest.raises(ExecuteError, match="does not fit"):
+        dispatch.execute_fusion(f, [torch.randn(2, 3)], "interpret")

@@ -103,7 +103,7 @@ def test_slice_and_cat_match_eager_and_check_sizes():
 @pytest.mark.parametrize("starts,ends,steps,message", [
     ([-1, 0], [2, 2], None, "start index -1 of axis 0 is negative"),
     ([3, 0], [1, 2], None, "end index 1 of axis 0 is smaller than its start index 3"),
-    ([0, 0], [2, 2], [2, 1], "stride 2 of axis 0"),
+    ([0, 0], [2, 2], [0, 1], "stride 0 of axis 0 must be at least 1"),
     ([0], [2], None, "1 start/end indices for the rank-2 tensor"),
     ([0, 0], [2, 2, 2], None, "have 2, 3 and 2 entries"),
     ([0, 0], [2, 9], None, "end index 9 of axis 1 is past its size 4"),

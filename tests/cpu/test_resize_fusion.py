@@ -355,3 +355,23 @@ def test_select_in_a_torchscript_group_is_checked_at_run_time(mode):
     assert (f.last_run.groups, f.last_run.kernels, f.last_run.eager_groups) == (1, 1, 0)
     with pytest.raises(Exception, match="index 3 out of range"):
         f(torch.randn(3, 2, 4))
+
+
+def rotate_every_two(x):
+    """GPT-J's interleaved rotary: pairs (x0, x1) -> (-x1, x0), from stepped slices."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def test_interleaved_rotary_forward_and_backward_fuse():
+    """GPT-J's rotary with static sizes: the stepped slices (forward) and their stepped
+    slice_backwards (backward) are in fused regions, none left to eager, and the results and
+    gradients are as close to float64 eager's as float32 eager's are."""
+    def f(q, cos, sin):
+        h = torch.tanh(q)
+        return (h * cos + rotate_every_two(h) * sin) * 2
+    _check_fn(f, (2, 4, 6, 16), (6, 16), (6, 16))
+    for kind, op in (("forward", "aten.slice.Tensor"), ("backward", "aten.slice_backward.default")):
+        ops = [o for g in compiled_graphs() if g.kind == kind for r in g.regions for o in r.ops]
+        assert ops.count(op) >= 2, (kind, ops)
+        assert not [r for r in _unfused(kind) if "slice" in r], _unfused(kind)
+    assert_ran_as_sm90_kernels([r for g in compiled_graphs() for r in g.regions])

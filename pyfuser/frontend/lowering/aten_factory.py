@@ -1,6 +1,7 @@
 """Lowerings of aten's factory ops: `scalar_tensor`, `full`, `ones` and `zeros` (what an FX
 graph writes for `torch.where(mask, x, float("-inf"))`, an attention mask's fill or a
-`torch.full` / `torch.ones` in a model),
+`torch.full` / `torch.ones` in a model; `scalar_tensor` also of a symbolic size, AOTAutograd's
+form of `x / math.sqrt(x.shape[-1])` under dynamic shapes),
 `arange` of integers (a class index compared with a target, positions; its bounds may be
 symbolic, SymInts under dynamic shapes), and `new_ones` /
 `new_zeros` / `new_full` (a mask's `True` made beside a tensor). In a fused region
@@ -30,7 +31,15 @@ def _number(v, what: str):
 
 @lowers("aten::scalar_tensor", op_class=FACTORY, n_args=(5,), const_args=(0, 1, 2, 3, 4))
 def _scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
-    """A 0-dim tensor of `value`, in `dtype` (eager's default dtype when it is left out)."""
+    """A 0-dim tensor of `value`, in `dtype` (eager's default dtype when it is left out). The
+    value may be a symbolic Int or Double scalar of the graph (a SymInt under dynamic shapes:
+    AOTAutograd writes `x / math.sqrt(x.shape[-1])` as scalar_tensor(s1), converted to float64,
+    sqrt, converted to x's dtype, div): a 0-dim tensor of that scalar, which the kernel reads
+    as a parameter bound with the sizes (the 0-dim chain after it is computed once per thread,
+    outside the lanes loop)."""
+    if isinstance(value, Scalar) and not value.is_const and \
+            value.dtype in (DataType.Int, DataType.Double):
+        return B.full([], value, _default_dtype(dtype))
     return B.full([], _number(value, "scalar_tensor"), _default_dtype(dtype))
 
 

@@ -16,7 +16,9 @@ open end, or eager's INT64_MAX, runs to the axis' end whatever its size at run t
 axis of symbolic size, or given as SymInts (dynamic shapes: GPT-2's and Llama's packed-sequence
 mask slices a `cat` to the sequence length), the clamped bounds are scalar expressions of the
 Fusion computed when the sizes are bound (slice_bounds.py). The pads of `constant_pad_nd` and
-a select's index are constants known when the graph is compiled. `slice_backward` and
+a select's index are constants known when the graph is compiled; a negative pad (a crop) is a
+slice first, on an axis of symbolic size n one from -lo to the scalar n + hi, checked when the
+sizes are bound. `slice_backward` and
 `select_backward` with constant input sizes and bounds give a pad of constant sizes (their
 gradient's sizes may be symbolic: `_fits`); with SymInt input sizes or bounds (dynamic shapes:
 BERT's pooler, `hidden_states[:, 0]`, in a training step) the pad's sides are scalar expressions
@@ -26,9 +28,11 @@ pad >= 0 and the gradient's sizes against them: a call that does not fit (an ind
 axis, a constant end past it) runs eagerly, which raises or clamps as eager does. Sizes may be
 symbolic (dynamic shapes, regions shared across sizes): a cat's boundaries and a pad's extents
 are read from the sizes at run time; a forward select's negative index on such an axis starts
-its one-wide slice at size + index (checked >= 0 when the sizes are bound). Anything else (a
-slice's step other than 1, a SymInt select index) raises UnsupportedOpError: the node stays an
-eager op.
+its one-wide slice at size + index (checked >= 0 when the sizes are bound). A slice's constant
+step > 1 (`x[..., ::2]`: an interleaved rotary's pairs) is the SliceOp's step, and the
+gradient's (`slice_backward` with that step) a pad spreading the gradient step apart (PadOp's
+step; its high side the size less the start less slice_bounds.stepped_span). Anything else (a
+SymInt step, a SymInt select index) raises UnsupportedOpError: the node stays an eager op.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
-from .slice_bounds import clamped, constant_length
+from .slice_bounds import clamped, constant_length, stepped_span
 
 
 def _size(x: TensorView, dim: int, what: str) -> int:
@@ -74,24 +78,40 @@ def _bounds(n: int, start, end) -> tuple[int, int]:
 
 @lowers("aten::slice", op_class=METADATA, n_args=(5,), const_args=(1, 2, 3, 4))
 def _slice(x, dim=0, start=None, end=None, step=1):
-    """x[start:end] along `dim` with eager's bounds (negative ones from the end, clamped into
-    the axis). Constant bounds on an axis of constant size are resolved now; a SymInt bound or
-    a symbolic size gives the clamped bounds as scalar expressions (slice_bounds.py), computed
-    when the sizes are bound: a symbolic start is a shift the kernel reads as a parameter."""
+    """x[start:end:step] along `dim` with eager's bounds (negative ones from the end, clamped
+    into the axis). Constant bounds on an axis of constant size are resolved now; a SymInt bound
+    or a symbolic size gives the clamped bounds as scalar expressions (slice_bounds.py),
+    computed when the sizes are bound: a symbolic start is a shift the kernel reads as a
+    parameter. A constant step > 1 takes every step-th element from the start (the extent
+    ceil((end - start) / step)); the kernel reads the input at start + step * index."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("aten::slice of a 0-dim or non-tensor value")
-    if isinstance(step, Scalar) or step != 1:
-        raise UnsupportedOpError(f"aten::slice with step {step!r} (only 1 is fused)")
+    step = _step(step, "aten::slice")
     d = _dim(dim, x.ndim, "aten::slice")
     start, end = _bound(start, "start"), _bound(end, "end")
     n = x.logical[d].known_size()
     if n is not None and not isinstance(start, Scalar) and not isinstance(end, Scalar):
         s, e = _bounds(n, start, end)
-        return x if (s, e) == (0, n) else B.slice_axis(x, d, s, e)
+        return x if (s, e, step) == (0, n, 1) else B.slice_axis(x, d, s, e, step=step)
     s, e = clamped(x.logical[d].full_extent if n is None else n, start, end)
-    if isinstance(s, int) and s == 0 and e is None:
+    if isinstance(s, int) and s == 0 and e is None and step == 1:
         return x
-    return B.slice_axis(x, d, s, e, length=constant_length(start, end) if n is None else None)
+    length = constant_length(start, end) if n is None else None
+    return B.slice_axis(x, d, s, e, step=step,
+                        length=None if length is None else -(-length // step))
+
+
+def _step(step, what: str) -> int:
+    """A slice's step: a constant int >= 1 (eager refuses the others; a SymInt step is not
+    fused)."""
+    if isinstance(step, Scalar) and step.is_const and step.dtype is DataType.Int:
+        step = int(step.value)
+    if isinstance(step, Scalar):
+        raise UnsupportedOpError(f"{what} with a symbolic step {step}")
+    step = _const_int(step, f"{what} step")
+    if step < 1:
+        raise UnsupportedOpError(f"{what} with step {step} (eager takes steps >= 1)")
+    return step
 
 
 def _bound(v, what: str, op: str = "aten::slice", open_ok: bool = True):
@@ -169,10 +189,16 @@ def _is_empty(t: TensorView) -> bool:
 
 
 def _pad(x: TensorView, pairs: list, value, what: str):
-    """x with pairs[j] = (lo, hi) elements of `value` around axis j; negative entries slice."""
+    """x with pairs[j] = (lo, hi) elements of `value` around axis j; negative entries slice.
+    On an axis of symbolic size n a negative high side ends the slice at the scalar n + hi
+    (computed on the host); binding the sizes checks start <= end (a call where the axis is too
+    short runs eagerly, which raises as eager does)."""
     grow = []
     for j, (lo, hi) in enumerate(pairs):
-        if lo < 0 or hi < 0:                     # a negative pad cuts: a slice first
+        if (lo < 0 or hi < 0) and x.logical[j].known_size() is None:
+            x = B.slice_axis(x, j, max(-lo, 0),
+                             None if hi >= 0 else _sub(x.logical[j].full_extent, -hi))
+        elif lo < 0 or hi < 0:                   # a negative pad cuts: a slice first
             n = _size(x, j, what)
             s, e = max(-lo, 0), n - max(-hi, 0)
             if e < s:
@@ -210,8 +236,7 @@ def _slice_backward(grad, input_sizes, dim, start, end, step):
     what = "aten::slice_backward"
     if not isinstance(grad, TensorView):
         raise UnsupportedOpError(f"{what} of a non-tensor value")
-    if isinstance(step, Scalar) or step != 1:
-        raise UnsupportedOpError(f"{what} with step {step!r} (only 1 is fused)")
+    step = _step(step, what)
     sizes = _sizes(input_sizes, what)
     if len(sizes) != grad.ndim:
         raise UnsupportedOpError(f"{what}: sizes and gradient ranks differ")
@@ -219,15 +244,21 @@ def _slice_backward(grad, input_sizes, dim, start, end, step):
     start, end = _bound(start, "start", what), _bound(end, "end", what)
     if not any(isinstance(v, Scalar) for v in sizes + [start, end]):
         s, e = _bounds(sizes[d], start, end)
-        _fits(grad, {d: e - s}, what)
+        _fits(grad, {d: -(-(e - s) // step)}, what)
         pairs = [(0, 0)] * grad.ndim
-        pairs[d] = (s, sizes[d] - e)
-        return _pad(grad, pairs, 0, what)
+        if step == 1:
+            pairs[d] = (s, sizes[d] - e)
+            return _pad(grad, pairs, 0, what)
+        pairs[d] = (s, sizes[d] - s - stepped_span(e - s, step))
+        return _symbolic_pad(grad, d, s, pairs[d][1], sizes, step)
     n = sizes[d]
     s, e = clamped(n, start, end)
     _fits(grad, {k: m for k, m in enumerate(sizes) if k != d and isinstance(m, int)}, what)
-    hi = 0 if e is None or e is n else _sub(n, e)
-    return _symbolic_pad(grad, d, s, hi, sizes)
+    if step == 1:
+        hi = 0 if e is None or e is n else _sub(n, e)
+    else:
+        hi = _sub(_sub(n, s), stepped_span(_sub(n if e is None else e, s), step))
+    return _symbolic_pad(grad, d, s, hi, sizes, step)
 
 
 @lowers("aten::select_backward", n_args=(4,), const_args=(1, 2, 3))
@@ -275,12 +306,15 @@ def _sub(a, b):
     return B.elementwise("sub", a, b)
 
 
-def _symbolic_pad(grad: TensorView, d: int, lo, hi, sizes: list) -> TensorView:
+def _symbolic_pad(grad: TensorView, d: int, lo, hi, sizes: list, step: int = 1) -> TensorView:
     """grad with lo / hi zeros around axis d (ints or Int Scalars, checked >= 0 when the sizes
-    are bound), whose output extents are `sizes` (checked against grad's sizes then)."""
+    are bound) and, for a step > 1, step - 1 zeros between its elements there, whose output
+    extents are `sizes` (checked against grad's sizes then)."""
     pairs = [(0, 0)] * grad.ndim
     pairs[d] = (lo, hi)
-    return B.pad(grad, pairs, 0, extents=sizes)
+    steps = [1] * grad.ndim
+    steps[d] = step
+    return B.pad(grad, pairs, 0, extents=sizes, steps=steps)
 
 
 def _fits(grad: TensorView, want: dict, what: str) -> None:

@@ -18,6 +18,10 @@ scalars, with eager's semantics: ir/shapes.py), never a guess from the traced si
   clamped result): Dynamo guards on it fitting (`5 <= s1` for `x[:, :5]`), so a kernel of
   constant extent serves every call of the graph.
 
+A stepped slice (`x[s:e:step]`, a constant step) takes the same clamped bounds;
+`stepped_span(e - s, step)` is the extent from its first element to just past its last, which
+its gradient's pad needs (the high side: n - s - span).
+
 A frontend that knows a constant bound lies outside the axis (Dynamo's graph is guarded on it)
 passes `clamped_bound(n, bound)` instead, a scalar: clamped for every size, no run-time check.
 
@@ -82,6 +86,19 @@ def clamped_bound(n, b):
     clamping is computed for every size instead of checked (a constant end past the size, a
     negative start before it, ran the region eagerly)."""
     return _min(n, b) if b >= 0 else _max(ew("add", n, b), 0)
+
+
+def stepped_span(length, step: int):
+    """The extent from a stepped slice's first element to just past its last, for a slice of
+    `length` = end - start >= 0 (an int or an Int Scalar) and a constant step >= 1:
+    length - (length - 1) mod step, 0 for an empty slice (eager's `x[s:e:step]` takes
+    ceil(length / step) elements, the last at start + that span - 1). A stepped slice's
+    gradient is zeros but at those elements: its high side is the size less start less this."""
+    if step == 1:
+        return length
+    if not _sym(length):
+        return max(length - (length - 1) % step, 0)
+    return _max(ew("sub", length, ew("remainder", ew("sub", length, 1), step)), 0)
 
 
 def clamped(n, start, end):
