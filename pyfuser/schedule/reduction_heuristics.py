@@ -41,8 +41,9 @@ SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalization
 costly values in each pass instead of keeping them in registers); the last two apply to the
 reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
 inner_outer.py); $PYFUSER_RED_FULL (0: every inner kernel checks its bounds; 1: none does
-where its rows are whole, also where the default keeps the checks); $PYFUSER_RED_FENCE=0 (staged
-rows of whole steps check their bounds, not a uniform true condition: ReductionParams.fence);
+where its rows are whole, also where the default keeps the checks); $PYFUSER_RED_FENCE=1 (staged
+rows of whole steps check no bounds but step under a uniform true condition:
+ReductionParams.fence; off by default);
 $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
@@ -183,12 +184,13 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     # 96 registers for rms_norm 32768x256 bfloat16, 10% slower on the H200)
     stepwise = any(not a.is_store and id(a.node) not in held and g.level.get(id(a.node)) == "full"
                    for a in accesses)
-    # staged rows that would be full check no bounds but keep a uniform branch a step
-    # ($PYFUSER_RED_FENCE=0: the bounds checks; ptxas sm_90, rows of 65536, 40 registers, no
-    # spill either way: layer_norm bfloat16 1528 -> 1448 SASS instructions a thread, float32
-    # 1056 -> 1000, softmax 2272 -> 2208 / 1408 -> 1352; without any branch 132-564 bytes of
-    # spills in bfloat16)
-    p.fence = p.full and p.stage and p.kind == "inner" and knobs["fence"] != 0 and \
+    # $PYFUSER_RED_FENCE=1: staged rows that would be full check no bounds but keep a uniform
+    # branch a step (ptxas sm_90, rows of 65536, 40 registers, no spill: layer_norm bfloat16
+    # 1528 -> 1448 SASS instructions a thread, float32 1056 -> 1000, softmax 2272 -> 2208 /
+    # 1408 -> 1352; without any branch 132-564 bytes of spills in bfloat16). Off by default:
+    # H200, rms_norm 1024x65536 float32 146 -> 160 µs with it, the other rows of 65536 within
+    # 0-1.5% (docs/benchmarks.md)
+    p.fence = p.full and p.stage and p.kind == "inner" and knobs["fence"] == 1 and \
         knobs["full"] != 0
     if knobs["full"] == 1:
         p.full = p.full and not p.stage

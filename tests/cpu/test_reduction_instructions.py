@@ -73,13 +73,13 @@ def test_layer_norm_statistics_stay_eager_s_on_a_shifted_row():
     assert y.shape == x.shape and torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("knob,cols,fenced", [(None, 4096, True), ("0", 4096, False),
-                                              (None, 4000, False)])
+@pytest.mark.parametrize("knob,cols,fenced", [("1", 4096, True), (None, 4096, False),
+                                              ("1", 4000, False)])
 def test_staged_whole_rows_step_under_a_uniform_branch(knob, cols, fenced, monkeypatch):
-    """A staged row of whole steps (every position in bounds) checks no bounds but keeps each
-    step under `0 < rlen` (ReductionParams.fence: without a branch ptxas reads every staged
-    vector at once and spills); $PYFUSER_RED_FENCE=0 and rows that are not whole keep the
-    bounds checks. Eager's values either way (run), NVRTC compiles it."""
+    """$PYFUSER_RED_FENCE=1: a staged row of whole steps (every position in bounds) checks no
+    bounds but keeps each step under `0 < rlen` (ReductionParams.fence: without a branch ptxas
+    reads every staged vector at once and spills); by default, and for rows that are not
+    whole, the bounds checks. Eager's values either way (run), NVRTC compiles it."""
     monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
     if knob is not None:
         monkeypatch.setenv("PYFUSER_RED_FENCE", knob)

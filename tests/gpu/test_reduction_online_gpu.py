@@ -93,10 +93,12 @@ def rms_norm(x):
 def test_rows_staged_in_shared_memory_equal_rows_in_registers(fn, dt, monkeypatch):
     """A row's cluster staging its loads in shared memory (cp.async, the default) computes in the
     same order as the same plan holding them in registers ($PYFUSER_RED_STAGE=0): the same bits,
-    equal to eager."""
+    equal to eager. The warps' Welford partials merge as a tree in both ($PYFUSER_RED_WARP_TREE=1:
+    by default only staged rows take the tree, so a layer norm's last bits differ by default)."""
     from pyfuser.codegen import api
     from pyfuser.runtime import dispatch
     monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setenv("PYFUSER_RED_WARP_TREE", "1")
     plans = []
     real = api.plan_kernel
     monkeypatch.setattr(api, "plan_kernel", lambda g, i: plans.append(real(g, i)) or plans[-1])
