@@ -139,3 +139,22 @@ def test_a_view_whose_minus_one_is_one_broadcasts():
     regions += _calls(lambda x: (x * 2).sum(1, keepdim=True).reshape(x.shape[0], -1) * x, True,
                       [(5, 3), (7, 4)])
     _fused_every_call(regions)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_computed_size_traced_as_one_broadcasts(dynamic):
+    """Fuzz seed 913008 (grad, static replay): the backward of `v = x.flatten().half().sum(-1,
+    keepdim=True).float()` returned with `v[..., 1:-1]` (empty) expands `grad + pad(g[:0], [1,
+    0])`, of size [1], to [n]; the pad's extent was 0 + 1, computed from an input extent the
+    Fusion keeps symbolic (regions of other sizes share it), a full axis bound to 1 that the
+    expand could not broadcast: the region ran eagerly on every call. So did `x[:, 2:] * x` of a
+    static [4, 3] x and a pad of an empty slice added to x. An axis the trace holds as the
+    constant 1 is now a broadcast axis (fx/lower.py `_ones_as_broadcasts`, a view checked when
+    the sizes are bound)."""
+    def f(x):
+        v = x.flatten(0, 1).half().sum(-1, keepdim=True).float()
+        return v + (v[..., 1:-1] * 2).sum()
+    regions = _calls(f, dynamic, [(9, 5), (9, 12)], grad=True)
+    regions += _calls(lambda x: (x * 2)[:, 2:] * x, False, [(4, 3), (5, 3)])
+    regions += _calls(lambda x: F.pad((x * 2)[:, :0], [0, 1]) + x, dynamic, [(4, 3), (5, 6)])
+    _fused_every_call(regions)

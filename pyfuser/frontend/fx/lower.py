@@ -258,7 +258,31 @@ def _lower_node(n, env):
     if isinstance(m, torch.Tensor) and not _matches(result, m):
         raise RegionLoweringError(n, f"the lowering gives {result.dtype.name} rank {result.ndim}, "
                                      f"eager {m.dtype} rank {m.dim()}")
-    return result
+    return _ones_as_broadcasts(result, _traced_ones(n))
+
+
+def _traced_ones(n) -> tuple:
+    """The axes of node n's traced tensor result whose size is the constant 1 (part of the
+    region key: Dynamo's graph holds such a size as the constant, so it is 1 on every call)."""
+    m = meta(n)
+    if n.op != "call_function" or not isinstance(m, torch.Tensor):
+        return ()
+    return tuple(i for i, s in enumerate(m.shape) if type(s) is int and s == 1)
+
+
+def _ones_as_broadcasts(tv: TensorView, ones: tuple) -> TensorView:
+    """tv with the axes the trace says are 1 but the Fusion holds as full axes (a size a slice,
+    pad or cat computes from a symbolic input extent: `x[:, 2:]` of a static [4, 3] x, whose
+    input extent the Fusion keeps symbolic so that regions of other sizes share it, or the pad of
+    a slice's gradient `pad(g[:, :0], [0, 1])`) made broadcast axes through a view, checked when
+    the sizes are bound: a later op broadcasts them, as eager does (`x[:, 2:] * x`, the expand of
+    a sum's gradient), where a full axis of size 1 ran the region eagerly on every call (dynamic
+    fuzz seed 913008)."""
+    axes = tv.logical
+    if not any(not axes[i].is_broadcast for i in ones) or \
+            any(d.expanded_extent is not None for d in axes):
+        return tv
+    return B.reshape(tv, [1 if i in ones else d.extent for i, d in enumerate(axes)])
 
 
 def _traced_facts(n) -> tuple:
@@ -267,7 +291,8 @@ def _traced_facts(n) -> tuple:
     entry = entry_for(n.target) if n.op == "call_function" else None
     pos = _SIZE_ARG.get(entry.kind) if entry is not None else None
     return (tuple(_bounds_past_size(n)),
-            tuple(_minus_ones_traced_as_one(n, pos)) if pos is not None else ())
+            tuple(_minus_ones_traced_as_one(n, pos)) if pos is not None else (),
+            _traced_ones(n))
 
 
 def _minus_ones_traced_as_one(n, pos: int) -> list:
