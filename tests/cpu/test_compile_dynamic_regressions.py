@@ -158,3 +158,14 @@ def test_a_computed_size_traced_as_one_broadcasts(dynamic):
     regions += _calls(lambda x: (x * 2)[:, 2:] * x, False, [(4, 3), (5, 3)])
     regions += _calls(lambda x: F.pad((x * 2)[:, :0], [0, 1]) + x, dynamic, [(4, 3), (5, 6)])
     _fused_every_call(regions)
+
+
+def test_a_view_of_no_elements_to_a_symbolic_size_fuses():
+    """Fuzz seed 913203 (grad): the backward of `x[..., n:].reshape(-1)` views the empty
+    gradient as [1, s1, 0]; the one symbolic entry became -1, which no count of elements
+    resolves ('view of a tensor of shape [0] as [1, -1, 0] is invalid'): the region ran eagerly
+    on every call. A size list with a 0 keeps its symbol (fx/lower.py
+    `_one_symbolic_as_minus_one`)."""
+    regions = _calls(lambda x: x[..., x.shape[2]:].reshape(-1).exp(), True,
+                     [(1, 6, 12), (1, 2, 8), (1, 3, 5)], grad=True)
+    _fused_every_call(regions)

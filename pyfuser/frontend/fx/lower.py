@@ -355,8 +355,11 @@ def _arg(a, env):
 
 def _one_symbolic_as_minus_one(sizes):
     """A size list whose one entry is a scalar input (not an extent the fusion knows) takes -1
-    there instead: an extent the binding infers, which the kernel signature knows about."""
-    if not isinstance(sizes, list):
+    there instead: an extent the binding infers, which the kernel signature knows about. Not
+    where another entry is 0: a -1 among no elements has no value (`grad.view(1, s1, 0)`, the
+    backward of a reshape of an empty slice, ran eagerly on every call; dynamic fuzz seed
+    913203), and the scalar is bound as it is."""
+    if not isinstance(sizes, list) or any(_is_zero(s) for s in sizes):
         return sizes
     inputs = Fusion.current().inputs
     sym = [i for i, s in enumerate(sizes) if isinstance(s, Scalar) and any(s is v for v in inputs)]
@@ -364,6 +367,12 @@ def _one_symbolic_as_minus_one(sizes):
         sizes = list(sizes)
         sizes[sym[0]] = -1
     return sizes
+
+
+def _is_zero(s) -> bool:
+    if isinstance(s, Scalar):
+        return s.is_const and s.value == 0
+    return isinstance(s, int) and s == 0
 
 
 __all__ = ["LoweredRegion", "RegionLoweringError", "lower_region", "region_key",
