@@ -135,6 +135,31 @@ def case(seed: int) -> Case:
                 rnd.random() < 0.3)
 
 
+# whole_case: rows every thread of a team holds alike (the plan's `whole`: Welford merges of
+# equal counts, rows without bounds checks), the Welford programs most, and the knobs of the
+# warps' Welford tree (staged rows merge as a tree; =1 everywhere, =0 nowhere)
+WELFORD = (var_mean, layer_norm, layer_norm_affine, batch_norm)
+WHOLE_KNOBS = [{}, {"PYFUSER_RED_STAGE": "1"}, {"PYFUSER_RED_WARP_TREE": "1"},
+               {"PYFUSER_RED_STAGE": "1", "PYFUSER_RED_WARP_TREE": "0"},
+               {"PYFUSER_RED_EQUAL_MERGE": "0"}, {"PYFUSER_RED_FULL": "1"},
+               {"PYFUSER_RED_FULL": "1", "PYFUSER_RED_STAGE": "1"},
+               {"PYFUSER_RED_CLUSTER": "2", "PYFUSER_RED_STEPS": "1"},
+               {"PYFUSER_RED_CLUSTER": "4", "PYFUSER_RED_STEPS": "1", "PYFUSER_RED_STAGE": "1"},
+               {"PYFUSER_RED_STEPS": "0"}, {"PYFUSER_RED_STEPS": "0", "PYFUSER_RED_FULL": "1"}]
+
+
+def whole_case(seed: int) -> Case:
+    """A case of whole rows: 1-64 rows of a power of two (32-16384), 768 or 3072 elements."""
+    rnd = random.Random(seed)
+    program = rnd.choice(WELFORD) if rnd.random() < 0.7 else rnd.choice(PROGRAMS)
+    dim = -1 if program in LAST_AXIS_ONLY else rnd.choice([-1, -1, 0])
+    cols = rnd.choice([32, 128, 512, 768, 1024, 2048, 3072, 4096, 4096, 8192, 8192, 16384, 16384])
+    rows = rnd.choice([r for r in (1, 2, 3, 4, 8, 16, 32, 64) if r * cols <= 1 << 17])
+    return Case(seed, program, rnd.choice(DTYPES), (rows, cols), dim, rnd.choice(WHOLE_KNOBS),
+                rnd.choice([1.0, 10.0, 100.0]), rnd.choice([0.0, 0.0, 50.0, -1000.0]),
+                dim == -1 and rnd.random() < 0.2, rnd.random() < 0.2)
+
+
 def _tolerance(c: Case, want: torch.Tensor, reduced: int) -> tuple:
     # float_softmax computes in float32 and rounds to the input's dtype: both tolerances
     computed = torch.float32 if c.program is float_softmax else c.dtype
@@ -164,10 +189,11 @@ def _conditioning_floor(c, x, ref) -> float:
     return 2 * eps * abs(c.offset) / std * mag
 
 
-def check(seed: int, device: str = "cpu") -> str | None:
-    """None if case `seed` matches eager, else what differs."""
+def check(seed: int, device: str = "cpu", whole: bool = False) -> str | None:
+    """None if case `seed` (`whole_case(seed)` where `whole`) matches eager, else what
+    differs."""
     import pyfuser
-    c = case(seed)
+    c = whole_case(seed) if whole else case(seed)
     x = c.input(device)
     old = {k: os.environ.get(k) for k in c.knobs}
     os.environ.update(c.knobs)
