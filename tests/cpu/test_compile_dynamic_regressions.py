@@ -1,7 +1,7 @@
 """What the dynamic-shape fuzz campaign (tests/cpu/fx_fuzz_dynamic.py, docs/fuzzing.md) found in
-the torch.compile backend, one minimal program each: two wrong results and four graphs whose
-regions ran eagerly on every call (right values, no kernel). Checked on the CPU (kernels through
-the interpreter) at several sizes against eager."""
+the torch.compile backend, one minimal program each: wrong results, graphs whose regions ran
+eagerly on every call (right values, no kernel) and nodes left unfused. Checked on the CPU
+(kernels through the interpreter) at several sizes against eager."""
 from __future__ import annotations
 
 import pytest
@@ -169,3 +169,24 @@ def test_a_view_of_no_elements_to_a_symbolic_size_fuses():
     regions = _calls(lambda x: x[..., x.shape[2]:].reshape(-1).exp(), True,
                      [(1, 6, 12), (1, 2, 8), (1, 3, 5)], grad=True)
     _fused_every_call(regions)
+
+
+# ---- nodes left unfused ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_negative_pad_of_a_symbolic_axis_fuses(dynamic):
+    """A negative pad (a cut) needed the axis' constant size ('aten::constant_pad_nd: axis 0 of
+    the input has no constant size', 14 nodes in the campaign's runs), which a region's Fusion,
+    static graphs' too, does not have: the cut is now a slice whose end is a scalar of the size
+    (aten_resize._pad), checked when the sizes are bound."""
+    def f(x):
+        return F.pad(x * 2, [-1, 2, 1, -2]) + 1, F.pad(x + 1, [-2, 0]).sum(-1)
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for shape in [(4, 5), (6, 3), (3, 7)]:
+        x = torch.randn(shape)
+        for got, want in zip(cf(x), f(x)):
+            torch.testing.assert_close(got, want)
+    graphs = compiled_graphs()
+    assert graphs and all(not g.report()["unfused"] for g in graphs), \
+        [g.report()["unfused"] for g in graphs]
+    _fused_every_call([r for g in graphs for r in g.regions])

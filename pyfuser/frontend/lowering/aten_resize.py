@@ -16,7 +16,8 @@ open end, or eager's INT64_MAX, runs to the axis' end whatever its size at run t
 axis of symbolic size, or given as SymInts (dynamic shapes: GPT-2's and Llama's packed-sequence
 mask slices a `cat` to the sequence length), the clamped bounds are scalar expressions of the
 Fusion computed when the sizes are bound (slice_bounds.py). The pads of `constant_pad_nd` and
-a select's index are constants known when the graph is compiled. `slice_backward` and
+a select's index are constants known when the graph is compiled (a negative pad cuts: a slice,
+whose end on an axis of symbolic size is a scalar of the size, checked when it is bound). `slice_backward` and
 `select_backward` with constant input sizes and bounds give a pad of constant sizes (their
 gradient's sizes may be symbolic: `_fits`); with SymInt input sizes or bounds (dynamic shapes:
 BERT's pooler, `hidden_states[:, 0]`, in a training step) the pad's sides are scalar expressions
@@ -39,13 +40,6 @@ from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import METADATA, lowers
 from .slice_bounds import clamped, constant_length
-
-
-def _size(x: TensorView, dim: int, what: str) -> int:
-    n = x.logical[dim].known_size()
-    if n is None:
-        raise UnsupportedOpError(f"{what}: axis {dim} of the input has no constant size")
-    return n
 
 
 def _const_int(v, what: str) -> int:
@@ -173,11 +167,16 @@ def _pad(x: TensorView, pairs: list, value, what: str):
     grow = []
     for j, (lo, hi) in enumerate(pairs):
         if lo < 0 or hi < 0:                     # a negative pad cuts: a slice first
-            n = _size(x, j, what)
-            s, e = max(-lo, 0), n - max(-hi, 0)
-            if e < s:
-                raise UnsupportedOpError(f"{what}: axis {j} would get a negative size")
-            x = B.slice_axis(x, j, s, e)
+            n = x.logical[j].known_size()
+            s = max(-lo, 0)
+            if n is None:      # the end a scalar of the size, checked >= s when it is bound
+                e = None if hi >= 0 else _sub(x.logical[j].full_extent, -hi)
+                x = B.slice_axis(x, j, s, e) if s or e is not None else x
+            else:
+                e = n - max(-hi, 0)
+                if e < s:
+                    raise UnsupportedOpError(f"{what}: axis {j} would get a negative size")
+                x = B.slice_axis(x, j, s, e)
         grow.append((max(lo, 0), max(hi, 0)))
     if not any(lo or hi for lo, hi in grow):
         return x
