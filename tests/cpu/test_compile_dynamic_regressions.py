@@ -84,6 +84,19 @@ def test_an_expand_of_an_axis_one_element_long_at_run_time():
     _calls(g, True, [(1, 33), (1, 16)])
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_view_of_a_slice_from_the_start_reads_the_sliced_rows(dynamic):
+    """Found by a probe of slices, pads and cats across sizes beside the campaign:
+    `(x * 2 + 1)[:, :-1].reshape(-1)` (static shapes) read x's first elements as if the slice
+    were x itself, contiguous: a wrong result. A slice from 0 passed a view's index entries
+    through unchanged, and a load keyed by them alone is read as laid out like the view's
+    input (schedule/pointwise_access._linear_view), whose rows are shorter than x's. Such an
+    entry is now a shift by 0 through a slice (schedule/pointwise_graph._sliced). The same
+    kernel served the view `_ones_as_broadcasts` puts after `F.pad(x, [0, -1])` of n = 2."""
+    _calls(lambda x: (x * 2 + 1)[:, :-1].reshape(-1) * 1.5, dynamic, [(4, 5), (4, 3)])
+    _calls(lambda x: F.pad(x * 2 + 1, [0, -1]) * 1.5, dynamic, [(3, 4), (3, 2)])
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):
