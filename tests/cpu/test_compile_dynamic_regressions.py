@@ -97,6 +97,21 @@ def test_a_view_of_a_slice_from_the_start_reads_the_sliced_rows(dynamic):
     _calls(lambda x: F.pad(x * 2 + 1, [0, -1]) * 1.5, dynamic, [(3, 4), (3, 2)])
 
 
+def test_a_view_of_an_empty_tensor_in_a_kernel_divides_by_no_zero():
+    """Fuzz seed 913463 (grad, n = 2): the backward pads the empty gradients of `v1[:, :n - 1]`
+    (v1 a [1, 1] max) and of a slice of that; the pads' results, traced [1, 1], became broadcast
+    axes through views (`_ones_as_broadcasts`), one of them a view of an empty tensor, whose
+    re-linearised index divided by its extent 0 in another operand's bounds check: the
+    interpreter raised ZeroDivisionError (a GPU divides into garbage). A view's index divides by
+    max(extent, 1) now (codegen/lowering.py `_at_least_one`)."""
+    def f(x):
+        v1 = torch.amax(x, (-2, 1), keepdim=True)
+        v3 = torch.sigmoid(v1[:, :v1.shape[1] - 1])
+        return torch.clamp(torch.tanh(v3[:v3.shape[-2] - 1]), -2, 3.5).sum() + \
+            v3[:, v3.shape[1] // 2:].sum()
+    _calls(f, True, [(2, 2), (3, 3), (17, 17)], grad=True)
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):
