@@ -199,6 +199,17 @@ def test_a_view_of_no_elements_to_a_symbolic_size_fuses():
     _fused_every_call(regions)
 
 
+
+def test_the_gradient_of_a_slice_ending_past_the_size_fuses():
+    """Fuzz seed 913640 (grad): `cat([-x[12:], x[:12]])` of n = 24, then 3 and 5 (Dynamo
+    recompiles for n < 12): the recompiled backward's `slice_backward(g, [n], 0, 0, 12)` padded
+    n - 12 after the gradient, negative, and its region ran eagerly on every call. A constant
+    bound of slice_backward outside the traced size is the clamped bound now, as a forward
+    slice's (fx/lower.py `_bounds_past_size`)."""
+    regions = _calls(lambda x: torch.cat([-x[:, 12:], x[:, :12]], 1) * 2, True,
+                     [(2, 24), (2, 3), (2, 5)], grad=True)
+    _fused_every_call(regions)
+
 # ---- nodes left unfused ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -240,6 +240,10 @@ def _lower_node(n, env):
     if entry.kind == "aten::slice":
         for i in _bounds_past_size(n):
             lowered[i] = clamped_bound(lowered[0].logical[_slice_dim(n)].full_extent, lowered[i])
+    if entry.kind == "aten::slice_backward":
+        size = lowered[1][lowered[2] % len(lowered[1])]
+        for i in _bounds_past_size(n) if isinstance(size, Scalar) else ():
+            lowered[i] = clamped_bound(size, lowered[i])
     try:
         result = entry.handler(*lowered)
     except PyfuserError as e:
@@ -324,14 +328,26 @@ def _bounds_past_size(n) -> list:
     which side of the bound n lies) and ran the region eagerly; lowered as the clamped bound
     instead (slice_bounds.clamped_bound, a scalar of n): right for any size. Part of the region
     key, so regions traced on the two sides do not share a Fusion."""
-    if str(n.target) != "aten.slice.Tensor":
+    if str(n.target) not in ("aten.slice.Tensor", "aten.slice_backward.default"):
         return []
     args = schema_args(n.target, n.args, n.kwargs)
-    x = meta(args[0]) if isinstance(args[0], torch.fx.Node) else None
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(args[1], int):
-        return []
-    size = hint(x.shape[_slice_dim(n)])
-    return [i for i in (2, 3) if isinstance(args[i], int) and not isinstance(args[i], bool)
+    if str(n.target) == "aten.slice_backward.default":
+        # its gradient's pads (the start, the size less the end) likewise: input_sizes, dim,
+        # start, end at positions 1-4 (a recompile for n < 12 of `x[:12]`'s gradient)
+        sizes, dim = args[1], args[2]
+        if not isinstance(sizes, (list, tuple)) or not sizes or not isinstance(dim, int):
+            return []
+        size = sizes[dim % len(sizes)]
+        size = meta(size) if isinstance(size, torch.fx.Node) else size
+        if not isinstance(size, (int, torch.SymInt)):
+            return []
+        size, positions = hint(size), (3, 4)
+    elif str(n.target) == "aten.slice.Tensor":
+        x = meta(args[0]) if isinstance(args[0], torch.fx.Node) else None
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(args[1], int):
+            return []
+        size, positions = hint(x.shape[_slice_dim(n)]), (2, 3)
+    return [i for i in positions if isinstance(args[i], int) and not isinstance(args[i], bool)
             and (size < args[i] < OPEN or args[i] < -size)]
 
 
