@@ -103,9 +103,9 @@ class Lowering(Emitter):
             lin = K.add(lin, K.mul(self.key_index(ci), w))
         div = self.const(1)
         for x in in_exts[j + 1:]:
-            div = K.mul(div, x)
+            div = K.mul(div, _at_least_one(x))
         res = lin if div == self.const(1) else K.Bin("/", lin, div)
-        return res if j == 0 else K.Bin("%", res, in_exts[j])
+        return res if j == 0 else K.Bin("%", res, _at_least_one(in_exts[j]))
 
     def _shifted(self, c):
         """The unclamped index of an "sh" key entry."""
@@ -505,3 +505,14 @@ class Lowering(Emitter):
                                "grid", [bx_loop], "row blocks"))
         body = self.prologue + body
         return K.Kernel(name, self.params(), self.tensors, self.it, T, body, p.min_blocks)
+
+
+def _at_least_one(x):
+    """An extent as a divisor of a view's re-linearised index: a symbolic one may be 0 at run
+    time (the view of an empty tensor, whose index a pad's bounds check of another operand still
+    computes: the interpreter raised ZeroDivisionError, dynamic fuzz seed 913463, where a GPU
+    divides into garbage); max(x, 1) then, which changes no index of a tensor with elements."""
+    if isinstance(x, K.Const) and isinstance(x.value, int) and x.value >= 1:
+        return x
+    one = K.Const(1, "nidx_t")
+    return K.Op("where", (K.Bin("<", x, one), one, x), DataType.Int)

@@ -19,7 +19,9 @@ elements keep their counts, and the identity (-inf, 0) changes nothing). The sum
 sum(exp(x - m)) gives for a row whose max is infinite or NaN).
 
 Welford's combine (Chan et al.) of (ma, m2a, na) and (mb, m2b, nb): n = na + nb, c = nb / n (0 when
-n is 0), d = mb - ma, mean = ma + d * c, m2 = m2a + m2b + d * d * na * c.
+n is 0), d = mb - ma, mean = ma + d * c, m2 = m2a + m2b + d * (d * (na * c)): the weight first, so
+a partial of no elements adds 0 where d * d overflows (a mean of 1e20 in float32; d * d * 0 was
+NaN, where eager's variance is inf).
 """
 from __future__ import annotations
 
@@ -137,7 +139,7 @@ class Combiner:
                           K.Op("where", (pos, K.Op("div", (nbf, nf), c_dt), zero), c_dt))
         d = self._let(out, "wd", c_dt, K.Op("sub", (mb, ma), c_dt))
         mean = K.Op("add", (ma, K.Op("mul", (d, c), c_dt)), c_dt)
-        dd = K.Op("mul", (K.Op("mul", (K.Op("mul", (d, d), c_dt), naf), c_dt), c), c_dt)
+        dd = K.Op("mul", (d, K.Op("mul", (d, K.Op("mul", (naf, c), c_dt)), c_dt)), c_dt)
         m2 = K.Op("add", (K.Op("add", (m2a, m2b), c_dt), dd), c_dt)
         return [mean, m2, n]
 

@@ -199,10 +199,19 @@ def pad(x: TensorView, pads: Sequence, value: Operandish = 0, extents=None,
                                         f"not the {want} asked for")
         if want is None or isinstance(want, int):
             want = Scalar(DataType.Int, grown if want is None else want, fusion)
-        root.append(IterDomain(want))
+        root.append(_resized_axis(want))
     out = TensorView(root, x.dtype, fusion)
     E.PadOp(out, x, pairs, v, steps)
     return out
+
+
+def _resized_axis(extent: Scalar) -> IterDomain:
+    """A pad's or cat's output axis: a broadcast axis where its extent is the constant 1 (as a
+    one-wide slice's, a `full`'s or an iota's), which later ops broadcast as eager does (`pad(x[:,
+    :0], [0, 1]) + x`), a full axis of size 1 could not."""
+    if extent.is_const and extent.value == 1:
+        return IterDomain(extent, IterType.Broadcast)
+    return IterDomain(extent)
 
 
 def _pad_pair(j: int, p) -> tuple:
@@ -254,7 +263,7 @@ def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:
     root = []
     for i in range(rank):
         if i == d:
-            root.append(IterDomain(total))
+            root.append(_resized_axis(total))
             continue
         axes = [t.logical[i] for t in xs]
         real = [a for a in axes if not a.is_broadcast or a.expanded_extent is not None]

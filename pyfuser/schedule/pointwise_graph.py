@@ -209,6 +209,15 @@ def shifted(c, off: int, minus=(), hi=None):
     return c if off == 0 and not minus and hi is None else ("sh", c, int(off), tuple(minus), hi)
 
 
+def _sliced(c):
+    """Key entry c read through a slice starting at 0: the same index, except that a view's
+    "vd" entry becomes a shift by 0. A load keyed by "vd" entries alone is read as laid out like
+    the view's input (pointwise_access._linear_view: its row-major linear index), which a
+    sliced tensor is not: its rows are longer (`(x * 2)[:, :-1].reshape(-1)` read x's first
+    elements as if contiguous, a wrong result; the same through a `_ones_as_broadcasts` view)."""
+    return ("sh", c, 0, (), None) if isinstance(c, tuple) and c[0] == "vd" else c
+
+
 def _zero_broadcasts(tv: TensorView, key: list) -> tuple:
     out = []
     for d, c in zip(tv.logical, key):
@@ -231,7 +240,8 @@ def producer_key(e, key: tuple, inp: TensorView) -> tuple:
         for i, d in enumerate(e.dims):
             pk[d] = key[i]
     elif isinstance(e, E.SliceOp):
-        pk = [shifted(stepped(c, st), s) if isinstance(s, int) else
+        pk = [_sliced(c) if isinstance(s, int) and s == 0 and st == 1 else
+              shifted(stepped(c, st), s) if isinstance(s, int) else
               shifted(stepped(c, st), 0, (Plus(s),)) for c, s, st in zip(key, e.starts, e.steps)]
     elif isinstance(e, E.ViewOp):
         if all(c == 0 for c in key):

@@ -84,8 +84,8 @@ def _float_sum(outs):
 
 
 def _record(p: Program) -> None:
-    """What the backend made of `p`: nodes fused, calls that fell back to eager, why nodes
-    stayed unfused (the fuzzer's coverage, summed by bench/fuzz_fx.py)."""
+    """What the backend made of `p`: nodes fused, calls that fell back to eager and why, why
+    nodes stayed unfused (the fuzzer's coverage, summed by bench/fuzz_fx.py)."""
     from pyfuser.frontend.fx import compiled_graphs
     for g in compiled_graphs():
         rep = g.report()
@@ -95,6 +95,10 @@ def _record(p: Program) -> None:
         for reason, k in rep["unfused"].items():
             p.stats.setdefault("unfused", {})
             p.stats["unfused"][reason] = p.stats["unfused"].get(reason, 0) + k
+        for r in g.regions:             # why a region ran eagerly for some call
+            for reason in r._logged:
+                p.stats.setdefault("eager_reasons", {})
+                p.stats["eager_reasons"][reason] = p.stats["eager_reasons"].get(reason, 0) + 1
 
 
 def check(p: Program, backend=None) -> Optional[Failure]:

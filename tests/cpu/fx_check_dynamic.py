@@ -120,8 +120,7 @@ def check(p: DynProgram, backend=None) -> Optional[Failure]:
     elif backend is pyfuser.backend and len(set(graphs)) > 1:
         return Failure(p, f"pyfuser compiled graphs after the first call: {graphs}")
     f = _replay(p, backend) if p.replay else None
-    _record(p)                  # the graphs of both runs
-    _eager_reasons(p)
+    _record(p)                  # the graphs of both runs (and why regions ran eagerly)
     return f
 
 
@@ -147,15 +146,6 @@ def _replay(p: DynProgram, backend) -> Optional[Failure]:
 
 def _sizes_at(p: DynProgram, k: int) -> dict:
     return {s: v[k] for s, v in p.sizes.items()}
-
-
-def _eager_reasons(p: DynProgram) -> None:
-    from pyfuser.frontend.fx import compiled_graphs
-    for g in compiled_graphs():
-        for r in g.regions:
-            for reason in r._logged:
-                p.stats.setdefault("eager_reasons", {})
-                p.stats["eager_reasons"][reason] = p.stats["eager_reasons"].get(reason, 0) + 1
 
 
 def run_many(seeds):

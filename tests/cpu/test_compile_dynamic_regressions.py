@@ -1,7 +1,7 @@
 """What the dynamic-shape fuzz campaign (tests/cpu/fx_fuzz_dynamic.py, docs/fuzzing.md) found in
-the torch.compile backend, one minimal program each: two wrong results and four graphs whose
-regions ran eagerly on every call (right values, no kernel). Checked on the CPU (kernels through
-the interpreter) at several sizes against eager."""
+the torch.compile backend, one minimal program each: wrong results, graphs whose regions ran
+eagerly on every call (right values, no kernel) and nodes left unfused. Checked on the CPU
+(kernels through the interpreter) at several sizes against eager."""
 from __future__ import annotations
 
 import pytest
@@ -84,6 +84,34 @@ def test_an_expand_of_an_axis_one_element_long_at_run_time():
     _calls(g, True, [(1, 33), (1, 16)])
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_view_of_a_slice_from_the_start_reads_the_sliced_rows(dynamic):
+    """Found by a probe of slices, pads and cats across sizes beside the campaign:
+    `(x * 2 + 1)[:, :-1].reshape(-1)` (static shapes) read x's first elements as if the slice
+    were x itself, contiguous: a wrong result. A slice from 0 passed a view's index entries
+    through unchanged, and a load keyed by them alone is read as laid out like the view's
+    input (schedule/pointwise_access._linear_view), whose rows are shorter than x's. Such an
+    entry is now a shift by 0 through a slice (schedule/pointwise_graph._sliced). The same
+    kernel served the view `_ones_as_broadcasts` puts after `F.pad(x, [0, -1])` of n = 2."""
+    _calls(lambda x: (x * 2 + 1)[:, :-1].reshape(-1) * 1.5, dynamic, [(4, 5), (4, 3)])
+    _calls(lambda x: F.pad(x * 2 + 1, [0, -1]) * 1.5, dynamic, [(3, 4), (3, 2)])
+
+
+def test_a_view_of_an_empty_tensor_in_a_kernel_divides_by_no_zero():
+    """Fuzz seed 913463 (grad, n = 2): the backward pads the empty gradients of `v1[:, :n - 1]`
+    (v1 a [1, 1] max) and of a slice of that; the pads' results, traced [1, 1], became broadcast
+    axes through views (`_ones_as_broadcasts`), one of them a view of an empty tensor, whose
+    re-linearised index divided by its extent 0 in another operand's bounds check: the
+    interpreter raised ZeroDivisionError (a GPU divides into garbage). A view's index divides by
+    max(extent, 1) now (codegen/lowering.py `_at_least_one`)."""
+    def f(x):
+        v1 = torch.amax(x, (-2, 1), keepdim=True)
+        v3 = torch.sigmoid(v1[:, :v1.shape[1] - 1])
+        return torch.clamp(torch.tanh(v3[:v3.shape[-2] - 1]), -2, 3.5).sum() + \
+            v3[:, v3.shape[1] // 2:].sum()
+    _calls(f, True, [(2, 2), (3, 3), (17, 17)], grad=True)
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):
@@ -139,3 +167,81 @@ def test_a_view_whose_minus_one_is_one_broadcasts():
     regions += _calls(lambda x: (x * 2).sum(1, keepdim=True).reshape(x.shape[0], -1) * x, True,
                       [(5, 3), (7, 4)])
     _fused_every_call(regions)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_computed_size_traced_as_one_broadcasts(dynamic):
+    """Fuzz seed 913008 (grad, static replay): the backward of `v = x.flatten().half().sum(-1,
+    keepdim=True).float()` returned with `v[..., 1:-1]` (empty) expands `grad + pad(g[:0], [1,
+    0])`, of size [1], to [n]; the pad's extent was 0 + 1, computed from an input extent the
+    Fusion keeps symbolic (regions of other sizes share it), a full axis bound to 1 that the
+    expand could not broadcast: the region ran eagerly on every call. So did `x[:, 2:] * x` of a
+    static [4, 3] x and a pad of an empty slice added to x. An axis the trace holds as the
+    constant 1 is now a broadcast axis (fx/lower.py `_ones_as_broadcasts`, a view checked when
+    the sizes are bound)."""
+    def f(x):
+        v = x.flatten(0, 1).half().sum(-1, keepdim=True).float()
+        return v + (v[..., 1:-1] * 2).sum()
+    regions = _calls(f, dynamic, [(9, 5), (9, 12)], grad=True)
+    regions += _calls(lambda x: (x * 2)[:, 2:] * x, False, [(4, 3), (5, 3)])
+    regions += _calls(lambda x: F.pad((x * 2)[:, :0], [0, 1]) + x, dynamic, [(4, 3), (5, 6)])
+    _fused_every_call(regions)
+
+
+def test_a_view_of_no_elements_to_a_symbolic_size_fuses():
+    """Fuzz seed 913203 (grad): the backward of `x[..., n:].reshape(-1)` views the empty
+    gradient as [1, s1, 0]; the one symbolic entry became -1, which no count of elements
+    resolves ('view of a tensor of shape [0] as [1, -1, 0] is invalid'): the region ran eagerly
+    on every call. A size list with a 0 keeps its symbol (fx/lower.py
+    `_one_symbolic_as_minus_one`)."""
+    regions = _calls(lambda x: x[..., x.shape[2]:].reshape(-1).exp(), True,
+                     [(1, 6, 12), (1, 2, 8), (1, 3, 5)], grad=True)
+    _fused_every_call(regions)
+
+
+
+def test_the_gradient_of_a_slice_ending_past_the_size_fuses():
+    """Fuzz seed 913640 (grad): `cat([-x[12:], x[:12]])` of n = 24, then 3 and 5 (Dynamo
+    recompiles for n < 12): the recompiled backward's `slice_backward(g, [n], 0, 0, 12)` padded
+    n - 12 after the gradient, negative, and its region ran eagerly on every call. A constant
+    bound of slice_backward outside the traced size is the clamped bound now, as a forward
+    slice's (fx/lower.py `_bounds_past_size`)."""
+    regions = _calls(lambda x: torch.cat([-x[:, 12:], x[:, :12]], 1) * 2, True,
+                     [(2, 24), (2, 3), (2, 5)], grad=True)
+    _fused_every_call(regions)
+
+# ---- nodes left unfused ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_negative_pad_of_a_symbolic_axis_fuses(dynamic):
+    """A negative pad (a cut) needed the axis' constant size ('aten::constant_pad_nd: axis 0 of
+    the input has no constant size', 14 nodes in the campaign's runs), which a region's Fusion,
+    static graphs' too, does not have: the cut is now a slice whose end is a scalar of the size
+    (aten_resize._pad), checked when the sizes are bound."""
+    def f(x):
+        return F.pad(x * 2, [-1, 2, 1, -2]) + 1, F.pad(x + 1, [-2, 0]).sum(-1)
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for shape in [(4, 5), (6, 3), (3, 7)]:
+        x = torch.randn(shape)
+        for got, want in zip(cf(x), f(x)):
+            torch.testing.assert_close(got, want)
+    graphs = compiled_graphs()
+    assert graphs and all(not g.report()["unfused"] for g in graphs), \
+        [g.report()["unfused"] for g in graphs]
+    _fused_every_call([r for g in graphs for r in g.regions])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_rounding_an_integer_tensor_fuses(dtype):
+    """`floor` / `ceil` / `round` / `trunc` of an integer tensor (eager: a copy of it) were
+    refused by the op table ('floor: does not take Int operands', 12 nodes in the campaign's
+    runs, static and dynamic); they lower as the copy now (aten_pointwise._rounding)."""
+    def f(x):
+        y = (x * 3).to(dtype)
+        return torch.floor(y) + 1, torch.ceil(y) * 2, torch.round(y), torch.trunc(y) - 1
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=False)
+    x = torch.randn(4, 5)
+    for got, want in zip(cf(x), f(x)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    assert all(not g.report()["unfused"] for g in compiled_graphs())

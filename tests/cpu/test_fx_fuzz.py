@@ -243,3 +243,20 @@ def test_ill_conditioned_seeds_pass_the_float64_judge(seed, monkeypatch):
 def test_the_float64_judge_fails_wrong_results(seed, skew):
     f = FZ.check(FZ.generate(seed), backend=_skewed(**skew))
     assert f is not None and "float64 judge" in f.what, f
+
+
+@pytest.mark.parametrize("shape", [(8,), (1, 4, 6), (2, 4096), (3, 33, 7)])
+def test_a_variance_past_float32_is_inf_not_nan(shape):
+    """FX seed 851174: `var` of float32 values up to 2.4e26 (integer powers): a Welford merge
+    with a partial of no elements computed d * d * 0 with d * d overflowed (a mean of 1e20),
+    NaN where eager's variance is inf. The weight is applied first now, d * (d * (na * c))
+    (codegen/reduction_combine.py), so the empty partial adds 0 and the result is inf."""
+    x = torch.zeros(shape)
+    x.view(-1)[::5] = 3e20
+    x.view(-1)[1::7] = 1.5
+    def f(x):
+        return torch.var(x * 1.0, -1), torch.var_mean(x + 0.0, list(range(x.dim())))
+    got, want = torch.compile(f, backend=pyfuser.backend, dynamic=False)(x), f(x)
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.isinf(), w.isinf()), (g, w)
+        torch.testing.assert_close(g, w)

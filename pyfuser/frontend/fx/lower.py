@@ -240,6 +240,10 @@ def _lower_node(n, env):
     if entry.kind == "aten::slice":
         for i in _bounds_past_size(n):
             lowered[i] = clamped_bound(lowered[0].logical[_slice_dim(n)].full_extent, lowered[i])
+    if entry.kind == "aten::slice_backward":
+        size = lowered[1][lowered[2] % len(lowered[1])]
+        for i in _bounds_past_size(n) if isinstance(size, Scalar) else ():
+            lowered[i] = clamped_bound(size, lowered[i])
     try:
         result = entry.handler(*lowered)
     except PyfuserError as e:
@@ -258,7 +262,31 @@ def _lower_node(n, env):
     if isinstance(m, torch.Tensor) and not _matches(result, m):
         raise RegionLoweringError(n, f"the lowering gives {result.dtype.name} rank {result.ndim}, "
                                      f"eager {m.dtype} rank {m.dim()}")
-    return result
+    return _ones_as_broadcasts(result, _traced_ones(n))
+
+
+def _traced_ones(n) -> tuple:
+    """The axes of node n's traced tensor result whose size is the constant 1 (part of the
+    region key: Dynamo's graph holds such a size as the constant, so it is 1 on every call)."""
+    m = meta(n)
+    if n.op != "call_function" or not isinstance(m, torch.Tensor):
+        return ()
+    return tuple(i for i, s in enumerate(m.shape) if type(s) is int and s == 1)
+
+
+def _ones_as_broadcasts(tv: TensorView, ones: tuple) -> TensorView:
+    """tv with the axes the trace says are 1 but the Fusion holds as full axes (a size a slice,
+    pad or cat computes from a symbolic input extent: `x[:, 2:]` of a static [4, 3] x, whose
+    input extent the Fusion keeps symbolic so that regions of other sizes share it, or the pad of
+    a slice's gradient `pad(g[:, :0], [0, 1])`) made broadcast axes through a view, checked when
+    the sizes are bound: a later op broadcasts them, as eager does (`x[:, 2:] * x`, the expand of
+    a sum's gradient), where a full axis of size 1 ran the region eagerly on every call (dynamic
+    fuzz seed 913008)."""
+    axes = tv.logical
+    if not any(not axes[i].is_broadcast for i in ones) or \
+            any(d.expanded_extent is not None for d in axes):
+        return tv
+    return B.reshape(tv, [1 if i in ones else d.extent for i, d in enumerate(axes)])
 
 
 def _traced_facts(n) -> tuple:
@@ -267,7 +295,8 @@ def _traced_facts(n) -> tuple:
     entry = entry_for(n.target) if n.op == "call_function" else None
     pos = _SIZE_ARG.get(entry.kind) if entry is not None else None
     return (tuple(_bounds_past_size(n)),
-            tuple(_minus_ones_traced_as_one(n, pos)) if pos is not None else ())
+            tuple(_minus_ones_traced_as_one(n, pos)) if pos is not None else (),
+            _traced_ones(n))
 
 
 def _minus_ones_traced_as_one(n, pos: int) -> list:
@@ -299,14 +328,26 @@ def _bounds_past_size(n) -> list:
     which side of the bound n lies) and ran the region eagerly; lowered as the clamped bound
     instead (slice_bounds.clamped_bound, a scalar of n): right for any size. Part of the region
     key, so regions traced on the two sides do not share a Fusion."""
-    if str(n.target) != "aten.slice.Tensor":
+    if str(n.target) not in ("aten.slice.Tensor", "aten.slice_backward.default"):
         return []
     args = schema_args(n.target, n.args, n.kwargs)
-    x = meta(args[0]) if isinstance(args[0], torch.fx.Node) else None
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(args[1], int):
-        return []
-    size = hint(x.shape[_slice_dim(n)])
-    return [i for i in (2, 3) if isinstance(args[i], int) and not isinstance(args[i], bool)
+    if str(n.target) == "aten.slice_backward.default":
+        # its gradient's pads (the start, the size less the end) likewise: input_sizes, dim,
+        # start, end at positions 1-4 (a recompile for n < 12 of `x[:12]`'s gradient)
+        sizes, dim = args[1], args[2]
+        if not isinstance(sizes, (list, tuple)) or not sizes or not isinstance(dim, int):
+            return []
+        size = sizes[dim % len(sizes)]
+        size = meta(size) if isinstance(size, torch.fx.Node) else size
+        if not isinstance(size, (int, torch.SymInt)):
+            return []
+        size, positions = hint(size), (3, 4)
+    elif str(n.target) == "aten.slice.Tensor":
+        x = meta(args[0]) if isinstance(args[0], torch.fx.Node) else None
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or not isinstance(args[1], int):
+            return []
+        size, positions = hint(x.shape[_slice_dim(n)]), (2, 3)
+    return [i for i in positions if isinstance(args[i], int) and not isinstance(args[i], bool)
             and (size < args[i] < OPEN or args[i] < -size)]
 
 
@@ -330,8 +371,11 @@ def _arg(a, env):
 
 def _one_symbolic_as_minus_one(sizes):
     """A size list whose one entry is a scalar input (not an extent the fusion knows) takes -1
-    there instead: an extent the binding infers, which the kernel signature knows about."""
-    if not isinstance(sizes, list):
+    there instead: an extent the binding infers, which the kernel signature knows about. Not
+    where another entry is 0: a -1 among no elements has no value (`grad.view(1, s1, 0)`, the
+    backward of a reshape of an empty slice, ran eagerly on every call; dynamic fuzz seed
+    913203), and the scalar is bound as it is."""
+    if not isinstance(sizes, list) or any(_is_zero(s) for s in sizes):
         return sizes
     inputs = Fusion.current().inputs
     sym = [i for i, s in enumerate(sizes) if isinstance(s, Scalar) and any(s is v for v in inputs)]
@@ -339,6 +383,12 @@ def _one_symbolic_as_minus_one(sizes):
         sizes = list(sizes)
         sizes[sym[0]] = -1
     return sizes
+
+
+def _is_zero(s) -> bool:
+    if isinstance(s, Scalar):
+        return s.is_const and s.value == 0
+    return isinstance(s, int) and s == 0
 
 
 __all__ = ["LoweredRegion", "RegionLoweringError", "lower_region", "region_key",

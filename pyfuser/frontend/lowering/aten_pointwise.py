@@ -130,7 +130,7 @@ _DIRECT = {
     "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh",
     "sigmoid": "sigmoid", "erf": "erf", "erfc": "erfc", "erfinv": "erfinv", "relu": "relu",
     "silu": "silu", "mish": "mish", "hardswish": "hardswish", "hardsigmoid": "hardsigmoid",
-    "floor": "floor", "ceil": "ceil", "round": "round", "trunc": "trunc", "frac": "frac",
+    "frac": "frac",
     "sign": "sign", "sgn": "sign", "atan2": "atan2", "maximum": "maximum", "minimum": "minimum",
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "logical_and", "logical_or": "logical_or", "logical_xor": "logical_xor",
@@ -153,6 +153,19 @@ def _direct(table_name):
 
 for _aten, _name in _DIRECT.items():
     lowers(f"aten::{_aten}", n_args=(OPS[_name].arity,))(_direct(_name))
+
+
+def _rounding(table_name):
+    def handler(x):
+        """Eager rounds an integer tensor to itself, a copy (a bool one raises: left to it)."""
+        if isinstance(x, TensorView) and x.dtype.is_integral:
+            return B.set_(x)
+        return ew(table_name, x)
+    return handler
+
+
+for _name in ("floor", "ceil", "round", "trunc"):
+    lowers(f"aten::{_name}", n_args=(1,))(_rounding(_name))
 
 
 @lowers("aten::pow", n_args=(2,))

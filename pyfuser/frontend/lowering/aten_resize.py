@@ -45,13 +45,6 @@ from .registry import METADATA, lowers
 from .slice_bounds import clamped, constant_length, stepped_span
 
 
-def _size(x: TensorView, dim: int, what: str) -> int:
-    n = x.logical[dim].known_size()
-    if n is None:
-        raise UnsupportedOpError(f"{what}: axis {dim} of the input has no constant size")
-    return n
-
-
 def _const_int(v, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise UnsupportedOpError(f"{what} must be a constant int, got {v!r}")
@@ -195,15 +188,17 @@ def _pad(x: TensorView, pairs: list, value, what: str):
     short runs eagerly, which raises as eager does)."""
     grow = []
     for j, (lo, hi) in enumerate(pairs):
-        if (lo < 0 or hi < 0) and x.logical[j].known_size() is None:
-            x = B.slice_axis(x, j, max(-lo, 0),
-                             None if hi >= 0 else _sub(x.logical[j].full_extent, -hi))
-        elif lo < 0 or hi < 0:                   # a negative pad cuts: a slice first
-            n = _size(x, j, what)
-            s, e = max(-lo, 0), n - max(-hi, 0)
-            if e < s:
-                raise UnsupportedOpError(f"{what}: axis {j} would get a negative size")
-            x = B.slice_axis(x, j, s, e)
+        if lo < 0 or hi < 0:                     # a negative pad cuts: a slice first
+            n = x.logical[j].known_size()
+            s = max(-lo, 0)
+            if n is None:      # the end a scalar of the size, checked >= s when it is bound
+                e = None if hi >= 0 else _sub(x.logical[j].full_extent, -hi)
+                x = B.slice_axis(x, j, s, e) if s or e is not None else x
+            else:
+                e = n - max(-hi, 0)
+                if e < s:
+                    raise UnsupportedOpError(f"{what}: axis {j} would get a negative size")
+                x = B.slice_axis(x, j, s, e)
         grow.append((max(lo, 0), max(hi, 0)))
     if not any(lo or hi for lo, hi in grow):
         return x
