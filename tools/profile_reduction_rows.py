@@ -65,6 +65,10 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     import pyfuser
+    from pyfuser.runtime import native
+    # the native cached-call runner, as bench/normalization.py builds it: a fresh GPU machine
+    # has none, and host times would be Python's call path
+    print("native cached-call runner", "on" if native.build() is not None else "OFF", flush=True)
     for name, fn, make in rows:
         for dt in a.dtypes.split(","):
             dtype = getattr(torch, dt)
