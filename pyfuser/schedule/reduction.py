@@ -82,11 +82,11 @@ class ReductionParams:
                                  # not): every thread of a row holds as many elements, so the
                                  # team's and cluster's Welford merges weigh equal counts (1/2)
     fence: bool = False          # ($PYFUSER_RED_FENCE=1) inner staged rows that would be
-                                 # `full`: every position in
-                                 # bounds, yet each step stays under a branch on a condition
-                                 # that is always true and the same in every thread (0 < rlen):
-                                 # without a branch ptxas reads every staged vector back at once
-                                 # and spills; a uniform branch costs less than the bounds check
+                                 # `full`: every position in bounds, yet each step stays under
+                                 # a branch on a condition always true and the same in every
+                                 # thread (0 < rlen): without a branch ptxas reads every staged
+                                 # vector back at once and spills; a uniform branch costs less
+                                 # than the bounds check
     reason: str = ""
 
     def as_dict(self) -> dict:
