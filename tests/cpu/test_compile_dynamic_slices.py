@@ -250,3 +250,27 @@ def test_a_negative_pad_past_a_short_axis_does_not_fit_when_bound():
         F.pad(torch.randn(2, 3), (-2, -2))
     with pytest.raises(ExecuteError, match="does not fit"):
         dispatch.execute_fusion(f, [torch.randn(2, 3)], "interpret")
+
+
+_STEPPED_VIEWS = [lambda x: (x * 2 + 1)[:, ::2].reshape(-1),
+                  lambda x: (x * 2 + 1)[:, 1::2].reshape(-1) + 1,
+                  lambda x: (x * 2)[:, :-1:2].reshape(-1),
+                  lambda x: (x * 2)[::2, :].reshape(-1) * 3,
+                  lambda x: (x + 1)[:, ::3].reshape(x.shape[0], -1).sum(-1),
+                  lambda x: (x * 2).reshape(-1, 4)[:, ::2].reshape(-1)]
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("k", range(len(_STEPPED_VIEWS)))
+def test_views_of_stepped_slices_read_the_stepped_elements(k, dynamic):
+    """A reshape of a stepped slice (from 0 too) reads every step-th element of each row, never
+    the slice's input as if it were contiguous: the stepped index entry keeps the view's
+    entries from passing through (pointwise_graph: `stepped` beside `_sliced`, two fixes of one
+    session that met in a merge); eager's values and shapes at three sizes."""
+    fn = _STEPPED_VIEWS[k]
+    cf = pyfuser.compile(fn, dynamic=dynamic)
+    for shape in ((6, 8), (4, 12), (10, 16)):
+        x = torch.randn(*shape)
+        got, want = cf(x), fn(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)   # (a sum: its order)
