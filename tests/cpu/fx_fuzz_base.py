@@ -130,6 +130,13 @@ class _Builder:
             if not isinstance(v, torch.Tensor) or v.numel() > 4096:
                 return False
             self.env[out] = v
+        return self.keep(line, out, owned)
+
+    def keep(self, line: str, out: Optional[str], owned: bool) -> bool:
+        """Record a line that ran (its output already in the environment): the loosest
+        tolerance so far, whether the program owns the output, the line."""
+        if out is not None:
+            v = self.env[out]
             if TOLERANCE.get(v.dtype, (0, 0)) > TOLERANCE[self.loosest]:
                 self.loosest = v.dtype
             if owned:

@@ -128,13 +128,7 @@ class _Builder(FZ._Builder):
         if out is not None:
             for env, scope in zip(self.envs, scopes):
                 env[out] = scope[out]
-            v = self.env[out]
-            if TOLERANCE.get(v.dtype, (0, 0)) > TOLERANCE[self.loosest]:
-                self.loosest = v.dtype
-            if owned:
-                self.owned.add(out)
-        self.lines.append(line)
-        return True
+        return self.keep(line, out, owned)
 
     def pick_all(self, pred):
         """A value n for which pred(n, env) holds in every call's environment."""
