@@ -48,16 +48,23 @@ def signature(fusion, inputs) -> tuple:
         else:
             facts.append(L.scalar_fact(x))
     out_numel = _ref_numel(fusion, inputs)
-    views = L.view_extent_facts(fusion, inputs)
-    resized = L.resize_extent_facts(fusion, inputs)
+    memo: list = []
+
+    def bound():
+        """The fusion's bindings for these inputs, made once (view and resize facts and the
+        scheduler's choice all read them)."""
+        if not memo:
+            memo.append(bind(fusion, inputs))
+        return memo[0]
+    views = L.view_extent_facts(fusion, bound)
+    resized = L.resize_extent_facts(fusion, bound)
     sig = (tuple(facts), L.needs_int64(inputs, out_numel)) + ((views,) if views else ()) + \
         ((("resized", resized),) if resized else ())
     if getattr(fusion, "kernel_scheduler", None) not in (None, "pointwise", "transpose") or \
             _has_reduction(fusion):
         inputs = list(inputs)
         try:
-            s = registry.select(fusion, inputs, bind(fusion, inputs),
-                                getattr(fusion, "kernel_scheduler", None))
+            s = registry.select(fusion, inputs, bound(), getattr(fusion, "kernel_scheduler", None))
         except SchedulerError as e:      # no scheduler takes these sizes: plan_kernel says so
             return sig + (("refused", str(e)),)
         if s.size_class is not None:

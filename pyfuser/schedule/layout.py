@@ -83,17 +83,17 @@ def symbolic_view_extents(fusion) -> list:
             for d in e.outputs[0].logical if not d.extent.is_const]
 
 
-def view_extent_facts(fusion, inputs) -> tuple:
-    """(is 1, power of two dividing it) of each symbolic view extent; () when there are none."""
+def view_extent_facts(fusion, bound) -> tuple:
+    """(is 1, power of two dividing it) of each symbolic view extent; () when there are none.
+    `bound()` gives the fusion's bindings for the inputs (called only where needed)."""
     extents = symbolic_view_extents(fusion)
     if not extents:
         return ()
-    from ..ir.shapes import bind
-    b = bind(fusion, inputs)
+    b = bound()
     return tuple((int(b.value(s)) == 1, p2(int(b.value(s)))) for s in extents)
 
 
-def resize_extent_facts(fusion, inputs) -> tuple:
+def resize_extent_facts(fusion, bound) -> tuple:
     """Per axis of each slice's, pad's and cat's output, whether its extent is 0, 1, or each of
     its inputs' extents at these sizes; () when there are none. The schedulers read these
     extents' values (an access of an axis of one element is a broadcast; a slice taking its
@@ -101,14 +101,14 @@ def resize_extent_facts(fusion, inputs) -> tuple:
     sizes and bounds when bound (`x[:, 2:]` has n - 2, `x[:, :m]` m): without the facts, a
     kernel planned where such an extent was 1 (n = 3) or the whole axis (m = n) served a later
     call of the same input facts where it is not (n = 5, m < n), and wrote one column or read
-    the wrong rows (a recompile for a new size shares the region's Fusion)."""
+    the wrong rows (a recompile for a new size shares the region's Fusion). `bound()` gives
+    the fusion's bindings for the inputs (called only where needed)."""
     from ..ir import exprs as E
     from ..ir.tensor import TensorView
     ops = [e for e in fusion.exprs if isinstance(e, (E.SliceOp, E.PadOp, E.CatOp))]
     if not ops:
         return ()
-    from ..ir.shapes import bind
-    b = bind(fusion, inputs)
+    b = bound()
     facts = []
     for e in ops:
         out = b.shape(e.outputs[0])
