@@ -159,6 +159,36 @@ def test_batch_norm_training_updates_running_stats_like_eager():
     assert "aten.native_batch_norm_backward.default" in _fused_ops("backward")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eval_batch_norm_fuses_with_its_relu_and_residual(dtype):
+    """An eval-mode batch norm (`_native_batch_norm_legit_no_training` in AOTAutograd's
+    inference graph) is pointwise: with the residual add and the ReLU after it, one region
+    (it ran eagerly before, with ResNet-18's ReLUs as kernels of their own)."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(6).eval()
+    with torch.no_grad():
+        for t in (bn.weight, bn.bias, bn.running_mean):
+            t.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    bn = bn.to(dtype)
+    ora = copy.deepcopy(bn).double()
+
+    def f(m, x, r):
+        return torch.relu(m(x) + r)
+    x, r = torch.randn(4, 6, 5, 5) * 3 + 1, torch.randn(4, 6, 5, 5)
+    with torch.no_grad():
+        out = pyfuser.compile(lambda x, r: f(bn, x, r))(x.to(dtype), r.to(dtype))
+        want = f(bn, x.to(dtype), r.to(dtype))
+        oracle = f(ora, x.to(dtype).double(), r.to(dtype).double())
+    assert out.dtype == want.dtype == dtype
+    assert_as_close_as_eager(out, want, oracle, "eval batch norm")
+    (g,) = _graphs("inference")
+    assert not g.unsupported, g.unsupported
+    (region,) = g.regions
+    assert {"aten._native_batch_norm_legit_no_training.default", "aten.add.Tensor",
+            "aten.relu.default"} <= set(region.ops)
+
+
 def test_in_place_updates_of_inputs_come_back():
     def f(x, acc):
         acc.mul_(0.9).add_(x.relu(), alpha=0.1)      # an in-place update of an input

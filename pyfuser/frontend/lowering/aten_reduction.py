@@ -232,11 +232,9 @@ def _batch_norm(x, w, b, rmean, rvar, training, momentum, eps, cudnn_enabled):
     return _native_batch_norm(x, w, b, rmean, rvar, training, momentum, eps)[0]
 
 
-@lowers("aten::native_batch_norm", "aten::_native_batch_norm_legit_no_training",
-        op_class=NORMALIZATION, n_args=(8, 6), const_args=(5, 7), classify=_batch_norm_class)
-def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
-    if eps is None:              # _native_batch_norm_legit_no_training(x, w, b, rm, rv, momentum, eps)
-        training, momentum, eps = False, training, momentum
+@lowers("aten::native_batch_norm", op_class=NORMALIZATION, n_args=(8,), const_args=(5, 7),
+        classify=_batch_norm_class)
+def _native_batch_norm(x, w, b, rmean, rvar, training, momentum, eps):
     if training:
         return _batch_norm_training(x, w, b, rmean, rvar, momentum, eps)
     if rmean is None or rvar is None:
@@ -250,6 +248,15 @@ def _native_batch_norm(x, w, b, rmean, rvar, training, momentum=None, eps=None):
     y = ew("mul", centered, _channel_param(invstd, x))
     y = _affine(y, w, b, x)
     return B.cast(y, out_dtype), None, None
+
+
+@lowers("aten::_native_batch_norm_legit_no_training", op_class=NORMALIZATION, n_args=(7,),
+        const_args=(5, 6), classify=_batch_norm_class)
+def _batch_norm_no_training(x, w, b, rmean, rvar, momentum, eps):
+    """An eval-mode batch norm (AOTAutograd's inference graphs): pointwise with the running
+    statistics; eager's second and third results are empty tensors, not produced here (a graph
+    that reads them leaves the region to eager, with the reason)."""
+    return _native_batch_norm(x, w, b, rmean, rvar, False, momentum, eps)
 
 
 def _affine(y, w, b, x):
