@@ -14,8 +14,9 @@ gradient rows in token order; no sort, no atomics, one write of the result.
 - rows: what fits the static shared-memory limit (48 KB less the chunk's match lists and
   warp counts), fewer where that leaves under two blocks per SM of the 132 of an H200 (every
   block reads all the indices, so rows are not cut below what fills the machine twice);
-- match_unroll: matched rows whose gradient loads are issued together (more where a row
-  gathers many tokens: few rows, many tokens);
+- match_unroll: matched rows whose gradient loads are issued together: 4, 8 where a block
+  expects 64 matches or more, 32 (and one column a thread) from 256 on (few rows gathering
+  many tokens: a token-type table, whose block walks every token's row in one chain of loads);
 - index_type from the layout signature (64-bit where a tensor spans 2^31 elements), and
   whether the indices and the gradient are dense row-major (signature facts: else the kernel
   indexes them through their sizes and strides).
@@ -39,6 +40,8 @@ SMS = 132                      # an H200's SMs: the grid aims at two blocks for 
 MAX_COLS = 4                   # columns a thread owns in its slice
 UNROLL = 4                     # tokens a thread tests in one chunk
 WARP = 32
+HEAVY = 256                    # a block's expected matches from which it loads HEAVY_UNROLL
+HEAVY_UNROLL = 32              # gradient rows at a time
 
 
 def _op(fusion):
@@ -112,20 +115,31 @@ def list_bytes(block: int, unroll: int) -> int:
     return block * unroll * 8 + unroll * (block // WARP) * 4
 
 
+def _rows(hidden, num_weights, block, cols, acc_bytes) -> int:
+    """Rows of a tile: what 48 KB hold, fewer where that leaves under two blocks an SM."""
+    slices = max(1, -(-hidden // (block * cols)))
+    budget = SHARED_LIMIT - list_bytes(block, UNROLL)
+    rows = min(max(1, budget // (block * cols * acc_bytes)), max(1, num_weights))
+    fill = 2 * SMS
+    if -(-num_weights // rows) * slices < fill:
+        rows = max(1, min(rows, num_weights * slices // fill))
+    return rows
+
+
 def choose(hidden: int, tokens: int, num_weights: int, acc_bytes: int) -> tuple:
     """(block, cols, rows, match_unroll) for these sizes (module docstring)."""
     block = 128 if hidden <= 128 else 256
     cols = max(1, min(MAX_COLS, -(-hidden // block)))
-    slices = max(1, -(-hidden // (block * cols)))
-    budget = SHARED_LIMIT - list_bytes(block, UNROLL)
-    rows = max(1, budget // (block * cols * acc_bytes))
-    rows = min(rows, max(1, num_weights))
-    fill = 2 * SMS
-    if -(-num_weights // rows) * slices < fill:
-        rows = max(1, min(rows, num_weights * slices // fill))
+    rows = _rows(hidden, num_weights, block, cols, acc_bytes)
     matches = tokens * rows / max(1, num_weights)     # a block's matches, indices uniform
-    match_unroll = 8 if matches >= 64 else 4
-    return block, cols, rows, match_unroll
+    if matches < 64:
+        return block, cols, rows, 4
+    if matches < HEAVY:
+        return block, cols, rows, 8
+    # few rows gathering many tokens (a token-type table): a block's walk through its matches
+    # is one chain of loads, HEAVY_UNROLL rows in flight at a time; a thread owns one column so
+    # that many rows fit its registers
+    return block, 1, _rows(hidden, num_weights, block, 1, acc_bytes), HEAVY_UNROLL
 
 
 def schedule(fusion, inputs) -> EmbeddingBackwardParams:

@@ -99,11 +99,15 @@ def test_gradient_viewed_as_rows_of_other_shape():
     _check(_grad((24, 16), torch.float32), _ids((4, 6), 9), 9)
 
 
-def test_a_long_run_of_one_index():
-    """Every token the same row (a token-type table): one sum of 1500 rows, in order."""
-    ids = torch.full((3, 500), 5, dtype=torch.int64)
-    _check(_grad((3, 500, 40), torch.float32), ids, 8)
-    _check(_grad((3, 500, 40), torch.bfloat16), ids, 8)
+@pytest.mark.parametrize("num_weights", [8, 2])
+def test_a_long_run_of_one_index(num_weights):
+    """Every token the same row (a token-type table): one sum of 1500 rows, in order; with 2
+    rows the plan loads 32 matched rows at a time (EB.HEAVY_UNROLL)."""
+    ids = torch.full((3, 500), 1, dtype=torch.int64)
+    _, f = _check(_grad((3, 500, 40), torch.float32), ids, num_weights)
+    plan = api.plan_kernel(f, [_grad((3, 500, 40), torch.float32), ids])
+    assert plan.params.match_unroll == (EB.HEAVY_UNROLL if num_weights == 2 else 8)
+    _check(_grad((3, 500, 40), torch.bfloat16), ids, num_weights)
 
 
 def test_many_chunks_and_wide_rows():
@@ -168,11 +172,12 @@ def test_compiles_for_sm90(dtype, dense):
 
 
 def test_plan_for_bert_sizes():
-    """Indices 8 x 512, H 768: a slice is the whole row (256 threads x 3 columns), the tile's
-    accumulator and lists fit 48 KB, and the grid fills 132 SMs at least twice."""
+    """Indices 8 x 512, H 768: a slice is the whole row (256 threads x 3 columns; a token-type
+    table of 2 rows: one column a thread, 32 rows in flight), the tile's accumulator and lists
+    fit 48 KB, and the grid fills 132 SMs at least twice."""
     for vocab in (30522, 8192, 512, 2):
-        block, cols, rows, _ = EB.choose(768, 4096, vocab, 4)
-        assert (block, cols) == (256, 3)
+        block, cols, rows, unroll = EB.choose(768, 4096, vocab, 4)
+        assert (block, cols, unroll) == ((256, 1, 32) if vocab == 2 else (256, 3, 4))
         assert rows * block * cols * 4 + EB.list_bytes(block, EB.UNROLL) <= EB.SHARED_LIMIT
-        blocks = -(-vocab // rows)
+        blocks = -(-vocab // rows) * -(-768 // (block * cols))
         assert blocks >= min(2 * EB.SMS, vocab)
