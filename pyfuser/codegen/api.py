@@ -73,8 +73,10 @@ def signature(fusion, inputs) -> tuple:
 
 
 def _has_reduction(fusion) -> bool:
+    """Whether the plan may depend on sizes (reductions; an embedding backward's tiles)."""
     from ..ir import exprs as E
-    return any(isinstance(e, (E.ReductionOp, E.WelfordOp)) for e in fusion.exprs)
+    return any(isinstance(e, (E.ReductionOp, E.WelfordOp, E.EmbeddingBackwardOp))
+               for e in fusion.exprs)
 
 
 def _ref_numel(fusion, inputs) -> int:
@@ -179,6 +181,17 @@ def _plan_inner_outer(fusion, inputs, sched) -> KernelPlan:
     return _reduction_family_plan(fusion, sched, plan_inner_outer_kernel)
 
 
+def _plan_embedding_backward(fusion, inputs, params) -> KernelPlan:
+    from .embedding_backward_lowering import build, launch_fn
+    name = "pf_embedding_backward_kernel"
+    kir = build(params, fusion, name)
+    header = f"// pyfuser embedding_backward kernel: {params.as_dict()}\n"
+    kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params), launch_fn(params),
+                             params.as_dict())
+    return KernelPlan(fusion, "embedding_backward", params, kernel, kir, kernel_body(kir),
+                      [(0, 1)])
+
+
 def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
     from .horizontal_lowering import plan_horizontal
     return plan_horizontal(fusion, inputs, sched)
@@ -187,7 +200,8 @@ def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
 LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,
              "reduction": _plan_reduction, "inner_persistent": _plan_reduction,
              "outer_persistent": _plan_reduction, "horizontal": _plan_horizontal,
-             "inner_outer_persistent": _plan_inner_outer}
+             "inner_outer_persistent": _plan_inner_outer,
+             "embedding_backward": _plan_embedding_backward}
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:

@@ -101,6 +101,8 @@ class Printer:
         if isinstance(x, K.CheckedIndex):
             return (f"pf_checked_index({self.e(x.value)}, (long long)({self.e(x.size)}), "
                     f"\"{self.k.name}: {_c_string(x.text)}\")")
+        if isinstance(x, K.Ballot):
+            return f"((int64_t)__ballot_sync(0xffffffffu, {self.e(x.pred)}))"
         if isinstance(x, K.Shfl):
             ct = K.REGISTER_CTYPE[x.dtype]
             if ct in SHFL_NATIVE:

@@ -16,7 +16,7 @@ and conversion values are interpreter_values.py's.
 Threads run statement by statement in lockstep, which is one of the schedules a GPU may pick; the
 interpreter also checks what would make the kernel depend on the schedule (a `KernelRaceError`;
 shared memory and barriers: interpreter_shared.py):
-- a `Sync` reached by part of a block, a `Shfl` by part of a warp;
+- a `Sync` reached by part of a block, a `Shfl` or `Ballot` by part of a warp;
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses;
 - an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`.
@@ -369,6 +369,8 @@ class Interpreter(SharedMemory):
             return self.shfl(x, sc)
         if isinstance(x, K.RemoteRef):
             return self._remote_read(x, sc)
+        if isinstance(x, K.Ballot):
+            return self.ballot(x, sc)
         if isinstance(x, K.Elem):
             off = self.ev(x.offset, sc)
             return self.values[x.ptr][off] if isinstance(off, torch.Tensor) \
@@ -382,16 +384,32 @@ class Interpreter(SharedMemory):
             return v
         raise TypeError(f"cannot evaluate {x!r}")
 
+    def _whole_warps(self, sc: _Scope, what: str):
+        """The active thread rows, checked to make whole warps."""
+        rows = torch.arange(self.P) if sc.sel is None else sc.sel
+        counts = torch.bincount(rows // WARP, minlength=-(-self.P // WARP))
+        assert self.T % WARP == 0, f"{what}s need whole warps"
+        if bool(((counts != 0) & (counts != WARP)).any()):
+            raise KernelRaceError(f"{self.k.name}: a {what} reached by part of a warp")
+        return rows
+
+    def ballot(self, x: K.Ballot, sc: _Scope):
+        """Per active thread, the mask of its warp's lanes whose predicate holds."""
+        rows = self._whole_warps(sc, "warp ballot")
+        pred = self.ev(x.pred, sc)
+        n = rows.shape[0]
+        pred = pred.reshape(-1) if isinstance(pred, torch.Tensor) else torch.full((n,), bool(pred))
+        bits = torch.zeros(self.P, dtype=torch.int64)
+        bits[rows] = pred.expand(n).to(torch.int64) << (rows % WARP)
+        masks = bits.view(-1, WARP).sum(1)
+        return masks[rows // WARP]
+
     def shfl(self, x: K.Shfl, sc: _Scope):
         val = self.ev(x.value, sc)
         n = sc.count(self.P)
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
             return val                           # the same in every lane
-        rows = torch.arange(self.P) if sc.sel is None else sc.sel
-        counts = torch.bincount(rows // WARP, minlength=-(-self.P // WARP))
-        assert self.T % WARP == 0, "shuffles need whole warps"
-        if bool(((counts != 0) & (counts != WARP)).any()):
-            raise KernelRaceError(f"{self.k.name}: a warp shuffle reached by part of a warp")
+        rows = self._whole_warps(sc, "warp shuffle")
         full = torch.zeros((self.P, *val.shape[1:]), dtype=val.dtype)
         full[rows] = val.expand(n, *val.shape[1:]) if val.shape[0] != n else val
         return full[rows ^ x.lane_xor]
@@ -410,7 +428,7 @@ _BIN = {
     "/": lambda a, b: a // b,      # index math: non-negative operands, so C's / is floor
     "%": lambda a, b: a % b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
     "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "&&": _and, "||": _or,
-    "^": lambda a, b: a ^ b, "&": lambda a, b: a & b,
+    "^": lambda a, b: a ^ b, "&": lambda a, b: a & b, "<<": lambda a, b: a << b,
 }
 
 

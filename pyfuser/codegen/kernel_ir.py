@@ -8,8 +8,9 @@ Expressions are immutable trees (hashable, so lowering can share them):
   Var(name)                a kernel parameter, a `Let`, a loop index
   Const(value, ctype, dtype)
   Special(name)            threadIdx.x/y/z, blockIdx.x/y/z, blockDim.x/y/z, gridDim.x/y/z
-  Bin(op, a, b)            index arithmetic and conditions: + - * / % < <= == != && || ^ &
-                           (C semantics on the index type; `^`/`&` on lane numbers)
+  Bin(op, a, b)            index arithmetic and conditions: + - * / % < <= == != && || ^ & <<
+                           (C semantics on the index type; `^`/`&`/`<<` on lane numbers and
+                           warp masks)
   ArrayRef(name, index)    an element of an array (storage type); index () names a scalar Alloc
   Op(name, args, compute)  an op of the op table applied in register type of `compute`
   Convert(kind, arg, src, dst)
@@ -18,6 +19,11 @@ Expressions are immutable trees (hashable, so lowering can share them):
       "round" a float rounded to dst's precision (results of half/bf16 ops).
   Shfl(value, lane_xor, dtype)  the value of `value` in the thread whose lane (threadIdx in the
                            warp) is this lane ^ lane_xor (`__shfl_xor_sync` over the full warp)
+  Ballot(pred)             the 32-bit mask of the lanes of this warp whose `pred` is true
+                           (`__ballot_sync` over the full warp, as a non-negative int64): every
+                           lane of the warp evaluates it together (the interpreter checks); with
+                           the `popc` kernel op and `<<`, a warp's count and each lane's rank
+                           among the lanes below it (stream compaction in token order)
   RemoteRef(name, index, rank)  an element of shared array `name` of the block of rank `rank` in
                            this block's thread-block cluster (distributed shared memory, sm_90);
                            Special("cluster_rank") is this block's rank
@@ -74,7 +80,7 @@ Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is
 its index only selects elements of arrays (the vector lanes); every Load/Store is under an If whose
 condition guarantees it is in bounds for every lane; indices of local arrays are the same in every
 thread (constants, unroll and lane indices: they stay in registers); a Sync or Shfl is reached by
-every thread of the block (Sync) or warp (Shfl) together, which the interpreter checks, together
+every thread of the block (Sync) or warp (Shfl, Ballot) together, which the interpreter checks, together
 with data races on shared memory between two Syncs.
 """
 from __future__ import annotations
@@ -146,6 +152,11 @@ class Shfl:
     value: Any
     lane_xor: int
     dtype: DataType
+
+
+@dataclass(frozen=True)
+class Ballot:
+    pred: Any
 
 
 @dataclass(frozen=True)
@@ -413,6 +424,8 @@ def fmt(e) -> str:
         return f"{e.kind}<{e.src.name}->{e.dst.name}>({fmt(e.arg)})"
     if isinstance(e, Shfl):
         return f"shfl_xor({fmt(e.value)}, {e.lane_xor})"
+    if isinstance(e, Ballot):
+        return f"ballot({fmt(e.pred)})"
     if isinstance(e, RemoteRef):
         return f"{e.name}{''.join(f'[{fmt(i)}]' for i in e.index)}@rank({fmt(e.rank)})"
     if isinstance(e, Elem):

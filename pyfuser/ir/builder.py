@@ -429,7 +429,7 @@ def iota(length: Operandish, start: Operandish = 0, step: Operandish = 1,
 # the indexing, slice / pad / cat and random-number constructors live in builder_indexing.py, the
 # statistics (mean, var_mean, welford, num_elements) in builder_stats.py; both import the helpers
 # above and are reached through this module lazily (no import cycle)
-_INDEXING = frozenset(("cat", "embedding", "gather", "index_select", "pad", "rand", "random",
+_INDEXING = frozenset(("cat", "embedding", "embedding_backward", "gather", "index_select", "pad", "rand", "random",
                        "slice_", "slice_axis"))
 _STATS = frozenset(("mean", "num_elements", "var_mean", "welford"))
 

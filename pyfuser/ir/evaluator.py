@@ -163,6 +163,13 @@ def _index_select(e, env):
     return picked.reshape(*x.shape[:e.dim], *index.shape, *x.shape[e.dim + 1:])
 
 
+def _embedding_backward(e, env):
+    """Eager's own op (its sums are eager's, not a kernel's token order)."""
+    grad, index = env[e.inputs[0]], env[e.inputs[1]]
+    return torch.ops.aten.embedding_dense_backward(grad, index, e.num_weights, e.padding_idx,
+                                                   False)
+
+
 def _slice(e, env):
     def v(b):
         return int(env.b.value(b)) if isinstance(b, Scalar) else b
@@ -234,6 +241,7 @@ HANDLERS = {
     E.IotaOp: _iota,
     E.GatherOp: _gather,
     E.IndexSelectOp: _index_select,
+    E.EmbeddingBackwardOp: _embedding_backward,
     E.SliceOp: _slice,
     E.CatOp: _cat,
     E.PadOp: _pad,

@@ -180,6 +180,19 @@ class IndexSelectOp(Expr):
         super().__init__([inp, index], [out])
 
 
+class EmbeddingBackwardOp(Expr):
+    """aten.embedding_dense_backward without scale_grad_by_freq: out [num_weights, H] of grad's
+    dtype, out[v, h] = the sum, in token order, of grad's rows t (grad viewed [numel(index),
+    H]) whose index[t] == v, accumulated in float32 (float64 for double); rows whose index is
+    `padding_idx` are left out (padding_idx -1: none). `num_weights` and `padding_idx` are
+    constant ints. An index outside [0, num_weights) is an error, as in eager."""
+    op_name = "embedding_backward"
+
+    def __init__(self, out, grad, index, num_weights: int, padding_idx: int):
+        self.num_weights, self.padding_idx = int(num_weights), int(padding_idx)
+        super().__init__([grad, index], [out])
+
+
 class SliceOp(Expr):
     """out = inp[start[0]:end[0]:step[0], ...], 0 <= start <= end <= size (an empty slice,
     start == end, may lie past the end); out's extent along an axis is ceil((end - start) /

@@ -293,7 +293,16 @@ def _fma_ref(a, b, c):
 # sum, which its pointwise ops keep): written only by a reduction's own arithmetic, the squared
 # deviations a Welford chunk accumulates (codegen/reduction_accumulators.py), where one rounding
 # is as exact or more and one instruction instead of two.
+def _popc_ref(x):
+    """The number of set bits of each 32-bit mask (held in an int64, non-negative)."""
+    x = torch.as_tensor(x, dtype=torch.int64)
+    return sum((x >> b) & 1 for b in range(32))
+
+
+# popc: set bits of a warp ballot's mask (kernel_ir.Ballot), written only by the stream
+# compactions of codegen/embedding_backward_lowering.py.
 KERNEL_OPS: dict[str, OpInfo] = {
+    "popc": OpInfo("popc", 1, Promotion.DEFAULT, _popc_ref, "__popc((unsigned)({0}))", INTEGER),
     "fma": OpInfo("fma", 3, Promotion.INT_TO_FLOAT, _fma_ref, "pf_fma({0}, {1}, {2})", FLOAT),
     "exp_shifted": OpInfo("exp_shifted", 1, Promotion.INT_TO_FLOAT, torch.exp,
                           "pf_exp_shifted({0})", FLOAT),

@@ -169,6 +169,11 @@ def _indexing(e) -> str:
     return _assign(e.output, f"{e.op_name}( {e.inputs[0]}, dim = {e.dim}, index = {e.inputs[1]} )")
 
 
+def _embedding_backward(e) -> str:
+    return _assign(e.output, f"embedding_backward( {e.inputs[0]}, index = {e.inputs[1]}, "
+                             f"num_weights = {e.num_weights}, padding_idx = {e.padding_idx} )")
+
+
 def _slice(e) -> str:
     ranges = ", ".join(f"{a}:{'' if b is None else b}" + (f":{s}" if s != 1 else "")
                        for a, b, s in zip(e.starts, e.ends, e.steps))
@@ -208,6 +213,7 @@ PRINTERS = {
     E.IotaOp: _iota,
     E.GatherOp: _indexing,
     E.IndexSelectOp: _indexing,
+    E.EmbeddingBackwardOp: _embedding_backward,
     E.SliceOp: _slice,
     E.CatOp: _cat,
     E.PadOp: _pad,

@@ -164,7 +164,20 @@ def _check_gather(b: Bindings, e) -> None:
                                f"{axis}, more than the input's {n}")
 
 
-_CHECKS = {E.SliceOp: _check_slice, E.PadOp: _bind_pad, E.CatOp: _bind_cat,
+def _check_embedding_backward(b: Bindings, e) -> None:
+    grad, index = b.shape(e.inputs[0]), b.shape(e.inputs[1])
+    rows = 1
+    for n in index:
+        rows *= n
+    total = 1
+    for n in grad:
+        total *= n
+    if rows * grad[-1] != total:
+        raise ExecuteError(f"execute: embedding_backward of a gradient {e.inputs[0].name} of "
+                           f"shape {grad} with {rows} indices ({e.inputs[1].name})")
+
+
+_CHECKS = {E.SliceOp: _check_slice, E.EmbeddingBackwardOp: _check_embedding_backward, E.PadOp: _bind_pad, E.CatOp: _bind_cat,
            E.GatherOp: _check_gather,
            E.ExpandOp: lambda b, e: _check_expand(b, e)}
 

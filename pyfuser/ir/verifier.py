@@ -166,6 +166,15 @@ def _check_indexing(e) -> None:
     _check(out.ndim == want, f"{e.op_name}: output {out} has rank {out.ndim}, expected {want}")
 
 
+def _check_embedding_backward(e) -> None:
+    grad, index, out = e.inputs[0], e.inputs[1], e.output
+    _check(index.dtype in (DataType.Int, DataType.Int32), f"{e.op_name}: index {index} is not Int")
+    _check(out.dtype is grad.dtype and grad.dtype.is_floating,
+           f"{e.op_name}: output {out} must have the floating dtype of {grad}")
+    _check(out.ndim == 2 and out.logical[0].extent.value == e.num_weights,
+           f"{e.op_name}: output {out} is not [{e.num_weights}, H]")
+
+
 def _check_slice(e) -> None:
     inp, out = e.inputs[0], e.output
     _check(len(e.starts) == len(e.ends) == inp.ndim == out.ndim,
@@ -213,6 +222,7 @@ EXPR_CHECKS = {
     E.SqueezeOp: _check_squeeze,
     E.GatherOp: _check_indexing,
     E.IndexSelectOp: _check_indexing,
+    E.EmbeddingBackwardOp: _check_embedding_backward,
     E.SliceOp: _check_slice,
     E.CatOp: _check_cat,
     E.PadOp: _check_pad,

@@ -56,10 +56,15 @@ def _horizontal():
                      horizontal.run_check, horizontal.size_class)
 
 
+def _embedding_backward():
+    from . import embedding_backward as EB
+    return Scheduler(EB.NAME, EB.can_schedule, EB.schedule, EB.run_check, EB.size_class)
+
+
 def _build() -> list:
     from . import inner_outer, reduction
     return [_transpose(), *reduction.schedulers(), inner_outer.scheduler(), _pointwise(),
-            _horizontal()]
+            _horizontal(), _embedding_backward()]
 
 
 SCHEDULERS: list = _build()

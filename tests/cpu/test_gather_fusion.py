@@ -144,7 +144,7 @@ def test_token_and_position_embeddings_are_one_kernel_under_torch_compile():
 
 
 def test_embedding_training_step_matches_eager():
-    """The forward's lookups fuse; the backward's embedding_dense_backward is aten's; the
+    """The forward's lookups fuse; the backward's embedding_dense_backward is an embedding_backward kernel; the
     weights' gradients are eager's."""
     torch.manual_seed(0)
     m = _Embeddings()

@@ -32,9 +32,11 @@ import torch
 from ...ir.dtypes import DataType
 from .meta import has_format, meta
 from ..lowering.aten_overloads import argument_names, entry_for, is_mutable, schema_args
-from ..lowering.registry import FACTORY, METADATA, NORMALIZATION, POINTWISE, RANDOM, REDUCTION
+from ..lowering.registry import (FACTORY, METADATA, NORMALIZATION, POINTWISE, RANDOM, REDUCTION,
+                                 SCATTER)
 
-FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RANDOM, FACTORY})
+FUSIBLE_CLASSES = frozenset({POINTWISE, METADATA, REDUCTION, NORMALIZATION, RANDOM, FACTORY,
+                             SCATTER})
 _PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout,
                torch.memory_format, type(None))
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)

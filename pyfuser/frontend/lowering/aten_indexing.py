@@ -3,7 +3,7 @@ index_select and gather.
 
 `aten::embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)` (a 2-D weight, an
 integer index of any rank: the rows of weight at the indices; the last three arguments change
-only the backward, which stays eager's `embedding_dense_backward`) and `aten::index_select(x,
+only the backward, `embedding_dense_backward`, lowered in aten_embedding_backward.py) and `aten::index_select(x,
 dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp, `aten::gather(x, dim, index)`
 (an index of x's rank) to a GatherOp; a lookup's index may itself be looked up (BERT's token
 types: a gather from a buffer at the positions, then the token-type embedding). The pointwise
@@ -26,6 +26,7 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .registry import lowers
+from . import aten_embedding_backward  # noqa: F401  (the lookup's backward: its table entry)
 
 _INDEX_DTYPES = (DataType.Int, DataType.Int32)
 

@@ -20,6 +20,10 @@ RANDOM = "random"
 # into regions that also read a tensor on their device; the TorchScript fuser does not group
 # this class
 FACTORY = "factory"
+# sums of rows into the positions another tensor holds (embedding_dense_backward): a kernel of
+# their own (the embedding_backward scheduler); the torch.compile backend fuses them, the
+# TorchScript fuser does not group this class
+SCATTER = "scatter"
 
 
 @dataclass(frozen=True)

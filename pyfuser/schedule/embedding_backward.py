@@ -1,0 +1,160 @@
+"""The embedding_backward scheduler: aten.embedding_dense_backward as one deterministic kernel.
+
+It takes a Fusion that is one EmbeddingBackwardOp of two fusion inputs (the gradient [*, H] and
+the indices, any rank) writing the fusion's one output [num_weights, H]. The kernel
+(codegen/embedding_backward_lowering.py; docs/embedding_backward.md) gives each block a tile of
+`rows` vocabulary rows x a slice of `block * cols` columns, accumulated in shared memory; the
+block walks every token in order, `block * unroll` tokens a chunk, compacts the chunk's tokens
+whose index falls in its rows (warp ballots, then a prefix over the warps) and adds their
+gradient rows in token order; no sort, no atomics, one write of the result.
+
+`plan(fusion, inputs) -> EmbeddingBackwardParams` picks, from the sizes:
+- block: 256 threads (128 where H <= 128); cols: the columns a thread owns, ceil(H / block)
+  up to 4, so one slice holds H <= 1024 (the gradient's rows are then read once in all);
+- rows: what fits the static shared-memory limit (48 KB less the chunk's match lists and
+  warp counts), fewer where that leaves under two blocks per SM of the 132 of an H200 (every
+  block reads all the indices, so rows are not cut below what fills the machine twice);
+- match_unroll: matched rows whose gradient loads are issued together: 4, 8 where a block
+  expects 64 matches or more, 32 (and one column a thread) from 256 on (few rows gathering
+  many tokens: a token-type table, whose block walks every token's row in one chain of loads);
+- index_type from the layout signature (64-bit where a tensor spans 2^31 elements), and
+  whether the indices and the gradient are dense row-major (signature facts: else the kernel
+  indexes them through their sizes and strides).
+These choices tune speed only; the kernel is correct for any of them (size_class puts them in
+the kernel signature, so a new size class plans a new kernel).
+
+Invariant: never imports codegen/; correctness depends only on the layout signature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import exprs as E
+from ..ir.dtypes import DataType
+from ..ir.tensor import TensorView
+from . import layout as L
+
+NAME = "embedding_backward"
+SHARED_LIMIT = 48 * 1024       # bytes of static shared memory a block may hold
+SMS = 132                      # an H200's SMs: the grid aims at two blocks for each
+MAX_COLS = 4                   # columns a thread owns in its slice
+UNROLL = 4                     # tokens a thread tests in one chunk
+WARP = 32
+HEAVY = 256                    # a block's expected matches from which it loads HEAVY_UNROLL
+HEAVY_UNROLL = 32              # gradient rows at a time
+
+
+def _op(fusion):
+    exprs = fusion.used_exprs()
+    return exprs[0] if len(exprs) == 1 and isinstance(exprs[0], E.EmbeddingBackwardOp) else None
+
+
+def can_schedule(fusion) -> tuple[bool, str]:
+    e = _op(fusion)
+    if e is None:
+        return False, "not a single embedding_backward"
+    if not all(isinstance(v, TensorView) and v in fusion.inputs for v in e.inputs):
+        return False, "the gradient and the indices must be fusion inputs"
+    if fusion.outputs != [e.output]:
+        return False, "the weight gradient must be the fusion's only output"
+    if e.inputs[0].dtype not in (DataType.Float, DataType.Half, DataType.BFloat16,
+                                 DataType.Double):
+        return False, f"gradient dtype {e.inputs[0].dtype.name}"
+    return True, ""
+
+
+def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
+    tokens = _tensors(fusion, inputs)[1].numel()
+    if tokens >= 2 ** 31:
+        return False, f"{tokens} indices (the kernel counts tokens in 32 bits)"
+    return True, ""
+
+
+@dataclass
+class EmbeddingBackwardParams:
+    block: int                 # threads of a block
+    cols: int                  # columns a thread owns: a block's slice is block * cols wide
+    rows: int                  # vocabulary rows of a block's tile
+    unroll: int                # tokens a thread tests per chunk (a chunk: block * unroll)
+    match_unroll: int          # matched rows whose gradient loads are issued together
+    acc: DataType              # the accumulator's dtype (Float; Double for double)
+    index_type: str
+    grad_seg: int              # kernel tensor positions of the gradient and the indices
+    ids_seg: int
+    ids_dense: bool            # row-major: a token's index is ids[t]
+    grad_dense: bool           # row-major: a token's row starts at t * H
+    num_weights: int
+    padding_idx: int
+
+    @property
+    def warps(self) -> int:
+        return self.block // WARP
+
+    def as_dict(self) -> dict:
+        return {"kind": NAME, "block": self.block, "cols": self.cols, "rows": self.rows,
+                "unroll": self.unroll, "match_unroll": self.match_unroll,
+                "acc": self.acc.name, "index_type": self.index_type,
+                "ids_dense": self.ids_dense, "grad_dense": self.grad_dense,
+                "num_weights": self.num_weights, "padding_idx": self.padding_idx}
+
+    def size_class(self) -> tuple:
+        return (self.block, self.cols, self.rows, self.unroll, self.match_unroll)
+
+
+def _tensors(fusion, inputs):
+    """(gradient, indices) among `inputs`, and their kernel tensor positions."""
+    e = _op(fusion)
+    tvs = [v for v in fusion.inputs if isinstance(v, TensorView)]
+    xs = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
+    g, i = tvs.index(e.inputs[0]), tvs.index(e.inputs[1])
+    return xs[g], xs[i], g, i
+
+
+def list_bytes(block: int, unroll: int) -> int:
+    """Shared bytes of a chunk's match lists (row and token, int32 each) and warp counts."""
+    return block * unroll * 8 + unroll * (block // WARP) * 4
+
+
+def _rows(hidden, num_weights, block, cols, acc_bytes) -> int:
+    """Rows of a tile: what 48 KB hold, fewer where that leaves under two blocks an SM."""
+    slices = max(1, -(-hidden // (block * cols)))
+    budget = SHARED_LIMIT - list_bytes(block, UNROLL)
+    rows = min(max(1, budget // (block * cols * acc_bytes)), max(1, num_weights))
+    fill = 2 * SMS
+    if -(-num_weights // rows) * slices < fill:
+        rows = max(1, min(rows, num_weights * slices // fill))
+    return rows
+
+
+def choose(hidden: int, tokens: int, num_weights: int, acc_bytes: int) -> tuple:
+    """(block, cols, rows, match_unroll) for these sizes (module docstring)."""
+    block = 128 if hidden <= 128 else 256
+    cols = max(1, min(MAX_COLS, -(-hidden // block)))
+    rows = _rows(hidden, num_weights, block, cols, acc_bytes)
+    matches = tokens * rows / max(1, num_weights)     # a block's matches, indices uniform
+    if matches < 64:
+        return block, cols, rows, 4
+    if matches < HEAVY:
+        return block, cols, rows, 8
+    # few rows gathering many tokens (a token-type table): a block's walk through its matches
+    # is one chain of loads, HEAVY_UNROLL rows in flight at a time; a thread owns one column so
+    # that many rows fit its registers
+    return block, 1, _rows(hidden, num_weights, block, 1, acc_bytes), HEAVY_UNROLL
+
+
+def schedule(fusion, inputs) -> EmbeddingBackwardParams:
+    e = _op(fusion)
+    grad, ids, g, i = _tensors(fusion, inputs)
+    acc = DataType.Double if e.inputs[0].dtype is DataType.Double else DataType.Float
+    hidden = int(grad.shape[-1]) if grad.dim() else 1
+    block, cols, rows, mu = choose(hidden, ids.numel(), e.num_weights, acc.itemsize)
+    out_numel = e.num_weights * hidden
+    index_type = "int64_t" if L.needs_int64(list(inputs), out_numel) else "int"
+    return EmbeddingBackwardParams(
+        block, cols, rows, UNROLL, mu, acc, index_type, g, i,
+        L.row_major(tuple(ids.shape), tuple(ids.stride())),
+        L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx)
+
+
+def size_class(fusion, inputs) -> tuple:
+    return schedule(fusion, inputs).size_class()

@@ -1,0 +1,183 @@
+"""The embedding_backward kernel (schedule/embedding_backward.py, codegen/
+embedding_backward_lowering.py) on the CPU interpreter: every element of the weight gradient is
+bit-equal to the sequential sum of its tokens' gradient rows in token order, in float32 (float64
+for double), rounded once to the gradient's dtype; close to eager's; an index outside the table
+stops the kernel; the kernel compiles with NVRTC for sm_90. Training steps through
+pyfuser.compile are in test_embedding_backward_compile.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser.codegen import api
+from pyfuser.ir import builder as B
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.fusion import Fusion
+from pyfuser.runtime import dispatch, nvrtc
+from pyfuser.schedule import embedding_backward as EB
+
+
+def _fusion(grad_rank, ids_rank, dtype, index_dtype, num_weights, padding_idx):
+    f = Fusion()
+    with f:
+        g = B.define_tensor([-1] * grad_rank, DataType.from_torch(dtype))
+        i = B.define_tensor([-1] * ids_rank, DataType.from_torch(index_dtype))
+        f.add_output(B.embedding_backward(g, i, num_weights, padding_idx))
+    return f
+
+
+def sequential_reference(grad, ids, num_weights, padding_idx):
+    """grad_weight[v] = the rows of tokens t with ids[t] == v, added one token after the other
+    in token order, in float32 (float64 for double), then rounded to grad's dtype."""
+    acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    h = grad.shape[-1]
+    rows = grad.reshape(-1, h).to(acc_dtype)
+    acc = torch.zeros(num_weights, h, dtype=acc_dtype)
+    for t, v in enumerate(ids.reshape(-1).tolist()):
+        if v != padding_idx:
+            acc[v] = acc[v] + rows[t]
+    return acc.to(grad.dtype)
+
+
+def _run(grad, ids, num_weights, padding_idx):
+    f = _fusion(grad.dim(), ids.dim(), grad.dtype, ids.dtype, num_weights, padding_idx)
+    (out,) = dispatch.execute_fusion(f, [grad, ids], "interpret")
+    report = dispatch.last_report(f)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+    return out, f
+
+
+def _check(grad, ids, num_weights, padding_idx=-1):
+    out, f = _run(grad, ids, num_weights, padding_idx)
+    want = sequential_reference(grad, ids, num_weights, padding_idx)
+    assert out.shape == want.shape and out.dtype == want.dtype
+    assert torch.equal(out.view(-1).view(torch.uint8) if out.numel() else out,
+                       want.view(-1).view(torch.uint8) if want.numel() else want), \
+        (out - want).abs().max()
+    # eager's CUDA kernel accumulates half / bfloat16 in float32; its CPU kernel in the
+    # gradient's dtype (1500 bfloat16 additions drift by whole units): compare with eager's
+    # float32 sums rounded once
+    wide = grad.float() if grad.dtype in (torch.float16, torch.bfloat16) else grad
+    eager = torch.ops.aten.embedding_dense_backward(wide, ids, num_weights, padding_idx,
+                                                    False).to(grad.dtype)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12}.get(grad.dtype, 2e-2)
+    torch.testing.assert_close(out, eager, rtol=tol, atol=tol)
+    return out, f
+
+
+def _grad(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _ids(shape, high, dtype=torch.int64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, high, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_sums_are_the_sequential_float32_sums(dtype, index_dtype):
+    """[3, 7] tokens (21: not a multiple of the block), H 37 (no multiple of anything), 11 rows
+    (fewer than the tokens: rows gather several tokens), padding row 4."""
+    ids = _ids((3, 7), 11, index_dtype)
+    ids[0, :3] = 4
+    out, _ = _check(_grad((3, 7, 37), dtype), ids, 11, padding_idx=4)
+    assert not out[4].any()
+
+
+@pytest.mark.parametrize("ids_shape", [(45,), (5, 9), (3, 5, 3)], ids=["1d", "2d", "3d"])
+@pytest.mark.parametrize("num_weights", [7, 300], ids=["V<N", "V>N"])
+@pytest.mark.parametrize("padding_idx", [-1, 2])
+def test_ranks_sizes_and_padding(ids_shape, num_weights, padding_idx):
+    _check(_grad((*ids_shape, 24), torch.float32), _ids(ids_shape, num_weights), num_weights,
+           padding_idx)
+
+
+def test_gradient_viewed_as_rows_of_other_shape():
+    """Eager takes any gradient of numel(indices) rows: indices [4, 6], gradient [24, 16]."""
+    _check(_grad((24, 16), torch.float32), _ids((4, 6), 9), 9)
+
+
+@pytest.mark.parametrize("num_weights", [8, 2])
+def test_a_long_run_of_one_index(num_weights):
+    """Every token the same row (a token-type table): one sum of 1500 rows, in order; with 2
+    rows the plan loads 32 matched rows at a time (EB.HEAVY_UNROLL)."""
+    ids = torch.full((3, 500), 1, dtype=torch.int64)
+    _, f = _check(_grad((3, 500, 40), torch.float32), ids, num_weights)
+    plan = api.plan_kernel(f, [_grad((3, 500, 40), torch.float32), ids])
+    assert plan.params.match_unroll == (EB.HEAVY_UNROLL if num_weights == 2 else 8)
+    _check(_grad((3, 500, 40), torch.bfloat16), ids, num_weights)
+
+
+def test_many_chunks_and_wide_rows():
+    """2600 tokens (several chunks of block x unroll), H 600 (a thread owns 3 columns), rows
+    alternating between two indices and random ones."""
+    ids = _ids((2600,), 700)
+    ids[:200] = torch.arange(200) % 2
+    _check(_grad((2600, 600), torch.float32, seed=3), ids, 700, padding_idx=1)
+
+
+def test_several_column_slices():
+    """H 1100 > 4 x 256: two column slices (blockIdx.y)."""
+    f = _fusion(2, 1, torch.float32, torch.int64, 50, -1)
+    plan = api.plan_kernel(f, [_grad((30, 1100), torch.float32), _ids((30,), 50)])
+    assert plan.params.block * plan.params.cols < 1100
+    _check(_grad((30, 1100), torch.float32), _ids((30,), 50), 50)
+
+
+def test_strided_indices_and_gradient():
+    """Indices expanded along the batch (stride 0: HF's token-type buffer) and a transposed
+    gradient: read through their sizes and strides."""
+    ids = _ids((1, 13), 6).expand(4, 13)
+    grad = _grad((13, 4, 20), torch.float32).transpose(0, 1)
+    out, f = _check(grad, ids, 6)
+    plan = api.plan_kernel(f, [grad, ids])
+    assert not plan.params.ids_dense and not plan.params.grad_dense
+
+
+def test_no_tokens():
+    """No indices: the gradient is all zeros (no launch needed beyond writing them)."""
+    out, _ = _check(torch.zeros(0, 8), torch.zeros(0, dtype=torch.int64), 5)
+    assert out.shape == (5, 8) and not out.any()
+
+
+@pytest.mark.parametrize("bad", [9, -1])
+def test_an_index_outside_the_table_is_an_error(bad):
+    ids = _ids((20,), 9)
+    ids[13] = bad
+    with pytest.raises(IndexError, match="embedding_dense_backward: index out of range"):
+        _run(_grad((20, 8), torch.float32), ids, 9, -1)
+
+
+def test_bit_identical_across_runs():
+    grad, ids = _grad((4, 64, 48), torch.float32), _ids((4, 64), 30)
+    a, _ = _run(grad, ids, 30, -1)
+    b, _ = _run(grad, ids, 30, -1)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dense", [True, False])
+def test_compiles_for_sm90(dtype, dense):
+    ids = _ids((8, 512), 30522)
+    grad = _grad((8, 512, 768), dtype) if dense else \
+        _grad((512, 8, 768), dtype).transpose(0, 1)
+    f = _fusion(3, 2, dtype, torch.int64, 30522, 0)
+    plan = api.plan_kernel(f, [grad, ids])
+    assert plan.scheduler == "embedding_backward"
+    assert "__ballot_sync" in plan.kernel.source and "__trap()" in plan.kernel.source
+    assert "atomic" not in plan.kernel_ir.__repr__().lower()
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+
+
+def test_plan_for_bert_sizes():
+    """Indices 8 x 512, H 768: a slice is the whole row (256 threads x 3 columns; a token-type
+    table of 2 rows: one column a thread, 32 rows in flight), the tile's accumulator and lists
+    fit 48 KB, and the grid fills 132 SMs at least twice."""
+    for vocab in (30522, 8192, 512, 2):
+        block, cols, rows, unroll = EB.choose(768, 4096, vocab, 4)
+        assert (block, cols, unroll) == ((256, 1, 32) if vocab == 2 else (256, 3, 4))
+        assert rows * block * cols * 4 + EB.list_bytes(block, EB.UNROLL) <= EB.SHARED_LIMIT
+        blocks = -(-vocab // rows) * -(-768 // (block * cols))
+        assert blocks >= min(2 * EB.SMS, vocab)
