@@ -59,6 +59,33 @@ def test_fast_calls_of_glue_ops_match_eager():
     assert gm(*args)[1]._base is None          # the returned _unsafe_view: not a view
 
 
+def test_fast_calls_of_convolution_pooling_and_attention_match_eager():
+    """A convolution, a max pool with indices and SDPA's CPU attention forward (the CUDA
+    forwards are mapped alike) bind through their torch functions: the same values, strides and
+    dtypes, and no boxed call left."""
+    from pyfuser.frontend.fx.rewrites import fast_calls
+    aten = torch.ops.aten
+
+    def f(x, w, b, q, k, v):
+        c = aten.convolution.default(x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+        p, i = aten.max_pool2d_with_indices.default(c, [3, 3], [2, 2], [1, 1])
+        a, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True,
+                                                                          scale=0.5)
+        return p, i, a, lse
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 3, 9, 9, generator=gen), torch.randn(4, 3, 3, 3, generator=gen),
+            torch.randn(4, generator=gen), *(torch.randn(2, 2, 5, 8, generator=gen)
+                                             for _ in range(3)))
+    gm = torch.fx.symbolic_trace(f)
+    assert fast_calls(gm.graph) == 3
+    gm.recompile()
+    assert not [n.target for n in gm.graph.nodes if n.op == "call_function" and
+                isinstance(n.target, torch._ops.OpOverload)]
+    for got, want in zip(gm(*args), f(*args)):
+        assert torch.equal(got, want) and got.dtype == want.dtype
+        assert got.stride() == want.stride()
+
+
 def test_fast_calls_bind_split_and_static_slices_as_the_same_views():
     """aten.split.Tensor as `x.split`, aten.slice.Tensor of step 1 with static sizes as
     `x.narrow` (to the end, past the end, from a start); a strided slice stays the OpOverload."""
