@@ -226,12 +226,12 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
         outs = ex.run(inputs)
         launched = int(ex.last_run.get("kernels", 0))
         used = "evaluator" if ex.last_run.get("fallback") else backend
-    if fusion.aliases:
-        from ..segment.runtime import apply_aliases
-        outs, record = apply_aliases(fusion, inputs, outs), None   # no replay program
     report = RunReport([SegmentRun("kernel", seg.scheduler, [e.op_name for e in seg.exprs], used)],
                        kernels=ex.last_run.get("kernel_segments", 1) if ex is not None else 1,
                        launched=launched)   # kernel_segments: a split segment (segment/split.py)
+    if fusion.aliases:
+        from ..segment.runtime import apply_aliases
+        outs, record = apply_aliases(fusion, inputs, outs, report), None   # no replay program
     fusion.__dict__[_REPORT] = report
     if record is not None and ex is not None and used == "cuda":
         fast = ex.fast_entry(inputs)
@@ -329,10 +329,11 @@ def last_report(fusion) -> RunReport | None:
 
 
 def run_summary(fusion) -> dict:
-    """{"kernels", "launched", "host_segments", "eager_segments", "segments"} of the last run."""
+    """{"kernels", "launched", "host_segments", "eager_segments", "copies", "segments"} of the
+    last run."""
     r = last_report(fusion)
     return r.as_dict() if r is not None else {"kernels": 0, "launched": 0, "host_segments": 0,
-                                              "eager_segments": 0, "segments": []}
+                                              "eager_segments": 0, "copies": 0, "segments": []}
 
 
 def get_executor(fusion, mode: str = "cuda"):

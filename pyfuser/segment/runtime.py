@@ -100,7 +100,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
         else:
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))
-    results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs])
+    results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs], report)
     if ok:
         outputs = []
         for o, t in zip(fusion.outputs, results):
@@ -124,9 +124,10 @@ def _split_devices(seg, args) -> bool:
     return len({x.device for x in args if isinstance(x, torch.Tensor) and x.dim()}) > 1
 
 
-def apply_aliases(fusion, inputs, outs) -> list:
+def apply_aliases(fusion, inputs, outs, report=None) -> list:
     """In-place outputs (fusion.aliases): an output a kernel did not write into its input itself
-    is copied into it now, after every segment has read the input; the input is returned."""
+    is copied into it now, after every segment has read the input (counted in the report's
+    `copies`); the input is returned."""
     if not fusion.aliases:
         return outs
     outs = list(outs)
@@ -138,6 +139,8 @@ def apply_aliases(fusion, inputs, outs) -> list:
         if outs[k] is not x:
             x.copy_(outs[k])
             outs[k] = x
+            if report is not None:
+                report.copies += 1
     return outs
 
 
