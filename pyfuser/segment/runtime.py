@@ -20,7 +20,8 @@ kernel that computes it, when the plan allows) and returned.
 `record` (a dict, from dispatch) asks for what a cached replay needs: "kernels" = [(the kernel
 executor's _Fast, env slots of its tensor inputs, executor)], "outputs" = [(slot, None or
 (size, stride) of a view of that slot)], "ok" = whether every segment can be replayed so (slots:
-fusion inputs in order, then kernel outputs in run order; host values resolve to their base).
+fusion inputs in order, then kernel outputs in run order; host values resolve to their base),
+which needs every in-place output written by its kernel (a replay makes no copy after them).
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     env = {id(v): x for v, x in zip(fusion.inputs, inputs)}
     slot = {id(v): k for k, v in enumerate(fusion.inputs)}   # replay slots (see `record`)
     base: dict = {}                                          # host value -> the slot it views
-    ok = record is not None and not fusion.aliases      # in-place copies: no replay program
+    ok = record is not None
     kernels: list = []
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
     for seg in sf.segments:
@@ -101,6 +102,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))
     results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs], report)
+    ok = ok and not report.copies       # a copy after the kernels: no replay program
     if ok:
         outputs = []
         for o, t in zip(fusion.outputs, results):

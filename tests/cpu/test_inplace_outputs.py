@@ -113,3 +113,149 @@ def test_horizontal_kernel_writes_each_components_input():
     assert [s.scheduler for s in report.segments] == ["horizontal"]
     assert report.copies == 0
     assert _plan(f).inplace == {0: 0, 1: 1, 2: 2}
+
+
+# ---- cached calls: the replay programs (fake CUDA: kernels run by the CPU interpreter) --------
+def _accumulate(split: bool):
+    """acc <- 0.9 * acc + 0.1 * relu(x) written in place; `split`: also diff = acc - new, an
+    output listed first (the kernel segment is then a sub-Fusion: the segmented runtime)."""
+    f = Fusion()
+    with f:
+        acc = B.define_tensor([-1, -1], DataType.Float)
+        x = B.define_tensor([-1, -1], DataType.Float)
+        new = B.elementwise("add", B.elementwise("mul", acc, 0.9),
+                            B.elementwise("mul", B.elementwise("relu", x), 0.1))
+        if split:
+            f.add_output(B.elementwise("sub", acc, new))
+        f.add_output(new)
+        f.aliases[new] = acc
+
+    def eager(acc, x):
+        new = acc * 0.9 + x.relu() * 0.1
+        out = [acc - new, new] if split else [new]
+        acc.copy_(new)
+        return out
+    return f, lambda: [torch.randn(6, 10), torch.randn(6, 10)], eager, 1
+
+
+def _counters():
+    f = Fusion()
+    with f:
+        acc = B.define_tensor([-1, -1], DataType.Float)
+        cnt = B.define_tensor([], DataType.Int)
+        for o, i in ((B.elementwise("mul", acc, 0.5), acc), (B.elementwise("add", cnt, 1), cnt)):
+            f.add_output(o)
+            f.aliases[o] = i
+
+    def eager(acc, cnt):
+        acc.mul_(0.5)
+        cnt.add_(1)
+        return [acc.clone(), cnt.clone()]
+    return f, lambda: [torch.randn(6, 10), torch.tensor(7)], eager, 1
+
+
+def _running_mean():
+    """rm <- 0.9 * rm + 0.1 * column means of x (a running statistic, per row of the
+    reduction), and the means: one reduction kernel writing rm itself."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([6, -1], DataType.Float)
+        rm = B.define_tensor([-1], DataType.Float)
+        mean = B.elementwise("mul", B.reduction("sum", x, [0]), 1 / 6)
+        new = B.elementwise("add", B.elementwise("mul", rm, 0.9), B.elementwise("mul", mean, 0.1))
+        f.add_output(mean)
+        f.add_output(new)
+        f.aliases[new] = rm
+
+    def eager(x, rm):
+        mean = x.sum(0) / 6
+        rm.mul_(0.9).add_(mean * 0.1)
+        return [mean, rm.clone()]
+    return f, lambda: [torch.randn(6, 12), torch.randn(12)], eager, 1
+
+
+def _two_kernels():
+    """A row sum (a reduction kernel) beside acc <- 2 * acc (a pointwise kernel, the only one
+    reading acc, which it writes)."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        acc = B.define_tensor([-1, -1, -1], DataType.Float)
+        f.add_output(B.reduction("sum", x, [1]))
+        new = B.elementwise("mul", acc, 2.0)
+        f.add_output(new)
+        f.aliases[new] = acc
+
+    def eager(x, acc):
+        acc.mul_(2.0)
+        return [x.sum(1), acc.clone()]
+    return f, lambda: [torch.randn(6, 12), torch.randn(2, 3, 4)], eager, 2
+
+
+REPLAY_CASES = {"pointwise": lambda: _accumulate(False), "segmented": lambda: _accumulate(True),
+                "horizontal": _counters, "running mean": _running_mean,
+                "two kernels": _two_kernels}
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+@pytest.mark.parametrize("case", list(REPLAY_CASES))
+def test_in_place_calls_replay_their_program(monkeypatch, tmp_path, native, case):
+    """A call whose in-place outputs the kernels wrote records a cached program like any other:
+    later calls with new tensors of the same key replay it (the Python program or the native
+    runner), launch the same kernels with this call's pointers, write this call's inputs and
+    return them, and copy nothing after."""
+    import fake_cuda
+    fake = fake_cuda.install(monkeypatch, tmp_path, native=native)
+    try:
+        f, make, eager, kernels = REPLAY_CASES[case]()
+        aliased = {f.outputs.index(o): f.inputs.index(i) for o, i in f.aliases.items()}
+        reports = []
+        for _ in range(4):
+            ins = make()
+            want_ins = [t.clone() for t in ins]
+            want = eager(*want_ins)
+            n = len(fake.launches)
+            outs = dispatch.execute_fusion(f, ins)
+            assert len(fake.launches) - n == kernels
+            for k, j in aliased.items():
+                assert outs[k] is ins[j]
+            for o, w in zip(outs, want):
+                torch.testing.assert_close(o, w)
+            for t, w in zip(ins, want_ins):
+                torch.testing.assert_close(t, w)
+            report = dispatch.last_report(f)
+            assert report.copies == 0 and report.kernels == kernels
+            reports.append(report)
+        progs = f.__dict__[dispatch._PROGS]
+        assert len(progs.runs) == 1
+        assert reports[1] is reports[2] is reports[3]         # replayed: the recorded report
+        if native:
+            assert progs.run == progs.native.run and len(progs.native) == 1
+        assert not fake.callback_errors
+    finally:
+        dispatch.clear_caches()
+
+
+def test_a_call_that_copies_after_its_kernels_is_not_replayed(monkeypatch, tmp_path):
+    """y = x + x.T written into x is copied in after the kernel on every call: no program (its
+    replay would skip the copy)."""
+    import fake_cuda
+    fake_cuda.install(monkeypatch, tmp_path)
+    try:
+        f = Fusion()
+        with f:
+            x = B.define_tensor([-1, -1], DataType.Float)
+            y = B.elementwise("add", x, B.permute(x, [1, 0]))
+            f.add_output(y)
+            f.aliases[y] = x
+        for _ in range(3):
+            x = torch.randn(9, 9)
+            want = x + x.T
+            (out,) = dispatch.execute_fusion(f, [x])
+            assert out is x
+            torch.testing.assert_close(x, want)
+            assert dispatch.last_report(f).copies == 1
+        progs = f.__dict__.get(dispatch._PROGS)
+        assert progs is None or not progs.runs
+    finally:
+        dispatch.clear_caches()
