@@ -259,3 +259,36 @@ def test_a_call_that_copies_after_its_kernels_is_not_replayed(monkeypatch, tmp_p
         assert progs is None or not progs.runs
     finally:
         dispatch.clear_caches()
+
+
+def _ts_batch_norm(x, w, b, rm, rv):
+    return torch.relu(torch.nn.functional.batch_norm(x, rm, rv, w, b, True, 0.1, 1e-5))
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["python", "native"])
+def test_torchscript_training_batch_norm_replays_with_its_running_statistics(
+        monkeypatch, tmp_path, native):
+    """pyfuser.jit's training batch norm writes its running statistics in its kernel (in-place
+    outputs since it was lowered): its later calls replay the recorded program, one launch each,
+    and the statistics stay eager's."""
+    import fake_cuda
+    import pyfuser
+    fake = fake_cuda.install(monkeypatch, tmp_path, native=native)
+    try:
+        f = pyfuser.jit(torch.jit.script(_ts_batch_norm))
+        w, b = torch.randn(4), torch.randn(4)
+        stats, ref = [torch.zeros(4), torch.ones(4)], [torch.zeros(4), torch.ones(4)]
+        with torch.no_grad():
+            for _ in range(5):
+                x = torch.randn(8, 4, 5)
+                n = len(fake.launches)
+                torch.testing.assert_close(f(x, w, b, *stats), _ts_batch_norm(x, w, b, *ref))
+                assert len(fake.launches) == n + 1
+                for s, r in zip(stats, ref):
+                    torch.testing.assert_close(s, r)
+        # the batch norm's group (and its kernel segment's sub-Fusion): a recorded program
+        progs = [fu.__dict__.get(dispatch._PROGS) for fu in dispatch._holders if fu.aliases]
+        assert any(p is not None and p.runs for p in progs)
+        assert not fake.callback_errors
+    finally:
+        dispatch.clear_caches()
