@@ -269,6 +269,40 @@ def test_input_copies_of_reduction_regions_write_after_every_read():
     assert copies == {"aten.mean.dim": 1, "aten.mul.Tensor": 0}
 
 
+def test_copies_into_buffers_cast_in_their_kernel():
+    """`buf.copy_(value)` in the program: AOTAutograd writes a functional `aten.copy(buf,
+    value)` (value cast to buf's dtype: float16, int64) and the copy_ of its result; both fuse,
+    the kernel computing the value writing the buffer. A copy that broadcasts (`row` into a
+    [4, 5] buffer) stays eager, its copy_ with it."""
+    def f(x, half, buf, row, ints):
+        half.copy_(x * 2)
+        buf.copy_(x.exp())
+        row.copy_(x[0] + 1)
+        ints.copy_(x * 10)
+        return x.sin()
+
+    def g(x, buf):
+        buf.copy_(x[0] * 2)
+        return x + 1
+
+    def make():
+        gen = torch.Generator().manual_seed(0)
+        return [torch.randn(4, 5, generator=gen), torch.zeros(4, 5, dtype=torch.float16),
+                torch.zeros(4, 5), torch.zeros(5), torch.zeros(4, 5, dtype=torch.int64)]
+    ins, ref = make(), make()
+    torch.testing.assert_close(pyfuser.compile(f)(*ins), f(*ref))
+    for a, b in zip(ins, ref):
+        assert torch.equal(a, b)
+    ins, ref = make()[:3:2], make()[:3:2]
+    torch.testing.assert_close(pyfuser.compile(g)(*ins), g(*ref))
+    assert torch.equal(ins[1], ref[1])
+    g1, g2 = _graphs("inference")
+    assert_input_copies_fused(g1, 4)
+    assert sorted(g1.regions[0].ops).count("aten.copy.default") == 4
+    assert sorted(g2.unsupported.values()) == ["aten::copy broadcasts its source",
+                                               "copy_ whose source no fused region computes"]
+
+
 def _copy_cases():
     mm = torch.ops.aten.mm.default
     copy_ = torch.ops.aten.copy_.default

@@ -115,6 +115,29 @@ def test_horizontal_kernel_writes_each_components_input():
     assert _plan(f).inplace == {0: 0, 1: 1, 2: 2}
 
 
+def test_an_input_only_written_joins_the_writers_kernel_segment():
+    """buf <- exp(x), buf read by no expr, the fusion's outputs in another order than the
+    kernel segment's (so the segment is a sub-Fusion without buf): buf becomes an unread input
+    of that sub-Fusion, whose kernel is handed it as the output."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        buf = B.define_tensor([-1, -1], DataType.Float)
+        s = B.elementwise("sin", x)
+        b = B.elementwise("exp", x)
+        f.add_output(b)
+        f.add_output(s)
+        f.aliases[b] = buf
+    (seg,) = segment(f).segments
+    assert seg.fusion is not f and buf in seg.inputs and len(seg.fusion.aliases) == 1
+    x, buf = torch.randn(5, 6), torch.zeros(5, 6)
+    out, sin = dispatch.execute_fusion(f, [x, buf])
+    assert out is buf
+    torch.testing.assert_close(buf, x.exp())
+    torch.testing.assert_close(sin, x.sin())
+    assert dispatch.last_report(f).copies == 0
+
+
 # ---- cached calls: the replay programs (fake CUDA: kernels run by the CPU interpreter) --------
 def _accumulate(split: bool):
     """acc <- 0.9 * acc + 0.1 * relu(x) written in place; `split`: also diff = acc - new, an
