@@ -20,8 +20,9 @@ A program is recorded only when every segment ran a kernel or a view (no eager s
 fallback, no 0-dim CPU tensor moved to the device), each host view was checked to share its
 base's storage offset, and every in-place output (Fusion.aliases) was written into its input by
 the kernel computing it (no copy after the kernels; the key fixes the input's layout, which
-decided it): such an output replays as that input's slot, the kernel's pointer its pointer. `mode=...`, PYFUSER_DUMP and PYFUSER_POISON_OUTPUTS always take the slow
-path. Kernel segments of every scheduler (pointwise, transpose) run on the one FusionExecutor.
+decided it): such an output replays as that input's slot, the kernel's pointer its pointer.
+`mode=...`, PYFUSER_DUMP and PYFUSER_POISON_OUTPUTS always take the slow path. Kernel segments
+of every scheduler (pointwise, transpose) run on the one FusionExecutor.
 Each program is also handed, as plain data, to the Fusion's native Runner (runtime/native.py,
 csrc/fast_runner.cpp) where the extension is available and every input is a tensor; from then on
 `progs.run` is the Runner's, which replays a hit with no Python frame and passes a miss to the
