@@ -120,12 +120,12 @@ def _param_source(src, seg_of, scalars):
     raise SchedulerError(f"horizontal lowering: parameter source {kind!r} is not supported")
 
 
-def _component_inplace(fusion, comp, sched) -> dict:
+def _component_inplace(fusion, comp, sched, components) -> dict:
     """{fusion output index: fusion input index} of the fusion's in-place outputs (aliases)
     that component `comp` computes and writes into their input itself (its pointwise schedule
-    decides: schedule/pointwise_inplace.py). An input is read by one component only (the
-    components share no tensor), so no other block range reads what it writes; an input the
-    component does not read at all is only written."""
+    decides: schedule/pointwise_inplace.py). An input is read by one component at most (the
+    components share no tensor); one that another component reads is not written in place (that
+    block range would read what this one writes), one no component reads is only written."""
     from ..schedule.pointwise_inplace import pointwise_inplace
     aliases = getattr(fusion, "aliases", None) or {}
     sub = comp.sub
@@ -136,7 +136,8 @@ def _component_inplace(fusion, comp, sched) -> dict:
             continue
         j = next((j for j, v in enumerate(sub.inputs) if v is i), None)
         if j is None:
-            back[oi] = fusion.inputs.index(i)
+            if not any(v is i for c in components for v in c.sub.inputs):
+                back[oi] = fusion.inputs.index(i)
             continue
         pairs.append((local, j))
     local_io = pointwise_inplace(sched, pairs)
@@ -157,7 +158,7 @@ def build(hs, name: str):
         p = sched.params
         if p.kind != "1d":
             raise SchedulerError(f"horizontal lowering: component {k} is {p.kind}, not 1-D")
-        hs.inplace.update(_component_inplace(hs.fusion, comp, sched))
+        hs.inplace.update(_component_inplace(hs.fusion, comp, sched, hs.components))
         kir = Lowering(sched).build(f"c{k}")
         pre = f"c{k}_"
         hb, nbx = K.Var(pre + "hb"), K.Var(pre + "nbx")

@@ -115,6 +115,30 @@ def test_horizontal_kernel_writes_each_components_input():
     assert _plan(f).inplace == {0: 0, 1: 1, 2: 2}
 
 
+def test_an_input_another_component_reads_is_not_written_by_the_horizontal_kernel():
+    """buf <- exp(x) of shape [4, 1] (one component) while y = buf + z of shape [4, 6]
+    (another component, another shape) reads buf: the writer's blocks would race the reader's,
+    so buf is written after the kernel and y sees the old values."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, 1], DataType.Float)
+        buf = B.define_tensor([-1, 1], DataType.Float)
+        z = B.define_tensor([-1, -1], DataType.Float)
+        new = B.elementwise("exp", x)
+        f.add_output(new)
+        f.aliases[new] = buf
+        f.add_output(B.elementwise("add", buf, z))
+    x, buf, z = torch.randn(4, 1), torch.randn(4, 1), torch.randn(4, 6)
+    want_y = buf + z
+    out, y = dispatch.execute_fusion(f, [x, buf, z])
+    assert out is buf
+    torch.testing.assert_close(buf, x.exp())
+    torch.testing.assert_close(y, want_y)
+    report = dispatch.last_report(f)
+    assert [s.scheduler for s in report.segments] == ["horizontal"] and report.copies == 1
+    assert _plan(f).inplace == {}
+
+
 def test_an_input_only_written_joins_the_writers_kernel_segment():
     """buf <- exp(x), buf read by no expr, the fusion's outputs in another order than the
     kernel segment's (so the segment is a sub-Fusion without buf): buf becomes an unread input
