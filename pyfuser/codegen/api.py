@@ -128,8 +128,19 @@ def _pointwise_launch(sched, ref_seg: int):
     return launch_config
 
 
+def _alias_pairs(fusion) -> list:
+    """(output index, input index) of the fusion's in-place outputs (fusion.aliases)."""
+    aliases = getattr(fusion, "aliases", None) or {}
+    outs = {id(o): k for k, o in enumerate(fusion.outputs)}
+    ins = {id(v): j for j, v in enumerate(fusion.inputs)}
+    return [(outs[id(o)], ins[id(i)]) for o, i in aliases.items()
+            if id(o) in outs and id(i) in ins]
+
+
 def _plan_pointwise(fusion, inputs, sched) -> KernelPlan:
+    from ..schedule.pointwise_inplace import pointwise_inplace
     name = kernel_name(sched.fusion)
+    inplace = pointwise_inplace(sched, _alias_pairs(fusion))
     kir = Lowering(sched).build(name)
     header = f"// pyfuser pointwise kernel: {sched.params.as_dict()}\n"
     ref_seg = len(sched.fusion.tensor_inputs())
@@ -138,6 +149,7 @@ def _plan_pointwise(fusion, inputs, sched) -> KernelPlan:
     plan = KernelPlan(fusion, "pointwise", sched.params, kernel, kir, kernel_body(kir),
                       sched.out_orders)
     plan.schedule = sched
+    plan.inplace = inplace
     return plan
 
 

@@ -120,16 +120,45 @@ def _param_source(src, seg_of, scalars):
     raise SchedulerError(f"horizontal lowering: parameter source {kind!r} is not supported")
 
 
+def _component_inplace(fusion, comp, sched, components) -> dict:
+    """{fusion output index: fusion input index} of the fusion's in-place outputs (aliases)
+    that component `comp` computes and writes into their input itself (its pointwise schedule
+    decides: schedule/pointwise_inplace.py). An input is read by one component at most (the
+    components share no tensor); one that another component reads is not written in place (that
+    block range would read what this one writes), one no component reads is only written."""
+    from ..schedule.pointwise_inplace import pointwise_inplace
+    aliases = getattr(fusion, "aliases", None) or {}
+    sub = comp.sub
+    pairs, back = [], {}
+    for local, oi in enumerate(comp.outputs):
+        i = aliases.get(fusion.outputs[oi])
+        if i is None:
+            continue
+        j = next((j for j, v in enumerate(sub.inputs) if v is i), None)
+        if j is None:
+            if not any(v is i for c in components for v in c.sub.inputs):
+                back[oi] = fusion.inputs.index(i)
+            continue
+        pairs.append((local, j))
+    local_io = pointwise_inplace(sched, pairs)
+    for local, j in local_io.items():
+        back[comp.outputs[local]] = fusion.inputs.index(sub.inputs[j])
+    return back
+
+
 # ---- the kernel ------------------------------------------------------------------------------
 def build(hs, name: str):
-    """(kernel IR, per component (index of its reference segment tensor, chunk elements))."""
+    """(kernel IR, per component (index of its reference segment tensor, chunk elements));
+    fills `hs.inplace` with the in-place outputs the kernel writes into their inputs."""
     params, tensors, prologue, body, refs = [], {}, [], [], []
+    hs.inplace = {}
     bid = K.Special("blockIdx.x")
     start = None
     for k, (comp, sched) in enumerate(zip(hs.components, hs.schedules)):
         p = sched.params
         if p.kind != "1d":
             raise SchedulerError(f"horizontal lowering: component {k} is {p.kind}, not 1-D")
+        hs.inplace.update(_component_inplace(hs.fusion, comp, sched, hs.components))
         kir = Lowering(sched).build(f"c{k}")
         pre = f"c{k}_"
         hb, nbx = K.Var(pre + "hb"), K.Var(pre + "nbx")
@@ -188,4 +217,5 @@ def plan_horizontal(fusion, inputs, hs) -> KernelPlan:
             orders[oi] = sched.out_orders[local]
     plan = KernelPlan(fusion, "horizontal", hs.params, kernel, kir, kernel_body(kir), orders)
     plan.schedule = hs
+    plan.inplace = dict(hs.inplace)
     return plan

@@ -17,9 +17,12 @@ key, a program recorded from a slow call with the same key: the kernel segments'
 `base.as_strided(size, stride)` (a host view at the fusion's edge, whose sizes and strides the key
 fixes; views keep the storage offset, so a kernel reads a host view through its base's pointer).
 A program is recorded only when every segment ran a kernel or a view (no eager segment, no
-fallback, no 0-dim CPU tensor moved to the device) and each host view was checked to share its
-base's storage offset. `mode=...`, PYFUSER_DUMP and PYFUSER_POISON_OUTPUTS always take the slow
-path. Kernel segments of every scheduler (pointwise, transpose) run on the one FusionExecutor.
+fallback, no 0-dim CPU tensor moved to the device), each host view was checked to share its
+base's storage offset, and every in-place output (Fusion.aliases) was written into its input by
+the kernel computing it (no copy after the kernels; the key fixes the input's layout, which
+decided it): such an output replays as that input's slot, the kernel's pointer its pointer.
+`mode=...`, PYFUSER_DUMP and PYFUSER_POISON_OUTPUTS always take the slow path. Kernel segments
+of every scheduler (pointwise, transpose) run on the one FusionExecutor.
 Each program is also handed, as plain data, to the Fusion's native Runner (runtime/native.py,
 csrc/fast_runner.cpp) where the extension is available and every input is a tensor; from then on
 `progs.run` is the Runner's, which replays a hit with no Python frame and passes a miss to the
@@ -226,12 +229,14 @@ def _run_whole(fusion, seg, inputs, backend: str, record=None) -> list:
         outs = ex.run(inputs)
         launched = int(ex.last_run.get("kernels", 0))
         used = "evaluator" if ex.last_run.get("fallback") else backend
-    if fusion.aliases:
-        from ..segment.runtime import apply_aliases
-        outs, record = apply_aliases(fusion, inputs, outs), None   # no replay program
     report = RunReport([SegmentRun("kernel", seg.scheduler, [e.op_name for e in seg.exprs], used)],
                        kernels=ex.last_run.get("kernel_segments", 1) if ex is not None else 1,
                        launched=launched)   # kernel_segments: a split segment (segment/split.py)
+    if fusion.aliases:
+        from ..segment.runtime import apply_aliases
+        outs = apply_aliases(fusion, inputs, outs, report)
+        if report.copies:        # a copy after the kernel: no replay program (it would skip it)
+            record = None
     fusion.__dict__[_REPORT] = report
     if record is not None and ex is not None and used == "cuda":
         fast = ex.fast_entry(inputs)
@@ -257,14 +262,22 @@ def _programs(fusion, *executors):
 
 def _install(fusion, inputs, report, record) -> None:
     """Turn a recorded segmented run into a program (see the module docstring)."""
-    steps = [(fast.call, slots) for fast, slots, _ in record["kernels"]]
+    # a kernel writing an in-place output is given its inputs (the output is one of them):
+    # (position in its fusion's inputs) per tensor input slot, else None
+    steps = [(fast.call, slots, ex._tensor_idx if fast.inplace else None,
+              len(ex.fusion.inputs)) for fast, slots, ex in record["kernels"]]
     outputs = record["outputs"]
     executors = [ex for _, _, ex in record["kernels"]]
 
     def run(inputs, ptrs):
         env = list(inputs)
-        for call, slots in steps:
-            env.extend(call(None, [env[k].data_ptr() for k in slots]))
+        for call, slots, where, n in steps:
+            args = None
+            if where is not None:
+                args = [None] * n
+                for i, k in zip(where, slots):
+                    args[i] = env[k]
+            env.extend(call(args, [env[k].data_ptr() for k in slots]))
         return [env[k] if spec is None else env[k].as_strided(*spec) for k, spec in outputs]
 
     # What frontends that inline a program without kernels need (views of the inputs only).
@@ -296,8 +309,10 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
         return slot - 1
 
     for fast, slots, ex in kernels:
-        outs = [add(("alloc", size, stride, torch.empty(0, dtype=dtype, device=fast.device)))
-                for size, stride, dtype in fast.specs]
+        # an in-place output is the input the kernel writes it into: that input's slot
+        outs = [where[slots[fast.inplace[k]]] if k in fast.inplace else
+                add(("alloc", size, stride, torch.empty(0, dtype=dtype, device=fast.device)))
+                for k, (size, stride, dtype) in enumerate(fast.specs)]
         work = []
         for n, dtype, kind in fast.workspaces if fast.prep is not None else ():
             if kind == "semaphores":     # this stream's zeroed buffer (a miss on another stream)
@@ -329,10 +344,11 @@ def last_report(fusion) -> RunReport | None:
 
 
 def run_summary(fusion) -> dict:
-    """{"kernels", "launched", "host_segments", "eager_segments", "segments"} of the last run."""
+    """{"kernels", "launched", "host_segments", "eager_segments", "copies", "segments"} of the
+    last run."""
     r = last_report(fusion)
     return r.as_dict() if r is not None else {"kernels": 0, "launched": 0, "host_segments": 0,
-                                              "eager_segments": 0, "segments": []}
+                                              "eager_segments": 0, "copies": 0, "segments": []}
 
 
 def get_executor(fusion, mode: str = "cuda"):

@@ -11,7 +11,8 @@ Caches, from cheapest to dearest:
    every kernel parameter except the tensor pointers, so a hit skips `signature`, `bind` and
    `launch_config`. In "cuda" mode, from the second call with a key on, the hit runs `_Fast.call`
    (generated): outputs by `new_empty_strided` of the first tensor input (or `torch.empty_strided`)
-   with cached sizes/strides, then `prep.go(ptrs)` of a `Prepared` launch (launch.py) whose
+   with cached sizes/strides (an in-place output the kernel writes into its input: that input,
+   KernelPlan.inplace), then `prep.go(ptrs)` of a `Prepared` launch (launch.py) whose
    buffer already holds every constant parameter: one cuLaunchKernelEx through ctypes. `call_keys.key_function`
    generates the key code once per input list shape (no per-call interpretation).
 2. signature -> _Entry (plan, packer, launcher): a new size with the same signature reuses the
@@ -78,10 +79,11 @@ class _Entry:
 
 class _Fast:
     """One fast key's entry. Once `call` is built (cuda mode): `prep` (the Prepared launch, None
-    for an empty grid), `specs` (size, stride, dtype) per output and `hit` (its last_run) are
-    what dispatch hands to the native runner."""
+    for an empty grid), `specs` (size, stride, dtype) per output, `inplace` (the outputs that
+    are an input, written by the kernel) and `hit` (its last_run) are what dispatch hands to the
+    native runner."""
     __slots__ = ("entry", "bindings", "cfg", "device", "call", "runs", "prep", "specs", "hit",
-                 "workspaces", "semaphores")
+                 "workspaces", "semaphores", "inplace")
 
     def __init__(self, entry, device, bindings=None, cfg=None):
         self.entry, self.device, self.bindings, self.cfg = entry, device, bindings, cfg
@@ -90,6 +92,8 @@ class _Fast:
         self.prep = self.specs = self.hit = None
         self.workspaces = ()      # (elements, dtype, kind) of the buffers each launch needs
         self.semaphores = {}      # raw stream -> this key's semaphore buffer on that stream
+        self.inplace = {}         # output k -> position among the tensor inputs of the input
+                                  # the kernel writes it into (an in-place output, _fast_call)
 
 
 class FusionExecutor:
@@ -221,13 +225,17 @@ class FusionExecutor:
             entry.launcher.launch(cfg, tensors, bindings, device.index)
             info["kernels"] = 1
         stats["kernels"] += info["kernels"]
-        if fast.call is None and self.mode == "cuda" and not inplace:
-            # no replay for in-place outputs; a kernel drawing random numbers replays too: its
-            # prepared launch draws a new seed / offset every call (launch.Prepared.rng)
-            fast.call = self._fast_call(fast, outputs, tensors)
+        if fast.call is None and self.mode == "cuda":
+            # a kernel drawing random numbers replays too: its prepared launch draws a new seed
+            # / offset every call (launch.Prepared.rng); an in-place output the kernel wrote
+            # into its input replays as that input (the key fixes its sizes and strides, which
+            # decided that allocate_outputs handed it out)
+            written = {k: j for k, j in inplace.items() if outputs[k] is inputs[j]} \
+                if inplace else {}
+            fast.call = self._fast_call(fast, outputs, tensors, written)
         return outputs
 
-    def _fast_call(self, fast, outputs, tensors):
+    def _fast_call(self, fast, outputs, tensors, written=None):
         """Build (inputs, ptrs) -> outputs for this key from a call that just ran: output sizes,
         strides and dtypes, the launch config and every non-pointer parameter are fixed by it.
 
@@ -235,7 +243,13 @@ class FusionExecutor:
         input x (a plain torch.Tensor: the key fixes its dtype and device; no device argument to
         parse), else (inputs=None from dispatch's programs, a subclass, no tensor input)
         `torch.empty_strided(size, stride, dtype=, device=)`; then `prep.go(ptrs)`, read per call
-        so that switching the launcher's mode reaches it."""
+        so that switching the launcher's mode reaches it.
+
+        `written` ({output k: fusion input j}): in-place outputs the kernel wrote into their
+        input, returned as `inputs[j]` with that input's pointer (`ptrs` holds the tensor
+        inputs'); such a call needs its inputs (dispatch's programs pass them), and
+        `fast.inplace` maps k to j's position among the tensor inputs."""
+        written = written or {}
         entry, cfg, device = fast.entry, fast.cfg, fast.device
         launcher = entry.launcher
         prep = launcher.prepare(cfg, device.index, tensors, fast.bindings) \
@@ -249,28 +263,36 @@ class FusionExecutor:
         i0 = self._tensor_idx[0] if self._tensor_idx else None
         like_dtype = tensors[0].dtype if i0 is not None else None
         outs = [f"o{k}" for k in range(len(specs))]
-        general, like = [], []
+        general, like, same = [], [], []
+        fast.inplace = {k: self._tensor_idx.index(j) for k, j in written.items()}
         for k, (size, stride, dtype) in enumerate(specs):
+            if k in written:
+                same.append(f"o{k} = inputs[{written[k]}]")
+                continue
             env[f"Z{k}"], env[f"T{k}"], env[f"D{k}"] = size, stride, dtype
             general.append(f"o{k} = E(Z{k}, T{k}, dtype=D{k}, device=dev)")
             like.append(f"o{k} = x.new_empty_strided(Z{k}, T{k})" if dtype == like_dtype else
                         f"o{k} = x.new_empty_strided(Z{k}, T{k}, dtype=D{k})")
         lines = ["def call(inputs, ptrs):"]
-        if i0 is not None:
+        if not general:
+            pass                                 # every output is an input written in place
+        elif i0 is not None:
             lines += ["    x = inputs[%d] if inputs is not None else None" % i0,
                       "    if type(x) is Tensor:"] + [f"        {c}" for c in like] + \
                      ["    else:"] + [f"        {c}" for c in general]
         else:
             lines += [f"    {c}" for c in general]
+        lines += [f"    {c}" for c in same]
         if prep is not None:
             for k, (n, dtype, kind) in enumerate(fast.workspaces):
                 env[f"WN{k}"], env[f"WD{k}"], env[f"WK{k}"] = n, dtype, kind
                 lines.append(f"    w{k} = W(fast, WN{k}, WD{k}, WK{k})")
-            if len(outs) == 1 and not work:
-                lines.append("    ptrs.append(o0.data_ptr())")
-            elif outs or work:
-                lines.append("    ptrs.extend((" + "".join(f"{o}.data_ptr(), " for o in outs + work)
-                             + "))")
+            out_ptrs = [f"ptrs[{fast.inplace[k]}]" if k in written else f"o{k}.data_ptr()"
+                        for k in range(len(outs))] + [f"{w}.data_ptr()" for w in work]
+            if len(out_ptrs) == 1:
+                lines.append(f"    ptrs.append({out_ptrs[0]})")
+            elif out_ptrs:
+                lines.append("    ptrs.extend((" + "".join(f"{p}, " for p in out_ptrs) + "))")
             lines.append("    prep.go(ptrs)")
         lines += ["    fast.runs += 1", "    ex.last_run = hit",
                   "    return [" + ", ".join(outs) + "]"]

@@ -227,6 +227,8 @@ class HorizontalSchedule:
     schedules: list             # per component: its PointwiseSchedule (of the component's Fusion)
     params: HorizontalParams
     seg_of: list                # per component: its segment tensor index -> the fusion's
+    inplace: dict = field(default_factory=dict)   # fusion output -> input index written in
+                                                  # place (set by the lowering)
 
 
 def _component_inputs(fusion, comp, inputs, bindings) -> list:

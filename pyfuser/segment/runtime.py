@@ -20,7 +20,8 @@ kernel that computes it, when the plan allows) and returned.
 `record` (a dict, from dispatch) asks for what a cached replay needs: "kernels" = [(the kernel
 executor's _Fast, env slots of its tensor inputs, executor)], "outputs" = [(slot, None or
 (size, stride) of a view of that slot)], "ok" = whether every segment can be replayed so (slots:
-fusion inputs in order, then kernel outputs in run order; host values resolve to their base).
+fusion inputs in order, then kernel outputs in run order; host values resolve to their base),
+which needs every in-place output written by its kernel (a replay makes no copy after them).
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
     env = {id(v): x for v, x in zip(fusion.inputs, inputs)}
     slot = {id(v): k for k, v in enumerate(fusion.inputs)}   # replay slots (see `record`)
     base: dict = {}                                          # host value -> the slot it views
-    ok = record is not None and not fusion.aliases      # in-place copies: no replay program
+    ok = record is not None
     kernels: list = []
     device = next((x.device for x in inputs if isinstance(x, torch.Tensor)), None)
     for seg in sf.segments:
@@ -100,7 +101,8 @@ def run_segments(sf, inputs, backend: str, executor_for, record=None):
         else:
             report.eager_segments += 1
         report.segments.append(SegmentRun(seg.kind, seg.scheduler, names, used))
-    results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs])
+    results = apply_aliases(fusion, inputs, [env[id(o)] for o in fusion.outputs], report)
+    ok = ok and not report.copies       # a copy after the kernels: no replay program
     if ok:
         outputs = []
         for o, t in zip(fusion.outputs, results):
@@ -124,9 +126,10 @@ def _split_devices(seg, args) -> bool:
     return len({x.device for x in args if isinstance(x, torch.Tensor) and x.dim()}) > 1
 
 
-def apply_aliases(fusion, inputs, outs) -> list:
+def apply_aliases(fusion, inputs, outs, report=None) -> list:
     """In-place outputs (fusion.aliases): an output a kernel did not write into its input itself
-    is copied into it now, after every segment has read the input; the input is returned."""
+    is copied into it now, after every segment has read the input (counted in the report's
+    `copies`); the input is returned."""
     if not fusion.aliases:
         return outs
     outs = list(outs)
@@ -138,6 +141,8 @@ def apply_aliases(fusion, inputs, outs) -> list:
         if outs[k] is not x:
             x.copy_(outs[k])
             outs[k] = x
+            if report is not None:
+                report.copies += 1
     return outs
 
 

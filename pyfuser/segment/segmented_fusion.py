@@ -21,7 +21,8 @@ Invariants:
 `cuts` lists, when the compute exprs did not fit one scheduler (`split_reason` says why), each
 tensor passed between two kernel / eager segments and why those two stayed apart (`Cut`).
 `RunReport` (what `fs.last_run` shows) lists per run the segments in order with their kind and
-scheduler, and how many kernels ran and how (cuda / interpret / evaluator).
+scheduler, how many kernels ran and how (cuda / interpret / evaluator), and how many in-place
+outputs (Fusion.aliases) no kernel wrote into their input, copied in after the kernels.
 """
 from __future__ import annotations
 
@@ -112,10 +113,12 @@ class RunReport:
     launched: int = 0          # of which launched on a GPU or run by the CPU interpreter
     host_segments: int = 0
     eager_segments: int = 0
+    copies: int = 0            # in-place outputs copied into their inputs after the kernels
 
     def as_dict(self) -> dict:
         return {"kernels": self.kernels, "launched": self.launched,
                 "host_segments": self.host_segments, "eager_segments": self.eager_segments,
+                "copies": self.copies,
                 "segments": [{"kind": s.kind, "scheduler": s.scheduler, "exprs": s.exprs,
                               "backend": s.backend} for s in self.segments]}
 

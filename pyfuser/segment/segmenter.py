@@ -418,7 +418,9 @@ def _kernel_aliases(fusion, segments) -> None:
     input itself: the segment computes the output and is the only segment that reads the input.
     They become aliases of the segment's own Fusion, which its kernel plan may honour
     (codegen.api: KernelPlan.inplace); every other one, and any the plan declines, is copied into
-    its input after the last segment (segment/runtime.apply_aliases)."""
+    its input after the last segment (segment/runtime.apply_aliases). An input no segment reads
+    (a mutated input the new value does not depend on: `buf.copy_(x * 2)`) becomes an unread
+    input of the writer's Fusion, so that its kernel can be handed it as the output."""
     for out, inp in fusion.aliases.items():
         writer = next((s for s in segments if s.kind == "kernel" and
                        any(o is out for o in s.outputs)), None)
@@ -427,9 +429,33 @@ def _kernel_aliases(fusion, segments) -> None:
             continue
         k = next((i for i, v in enumerate(writer.inputs) if v is inp), None)
         if k is None:
-            continue
+            k = _add_unread_input(writer, inp)
+            if k is None:
+                continue
         j = next(i for i, o in enumerate(writer.outputs) if o is out)
         writer.fusion.aliases[writer.fusion.outputs[j]] = writer.fusion.inputs[k]
+
+
+def _add_unread_input(seg, inp):
+    """Add a tensor input like `inp` (dtype, broadcast axes, contiguity, stride order) to the
+    kernel segment's Fusion, fed by `inp`, after its other tensor inputs (a sub-Fusion lists its
+    tensor inputs first); its index, or None for an input with expanded axes (never handed out
+    as an output)."""
+    from ..ir import builder as B
+    if any(d.expanded_extent is not None for d in inp.logical) or \
+            len(seg.inputs) != len(seg.fusion.inputs):
+        return None
+    with seg.fusion:
+        tv = B.define_tensor([1 if d.is_broadcast else -1 for d in inp.logical], inp.dtype,
+                             getattr(inp, "contiguity", None), getattr(inp, "stride_order", None),
+                             is_input=False)
+    k = sum(isinstance(v, TensorView) for v in seg.fusion.inputs)
+    seg.fusion.add_input(tv)
+    seg.fusion.inputs.insert(k, seg.fusion.inputs.pop())
+    seg.inputs.insert(k, inp)
+    if seg.sub_inputs is not seg.inputs:
+        seg.sub_inputs.insert(k, inp)
+    return k
 
 
 def _host_boundary(seg: Segment, fusion) -> None:

@@ -12,7 +12,10 @@ it with one list of arguments). Steps:
    `rewrite_reduce.sum_through_views` lets a sum of a flattening view of a fused value read
    the value itself (a bias gradient then joins the kernel computing its input);
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
-2. `partition.partition` groups supported nodes into convex regions;
+2. `partition.partition` groups supported nodes into convex regions; the copy_ of a mutated
+   input stays in one only beside its source and every other reader of the input
+   (`mutations.placement_problem`), else it is marked unsupported and the graph partitioned
+   again;
 3. each region is lowered to a Fusion (`lower.lower_region`), shared with every region of the
    same canonical form (`lower.region_key`: the layers of a model, recompiles) through a cache,
    or loaded with its segmentation and kernel plans from disk (`plan_cache.py`: a process that
@@ -44,6 +47,7 @@ import torch
 
 from ... import dump as D
 from . import plan_cache
+from .mutations import is_input_copy, placement_problem
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
@@ -149,6 +153,12 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     supported |= {n for n in nodes if is_getitem(n) and n.args[0] in supported}
     for _ in range(_MAX_ROUNDS):
         regions = partition(nodes, supported)
+        misplaced = _misplaced_copies(regions, supported)
+        if misplaced:
+            for n, why in misplaced:
+                supported.discard(n)
+                unsupported[n.name] = why
+            continue
         try:
             lowered = [lowered_for(r) for r in regions]
             break
@@ -169,6 +179,19 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
     _COMPILED.append(compiled)
     return compiled
+
+
+def _misplaced_copies(regions, supported) -> list:
+    """[(copy_ node, why)] for the copies of mutated inputs the partition did not place where
+    they may write (mutations.placement_problem): they stay FX nodes."""
+    owner = {n: r for r in regions for n in r.nodes}
+    out = []
+    for n in supported:
+        if is_input_copy(n):
+            why = placement_problem(n, owner.get)
+            if why:
+                out.append((n, why))
+    return sorted(out, key=lambda p: p[0].name)
 
 
 def _prepare(fused) -> None:

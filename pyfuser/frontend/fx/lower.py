@@ -5,7 +5,9 @@ region's tensor inputs (dtype, size-1 axes as broadcast axes, stride order and c
 the example values) and then the SymInt values it reads that are not an input's extent; its
 outputs are the region's outputs. Each node goes through its table entry's handler
 (`aten_overloads.entry_for`), with its arguments in schema order: FX nodes as the values they
-lowered to, SymInts as the fusion's Scalars, everything else as the constant it is.
+lowered to, SymInts as the fusion's Scalars, everything else as the constant it is. The copy_
+of a mutated input becomes an in-place output (`Fusion.aliases`, mutations.lower_copy); no other
+lowering may write an input.
 
 A 0-dim CPU tensor (an input, or a node's value) is marked for the lowering
 (`lowering/device.mark_cpu_scalar`): eager's CUDA kernels read such an operand as a host scalar,
@@ -47,6 +49,7 @@ from ..lowering.device import lowering_device, mark_cpu_scalar, single_device_ty
 from ..lowering.lower import by_value_input, tensor_input
 from ..lowering.slice_bounds import OPEN, clamped_bound
 from .meta import hint, meta, shape_hints, stride_hints
+from .mutations import CopyLoweringError, is_input_copy, lower_copy
 
 # Ops whose size-list argument may take a -1 where it has one symbolic entry.
 _SIZE_ARG = {"aten::view": 1, "aten::_unsafe_view": 1, "aten::reshape": 1}
@@ -174,11 +177,19 @@ def lower_region(region, plan=None) -> LoweredRegion:
                 if _cpu_scalar(meta(x)):
                     mark_cpu_scalar(env[x])
             for n in region.nodes:
+                if is_input_copy(n):          # an in-place output (mutations.py)
+                    try:
+                        env[n] = lower_copy(n, env)
+                    except CopyLoweringError as e:
+                        raise RegionLoweringError(n, str(e)) from None
+                    continue
+                written = len(fusion.aliases)
                 env[n] = _lower_node(n, env)
                 if _cpu_scalar(meta(n)):
                     mark_cpu_scalar(env[n])
-                if fusion.aliases:
-                    # a functional graph's region writes nothing: in-place lowerings stay out
+                if len(fusion.aliases) != written:
+                    # a functional graph's ops write nothing: in-place lowerings stay out (the
+                    # graph's own copy_ nodes say what is written)
                     raise RegionLoweringError(n, "its lowering writes an input in place")
         outs = []
         for o in region.outputs:

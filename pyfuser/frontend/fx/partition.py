@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .meta import has_format
+from .mutations import is_input_copy
 from .support import is_compute, is_getitem
 from ..lowering.registry import FACTORY, METADATA, POINTWISE
 from .support import op_class
@@ -187,8 +188,10 @@ def _runs_where_it_computes(region: Region) -> bool:
 
 
 def _pointwise_device(region: Region):
-    """The one device of a region that computes only pointwise values, else None."""
-    if not all(is_getitem(n) or op_class(n) in (POINTWISE, METADATA) for n in region.nodes):
+    """The one device of a region that computes only pointwise values, else None (the copy_ of
+    a mutated input writes its value: pointwise too)."""
+    if not all(is_getitem(n) or is_input_copy(n) or op_class(n) in (POINTWISE, METADATA)
+               for n in region.nodes):
         return None
     devices = {v.device for v in (n.meta.get("val") for n in region.nodes)
                if isinstance(v, torch.Tensor)}

@@ -5,7 +5,8 @@
   through lowering/aten_overloads.py) of a class some scheduler runs (pointwise, metadata,
   reductions, normalizations; random numbers, which pointwise kernels generate);
 - not an overload that writes an argument (in-place, out=): the functionalized graphs
-  AOTAutograd hands over have none but `copy_` of inputs, which stays an FX node;
+  AOTAutograd hands over have none but the `copy_` of each mutated input, which may join the
+  region computing its value as an in-place output (mutations.py: `copy_support` says when);
 - tensor outputs (a tuple of them, or None where the op leaves an optional one out) and tensor
   operands of dtypes pyfuser has (complex excluded), every tensor on one device (CUDA or CPU);
 - other arguments: numbers, None, dtypes, devices, layouts, memory formats, strings, lists of
@@ -31,6 +32,7 @@ import torch
 
 from ...ir.dtypes import DataType
 from .meta import has_format, meta
+from .mutations import copy_support, is_input_copy
 from ..lowering.aten_overloads import argument_names, entry_for, is_mutable, schema_args
 from ..lowering.registry import (FACTORY, METADATA, NORMALIZATION, POINTWISE, RANDOM, REDUCTION,
                                  SCATTER)
@@ -117,6 +119,11 @@ def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
     if node.op != "call_function":
         return False, f"{node.op} node"
     target = node.target
+    if is_input_copy(node):
+        why = copy_support(node)
+        if not why and not all(_dtype_ok(t) for t in _tensor_args(node.args)):
+            why = f"{target}: a dtype pyfuser does not have"
+        return not why, why
     entry = entry_for(target)
     if entry is None:
         return False, f"{target} has no lowering"

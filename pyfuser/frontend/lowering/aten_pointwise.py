@@ -304,6 +304,22 @@ def _copy(x, memory_format=None):
     return B.set_(x, contiguous=_into_contiguous_format(memory_format))
 
 
+@lowers("aten::copy", n_args=(2, 3), const_args=(2,))
+def _functional_copy(self_, src, non_blocking=False):
+    """`aten.copy(self, src)`, AOTAutograd's functional form of `self.copy_(src)`: a new tensor
+    of src's values in self's dtype (cast as `.to()` casts) and shape. Only where no
+    broadcasting is needed (src's rank, no size-1 axis of src where self has more): an expanded
+    source is left to eager, which materialises it."""
+    if not isinstance(self_, TensorView) or not isinstance(src, TensorView):
+        raise UnsupportedOpError("aten::copy of other than two tensors")
+    if src.ndim != self_.ndim or any(
+            a.is_broadcast != b.is_broadcast or a.expanded_extent is not None
+            for a, b in zip(src.logical, self_.logical)):
+        raise UnsupportedOpError("aten::copy broadcasts its source")
+    y = _to_dtype(src, self_.dtype)
+    return B.set_(y) if y is src else y
+
+
 @lowers("aten::contiguous", n_args=(1, 2), const_args=(1,))
 def _contiguous(x, memory_format=None):
     """`x.contiguous()`: a row-major copy, or x itself where x already is row-major (eager
