@@ -53,13 +53,23 @@ def _update_read_by_a_reduction(a, b):
     return m
 
 
+def _a_view_read_after_the_region(a, b):
+    v = a.view(6, 4)                          # a reshape at the region's input end: a host
+    y = v @ b                                 # view of a the region returns, read by the
+    e = v.exp()                               # matmul (the old value), which runs after the
+    a.mul_(2)                                 # region
+    return y, e
+
+
 # per program: (copy_ nodes fused, reasons of those left to eager)
 READ_OUTSIDE = "copy_ into an input read outside its region"
+VIEW_READ_OUTSIDE = "copy_ into an input a view of which is read outside its region"
 NO_SOURCE = "copy_ whose source no fused region computes"
 PROGRAMS = {_read_after: (1, []), _read_before_in_a_matmul: (0, [READ_OUTSIDE]),
             _twice: (1, []), _through_a_row: (0, [NO_SOURCE]),       # select_scatter: eager
             _through_a_transpose: (0, [READ_OUTSIDE]),               # the view a.t(): FX's
-            _returns_the_input: (1, []), _update_read_by_a_reduction: (2, [])}
+            _returns_the_input: (1, []), _update_read_by_a_reduction: (2, []),
+            _a_view_read_after_the_region: (0, [VIEW_READ_OUTSIDE])}
 
 
 def _inputs():

@@ -20,8 +20,10 @@ region returns the input itself in the copy_'s place, which is what copy_ return
 `placement_problem(node, region_of)`: "" when the copy_ sits in the region of its source and
 every other reader of its destination is in that region too (those reads must see the old
 value: inside the region the kernels order them before the write; a reader outside could run
-after the region and see the new value, where the graph's copy_ comes last). The graph's output
-node may return the input (it sees the written tensor, as after eager's copy_).
+after the region and see the new value, where the graph's copy_ comes last), and so is every
+reader of a view of the input taken in the region (the region returns such a view as a host
+view of the input itself, which the kernel writes). The graph's output node may return the
+input or a view of it (it sees the written tensor, as after eager's copy_).
 
 `lower_copy(node, env)`: the in-place output, a `set` of the source's value (a distinct output:
 the source may also be a region output of its own, which must keep its value when the input is
@@ -32,6 +34,8 @@ the base), so a mutated placeholder shares no memory with another placeholder; g
 directly (`compile_graph`) must keep to that too.
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -82,15 +86,39 @@ def copy_support(node) -> str:
     return ""
 
 
+def _returns_a_view(n) -> bool:
+    """Whether node n's value may share memory with an argument: an op whose schema returns an
+    alias (a view, split's list of views) or a getitem of such a list."""
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return True
+    schema = getattr(n.target, "_schema", None)
+    return schema is None or any(r.alias_info is not None and not r.alias_info.is_write
+                                 for r in schema.returns)
+
+
 def placement_problem(node, region_of) -> str:
     """Why a supported copy_ cannot stay where the partition put it ("" when it can):
-    `region_of(n)` is the region holding node n, or None."""
+    `region_of(n)` is the region holding node n, or None. A view of the input the region takes
+    (a reshape at its input end, returned as a host view of the input) is the input too: a
+    reader of it outside the region would see the written value."""
     dst, src = node.args[0], node.args[1]
     r = region_of(node)
     if r is None or region_of(src) is not r:
         return "copy_ whose source no fused region computes"
     if any(u is not node and u.op != "output" and region_of(u) is not r for u in dst.users):
         return "copy_ into an input read outside its region"
+    views = [u for u in dst.users if u is not node and _returns_a_view(u)]
+    seen = set(views)
+    while views:
+        v = views.pop()
+        for u in v.users:
+            if u.op != "output" and region_of(u) is not r:
+                return "copy_ into an input a view of which is read outside its region"
+            if u not in seen and _returns_a_view(u):
+                seen.add(u)
+                views.append(u)
     return ""
 
 
