@@ -141,3 +141,21 @@ def test_small_table_is_a_masked_sum_over_the_tokens(rows, padding_idx, shape, d
     (region,) = g.regions
     assert _scheduled([region]) == ["reduction"]
     assert_ran_as_sm90_kernels([region])
+
+
+def test_small_table_padding_row_takes_no_index_outside_the_table():
+    """An index outside a small table matches no row, the padding row included: eager's CPU op
+    drops a -1 (as it drops the padding row's tokens). The masked sum had marked the padding row
+    by replacing its number with -1, so a token of index -1 was summed into it."""
+    grad = torch.arange(1.0, 13.0).view(6, 2)
+    idx = torch.tensor([0, 1, -1, 2, -1, 1])
+
+    def f(g, i):
+        return torch.ops.aten.embedding_dense_backward(g, i, 3, 0, False)
+    out = pyfuser.compile(f)(grad, idx)
+    torch.testing.assert_close(out, f(grad, idx))
+    assert not out[0].any()
+    (g,) = compiled_graphs()
+    (region,) = g.regions
+    assert _scheduled([region]) == ["reduction"]
+    assert_ran_as_sm90_kernels([region])

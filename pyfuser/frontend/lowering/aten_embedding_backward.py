@@ -60,12 +60,15 @@ def _small_table(grad, indices, num_weights, padding_idx):
                                  "indices' plus one")
     compute = DataType.Double if grad.dtype is DataType.Double else DataType.Float
     rows = B.iota(num_weights)
-    if 0 <= padding_idx < num_weights:
-        rows = ew("where", ew("eq", rows, padding_idx), B.constant(-1), rows)
     k = indices.ndim
     # axes: [row, *token axes, column]
     hit = ew("eq", B.broadcast(indices, [True] + [False] * k + [True]),
              B.broadcast(rows, [False] + [True] * (k + 1)))
+    if 0 <= padding_idx < num_weights:
+        # the padding row matches no token (its number is not replaced by a value an index
+        # outside the table could hold: eager's CPU op drops a -1)
+        keep = ew("ne", rows, padding_idx)
+        hit = ew("logical_and", hit, B.broadcast(keep, [False] + [True] * (k + 1)))
     vals = ew("where", hit, B.broadcast(B.cast(grad, compute), [True] + [False] * (k + 1)),
               B.constant(0.0, compute))
     return B.cast(B.reduction("sum", vals, list(range(1, k + 1))), grad.dtype)
