@@ -70,9 +70,13 @@ class _View:
 
 # ---- components ------------------------------------------------------------------------------
 def connected_components(fusion) -> list[list]:
-    """The used exprs of `fusion` grouped into connected components (exprs sharing a tensor),
-    each in topological order, components ordered by their first expr."""
-    exprs = fusion.used_exprs()
+    """The used exprs of `fusion` grouped into connected components, each in topological
+    order, components ordered by their first expr. Exprs are joined by a tensor one computes
+    and another reads; a fusion input read by several joins nothing (each component reads it:
+    Llama's rotary embedding of q and of k, which read one cos and one sin). Scalar exprs (a
+    slice's bounds) belong to none: the host computes them when the sizes are bound."""
+    exprs = [e for e in fusion.used_exprs() if any(isinstance(o, TensorView) for o in e.outputs)]
+    made = {id(o) for e in exprs for o in e.outputs}
     parent = list(range(len(exprs)))
 
     def find(i):
@@ -84,7 +88,7 @@ def connected_components(fusion) -> list[list]:
     owner: dict = {}
     for i, e in enumerate(exprs):
         for v in list(e.inputs) + list(e.outputs):
-            if not isinstance(v, TensorView):
+            if not isinstance(v, TensorView) or id(v) not in made:
                 continue
             j = owner.setdefault(id(v), i)
             a, b = find(i), find(j)
@@ -110,7 +114,7 @@ def scalars_read(exprs) -> int:
                 if isinstance(v, Scalar) and not v.is_const})
 
 
-EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp, E.SliceOp, E.PadOp, E.CatOp, E.IotaOp)
+EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp)
 
 
 def excluded(exprs):
@@ -140,8 +144,7 @@ def _analyse(fusion):
         bad = excluded(c.exprs)
         if bad is not None:
             return None, f"component {k}: {bad.op_name} ({type(bad).__name__}) is not taken " \
-                         "(views, permutes, random numbers, iotas, slices, pads and cats stay in " \
-                         "their own kernels)"
+                         "(views, permutes and random numbers stay in their own kernels)"
         produced = {id(o) for e in c.exprs for o in e.outputs}
         seen = set()
         for e in c.exprs:

@@ -310,37 +310,35 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
 
 def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
     """Join pointwise kernel groups that neither needs the other into horizontal kernels
-    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction). In
-    order of their first expr, each group not yet joined starts a set; each later group joins
-    it while the set stays within one kernel's capacity (components, parameter bytes) and the
-    group reads no tensor of the set (else the two would be one component) and neither reaches
-    the other; the set is then offered to the registry (verdicts logged under
-    segmenter_logging) and becomes one group when accepted."""
+    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction; Llama's
+    rotary embedding of q and of k, which read the same cos and sin). In order of their first
+    expr, each group not yet joined (a pointwise or horizontal kernel) starts a set; each later
+    group joins it while the set stays within one kernel's capacity (components, parameter
+    bytes) and neither reaches the other (groups reading a common tensor are still separate
+    components: each reads it, as two kernels would); the set is then offered to the registry
+    (verdicts logged under segmenter_logging) and becomes one group when accepted."""
     from ..schedule import horizontal as H
     first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
     cands = [g for g in sorted(groups.members, key=first)
-             if verdict[g][0] == "pointwise" and H.excluded(groups.members[g]) is None]
+             if verdict[g][0] in ("pointwise", "horizontal") and
+             H.excluded(groups.members[g]) is None]
 
     def cost(g):
         sub = verdict[g][1].fusion
         return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
                                    H.scalars_read(groups.members[g]))
 
-    def reads(g):
-        return {id(v) for v in verdict[g][1].inputs if isinstance(v, TensorView)}
-
     while len(cands) > 1:
         chosen = [cands.pop(0)]
-        seen, used = reads(chosen[0]), cost(chosen[0])
+        used = cost(chosen[0])
         for h in list(cands):
             if len(chosen) == H.MAX_COMPONENTS:
                 break
-            r, c = reads(h), cost(h)
-            if r & seen or used + c > H.MAX_PARAM_BYTES or any(
+            c = cost(h)
+            if used + c > H.MAX_PARAM_BYTES or any(
                     groups.reaches(g, h, False) or groups.reaches(h, g, False) for g in chosen):
                 continue
             chosen.append(h)
-            seen |= r
             used += c
             cands.remove(h)
         if len(chosen) < 2:

@@ -167,6 +167,28 @@ def test_int64_indexing_when_one_component_needs_it(monkeypatch):
     CC.compile_many([plan_small, plan_big])
 
 
+def test_components_read_common_inputs():
+    """Two outputs of other shapes that read one input x: x joins nothing, so they are two
+    components, each reading it (one kernel; one component, so two kernels, before)."""
+    def build():
+        x = B.define_tensor([-1, 7], DataType.Float)
+        y = B.define_tensor([7], DataType.Float)
+        a = B.elementwise("mul", x, B.broadcast(y, [True, False]))
+        b = B.elementwise("add", x, B.broadcast(y, [True, False]))
+        return [a, B.cast(y, DataType.Half), B.reduction("sum", b, [1])]
+    f = CC.make_fusion(lambda: build()[:2])
+    comps, why = H.components(f)
+    assert comps is not None and len(comps) == 2, why
+    x, y = torch.randn(5, 7), torch.randn(7)
+    plan, outs = CC.run_plan(f, [x, y])
+    assert plan.scheduler == "horizontal"
+    assert torch.equal(outs[0], x * y) and torch.equal(outs[1], y.half())
+    CC.compile_source(plan.kernel.source, plan.kernel.name)
+    # a component the pointwise scheduler refuses (a reduction) still refuses the whole
+    ok, why = H.can_schedule(CC.make_fusion(build))
+    assert not ok and "pointwise refuses it" in why, why
+
+
 # ---- what the scheduler refuses ----------------------------------------------------------------
 def test_one_component_never_goes_horizontal():
     def one():
