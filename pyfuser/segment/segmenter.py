@@ -19,7 +19,10 @@
    (`_merge_siblings`); then pointwise groups that do not depend on each other join into
    horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
    different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
-   exceeds one kernel's capacity).
+   exceeds one kernel's capacity). Before those two, every kernel group that reads a load-free
+   value (an iota, a full, cheap ops of them: positions) computes it itself, and a kernel or a
+   group of host views that only made it for others disappears (load_free.py): the groups that
+   read the positions no longer depend on one kernel, so they can join.
    Last, a tensor a kernel group writes for other kernel groups is recomputed in its readers
    when its producers are cheap pointwise ops of the fusion's inputs and that moves fewer bytes
    (recompute.py: a layer norm backward's x_hat in its dx kernel).
@@ -46,6 +49,7 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
+from .load_free import forward_load_free
 from .peel import peel_output_views
 from .recompute import recompute_producers
 from .segmented_fusion import Cut, Segment, SegmentedFusion
@@ -125,7 +129,9 @@ class _Groups:
             for o in e.outputs:
                 if not isinstance(o, TensorView):
                     continue
-                external = [u for u in o.uses if id(u) in self.all_ids and id(u) not in ids
+                # a reader outside, or one this kernel only copies (its owner reads o too)
+                external = [u for u in o.uses if id(u) in self.all_ids and
+                            (id(u) not in ids or id(u) in copies)
                             and not self._recomputes(u, e)]
                 if external or id(o) in self.outputs:
                     outs.append(o)
@@ -137,12 +143,13 @@ class _Groups:
         return g is not None and bool(self.extra) and id(e) in self.extra_ids(g)
 
     def succ(self, g) -> set:
+        """The groups reading an output of g from memory (not those computing it themselves)."""
         out = set()
         for e in self.members[g]:
             for o in e.outputs:
                 for u in getattr(o, "uses", []):
                     h = self.of.get(id(u))
-                    if h is not None and h != g:
+                    if h is not None and h != g and not self._recomputes(u, e):
                         out.add(h)
         return out
 
@@ -163,6 +170,27 @@ class _Groups:
         self.members[a] = merged
         for e in merged:
             self.of[id(e)] = a
+        copies = self._copies([a], self.extra.get(a, []) + self.extra.pop(b, []))
+        if copies:
+            self.extra[a] = copies
+        else:
+            self.extra.pop(a, None)
+
+    def _copies(self, gs, extra) -> list:
+        """The exprs of `extra` that no group of `gs` owns, once each, in program order."""
+        owned = set().union(*(self.member_ids(g) for g in gs))
+        out: dict = {}
+        for e in extra:
+            if id(e) not in owned:
+                out.setdefault(id(e), e)
+        return self.sorted_exprs(list(out.values()))
+
+    def union(self, gs):
+        """(exprs, ids of the copies among them) of one kernel computing the groups `gs`: their
+        members and the copies they hold that none of them owns."""
+        copies = self._copies(gs, [x for g in gs for x in self.extra.get(g, [])])
+        return (self.sorted_exprs([e for g in gs for e in self.members[g]] + copies),
+                frozenset(id(e) for e in copies))
 
 
 def _offer(fusion, groups: _Groups, exprs, orders, copies=frozenset()):
@@ -254,10 +282,11 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     peel_output_views(groups, verdict, orders,
                       lambda exprs: _offer(fusion, groups, exprs, orders))
     first = {g: members[0] for g, members in groups.members.items()}
+    offer = lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies)  # noqa: E731
+    forward_load_free(fusion, groups, verdict, offer)
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
-    recompute_producers(fusion, groups, verdict, orders,
-                        lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies), _bytes)
+    recompute_producers(fusion, groups, verdict, orders, offer, _bytes)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -300,8 +329,8 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
             continue
         if groups.reaches(a, b, False) or groups.reaches(b, a, False):
             continue
-        union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
-        result = _offer(fusion, groups, union, orders)
+        exprs, copies = groups.union([a, b])
+        result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] is not None:
             groups.merge(a, b)
             verdict[a] = result
@@ -315,18 +344,19 @@ def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
     expr, each group not yet joined (a pointwise or horizontal kernel) starts a set; each later
     group joins it while the set stays within one kernel's capacity (components, parameter
     bytes) and neither reaches the other (groups reading a common tensor are still separate
-    components: each reads it, as two kernels would); the set is then offered to the registry
+    components: each reads it, as two kernels would; a load-free value both compute, their
+    copies of the positions, is computed in each); the set is then offered to the registry
     (verdicts logged under segmenter_logging) and becomes one group when accepted."""
     from ..schedule import horizontal as H
     first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
     cands = [g for g in sorted(groups.members, key=first)
              if verdict[g][0] in ("pointwise", "horizontal") and
-             H.excluded(groups.members[g]) is None]
+             H.excluded(groups.exprs_of(g)) is None]
 
     def cost(g):
         sub = verdict[g][1].fusion
         return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
-                                   H.scalars_read(groups.members[g]))
+                                   H.scalars_read(groups.exprs_of(g)))
 
     while len(cands) > 1:
         chosen = [cands.pop(0)]
@@ -343,9 +373,8 @@ def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
             cands.remove(h)
         if len(chosen) < 2:
             continue
-        union = sorted((e for g in chosen for e in groups.members[g]),
-                       key=lambda e: groups.order[id(e)])
-        result = _offer(fusion, groups, union, orders)
+        exprs, copies = groups.union(chosen)
+        result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] in ("horizontal", "pointwise"):
             for h in chosen[1:]:
                 groups.merge(chosen[0], h)

@@ -7,6 +7,8 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
   horizontal kernel, whose components may read a common input (schedule/horizontal.py);
 - GPT-2's packed-sequence mask (a cat and slices of the positions) beside its causal mask, of
   other shapes: one horizontal kernel (slices, pads, cats and iotas are taken in components);
+- Llama's positions (an iota) read by both masks, the rotary cos / sin and a normalization:
+  computed in each kernel reading them (segment/load_free.py), no kernel of their own;
 """
 from __future__ import annotations
 
@@ -71,4 +73,39 @@ def test_masks_of_other_shapes_with_slices_and_cats_are_one_kernel():
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
     (region,) = _compiled(f, pos)
     assert _schedulers(region) == ["horizontal"]
+
+def test_llamas_positions_are_computed_in_each_kernel_reading_them():
+    """Llama's first region: positions (an iota), the packed-sequence mask and the causal mask
+    of them, the rotary cos / sin of them, and the rotation of q and k. The positions had been
+    one kernel, their broadcasts host views that no kernel took, and each mask and the cos / sin
+    a kernel of its own: 6 kernels. Each kernel now computes the positions itself (load-free
+    values, segment/load_free.py), so the masks and cos / sin are independent: one horizontal
+    kernel, then q and k in another."""
+    def f(inv_freq, q, k):
+        b, s = q.shape[0], q.shape[2]
+        ids = (torch.arange(s) + 0)[None, :].expand(b, -1)
+        shifted = torch.cat([ids[:, :1] - 1, ids], -1)
+        starts = (shifted[:, 1:] - shifted[:, :-1]) != 1
+        causal = ids[:, None, None, :] <= ids[:, None, :, None]
+        freqs = ids[:1, :, None].float() * inv_freq
+        emb = torch.cat([freqs, freqs], -1)
+        cos, sin = (emb.cos() * 1.0)[:, None], (emb.sin() * 1.0)[:, None]   # HF: * scaling
+        return starts, causal, q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16)
+    (region,) = _compiled(f, inv_freq, q, k)
+    assert _schedulers(region) == ["horizontal", "horizontal"]
+
+
+def test_a_normalization_reads_positions_it_computes():
+    """Positions read by a causal mask (a kernel of its own: another shape) and, through a
+    broadcast, by a layer norm's input: the layer norm's kernel computes them, and the positions'
+    kernel and their host views are gone (3 kernels before)."""
+    def f(x, w):
+        b, s, h = x.shape
+        pos = (torch.arange(s) + 0)[None, :].expand(b, -1)
+        causal = pos[:, None, None, :] <= pos[:, None, :, None]
+        return causal, torch.nn.functional.layer_norm(x + pos[..., None].float() * w, (h,))
+    (region,) = _compiled(f, torch.randn(2, 8, 32), torch.randn(32))
+    assert _schedulers(region) == ["pointwise", "inner_persistent"]
 
