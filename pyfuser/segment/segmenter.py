@@ -25,7 +25,10 @@
    read the positions no longer depend on one kernel, so they can join.
    Last, a tensor a kernel group writes for other kernel groups is recomputed in its readers
    when its producers are cheap pointwise ops of the fusion's inputs and that moves fewer bytes
-   (recompute.py: a layer norm backward's x_hat in its dx kernel).
+   (recompute.py: a layer norm backward's x_hat in its dx kernel); then two kernel groups, one
+   reading the other, that were kept apart join where a scheduler takes them now
+   (`_merge_again`: a path between them through a third group that has since recomputed what
+   it read is no cycle any more).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -245,6 +248,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     for g, members in groups.members.items():
         verdict[g] = _offer(fusion, groups, members, orders)
     changed, reshapes = True, False
+    refused: set = set()                  # unions no scheduler took (ids of their exprs)
     while changed or not reshapes:
         if not changed:                   # compute groups are joined: now the reshapes too
             reshapes = True
@@ -272,6 +276,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                 result = _offer(fusion, groups, union, orders)
                 if result[0] is None:
                     apart[(a, b)] = "no scheduler takes them together: " + result[1]
+                    refused.add(frozenset(id(e) for e in union))
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
@@ -287,6 +292,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
     recompute_producers(fusion, groups, verdict, orders, offer, _bytes)
+    _merge_again(fusion, groups, verdict, orders, refused)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -380,6 +386,39 @@ def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
                 groups.merge(chosen[0], h)
                 verdict.pop(h)
             verdict[chosen[0]] = result
+
+
+def _merge_again(fusion, groups: _Groups, verdict: dict, orders, refused: set) -> None:
+    """Join two kernel groups, one reading what the other writes, that the first pass kept
+    apart, now that copies of values have changed what they read: a cycle through a third
+    group that has since computed the value itself is gone (a cross-entropy's count of the
+    targets that are not ignored, whose `ne` the row kernel recomputes, joins the final sum
+    over the rows: two reductions of the same axes, one kernel). Unions no scheduler took
+    before (`refused`: ids of their exprs) are not offered again. Heaviest tensor first."""
+    edges = []
+    for h in groups.members:
+        if verdict[h][0] is None:
+            continue
+        ins, _ = groups.boundary(groups.exprs_of(h), groups.extra_ids(h))
+        for v in ins:
+            g = groups.of.get(id(getattr(v, "definition", None)))
+            if g is not None and g != h and verdict[g][0] is not None:
+                edges.append((-_bytes(v), g, h))
+    for _, a, b in sorted(edges, key=lambda t: t[0]):
+        if a not in groups.members or b not in groups.members or a == b:
+            continue
+        if groups.reaches(a, b, True) or groups.reaches(b, a, True):
+            continue
+        exprs, copies = groups.union([a, b])
+        if frozenset(id(e) for e in exprs) in refused:
+            continue
+        result = _offer(fusion, groups, exprs, orders, copies)
+        if result[0] is None:
+            refused.add(frozenset(id(e) for e in exprs))
+            continue
+        groups.merge(a, b)
+        verdict[a] = result
+        verdict.pop(b)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
   other shapes: one horizontal kernel (slices, pads, cats and iotas are taken in components);
 - Llama's positions (an iota) read by both masks, the rotary cos / sin and a normalization:
   computed in each kernel reading them (segment/load_free.py), no kernel of their own;
+- a cross-entropy's count of the targets not ignored joins the final sum over the rows once the
+  row kernel recomputes the `ne` they share (segmenter._merge_again).
 """
 from __future__ import annotations
 
@@ -74,13 +76,16 @@ def test_masks_of_other_shapes_with_slices_and_cats_are_one_kernel():
     (region,) = _compiled(f, pos)
     assert _schedulers(region) == ["horizontal"]
 
-def test_llamas_positions_are_computed_in_each_kernel_reading_them():
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "unscaled"])
+def test_llamas_positions_are_computed_in_each_kernel_reading_them(scaled):
     """Llama's first region: positions (an iota), the packed-sequence mask and the causal mask
     of them, the rotary cos / sin of them, and the rotation of q and k. The positions had been
     one kernel, their broadcasts host views that no kernel took, and each mask and the cos / sin
     a kernel of its own: 6 kernels. Each kernel now computes the positions itself (load-free
     values, segment/load_free.py), so the masks and cos / sin are independent: one horizontal
-    kernel, then q and k in another."""
+    kernel, then q and k in another. Unscaled, cos and sin are a group of their own (each
+    joined the cat they read before the other could: outputs of two shapes) until the siblings
+    merge; the cat's group then joins them (segmenter._merge_again)."""
     def f(inv_freq, q, k):
         b, s = q.shape[0], q.shape[2]
         ids = (torch.arange(s) + 0)[None, :].expand(b, -1)
@@ -89,7 +94,10 @@ def test_llamas_positions_are_computed_in_each_kernel_reading_them():
         causal = ids[:, None, None, :] <= ids[:, None, :, None]
         freqs = ids[:1, :, None].float() * inv_freq
         emb = torch.cat([freqs, freqs], -1)
-        cos, sin = (emb.cos() * 1.0)[:, None], (emb.sin() * 1.0)[:, None]   # HF: * scaling
+        cos, sin = emb.cos(), emb.sin()
+        if scaled:                                    # HF Llama multiplies by its scaling
+            cos, sin = cos * 1.0, sin * 1.0
+        cos, sin = cos[:, None], sin[:, None]
         return starts, causal, q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
     inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
     q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 8, 16)
@@ -109,3 +117,21 @@ def test_a_normalization_reads_positions_it_computes():
     (region,) = _compiled(f, torch.randn(2, 8, 32), torch.randn(32))
     assert _schedulers(region) == ["pointwise", "inner_persistent"]
 
+def test_cross_entropys_mean_over_the_rows_and_its_count_are_one_kernel():
+    """HF's loss: the log-softmax and the target's pick in a row kernel, then the sum of the
+    rows' losses over the count of targets that are not ignored. The count's `ne` (also read by
+    the row kernel, which recomputes it) had put the count's kernel on a path through the row
+    kernel to the final sum: three kernels. The count now joins the final sum (two reductions of
+    the same axis)."""
+    import torch.nn.functional as F
+
+    def f(x, t):
+        return F.cross_entropy(x.view(-1, x.shape[-1]).float(), t.view(-1))
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    t = torch.randint(0, 64, (2, 8))
+    t[0, 3] = -100
+    loss = pyfuser.compile(f)(x, t)
+    torch.testing.assert_close(loss, f(x, t), rtol=1e-6, atol=1e-6)
+    (graph,) = compiled_graphs()
+    (region,) = graph.regions
+    assert _schedulers(region) == ["inner_persistent", "reduction"]
