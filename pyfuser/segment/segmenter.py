@@ -317,7 +317,10 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
 def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
     """Join kernel groups that read a common tensor and neither needs the other (a layer
     norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
-    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first."""
+    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first.
+    Then pure reductions that neither needs the other join when the reduction scheduler takes
+    them together (the same axes of one shape: ViT's last layer norm's dweight and dbias, sums
+    of two tensors a pointwise kernel wrote), one launch fewer."""
     readers: dict = {}
     for g, members in groups.members.items():
         if verdict[g][0] is None:
@@ -341,6 +344,19 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
             groups.merge(a, b)
             verdict[a] = result
             verdict.pop(b)
+    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
+    reds = sorted((g for g in groups.members if verdict[g][0] == "reduction"), key=first)
+    for i, a in enumerate(reds):
+        for b in reds[i + 1:]:
+            if a not in groups.members or b not in groups.members or \
+                    groups.reaches(a, b, False) or groups.reaches(b, a, False):
+                continue
+            exprs, copies = groups.union([a, b])
+            result = _offer(fusion, groups, exprs, orders, copies)
+            if result[0] == "reduction":
+                groups.merge(a, b)
+                verdict[a] = result
+                verdict.pop(b)
 
 
 def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:

@@ -10,7 +10,8 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
 - Llama's positions (an iota) read by both masks, the rotary cos / sin and a normalization:
   computed in each kernel reading them (segment/load_free.py), no kernel of their own;
 - a cross-entropy's count of the targets not ignored joins the final sum over the rows once the
-  row kernel recomputes the `ne` they share (segmenter._merge_again).
+  row kernel recomputes the `ne` they share (segmenter._merge_again);
+- two pure reductions of one domain that read different tensors join (segmenter._merge_siblings).
 """
 from __future__ import annotations
 
@@ -135,3 +136,17 @@ def test_cross_entropys_mean_over_the_rows_and_its_count_are_one_kernel():
     (graph,) = compiled_graphs()
     (region,) = graph.regions
     assert _schedulers(region) == ["inner_persistent", "reduction"]
+
+
+def test_independent_sums_over_the_same_axes_are_one_kernel():
+    """ViT's last layer norm's backward: the CLS token's gradient padded to the sequence
+    (select_backward, a pad no reduction kernel takes) times x_hat, and the padded gradient
+    itself, each summed over the rows (dweight and dbias). A pointwise kernel writes both; the
+    two sums read different tensors, so they were no siblings: two reduction kernels. Pure
+    reductions of one domain now join (3 kernels -> 2)."""
+    def f(g, x):
+        p = torch.nn.functional.pad(g[:, None], (0, 0, 0, 16))
+        a = p * x
+        return a.sum([0, 1]), p.sum([0, 1]), a + 1
+    (region,) = _compiled(f, torch.randn(2, 32), torch.randn(2, 17, 32))
+    assert _schedulers(region) == ["pointwise", "reduction"]
