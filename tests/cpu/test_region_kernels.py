@@ -11,7 +11,9 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
   computed in each kernel reading them (segment/load_free.py), no kernel of their own;
 - a cross-entropy's count of the targets not ignored joins the final sum over the rows once the
   row kernel recomputes the `ne` they share (segmenter._merge_again);
-- two pure reductions of one domain that read different tensors join (segmenter._merge_siblings).
+- two pure reductions of one domain that read different tensors join (segmenter._merge_siblings);
+- Llama's grouped-query key gradient (a sum of 2 to 4 query heads) and its rotary backward: adds
+  of selects (fx/rewrite_reduce.unroll_small_sums) in one pointwise kernel.
 """
 from __future__ import annotations
 
@@ -150,3 +152,32 @@ def test_independent_sums_over_the_same_axes_are_one_kernel():
         return a.sum([0, 1]), p.sum([0, 1]), a + 1
     (region,) = _compiled(f, torch.randn(2, 32), torch.randn(2, 17, 32))
     assert _schedulers(region) == ["pointwise", "reduction"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rep", [2, 4])
+def test_grouped_query_key_gradient_and_its_rotary_backward_are_one_kernel(dtype, rep):
+    """Llama's key gradient under grouped-query attention: the sum over the query heads that
+    share a key head (the backward of repeat_kv's expand, AOTAutograd's keepdim sum of a
+    matmul's result), then the rotary embedding's backward (slices, a cat). A reduction kernel
+    takes no slice: a reduction kernel wrote the sum and a pointwise kernel read it back. The
+    sum of `rep` elements is now adds of selects (fx/rewrite_reduce.unroll_small_sums): one
+    pointwise kernel."""
+    def f(g5, sin, cos):
+        g = g5.sum(2, keepdim=True).squeeze(2)
+        h = g.shape[-1] // 2
+        m = g * sin
+        return torch.cat([m[..., h:], -m[..., :h]], -1) + g * cos
+    torch.manual_seed(0)
+    g5 = torch.randn(2, 2, rep, 8, 16).to(dtype)
+    sin, cos = torch.randn(8, 16).to(dtype), torch.randn(8, 16).to(dtype)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(g5, sin, cos)
+    want = f(g5, sin, cos)                     # bfloat16: eager rounds after each op too
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got, want, **({} if dtype == torch.float32 else
+                                            {"rtol": 1.6e-2, "atol": 1e-5}))
+    (graph,) = compiled_graphs()
+    (region,) = graph.regions
+    assert "aten.sum.dim_IntList" not in region.ops
+    assert _schedulers(region) == ["pointwise"]
