@@ -13,7 +13,9 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
   row kernel recomputes the `ne` they share (segmenter._merge_again);
 - two pure reductions of one domain that read different tensors join (segmenter._merge_siblings);
 - Llama's grouped-query key gradient (a sum of 2 to 4 query heads) and its rotary backward: adds
-  of selects (fx/rewrite_reduce.unroll_small_sums) in one pointwise kernel.
+  of selects (fx/rewrite_reduce.unroll_small_sums) in one pointwise kernel;
+- GPT-2's position embedding read at `arange(seq) + past`: a lookup's index may be an iota plus
+  or minus a scalar (pointwise_graph.index_source), no positions kernel.
 """
 from __future__ import annotations
 
@@ -180,4 +182,32 @@ def test_grouped_query_key_gradient_and_its_rotary_backward_are_one_kernel(dtype
     (graph,) = compiled_graphs()
     (region,) = graph.regions
     assert "aten.sum.dim_IntList" not in region.ops
+    assert _schedulers(region) == ["pointwise"]
+
+
+def test_position_embedding_at_shifted_positions_is_read_in_the_layer_norms_kernel():
+    """GPT-2's embeddings: token and position lookups, added, then the first layer norm; the
+    positions are `arange(seq) + past`. A lookup's index had to be an input or an iota, so the
+    positions were a kernel of their own (an iota plus a scalar) and, also read by the causal
+    mask, a host view between kernels: 3 kernels. The index may now be an iota plus or minus a
+    scalar, computed from the element's index where the table is read: the mask's kernel and
+    the layer norm's (2 kernels)."""
+    def f(ids, wte, wpe, w, b):
+        pos = torch.arange(ids.shape[1]) + 3
+        emb = torch.nn.functional.embedding
+        h = emb(ids, wte) + emb(pos, wpe)[None]
+        causal = pos[None, None, :] <= pos[None, :, None]
+        return torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b), causal
+    args = (torch.randint(0, 50, (2, 8)), torch.randn(50, 32), torch.randn(16, 32),
+            torch.randn(32), torch.randn(32))
+    (region,) = _compiled(f, *args)
+    assert _schedulers(region) == ["pointwise", "inner_persistent"]
+
+
+@pytest.mark.parametrize("shift", ["add", "sub"])
+def test_lookup_at_an_iota_plus_a_scalar_in_a_pointwise_kernel(shift):
+    def f(x, wpe):
+        pos = torch.arange(x.shape[0]) + 5 if shift == "add" else torch.arange(4, 4 + x.shape[0]) - 2
+        return x * 2 + torch.nn.functional.embedding(pos, wpe)
+    (region,) = _compiled(f, torch.randn(8, 32), torch.randn(16, 32))
     assert _schedulers(region) == ["pointwise"]
