@@ -268,13 +268,20 @@ class Lowering(KeyIndexing, Emitter):
             arr, ia = self.arrays[id(src)]
             ref = K.ArrayRef(arr, (() if ia.row_invariant else (K.Var("u"),)) + (self.const(0),))
             value = K.Convert("load", ref, dt, dt)
-        else:                          # an iota: computed from the element's index here
-            value = self.node_expr(src, None)
+        else:                          # an iota (plus a scalar): from the element's index here
+            value = self.index_value(src)
         name = f"{self.arrays[id(a.node)][0]}_ix{j}"
         raw = K.Var(name)
         idx_dt = DataType.Int if self.it == "int64_t" else DataType.Int32
         self.ix_vars[id(inode)] = K.Convert("cast", raw, dt, idx_dt) if dt is not idx_dt else raw
         return [K.Let(name, K.REGISTER_CTYPE[dt], self.checked_index(a, j, value))]
+
+    def index_value(self, node):
+        """The value of an index computed from the element's index: an iota, or a scalar added
+        to or subtracted from one (pointwise_graph.iota_shift), through metadata."""
+        while node.kind == "alias":
+            node = node.args[0]
+        return self.node_expr(node, None if node.kind == "iota" else self.index_value)
 
     def load_stmt(self, a, arr, gvars, u) -> list:
         """The statements loading access `a` into `arr` at unroll step u (a gathered access:

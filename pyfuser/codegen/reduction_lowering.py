@@ -215,8 +215,15 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
         if src.kind == "load":
             ia = next(x for x in self.loads if x.node is src)
             value = K.Elem(self.ptr(ia), self.offset(ia, idx))
-        else:
-            value = self.iota_expr(src, (idx, _c(0)))
+        else:                          # an iota (plus a scalar): from the row's indices
+
+            def computed(node):
+                while node.kind == "alias":
+                    node = node.args[0]
+                if node.kind == "iota":
+                    return self.iota_expr(node, (idx, _c(0)))
+                return self.node_expr(node, computed)
+            value = computed(src)
         value = self.checked_index(a, j, value)
         return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
 

@@ -70,9 +70,17 @@ class _View:
 
 # ---- components ------------------------------------------------------------------------------
 def connected_components(fusion) -> list[list]:
-    """The used exprs of `fusion` grouped into connected components (exprs sharing a tensor),
-    each in topological order, components ordered by their first expr."""
-    exprs = fusion.used_exprs()
+    """The used exprs of `fusion` grouped into components, each in topological order, ordered
+    by their first expr. Exprs are joined by a tensor one computes and another reads (a fusion
+    input read by several joins nothing: each component reads it). A load-free value
+    (segment/load_free.py: iotas, fulls and cheap ops of them) that the fusion does not return
+    joins nothing either: each component reading it computes it, so components may share such
+    exprs (Llama's positions, read by its masks and its rotary cos / sin). Scalar exprs (a
+    slice's bounds) belong to none: the host computes them when the sizes are bound."""
+    exprs = [e for e in fusion.used_exprs() if any(isinstance(o, TensorView) for o in e.outputs)]
+    pos = {id(e): i for i, e in enumerate(exprs)}
+    shared = _shared(exprs, {id(o) for o in fusion.outputs})
+    joins = {id(o) for e in exprs if id(e) not in shared for o in e.outputs}
     parent = list(range(len(exprs)))
 
     def find(i):
@@ -83,8 +91,10 @@ def connected_components(fusion) -> list[list]:
 
     owner: dict = {}
     for i, e in enumerate(exprs):
+        if id(e) in shared:
+            continue
         for v in list(e.inputs) + list(e.outputs):
-            if not isinstance(v, TensorView):
+            if not isinstance(v, TensorView) or id(v) not in joins:
                 continue
             j = owner.setdefault(id(v), i)
             a, b = find(i), find(j)
@@ -92,8 +102,30 @@ def connected_components(fusion) -> list[list]:
                 parent[max(a, b)] = min(a, b)
     groups: dict = {}
     for i, e in enumerate(exprs):
-        groups.setdefault(find(i), []).append(e)
-    return [groups[k] for k in sorted(groups)]
+        if id(e) not in shared:
+            groups.setdefault(find(i), []).append(e)
+    out = []
+    for k in sorted(groups):
+        found, stack = {}, [v for e in groups[k] for v in e.inputs]
+        while stack:                      # the shared values this component reads, and theirs
+            d = getattr(stack.pop(), "definition", None)
+            if d is not None and id(d) in shared and id(d) not in found:
+                found[id(d)] = d
+                stack.extend(d.inputs)
+        out.append(sorted(groups[k] + list(found.values()), key=lambda e: pos[id(e)]))
+    return out
+
+
+def _shared(exprs, returned) -> set:
+    """ids of the exprs (topological order) computing load-free values the fusion does not
+    return from load-free values of such exprs only (what a component may compute itself)."""
+    from ..segment.load_free import load_free
+    free, shared = load_free(exprs), set()
+    for e in exprs:
+        if id(e) in free and not any(id(o) in returned for o in e.outputs) and all(
+                id(v.definition) in shared for v in e.inputs if isinstance(v, TensorView)):
+            shared.add(id(e))
+    return shared
 
 
 def param_bytes_bound(inputs, outputs, n_scalars: int = 0) -> int:
@@ -110,7 +142,7 @@ def scalars_read(exprs) -> int:
                 if isinstance(v, Scalar) and not v.is_const})
 
 
-EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp, E.SliceOp, E.PadOp, E.CatOp, E.IotaOp)
+EXCLUDED = (E.ViewOp, E.PermuteOp, E.PhiloxUniformOp)
 
 
 def excluded(exprs):
@@ -140,8 +172,7 @@ def _analyse(fusion):
         bad = excluded(c.exprs)
         if bad is not None:
             return None, f"component {k}: {bad.op_name} ({type(bad).__name__}) is not taken " \
-                         "(views, permutes, random numbers, iotas, slices, pads and cats stay in " \
-                         "their own kernels)"
+                         "(views, permutes and random numbers stay in their own kernels)"
         produced = {id(o) for e in c.exprs for o in e.outputs}
         seen = set()
         for e in c.exprs:

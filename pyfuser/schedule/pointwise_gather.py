@@ -12,22 +12,24 @@ codegen/.
 from __future__ import annotations
 
 from ..ir import exprs as E
-from .pointwise_graph import GATHER_EXPRS, METADATA_EXPRS, index_axes_of
+from .pointwise_graph import GATHER_EXPRS, METADATA_EXPRS, index_axes_of, iota_shift_expr
 
 
 def gather_unsupported(e) -> str:
     """Why an index_select / embedding / gather cannot be read in this kernel ("" when it
     can): its input is loaded from memory (a fusion input), its index is an input, an iota
-    (positions computed from the element's index) or itself such a lookup (read before the
-    ops run), through views, and the gathered axis is not a broadcast (the index must be
-    checked against its size)."""
+    (positions computed from the element's index) or a scalar added to or subtracted from one
+    (GPT-2's positions, `arange(seq) + past`), or itself such a lookup (read before the ops
+    run), through views, and the gathered axis is not a broadcast (the index must be checked
+    against its size)."""
     x, index = e.inputs[0], e.inputs[1]
     if x.ndim == 0:
         return f"{e.op_name}: the input {x.name} has no axis to gather"
     while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
         index = index.definition.inputs[0]
     d = index.definition
-    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or (
+    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or
+                                        iota_shift_expr(d) or (
             isinstance(d, GATHER_EXPRS) and not gather_unsupported(d))):
         return (f"{e.op_name}: its input must be a fusion input and its index an input, an "
                 f"iota or a lookup of those (read before the ops run)")

@@ -95,12 +95,45 @@ def key_axes(c) -> set:
 def index_source(node):
     """The node an index's value comes from: through "alias" nodes (metadata, and lookups,
     whose value is their table's load), a "load" of an input (or of a table at another
-    index: a lookup's index may itself be looked up, BERT's token types) or an "iota"
-    (positions computed from the element's index); None for anything else (a value computed
-    by ops, which the kernel has only after its loads)."""
+    index: a lookup's index may itself be looked up, BERT's token types), an "iota"
+    (positions computed from the element's index) or an "op" adding a scalar to such an iota
+    or subtracting one (`iota_shift`: GPT-2's positions, `arange(seq) + past`, computed from
+    the element's index too); None for anything else (a value computed by ops, which the
+    kernel has only after its loads)."""
     while node.kind == "alias":
         node = node.args[0]
-    return node if node.kind in ("load", "iota") else None
+    return node if node.kind in ("load", "iota") or iota_shift(node) else None
+
+
+SHIFT_OPS = ("add", "sub")
+
+
+def iota_shift(node) -> bool:
+    """Whether `node` is an "op" node adding a scalar to, or subtracting one from, an iota (or
+    such a node), through metadata: a value the kernel computes from the element's index."""
+    if node.kind != "op" or getattr(node.expr.info, "name", None) not in SHIFT_OPS:
+        return False
+    tensors = [a for a in node.args if isinstance(a, Node)]
+    if len(tensors) != 1 or len(node.args) != 2:
+        return False
+    src = tensors[0]
+    while src.kind == "alias":
+        src = src.args[0]
+    return src.kind == "iota" or iota_shift(src)
+
+
+def iota_shift_expr(e) -> bool:
+    """The Fusion-level form of iota_shift: expr e adds a scalar to (subtracts one from) a
+    tensor that is, through metadata, an iota or such a sum."""
+    if not isinstance(e, E.ElementwiseOp) or getattr(e.info, "name", None) not in SHIFT_OPS:
+        return False
+    tensors = [v for v in e.inputs if isinstance(v, TensorView)]
+    if len(tensors) != 1 or len(e.inputs) != 2:
+        return False
+    d = tensors[0].definition
+    while d is not None and isinstance(d, METADATA_EXPRS):
+        d = d.inputs[0].definition
+    return isinstance(d, E.IotaOp) or iota_shift_expr(d)
 
 
 def index_axes_of(inode) -> set:

@@ -47,7 +47,7 @@ CHEAP = frozenset("""neg abs bitwise_not logical_not relu sign ceil floor round 
     lerp addcmul threshold hardtanh hardsigmoid hardswish""".split())
 
 
-def _recomputable(e) -> bool:
+def recomputable(e) -> bool:
     return isinstance(e, MOVES) or (isinstance(e, E.ElementwiseOp) and e.info.name in CHEAP)
 
 
@@ -97,7 +97,7 @@ def _chain(t, ids):
         if d is None or id(d) not in ids:
             leaves.append(v)
             continue
-        if not _recomputable(d) or len(chain) == MAX_CHAIN:
+        if not recomputable(d) or len(chain) == MAX_CHAIN:
             return None
         chain.append(d)
         stack.extend(x for x in d.inputs if isinstance(x, TensorView))
@@ -152,7 +152,7 @@ def _try(fusion, groups, verdict, t, a, offer, nbytes) -> bool:
              {g: list(m) for g, m in groups.members.items()}, dict(groups.of))
     for b, extra in offers.items():
         groups.extra[b] = extra
-    _prune(fusion, groups, a, min(readers))
+    prune(fusion, groups, a, min(readers))
     results = {}
     for g in sorted(readers | {a}):
         if not groups.members.get(g):
@@ -179,7 +179,7 @@ def _try(fusion, groups, verdict, t, a, offer, nbytes) -> bool:
     return True
 
 
-def _prune(fusion, groups, a, first_reader) -> None:
+def prune(fusion, groups, a, first_reader) -> None:
     """Drop from group a the exprs nothing needs any more: outputs read by no other expr of a,
     by no group that does not compute them itself, and not returned. An expr dropped that a
     reader holds as a copy becomes that reader's own (the first reader's, or the one holding it)."""

@@ -16,8 +16,9 @@ Invariants:
   of an earlier segment;
 - every Expr the fusion outputs need is in one segment (scalar-only exprs are computed on the
   host by `bind`, in no segment), except that a kernel segment may recompute cheap pointwise
-  exprs of another one from that one's inputs rather than read their result (`recomputed`,
-  recompute.py); a value is an output of at most one segment.
+  exprs of another one from that one's inputs, or load-free values (iotas and cheap ops of
+  them) from nothing, rather than read their result (`recomputed`, recompute.py,
+  load_free.py); a value is an output of at most one segment.
 `cuts` lists, when the compute exprs did not fit one scheduler (`split_reason` says why), each
 tensor passed between two kernel / eager segments and why those two stayed apart (`Cut`).
 `RunReport` (what `fs.last_run` shows) lists per run the segments in order with their kind and

@@ -19,10 +19,16 @@
    (`_merge_siblings`); then pointwise groups that do not depend on each other join into
    horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
    different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
-   exceeds one kernel's capacity).
+   exceeds one kernel's capacity). Before those two, every kernel group that reads a load-free
+   value (an iota, a full, cheap ops of them: positions) computes it itself, and a kernel or a
+   group of host views that only made it for others disappears (load_free.py): the groups that
+   read the positions no longer depend on one kernel, so they can join.
    Last, a tensor a kernel group writes for other kernel groups is recomputed in its readers
    when its producers are cheap pointwise ops of the fusion's inputs and that moves fewer bytes
-   (recompute.py: a layer norm backward's x_hat in its dx kernel).
+   (recompute.py: a layer norm backward's x_hat in its dx kernel); then two kernel groups, one
+   reading the other, that were kept apart join where a scheduler takes them now
+   (`_merge_again`: a path between them through a third group that has since recomputed what
+   it read is no cycle any more).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -46,6 +52,7 @@ from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
 from .host import HOST_RUNNERS, host_exprs, host_layout
+from .load_free import forward_load_free
 from .peel import peel_output_views
 from .recompute import recompute_producers
 from .segmented_fusion import Cut, Segment, SegmentedFusion
@@ -125,7 +132,9 @@ class _Groups:
             for o in e.outputs:
                 if not isinstance(o, TensorView):
                     continue
-                external = [u for u in o.uses if id(u) in self.all_ids and id(u) not in ids
+                # a reader outside, or one this kernel only copies (its owner reads o too)
+                external = [u for u in o.uses if id(u) in self.all_ids and
+                            (id(u) not in ids or id(u) in copies)
                             and not self._recomputes(u, e)]
                 if external or id(o) in self.outputs:
                     outs.append(o)
@@ -137,12 +146,13 @@ class _Groups:
         return g is not None and bool(self.extra) and id(e) in self.extra_ids(g)
 
     def succ(self, g) -> set:
+        """The groups reading an output of g from memory (not those computing it themselves)."""
         out = set()
         for e in self.members[g]:
             for o in e.outputs:
                 for u in getattr(o, "uses", []):
                     h = self.of.get(id(u))
-                    if h is not None and h != g:
+                    if h is not None and h != g and not self._recomputes(u, e):
                         out.add(h)
         return out
 
@@ -163,6 +173,27 @@ class _Groups:
         self.members[a] = merged
         for e in merged:
             self.of[id(e)] = a
+        copies = self._copies([a], self.extra.get(a, []) + self.extra.pop(b, []))
+        if copies:
+            self.extra[a] = copies
+        else:
+            self.extra.pop(a, None)
+
+    def _copies(self, gs, extra) -> list:
+        """The exprs of `extra` that no group of `gs` owns, once each, in program order."""
+        owned = set().union(*(self.member_ids(g) for g in gs))
+        out: dict = {}
+        for e in extra:
+            if id(e) not in owned:
+                out.setdefault(id(e), e)
+        return self.sorted_exprs(list(out.values()))
+
+    def union(self, gs):
+        """(exprs, ids of the copies among them) of one kernel computing the groups `gs`: their
+        members and the copies they hold that none of them owns."""
+        copies = self._copies(gs, [x for g in gs for x in self.extra.get(g, [])])
+        return (self.sorted_exprs([e for g in gs for e in self.members[g]] + copies),
+                frozenset(id(e) for e in copies))
 
 
 def _offer(fusion, groups: _Groups, exprs, orders, copies=frozenset()):
@@ -217,6 +248,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     for g, members in groups.members.items():
         verdict[g] = _offer(fusion, groups, members, orders)
     changed, reshapes = True, False
+    refused: set = set()                  # unions no scheduler took (ids of their exprs)
     while changed or not reshapes:
         if not changed:                   # compute groups are joined: now the reshapes too
             reshapes = True
@@ -244,6 +276,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                 result = _offer(fusion, groups, union, orders)
                 if result[0] is None:
                     apart[(a, b)] = "no scheduler takes them together: " + result[1]
+                    refused.add(frozenset(id(e) for e in union))
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
@@ -254,10 +287,12 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     peel_output_views(groups, verdict, orders,
                       lambda exprs: _offer(fusion, groups, exprs, orders))
     first = {g: members[0] for g, members in groups.members.items()}
+    offer = lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies)  # noqa: E731
+    forward_load_free(fusion, groups, verdict, offer)
     _merge_siblings(fusion, groups, verdict, orders)
     _merge_horizontal(fusion, groups, verdict, orders)
-    recompute_producers(fusion, groups, verdict, orders,
-                        lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies), _bytes)
+    recompute_producers(fusion, groups, verdict, orders, offer, _bytes)
+    _merge_again(fusion, groups, verdict, orders, refused)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -282,7 +317,10 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
 def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
     """Join kernel groups that read a common tensor and neither needs the other (a layer
     norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
-    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first."""
+    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first.
+    Then pure reductions that neither needs the other join when the reduction scheduler takes
+    them together (the same axes of one shape: ViT's last layer norm's dweight and dbias, sums
+    of two tensors a pointwise kernel wrote), one launch fewer."""
     readers: dict = {}
     for g, members in groups.members.items():
         if verdict[g][0] is None:
@@ -300,59 +338,103 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
             continue
         if groups.reaches(a, b, False) or groups.reaches(b, a, False):
             continue
-        union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
-        result = _offer(fusion, groups, union, orders)
+        exprs, copies = groups.union([a, b])
+        result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] is not None:
             groups.merge(a, b)
             verdict[a] = result
             verdict.pop(b)
+    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
+    reds = sorted((g for g in groups.members if verdict[g][0] == "reduction"), key=first)
+    for i, a in enumerate(reds):
+        for b in reds[i + 1:]:
+            if a not in groups.members or b not in groups.members or \
+                    groups.reaches(a, b, False) or groups.reaches(b, a, False):
+                continue
+            exprs, copies = groups.union([a, b])
+            result = _offer(fusion, groups, exprs, orders, copies)
+            if result[0] == "reduction":
+                groups.merge(a, b)
+                verdict[a] = result
+                verdict.pop(b)
 
 
 def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
     """Join pointwise kernel groups that neither needs the other into horizontal kernels
-    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction). In
-    order of their first expr, each group not yet joined starts a set; each later group joins
-    it while the set stays within one kernel's capacity (components, parameter bytes) and the
-    group reads no tensor of the set (else the two would be one component) and neither reaches
-    the other; the set is then offered to the registry (verdicts logged under
-    segmenter_logging) and becomes one group when accepted."""
+    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction; Llama's
+    rotary embedding of q and of k, which read the same cos and sin). In order of their first
+    expr, each group not yet joined (a pointwise or horizontal kernel) starts a set; each later
+    group joins it while the set stays within one kernel's capacity (components, parameter
+    bytes) and neither reaches the other (groups reading a common tensor are still separate
+    components: each reads it, as two kernels would; a load-free value both compute, their
+    copies of the positions, is computed in each); the set is then offered to the registry
+    (verdicts logged under segmenter_logging) and becomes one group when accepted."""
     from ..schedule import horizontal as H
     first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
     cands = [g for g in sorted(groups.members, key=first)
-             if verdict[g][0] == "pointwise" and H.excluded(groups.members[g]) is None]
+             if verdict[g][0] in ("pointwise", "horizontal") and
+             H.excluded(groups.exprs_of(g)) is None]
 
     def cost(g):
         sub = verdict[g][1].fusion
         return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
-                                   H.scalars_read(groups.members[g]))
-
-    def reads(g):
-        return {id(v) for v in verdict[g][1].inputs if isinstance(v, TensorView)}
+                                   H.scalars_read(groups.exprs_of(g)))
 
     while len(cands) > 1:
         chosen = [cands.pop(0)]
-        seen, used = reads(chosen[0]), cost(chosen[0])
+        used = cost(chosen[0])
         for h in list(cands):
             if len(chosen) == H.MAX_COMPONENTS:
                 break
-            r, c = reads(h), cost(h)
-            if r & seen or used + c > H.MAX_PARAM_BYTES or any(
+            c = cost(h)
+            if used + c > H.MAX_PARAM_BYTES or any(
                     groups.reaches(g, h, False) or groups.reaches(h, g, False) for g in chosen):
                 continue
             chosen.append(h)
-            seen |= r
             used += c
             cands.remove(h)
         if len(chosen) < 2:
             continue
-        union = sorted((e for g in chosen for e in groups.members[g]),
-                       key=lambda e: groups.order[id(e)])
-        result = _offer(fusion, groups, union, orders)
+        exprs, copies = groups.union(chosen)
+        result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] in ("horizontal", "pointwise"):
             for h in chosen[1:]:
                 groups.merge(chosen[0], h)
                 verdict.pop(h)
             verdict[chosen[0]] = result
+
+
+def _merge_again(fusion, groups: _Groups, verdict: dict, orders, refused: set) -> None:
+    """Join two kernel groups, one reading what the other writes, that the first pass kept
+    apart, now that copies of values have changed what they read: a cycle through a third
+    group that has since computed the value itself is gone (a cross-entropy's count of the
+    targets that are not ignored, whose `ne` the row kernel recomputes, joins the final sum
+    over the rows: two reductions of the same axes, one kernel). Unions no scheduler took
+    before (`refused`: ids of their exprs) are not offered again. Heaviest tensor first."""
+    edges = []
+    for h in groups.members:
+        if verdict[h][0] is None:
+            continue
+        ins, _ = groups.boundary(groups.exprs_of(h), groups.extra_ids(h))
+        for v in ins:
+            g = groups.of.get(id(getattr(v, "definition", None)))
+            if g is not None and g != h and verdict[g][0] is not None:
+                edges.append((-_bytes(v), g, h))
+    for _, a, b in sorted(edges, key=lambda t: t[0]):
+        if a not in groups.members or b not in groups.members or a == b:
+            continue
+        if groups.reaches(a, b, True) or groups.reaches(b, a, True):
+            continue
+        exprs, copies = groups.union([a, b])
+        if frozenset(id(e) for e in exprs) in refused:
+            continue
+        result = _offer(fusion, groups, exprs, orders, copies)
+        if result[0] is None:
+            refused.add(frozenset(id(e) for e in exprs))
+            continue
+        groups.merge(a, b)
+        verdict[a] = result
+        verdict.pop(b)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------

@@ -167,6 +167,50 @@ def test_int64_indexing_when_one_component_needs_it(monkeypatch):
     CC.compile_many([plan_small, plan_big])
 
 
+def test_components_read_common_inputs():
+    """Two outputs of other shapes that read one input x: x joins nothing, so they are two
+    components, each reading it (one kernel; one component, so two kernels, before)."""
+    def build():
+        x = B.define_tensor([-1, 7], DataType.Float)
+        y = B.define_tensor([7], DataType.Float)
+        a = B.elementwise("mul", x, B.broadcast(y, [True, False]))
+        b = B.elementwise("add", x, B.broadcast(y, [True, False]))
+        return [a, B.cast(y, DataType.Half), B.reduction("sum", b, [1])]
+    f = CC.make_fusion(lambda: build()[:2])
+    comps, why = H.components(f)
+    assert comps is not None and len(comps) == 2, why
+    x, y = torch.randn(5, 7), torch.randn(7)
+    plan, outs = CC.run_plan(f, [x, y])
+    assert plan.scheduler == "horizontal"
+    assert torch.equal(outs[0], x * y) and torch.equal(outs[1], y.half())
+    CC.compile_source(plan.kernel.source, plan.kernel.name)
+    # a component the pointwise scheduler refuses (a reduction) still refuses the whole
+    ok, why = H.can_schedule(CC.make_fusion(build))
+    assert not ok and "pointwise refuses it" in why, why
+
+
+def test_components_compute_a_load_free_value_they_share():
+    """An iota the fusion does not return, read by two outputs of other shapes, joins nothing:
+    two components, each computing it (one kernel; one component, so two kernels, before).
+    Returned, it joins what reads it."""
+    def build(returned):
+        x = B.define_tensor([-1, 7], DataType.Float)
+        pos = B.elementwise("add", B.iota(7), 3)
+        a = B.elementwise("mul", x, B.cast(B.broadcast(pos, [True, False]), DataType.Float))
+        return [a, B.cast(pos, DataType.Half)] + ([pos] if returned else [])
+    f = CC.make_fusion(lambda: build(False))
+    comps, why = H.components(f)
+    assert comps is not None and len(comps) == 2, why
+    assert all("iota" in [e.op_name for e in c.exprs] for c in comps)
+    x = torch.randn(5, 7)
+    plan, outs = CC.run_plan(f, [x])
+    assert plan.scheduler == "horizontal"
+    pos = torch.arange(7) + 3
+    assert torch.equal(outs[0], x * pos.float()) and torch.equal(outs[1], pos.half())
+    CC.compile_source(plan.kernel.source, plan.kernel.name)
+    assert len(H.connected_components(CC.make_fusion(lambda: build(True)))) == 1
+
+
 # ---- what the scheduler refuses ----------------------------------------------------------------
 def test_one_component_never_goes_horizontal():
     def one():

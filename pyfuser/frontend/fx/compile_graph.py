@@ -11,6 +11,8 @@ it with one list of arguments). Steps:
    `rewrites.unfuse_bias` splits a float32 addmm read by fused ops into mm + add;
    `rewrite_reduce.sum_through_views` lets a sum of a flattening view of a fused value read
    the value itself (a bias gradient then joins the kernel computing its input);
+   `rewrite_reduce.unroll_small_sums` writes a sum of at most 4 elements of a value no fused op
+   computes as adds of selects (a grouped-query key gradient joins its rotary backward);
 1. every node is asked `support.node_support` (getitems follow their tuple's node);
 2. `partition.partition` groups supported nodes into convex regions; the copy_ of a mutated
    input stays in one only beside its source and every other reader of the input
@@ -52,7 +54,7 @@ from .lower import RegionLoweringError, lower_region, region_key, resolve_symint
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
 from .rewrite_index import index_by_aranges
-from .rewrite_reduce import sum_through_views
+from .rewrite_reduce import sum_through_views, unroll_small_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
@@ -137,7 +139,8 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     if index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
             hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
-            unfuse_bias(graph, fusible) + sum_through_views(graph, fusible):
+            unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
+            unroll_small_sums(graph, fusible):
         gm.recompile()
     nodes = list(graph.nodes)
     unsupported: dict = {}
