@@ -11,10 +11,10 @@ A table of at most SMALL_TABLE rows (BERT's token types: 2) lowers instead to on
 tokens of the gradient masked by each row's index, `sum_t where(indices[t] == v, grad[t], 0)`:
 an ordinary reduction of [num_weights, tokens, H] that the reduction schedulers split over the
 tokens across the whole GPU (deterministic, float32 accumulation for half / bfloat16), reading
-the gradient num_weights times. An index outside the table matches no row here (the scatter
-kernel traps on it, as the forward lookup of the same indices already has). The one-kernel scatter gives each tile of rows one block that
-walks every token in order: on an H200 (indices [8, 512], H 768) 146 µs for a two-row table,
-against eager's 113 µs.
+the gradient num_weights times. The scatter kernel gives each tile of rows one block that walks
+every token in order: on an H200 (indices [8, 512], H 768) 146 µs for a two-row table against
+eager's 113 µs. An index outside the table matches no row here (the scatter kernel traps on
+it, as the forward lookup of the same indices already has).
 
 Left to eager, with the reason (UnsupportedOpError): `scale_grad_by_freq=True` (each row divided
 by its index's count), a `num_weights` or `padding_idx` that is not a constant, a gradient that
