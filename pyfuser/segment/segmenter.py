@@ -51,6 +51,7 @@ from .. import dump as D
 from ..ir import exprs as E
 from ..ir.tensor import TensorView
 from .extract import extract
+from .groups import Groups
 from .host import HOST_RUNNERS, host_exprs, host_layout
 from .load_free import forward_load_free
 from .peel import peel_output_views
@@ -90,113 +91,7 @@ def forget_all() -> None:
     _segmented.clear()
 
 
-# ---- groups -----------------------------------------------------------------------------------
-class _Groups:
-    """Partition of the compute exprs; knows each group's boundary in the whole fusion."""
-
-    def __init__(self, fusion, exprs, all_exprs):
-        self.fusion, self.order = fusion, {id(e): i for i, e in enumerate(all_exprs)}
-        self.all_ids = set(self.order)
-        self.outputs = {id(o) for o in fusion.outputs}
-        self.members = {i: [e] for i, e in enumerate(exprs)}
-        self.of = {id(e): i for i, e in enumerate(exprs)}
-        self.extra: dict = {}     # group -> copies of others' exprs it computes (recompute.py)
-
-    def member_ids(self, g) -> set:
-        return {id(e) for e in self.members[g]}
-
-    def extra_ids(self, g) -> set:
-        return {id(e) for e in self.extra.get(g, ())}
-
-    def sorted_exprs(self, exprs) -> list:
-        return sorted(exprs, key=lambda e: self.order[id(e)])
-
-    def exprs_of(self, g) -> list:
-        """What group g's kernel computes: its exprs and its copies, in program order."""
-        return self.sorted_exprs(self.members[g] + self.extra.get(g, []))
-
-    def boundary(self, exprs, copies=frozenset()):
-        """(inputs, outputs) of a kernel computing `exprs`, of which the ids in `copies` are
-        recomputed copies (their outputs belong to another group). An output read only by
-        groups that recompute it is no output."""
-        ids = {id(e) for e in exprs}
-        produced = {id(o) for e in exprs for o in e.outputs}
-        ins, outs, seen = [], [], set()
-        for e in exprs:
-            for v in e.inputs:
-                if isinstance(v, TensorView) and id(v) not in produced and id(v) not in seen:
-                    seen.add(id(v))
-                    ins.append(v)
-            if id(e) in copies:
-                continue
-            for o in e.outputs:
-                if not isinstance(o, TensorView):
-                    continue
-                # a reader outside, or one this kernel only copies (its owner reads o too)
-                external = [u for u in o.uses if id(u) in self.all_ids and
-                            (id(u) not in ids or id(u) in copies)
-                            and not self._recomputes(u, e)]
-                if external or id(o) in self.outputs:
-                    outs.append(o)
-        return ins, outs
-
-    def _recomputes(self, u, e) -> bool:
-        """Whether the group of expr u computes its own copy of expr e."""
-        g = self.of.get(id(u))
-        return g is not None and bool(self.extra) and id(e) in self.extra_ids(g)
-
-    def succ(self, g) -> set:
-        """The groups reading an output of g from memory (not those computing it themselves)."""
-        out = set()
-        for e in self.members[g]:
-            for o in e.outputs:
-                for u in getattr(o, "uses", []):
-                    h = self.of.get(id(u))
-                    if h is not None and h != g and not self._recomputes(u, e):
-                        out.add(h)
-        return out
-
-    def reaches(self, a, b, skip_direct: bool) -> bool:
-        stack = [h for h in self.succ(a) if not (skip_direct and h == b)]
-        seen = set()
-        while stack:
-            g = stack.pop()
-            if g == b:
-                return True
-            if g not in seen:
-                seen.add(g)
-                stack.extend(self.succ(g))
-        return False
-
-    def merge(self, a, b) -> None:
-        merged = sorted(self.members[a] + self.members.pop(b), key=lambda e: self.order[id(e)])
-        self.members[a] = merged
-        for e in merged:
-            self.of[id(e)] = a
-        copies = self._copies([a], self.extra.get(a, []) + self.extra.pop(b, []))
-        if copies:
-            self.extra[a] = copies
-        else:
-            self.extra.pop(a, None)
-
-    def _copies(self, gs, extra) -> list:
-        """The exprs of `extra` that no group of `gs` owns, once each, in program order."""
-        owned = set().union(*(self.member_ids(g) for g in gs))
-        out: dict = {}
-        for e in extra:
-            if id(e) not in owned:
-                out.setdefault(id(e), e)
-        return self.sorted_exprs(list(out.values()))
-
-    def union(self, gs):
-        """(exprs, ids of the copies among them) of one kernel computing the groups `gs`: their
-        members and the copies they hold that none of them owns."""
-        copies = self._copies(gs, [x for g in gs for x in self.extra.get(g, [])])
-        return (self.sorted_exprs([e for g in gs for e in self.members[g]] + copies),
-                frozenset(id(e) for e in copies))
-
-
-def _offer(fusion, groups: _Groups, exprs, orders, copies=frozenset()):
+def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
     """(scheduler, Extracted) of the first scheduler taking `exprs` (`copies`: the ids of those
     that are recomputed copies, see Groups.boundary), or (None, reasons)."""
     from ..schedule import registry
@@ -239,7 +134,7 @@ CYCLE_REASON = "joining them would make a cycle (a path between them runs throug
 def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     """[(exprs, scheduler or None, Extracted or reason)] covering `compute`; `notes` gets
     "split_reason" and "cuts" (see the module docstring) when the exprs are cut."""
-    groups = _Groups(fusion, compute, all_exprs)
+    groups = Groups(fusion, compute, all_exprs)
     sched, res = _offer(fusion, groups, compute, orders)
     if sched is not None:
         return [(compute, sched, res, [])]
@@ -314,7 +209,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     return out
 
 
-def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
+def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
     """Join kernel groups that read a common tensor and neither needs the other (a layer
     norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
     the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first.
@@ -359,7 +254,7 @@ def _merge_siblings(fusion, groups: _Groups, verdict: dict, orders) -> None:
                 verdict.pop(b)
 
 
-def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
+def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
     """Join pointwise kernel groups that neither needs the other into horizontal kernels
     (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction; Llama's
     rotary embedding of q and of k, which read the same cos and sin). In order of their first
@@ -404,7 +299,7 @@ def _merge_horizontal(fusion, groups: _Groups, verdict: dict, orders) -> None:
             verdict[chosen[0]] = result
 
 
-def _merge_again(fusion, groups: _Groups, verdict: dict, orders, refused: set) -> None:
+def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: set) -> None:
     """Join two kernel groups, one reading what the other writes, that the first pass kept
     apart, now that copies of values have changed what they read: a cycle through a third
     group that has since computed the value itself is gone (a cross-entropy's count of the
