@@ -35,6 +35,10 @@ class Groups:
     def sorted_exprs(self, exprs) -> list:
         return sorted(exprs, key=lambda e: self.order[id(e)])
 
+    def position(self, g) -> int:
+        """Program position of group g's first member (the merge passes' order of groups)."""
+        return self.order[id(self.members[g][0])]
+
     def exprs_of(self, g) -> list:
         """What group g's kernel computes: its exprs and its copies, in program order."""
         return self.sorted_exprs(self.members[g] + self.extra.get(g, []))
@@ -93,7 +97,7 @@ class Groups:
         return False
 
     def merge(self, a, b) -> None:
-        merged = sorted(self.members[a] + self.members.pop(b), key=lambda e: self.order[id(e)])
+        merged = self.sorted_exprs(self.members[a] + self.members.pop(b))
         self.members[a] = merged
         for e in merged:
             self.of[id(e)] = a

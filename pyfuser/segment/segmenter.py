@@ -166,7 +166,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             if groups.reaches(a, b, True) or groups.reaches(b, a, True):
                 apart[(a, b)] = CYCLE_REASON
                 continue
-            union = sorted(groups.members[a] + groups.members[b], key=lambda e: groups.order[id(e)])
+            union = groups.sorted_exprs(groups.members[a] + groups.members[b])
             if kernel_a or kernel_b:      # a kernel takes what it can: the union must schedule
                 result = _offer(fusion, groups, union, orders)
                 if result[0] is None:
@@ -175,9 +175,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
-            groups.merge(a, b)
-            verdict[a] = result
-            verdict.pop(b)
+            _join(groups, verdict, a, b, result)
             changed = True
     peel_output_views(groups, verdict, orders,
                       lambda exprs: _offer(fusion, groups, exprs, orders))
@@ -209,6 +207,13 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     return out
 
 
+def _join(groups: Groups, verdict: dict, a, b, result) -> None:
+    """Group b joins group a, which the scheduler of `result` (scheduler, Extracted) runs."""
+    groups.merge(a, b)
+    verdict[a] = result
+    verdict.pop(b)
+
+
 def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
     """Join kernel groups that read a common tensor and neither needs the other (a layer
     norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
@@ -236,11 +241,9 @@ def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
         exprs, copies = groups.union([a, b])
         result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] is not None:
-            groups.merge(a, b)
-            verdict[a] = result
-            verdict.pop(b)
-    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
-    reds = sorted((g for g in groups.members if verdict[g][0] == "reduction"), key=first)
+            _join(groups, verdict, a, b, result)
+    reds = sorted((g for g in groups.members if verdict[g][0] == "reduction"),
+                  key=groups.position)
     for i, a in enumerate(reds):
         for b in reds[i + 1:]:
             if a not in groups.members or b not in groups.members or \
@@ -249,9 +252,7 @@ def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
             exprs, copies = groups.union([a, b])
             result = _offer(fusion, groups, exprs, orders, copies)
             if result[0] == "reduction":
-                groups.merge(a, b)
-                verdict[a] = result
-                verdict.pop(b)
+                _join(groups, verdict, a, b, result)
 
 
 def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
@@ -265,8 +266,7 @@ def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
     copies of the positions, is computed in each); the set is then offered to the registry
     (verdicts logged under segmenter_logging) and becomes one group when accepted."""
     from ..schedule import horizontal as H
-    first = lambda g: groups.order[id(groups.members[g][0])]  # noqa: E731
-    cands = [g for g in sorted(groups.members, key=first)
+    cands = [g for g in sorted(groups.members, key=groups.position)
              if verdict[g][0] in ("pointwise", "horizontal") and
              H.excluded(groups.exprs_of(g)) is None]
 
@@ -294,9 +294,7 @@ def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
         result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] in ("horizontal", "pointwise"):
             for h in chosen[1:]:
-                groups.merge(chosen[0], h)
-                verdict.pop(h)
-            verdict[chosen[0]] = result
+                _join(groups, verdict, chosen[0], h, result)
 
 
 def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: set) -> None:
@@ -327,9 +325,7 @@ def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: set) ->
         if result[0] is None:
             refused.add(frozenset(id(e) for e in exprs))
             continue
-        groups.merge(a, b)
-        verdict[a] = result
-        verdict.pop(b)
+        _join(groups, verdict, a, b, result)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------
