@@ -44,15 +44,7 @@ def _restricted(plan) -> dict:
 def test_pointwise_update_of_an_input_is_written_by_the_kernel():
     """acc <- 0.9 * acc + 0.1 * relu(x), also read elementwise for a second output: one kernel,
     no copy; the input and its new value lose __restrict__, the other pointers keep it."""
-    f = Fusion()
-    with f:
-        acc = B.define_tensor([-1, -1], DataType.Float)
-        x = B.define_tensor([-1, -1], DataType.Float)
-        new = B.elementwise("add", B.elementwise("mul", acc, 0.9),
-                            B.elementwise("mul", B.elementwise("relu", x), 0.1))
-        f.add_output(B.elementwise("sub", acc, new))
-        f.add_output(new)
-        f.aliases[new] = acc
+    f = _accumulate(split=True)[0]
     a, x = torch.randn(6, 10), torch.randn(6, 10)
     old = a.clone()
     diff, out = dispatch.execute_fusion(f, [a, x])
