@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS, index_source, is_padded
+from ..schedule.pointwise_graph import INDEX_KINDS, index_source
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 from .pointwise_index import KeyIndexing
@@ -210,30 +210,10 @@ class Lowering(KeyIndexing, Emitter):
         return vals
 
     def node_expr(self, node, arg_expr):
-        """A "pad" node: its operand where the index is inside the operand on every padded
-        axis, else the pad value; a "cat" node: the operand whose range holds the index along
-        the cat axis; an "iota" node: start + index * step. Other nodes: the Emitter's."""
-        if node.kind == "pad":
-            e = node.expr
-            inside = None
-            for j, ((lo, hi), d, st) in enumerate(zip(e.pads, e.inputs[0].logical, e.steps)):
-                if not is_padded((lo, hi), st):
-                    continue
-                i = self.key_index(node.key[j])
-                lo = self.const(lo) if isinstance(lo, int) else self.scalar_expr(lo)
-                n = self.extent_expr(d)
-                cond = K.Bin("&&", K.Bin("<=", lo, i),
-                             K.Bin("<", i, K.add(n if st == 1 else K.mul(n, self.const(st)), lo)))
-                if st != 1:                     # every step-th index from lo: the operand's
-                    on = K.Bin("==", K.Bin("%", K.Bin("-", i, lo), self.const(st)), self.const(0))
-                    cond = K.Bin("&&", cond, on)
-                inside = cond if inside is None else K.Bin("&&", inside, cond)
-            value = node.args[1]
-            fill = self.scalar(value)
-            if value.dtype is not node.tv.dtype:
-                fill = K.Convert("cast", fill, value.dtype, node.tv.dtype)
-            x = arg_expr(node.args[0])
-            return x if inside is None else K.Op("where", (inside, x, fill), node.tv.dtype)
+        """A "pad" or "cat" node: KeyIndexing.resize_expr; an "iota" node: start + index *
+        step. Other nodes: the Emitter's."""
+        if node.kind in ("pad", "cat"):
+            return self.resize_expr(node, arg_expr)
         if node.kind == "iota":                  # start + index * step, in the iota's dtype
             dt = node.tv.dtype
             idx = DataType.Int if self.it == "int64_t" else DataType.Int32
@@ -243,18 +223,6 @@ class Lowering(KeyIndexing, Emitter):
             i = K.Convert("cast", i, idx, dt)
             start, step = (self.scalar(x) for x in node.args)
             return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
-        if node.kind == "cat":
-            e = node.expr
-            i = self.key_index(node.key[e.dim])
-            bounds, end = [], self.const(0)
-            for a in node.args:                  # the non-empty operands, in order
-                end = K.add(end, self.extent_expr(a.tv.logical[e.dim]))
-                bounds.append(end)
-            vals = [arg_expr(a) for a in node.args]
-            expr = vals[-1]
-            for b, v in zip(reversed(bounds[:-1]), reversed(vals[:-1])):
-                expr = K.Op("where", (K.Bin("<", i, b), v, expr), node.tv.dtype)
-            return expr
         return super().node_expr(node, arg_expr)
 
     # ---- loads and stores -----------------------------------------------------------------

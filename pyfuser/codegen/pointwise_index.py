@@ -1,9 +1,11 @@
 """The kernel-IR index of each entry of pointwise_graph's index keys (a mixin of the pointwise
-Lowering, which provides the loop variables r<k>, the index nodes' Lets, constants, extents and
-scalar parameters): a reference axis' index, an index node's value, a slice's or pad's shifted
-index ("sh", clamped into its operand where it may fall outside), a stepped slice's ("st") and
-stepped pad's ("dv") indices, a view's re-linearised index ("vd"); and the condition under which a
-load through clamped entries reads inside its operand.
+Lowering and of the reduction one, which provide the Lets of the axes' indices (named by
+`axis_var`: r<k> in pointwise kernels), the index nodes' Lets, constants, extents and scalar
+parameters): a reference axis' index, an index node's value, a slice's or pad's shifted index
+("sh", clamped into its operand where it may fall outside), a stepped slice's ("st") and stepped
+pad's ("dv") indices, a view's re-linearised index ("vd"); the condition under which a load
+through clamped entries reads inside its operand; and the value of a pad or cat node
+(`resize_expr`).
 
 Invariants: an index never divides by 0 (a view's extents as divisors are max(extent, 1)); a
 clamped entry's load is guarded by `in_bounds`, so the clamp only keeps the address valid.
@@ -11,7 +13,7 @@ clamped entry's load is guarded by `in_bounds`, so the clamp only keeps the addr
 from __future__ import annotations
 
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import Minus, Plus
+from ..schedule.pointwise_graph import Minus, Plus, is_padded
 from . import kernel_ir as K
 
 
@@ -22,7 +24,7 @@ class KeyIndexing:
         if c == 0:
             return self.const(0)
         if c[0] == "r":
-            return K.Var(f"r{c[1]}")
+            return K.Var(self.axis_var(c[1]))
         if c[0] == "ix":
             return self.ix_vars[id(c[1])]
         if c[0] == "st":                # a stepped slice's operand: index * step
@@ -52,6 +54,10 @@ class KeyIndexing:
             div = K.mul(div, _at_least_one(x))
         res = lin if div == self.const(1) else K.Bin("/", lin, div)
         return res if j == 0 else K.Bin("%", res, _at_least_one(in_exts[j]))
+
+    def axis_var(self, k: int) -> str:
+        """The name of the Let holding reference axis k's index (the lowering defines it)."""
+        return f"r{k}"
 
     def _shifted(self, c):
         """The unclamped index of an "sh" key entry."""
@@ -101,6 +107,45 @@ class KeyIndexing:
             out = c if out is None else K.Bin("&&", out, c)
         return out
 
+
+    def resize_expr(self, node, arg_expr):
+        """A "pad" node: its operand where the index is inside the operand on every padded
+        axis, else the pad value; a "cat" node: the operand whose range holds the index along
+        the cat axis (a `where` chain). The indices are key_index's (the position's first
+        lane: vectors never straddle a bound, schedule/pointwise_resize.index_vec_ok)."""
+        if node.kind == "pad":
+            e = node.expr
+            inside = None
+            for j, ((lo, hi), d, st) in enumerate(zip(e.pads, e.inputs[0].logical, e.steps)):
+                if not is_padded((lo, hi), st):
+                    continue
+                i = self.key_index(node.key[j])
+                lo = self.const(lo) if isinstance(lo, int) else self.scalar_expr(lo)
+                n = self.extent_expr(d)
+                cond = K.Bin("&&", K.Bin("<=", lo, i),
+                             K.Bin("<", i, K.add(n if st == 1 else K.mul(n, self.const(st)), lo)))
+                if st != 1:                     # every step-th index from lo: the operand's
+                    on = K.Bin("==", K.Bin("%", K.Bin("-", i, lo), self.const(st)), self.const(0))
+                    cond = K.Bin("&&", cond, on)
+                inside = cond if inside is None else K.Bin("&&", inside, cond)
+            value = node.args[1]
+            fill = self.scalar(value)
+            if value.dtype is not node.tv.dtype:
+                fill = K.Convert("cast", fill, value.dtype, node.tv.dtype)
+            x = arg_expr(node.args[0])
+            return x if inside is None else K.Op("where", (inside, x, fill), node.tv.dtype)
+        assert node.kind == "cat", node.kind
+        e = node.expr
+        i = self.key_index(node.key[e.dim])
+        bounds, end = [], self.const(0)
+        for a in node.args:                      # the non-empty operands, in order
+            end = K.add(end, self.extent_expr(a.tv.logical[e.dim]))
+            bounds.append(end)
+        vals = [arg_expr(a) for a in node.args]
+        expr = vals[-1]
+        for b, v in zip(reversed(bounds[:-1]), reversed(vals[:-1])):
+            expr = K.Op("where", (K.Bin("<", i, b), v, expr), node.tv.dtype)
+        return expr
 
 def _at_least_one(x):
     """An extent as a divisor of a view's re-linearised index: a symbolic one may be 0 at run

@@ -50,6 +50,7 @@ class InnerKernel(ReductionLowering):
             rb.append(K.Let("row_ok", "bool", K.Bin("<", K.Var("row"), K.Var("rows"))))
             self.row_ok = K.Var("row_ok")
         self.kidx = self.decompose(K.Var("row"), self.kg, rb)
+        rb += self.resize_lets()
         known: dict = {}
         for a in self.loads:
             if self.lvl[id(a.node)] == "row":

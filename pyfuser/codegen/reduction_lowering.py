@@ -35,10 +35,12 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
+from ..schedule import reduction_resize as RS
 from ..schedule.pointwise_graph import index_source
 from ..schedule.reduction_heuristics import stageable
 from . import kernel_ir as K
 from .emitter import Emitter
+from .pointwise_index import KeyIndexing
 from .reduction_accumulators import Accumulators
 from .reduction_combine import Combiner
 from .reduction_memory import ReductionMemory, _c, _guard
@@ -76,7 +78,7 @@ def _subst(x, env):
     return x
 
 
-class ReductionLowering(Accumulators, ReductionMemory, Emitter):
+class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
     """The shared machinery; a kernel shape (reduction_kernels.py, reduction_outer.py) provides:
     `kernel_body()`, `position(step_expr) -> (lets, cond, guarded lets, index)`,
     `step_expr(var, streamed)`, `wrap_streamed(loop) -> statements`, `combine(reds, out) ->
@@ -203,7 +205,22 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
             s = self.gstride(a, gi)
             if s is not None:
                 off = K.add(off, K.mul(x, s))
+        for k, (shift, minus) in sorted(a.shifts.items()):   # a slice's, pad's or cat's operand
+            if (shift or minus) and a.eff.get(k, (0,))[0] != 0:
+                off = K.add(off, K.mul(self.minus_terms(_c(shift), minus),
+                                       self.stride(a, a.eff[k][1])))
         return off
+
+    def resize_lets(self) -> list:
+        """Lets ax<k> of the kept reference axes that a pad, cat or shifted load bounds or
+        shifts along (KeyIndexing.key_index reads them), from the kept groups' indices
+        (`self.kidx`, the vector's first lane): made once a row (inner) or column vector (outer),
+        before the row-level loads. reduction_resize keeps every bound on kept axes."""
+        return [K.Let(self.axis_var(k), "nidx_t", self.axis_index(k, (self.kidx, _c(0))))
+                for k in sorted(RS.apart(self.g)) if k not in self.g.R]
+
+    def axis_var(self, k: int) -> str:
+        return f"ax{k}"          # (r<i> names the inner kernel's per-row reduction results)
 
     def gather_index(self, a, inode, j, idx: dict):
         """The index a gathered access reads along its axis j at group indices `idx` (one
@@ -265,6 +282,8 @@ class ReductionLowering(Accumulators, ReductionMemory, Emitter):
                 expr = self.rng_expr(node, where)
             elif node.kind == "pick":
                 expr = self.pick_expr(node, vals, where, out)
+            elif node.kind in ("pad", "cat"):         # by the kept axes' indices ax<k>
+                expr = self.resize_expr(node, lambda x: vals[id(x)])
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
             elif id(node) in self.g.shifted_exps:    # exp of x - max(x): never positive

@@ -53,6 +53,13 @@ class ReductionMemory:
         """Load of access `a` into its buffer at `index` (a row of V lanes, or one for bcast);
         `q`: the pass of a streamed kernel loading it (a load that a later pass reads again
         asks L2 to keep it: evict_last instead of the schedule's evict_first)."""
+        guard = self.in_bounds(a.node.key) if not a.node.affine else None
+        load = self._load(a, index, off, q)
+        # a pad's or cat's operand outside its range (along kept axes: one test a row or a
+        # column vector, reduction_resize): no load; the pad / cat node discards the value
+        return load if guard is None else K.If(guard, [load])
+
+    def _load(self, a, index: tuple, off, q):
         p = self.ptr(a)
         if id(a.node) in self.staged and len(index) == 1:      # a held step, into shared memory
             return K.Load(self.buf(a), self.staged_index(index[0]), p, off, self.V, None, "", True)

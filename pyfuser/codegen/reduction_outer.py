@@ -38,6 +38,7 @@ class OuterKernel(ReductionLowering):
         ko: list = []
         self.kidx = self.decompose(K.Var("ko"), kout, ko)
         self.kidx[self.kin] = K.Var("col")
+        ko += self.resize_lets()
         known: dict = {}
         for a in self.loads:
             if self.lvl[id(a.node)] == "row":

@@ -81,7 +81,10 @@ def can_schedule(fusion) -> tuple[bool, str]:
     return True, ""
 
 
-def _extent_classes(fusion) -> dict:
+def _extent_classes(fusion, cats: bool = False) -> dict:
+    """Classes of extent Scalars known equal: the axes an elementwise op makes meet (eager
+    checked them); `cats`: also a cat's operands and output on every axis but the cat's
+    (the bindings check them equal, shapes._bind_cat)."""
     parent: dict = {}
 
     def find(s):
@@ -90,10 +93,12 @@ def _extent_classes(fusion) -> dict:
         return s
 
     for e in fusion.exprs:
-        if isinstance(e, E.ElementwiseOp):
+        if isinstance(e, E.ElementwiseOp) or (cats and isinstance(e, E.CatOp)):
             ts = [t for t in e.inputs if isinstance(t, TensorView)] + \
                  [o for o in e.outputs if isinstance(o, TensorView)]
             for ax in range(ts[0].ndim if ts else 0):
+                if isinstance(e, E.CatOp) and ax == e.dim:
+                    continue
                 # an expanded axis meets the others at its expanded size (eager checked it)
                 real = [t.logical[ax].full_extent for t in ts
                         if not t.logical[ax].is_broadcast or t.logical[ax].expanded_extent is not None]

@@ -286,6 +286,33 @@ def producer_key(e, key: tuple, inp: TensorView) -> tuple:
     return _zero_broadcasts(inp, pk)
 
 
+def resize_operands(e, key: tuple) -> tuple:
+    """(node kind, [(operand, its key)], extra args) of a slice, pad or cat read at `key`: a
+    slice is an "alias" of its input read at the shifted key (its bound scalars are the
+    host's), a pad a "pad" node of its operand (clamped into it) and its value, a cat a "cat"
+    node of its non-empty operands, each read at the key shifted by the operands before it and
+    clamped into its own range. The pointwise and reduction graphs both build them so."""
+    if isinstance(e, E.SliceOp):
+        x = e.inputs[0]
+        return "alias", [(x, producer_key(e, key, x))], []
+    if isinstance(e, E.PadOp):
+        x = e.inputs[0]
+        pk = [pad_shift(c, pair[0], d, st) if is_padded(pair, st) else c
+              for c, pair, d, st in zip(key, e.pads, x.logical, e.steps)]
+        return "pad", [(x, _zero_broadcasts(x, pk))], [e.inputs[1]]
+    operands, before = [], []
+    for x in e.inputs:
+        d = x.logical[e.dim]
+        # an empty operand adds nothing; when all are (a cat of sizes 0, no element to
+        # compute), the last stands for them, its loads never reached
+        if d.known_size() != 0 or (x is e.inputs[-1] and not operands):
+            pk = list(key)
+            pk[e.dim] = shifted(key[e.dim], 0, before, d)
+            operands.append((x, _zero_broadcasts(x, pk)))
+            before = before + [d]
+    return "cat", operands, []
+
+
 class Graph:
     def __init__(self, fusion, ref_key: tuple):
         self.fusion = fusion
@@ -316,11 +343,9 @@ class Graph:
             self.rngs.append(node)
         elif isinstance(e, E.IotaOp):
             node = Node("iota", tv, key, e, list(e.inputs[1:]))
-        elif isinstance(e, E.PadOp):
-            x = e.inputs[0]
-            pk = [pad_shift(c, pair[0], d, st) if is_padded(pair, st) else c
-                  for c, pair, d, st in zip(key, e.pads, x.logical, e.steps)]
-            node = Node("pad", tv, key, e, [self._visit(x, _zero_broadcasts(x, pk)), e.inputs[1]])
+        elif isinstance(e, RESIZE_EXPRS):
+            kind, operands, extra = resize_operands(e, key)
+            node = Node(kind, tv, key, e, [self._visit(x, k) for x, k in operands] + extra)
         elif isinstance(e, E.IndexSelectOp):
             # out's axes dim .. dim + r - 1 are the index's (one size-1 axis for a 0-dim index)
             x, index, d = e.inputs[0], e.inputs[1], e.dim
@@ -335,21 +360,6 @@ class Graph:
             xk = list(key)
             xk[e.dim] = ("ix", inode)
             node = Node("alias", tv, key, e, [self._visit(x, _zero_broadcasts(x, xk))])
-        elif isinstance(e, E.SliceOp):             # its bound scalars are the host's
-            x = e.inputs[0]
-            node = Node("alias", tv, key, e, [self._visit(x, producer_key(e, key, x))])
-        elif isinstance(e, E.CatOp):
-            args, before = [], []
-            for x in e.inputs:
-                d = x.logical[e.dim]
-                # an empty operand adds nothing; when all are (a cat of sizes 0, no element
-                # to compute), the last stands for them, its loads never reached
-                if d.known_size() != 0 or (x is e.inputs[-1] and not args):
-                    pk = list(key)
-                    pk[e.dim] = shifted(key[e.dim], 0, before, d)
-                    args.append(self._visit(x, _zero_broadcasts(x, pk)))
-                    before = before + [d]
-            node = Node("cat", tv, key, e, args)
         else:
             args = []
             for v in e.inputs:

@@ -45,9 +45,10 @@ from ..ir.tensor import TensorView
 from . import cache_policy
 from . import layout as L
 from . import reduction_graph as RG
-from .pointwise import _known_extent_ids
+from . import reduction_resize as RS
+from .pointwise import _add_cat_extents, _extent_classes, _known_extent_ids
 from .pointwise_access import Access, make_access, vector_width
-from .pointwise_graph import index_axes_of
+from .pointwise_graph import index_axes_of, shift_levels
 from .reduction_heuristics import choose, stageable
 
 
@@ -247,9 +248,9 @@ def _order_and_drops(fusion, g, inputs, bindings):
         node, x = main
         sizes, strides = tuple(x.shape), tuple(x.stride())
         for j in L.stride_order(sizes, strides):
-            c = node.key[j]
-            if c != 0 and c[0] == "r" and c[1] not in dropped and c[1] not in covered:
-                covered.append(c[1])
+            lv = shift_levels(node.key[j])         # ("r", k), or k shifted (a resize operand)
+            if lv is not None and lv[0] not in dropped and lv[0] not in covered:
+                covered.append(lv[0])
     rest = [k for k in range(g.n) if k not in dropped and k not in covered]
     return rest + covered, dropped
 
@@ -345,21 +346,30 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     accesses = _accesses(g, inputs, bindings, orders)
     R = set(g.R)
     p = ReductionParams(dropped=dropped, passes=g.n_passes, online=bool(g.online))
-    p.groups = _collapse(order, shape, accesses, R, index_axes(g))
+    p.groups = _collapse(order, shape, accesses, R, index_axes(g) | RS.apart(g))
     p.reduced = [g0[0] in R for g0 in p.groups]
     p.kind = "inner" if (not p.groups or p.reduced[-1]) else "outer"
     ext = [L.numel(shape[k] for k in g0) for g0 in p.groups]
     known = _known_extent_ids(fusion)
     ref_in = RG.reductions(fusion)[0].inputs[0]
-    inner_proven = all(ref_in.logical[k].extent.is_const or id(ref_in.logical[k].extent) in known
-                       for k in (p.groups[-1] if p.groups else []))
+    proven = _proven(fusion, g, known)
+    inner_proven = all(proven(ref_in.logical[k].extent) for k in (p.groups[-1] if p.groups else []))
     inner_k = p.groups[-1][-1] if p.groups else None
     moving = [a for a in accesses if a.eff.get(inner_k, (0,))[0] != 0]   # lanes move along it
     p.vec = vector_width(p.groups, ext, moving, inner_proven) if p.groups and moving else 1
+
+    def size_of(d):     # an axis' size where the signature holds its facts, else None
+        n = d.known_size()
+        return n if n is not None else (bindings.value(d.full_extent)
+                                         if id(d.full_extent) in known else None)
+    # pads, cats and shifted loads keep vectors only where every vector lies on one side of
+    # their bounds and shifts move by whole vectors (reduction_resize.vector_ok)
+    while p.vec > 1 and not RS.vector_ok(g, accesses, p.groups, p.vec, size_of):
+        p.vec //= 2
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
     _classify(p, accesses)
     if g.picks and (p.kind != "inner" or any(
-            a.mode not in ("vector", "strided") for a in accesses
+            a.mode not in ("vector", "strided") or a.shifts for a in accesses
             if any(a.node is pk.load for pk in g.picks.values()))):
         # a pick reads one element of a row: inner kernels, through an affine access
         return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False))
@@ -374,6 +384,18 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
                               g, p, accesses, orders, shape, scheduler,
                               kept if p.persistent else [])
     return sched
+
+
+def _proven(fusion, g, known):
+    """Whether an extent Scalar's facts are the signature's: a constant or an input's (or a
+    view's) extent, or, with pads and cats in the kernel, one an elementwise op joins with
+    such an extent, or a cat's of such operands (pointwise._add_cat_extents)."""
+    if not RS.resized(g):
+        return lambda s: s.is_const or id(s) in known
+    uf = _extent_classes(fusion, cats=True)
+    classes = {id(uf["find"](d.extent)) for t in fusion.tensor_inputs() for d in t.logical}
+    _add_cat_extents(fusion, uf, classes)
+    return lambda s: s.is_const or id(s) in known or id(uf["find"](s)) in classes
 
 
 def _describe(s: ReductionSchedule) -> str:

@@ -44,7 +44,8 @@ from ..ir.base import Scalar
 from ..ir.tensor import TensorView
 from .pointwise import _extent_classes, _same_extent
 from .pointwise_gather import gather_unsupported
-from .pointwise_graph import Node, key_axes, producer_key
+from .pointwise_graph import RESIZE_EXPRS, Node, key_axes, producer_key, resize_operands
+from .reduction_resize import slice_key, unsupported
 from .reduction_patterns import (OnlinePair, Pick, find_online_pairs, find_picks,  # noqa: F401
                                  find_shifted_exps, find_shifted_quotients, reduce_input)
 
@@ -114,7 +115,7 @@ def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
     if not reds:
         raise NotAReduction("no reduction")
     for e in fusion.used_exprs():
-        if not isinstance(e, ALLOWED):
+        if not isinstance(e, ALLOWED + RESIZE_EXPRS):
             raise NotAReduction(f"{e.op_name} ({type(e).__name__}) between compute ops")
     first = reds[0].inputs[0]
     n, R = first.ndim, tuple(reds[0].axes)
@@ -125,6 +126,9 @@ def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
     g = ReductionGraph(fusion, n, R, tuple(k for k in range(n) if k not in R))
     g.online_asked = online
     _Builder(g).build()
+    why = unsupported(g)
+    if why:
+        raise NotAReduction(why)
     # random ops numbered in expr order, as the reference evaluator numbers them
     g.rng_numbers = {id(e): k for k, e in enumerate(
         x for x in fusion.used_exprs() if isinstance(x, E.PhiloxUniformOp))}
@@ -171,13 +175,14 @@ class _Builder:
     def __init__(self, g: ReductionGraph):
         self.g = g
         self.memo: dict = {}
-        self.uf = _extent_classes(g.fusion)
+        self.uf = _extent_classes(g.fusion, cats=True)
         self.ref = reductions(g.fusion)[0].inputs[0]
 
     def _check_axes(self, tv: TensorView, key) -> None:
         for j, c in enumerate(key):
-            if c == 0 or c[0] == "ix":          # a gathered axis: the index's own axes checked
-                continue
+            if c == 0 or c[0] in ("ix", "sh", "st", "dv"):
+                continue      # a gathered axis (the index's own axes checked), a shifted one
+                # (a slice's, pad's or cat's operand: its resize op's output was checked)
             d, r = tv.logical[j], self.ref.logical[c[1]]
             if not _same_extent(self.uf, d, r):
                 raise NotAReduction(f"axis {j} of {tv.name} is not known to have the extent of "
@@ -215,6 +220,13 @@ class _Builder:
             node = Node("rng", tv, key, e, [])
         elif isinstance(e, (E.IndexSelectOp, E.GatherOp)):   # an "ix" key: read at the index
             node = self._gather(tv, key, e)
+        elif isinstance(e, RESIZE_EXPRS):     # operands read at shifted keys (reduction_resize)
+            kind, operands, extra = resize_operands(e, key)
+            if isinstance(e, E.SliceOp):
+                x = e.inputs[0]
+                operands = [(x, slice_key(e, operands[0][1], lambda a, b: _same_extent(
+                    self.uf, a, b)))]
+            node = Node(kind, tv, key, e, [self.visit(x, k) for x, k in operands] + extra)
         elif isinstance(e, REDUCE_EXPRS):
             if len(key) != len(g.K):
                 raise NotAReduction(f"{e.op_name} result {tv.name} read at rank {len(key)}")

@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 
 from .pointwise_heuristics import sm_count
+from .reduction_resize import guarded
 
 REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thread blocks: 32)
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
@@ -93,9 +94,12 @@ def _regs_per_step(p, accesses, held, kept) -> float:
 
 def stageable(p, a, held) -> bool:
     """Load access `a` goes to shared memory by async copies in a plan that stages (`held`:
-    reduction_graph.held_loads): a contiguous vector of 4, 8 or 16 bytes held a pass or more."""
+    reduction_graph.held_loads): a contiguous vector of 4, 8 or 16 bytes held a pass or more,
+    not under a bounds test (a pad's or cat's operand: reduction_resize.guarded; every async
+    copy a thread issues lands before any is read, unguarded)."""
     return (getattr(p, "stage", False) and not a.is_store and a.mode == "vector"
-            and id(a.node) in held and p.vec * a.itemsize in (4, 8, 16))
+            and id(a.node) in held and p.vec * a.itemsize in (4, 8, 16)
+            and not guarded(a.node.key))
 
 
 def _stage(p, accesses, held, knobs, kept=()) -> None:
