@@ -211,13 +211,15 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
                                        self.stride(a, a.eff[k][1])))
         return off
 
-    def resize_lets(self) -> list:
-        """Lets ax<k> of the kept reference axes that a pad, cat or shifted load bounds or
-        shifts along (KeyIndexing.key_index reads them), from the kept groups' indices
-        (`self.kidx`, the vector's first lane): made once a row (inner) or column vector (outer),
-        before the row-level loads. reduction_resize keeps every bound on kept axes."""
-        return [K.Let(self.axis_var(k), "nidx_t", self.axis_index(k, (self.kidx, _c(0))))
-                for k in sorted(RS.apart(self.g)) if k not in self.g.R]
+    def resize_lets(self, idx=None, reduced: bool = False) -> list:
+        """Lets ax<k> of the reference axes that a pad, cat or shifted load bounds or shifts
+        along (KeyIndexing.key_index reads them), at the vector's first lane: the kept ones
+        from the kept groups' indices (`self.kidx`), once a row (inner) or column vector
+        (outer), before the row-level loads; with `reduced`, the reduced ones from a step's
+        position `idx`, in each step (at_step), before its loads."""
+        idx = self.kidx if idx is None else idx
+        return [K.Let(self.axis_var(k), "nidx_t", self.axis_index(k, (idx, _c(0))))
+                for k in sorted(RS.apart(self.g)) if (k in self.g.R) == reduced]
 
     def axis_var(self, k: int) -> str:
         return f"ax{k}"          # (r<i> names the inner kernel's per-row reduction results)

@@ -126,6 +126,7 @@ class ReductionMemory:
     def at_step(self, pos, body_fn) -> list:
         """Statements of one step at position `pos` (the kind's position lets, guarded body)."""
         lets, cond, inner, idx = self.position(pos)
+        inner = inner + self.resize_lets(idx, reduced=True)    # bounds along reduced axes
         outer, self.staged_reads = self.staged_reads, {}
         try:
             body = body_fn(idx)

@@ -8,7 +8,9 @@ broadcasts. There is no permute or view between compute ops (the segmenter leave
 edges, as host views); such fusions are refused with a reason.
 
 Like pointwise_graph, every value gets an index key over the reference axes, ("r", k) or 0, and
-a Node per (TensorView, key). Reductions add "reduce" Nodes: a ReductionOp / WelfordOp output
+a Node per (TensorView, key); slices, pads and cats read their operands at shifted keys ("sh"
+entries) and make "pad" / "cat" nodes, as there (reduction_resize.py: what the reduction
+lowering addresses). Reductions add "reduce" Nodes: a ReductionOp / WelfordOp output
 read at a key over K; its input is read at that key with ("r", k) put back at R. From the keys:
 - a Node's *level* is "full" when its key holds a reduced axis (it varies along R), else "row"
   (one value per kept index: reduction results, per-row inputs, what is computed from them);
@@ -380,7 +382,9 @@ def held_loads(g: ReductionGraph) -> dict:
 def _levels_and_passes(g: ReductionGraph) -> None:
     R = set(g.R)
     for node in g.nodes:
-        full = any(isinstance(c, tuple) and c[0] == "r" and c[1] in R for c in node.key)
+        # a reduced axis read directly or shifted (a slice's, pad's or cat's operand)
+        full = any(isinstance(c, tuple) and c[0] in ("r", "sh") and key_axes(c) & R
+                   for c in node.key)
         g.level[id(node)] = "full" if full else "row"
         if node.kind == "rng" and not full:
             raise NotAReduction(f"random numbers {node.tv.name} with one value per row (drawn "

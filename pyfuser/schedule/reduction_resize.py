@@ -4,19 +4,21 @@ where vectors and staged loads may go.
 reduction_graph builds pad / cat nodes and shifted keys as pointwise_graph does
 (`resize_operands`, "sh" key entries), so a GPT-2 backward's `cat([dq, dk, dv], -1)` that the
 bias gradient sums over the tokens, and that the kernel also writes, is one reduction kernel
-reading dq, dk and dv. What the reduction lowering addresses (`unsupported` says why not):
-- a pad's or cat's bound, and a load clamped into its operand, along KEPT axes only: the
-  choice of operand and the load's guard are then one test a row (inner kernels) or column
-  vector (outer kernels) made with indices the kernel has before its passes; a bound along the
-  reduced axes would put a guard on every step of a pass (held, staged and unguarded `full`
-  rows assume none);
-- slices along any axis (a shift without a bound: an offset, no guard);
-- every load through a shift read at distinct reference axes (pointwise_graph.shift_affine:
-  an affine offset plus the shifts), no stepped slice or pad ("st" / "dv": element by element
-  addressing), no iota or random numbers read at a shifted index, no lookup index read
-  through a pad or cat.
-`slice_key` marks the sliced axes of a slice's operand with a zero shift, so that the graph's
-extent checks (which a sliced axis fails: the operand is longer) skip exactly those entries.
+reading dq, dk and dv. The reduction lowering tests a pad's or cat's bound, and guards a load
+clamped into its operand, with the indices of the position's first lane (ax<k> Lets): along
+kept axes once a row (inner kernels) or column vector (outer kernels), along reduced axes in
+every step. What it cannot address (`unsupported` says why, and the segmenter cuts as before):
+- a stepped slice or pad ("st" / "dv" keys: element by element addressing);
+- a load through a shift at no affine offset (pointwise_graph.shift_affine: each axis read
+  at a distinct reference axis, no lookup index beside a shift);
+- an iota or random numbers read at a shifted index, a lookup index read through a pad or
+  cat.
+Vectors go along the innermost group only where every lane of a vector lies on one side of
+each bound and the shifts move whole vectors (`vector_ok`); loads under a bounds test are never
+staged in shared memory (reduction_heuristics.stageable: every async copy a thread issues
+lands before any is read). `slice_key` marks the sliced axes of a slice's operand with a zero
+shift, so that the graph's extent checks (which a sliced axis fails: the operand is longer)
+skip exactly those entries and the axis' level (full or per row) still sees it.
 
 Invariants: everything here is a function of the Fusion's structure (compile time, no sizes)
 except `vector_ok`, which reads sizes only through `size_of` (signature facts), as
@@ -24,7 +26,7 @@ pointwise_resize.index_vec_ok does. Nothing here imports codegen/.
 """
 from __future__ import annotations
 
-from .pointwise_graph import key_axes, shift_affine
+from .pointwise_graph import shift_affine
 from .pointwise_resize import bounded_axes, index_vec_ok
 
 SHIFT_KINDS = ("sh", "st", "dv")
@@ -75,24 +77,11 @@ def _stepped(c) -> bool:
 def unsupported(g) -> str | None:
     """Why the reduction kernels cannot address the resize ops of ReductionGraph g (the module
     docstring's rules), or None."""
-    R = set(g.R)
-    if not any(n.kind in ("pad", "cat") or _shifted(n.key) for n in g.nodes):
+    if not resized(g):
         return None
-    bounded = set()
     for n in g.nodes:
-        if n.kind == "pad":
-            bounded |= {k for c, (lo, hi), st in zip(n.key, n.expr.pads, n.expr.steps)
-                        if st != 1 or not (isinstance(lo, int) and lo == 0 and
-                                           isinstance(hi, int) and hi == 0)
-                        for k in key_axes(c)}
-        elif n.kind == "cat":
-            bounded |= key_axes(n.key[n.expr.dim])
-    for n in g.nodes:
-        for c in n.key:
-            if _stepped(c):
-                return f"{n.tv.name} is read through a stepped slice or pad"
-            if isinstance(c, tuple) and c[0] == "sh" and c[4] is not None:
-                bounded |= key_axes(c)
+        if any(_stepped(c) for c in n.key):
+            return f"{n.tv.name} is read through a stepped slice or pad"
         if n.kind in ("iota", "rng") and _shifted(n.key):
             return f"{n.tv.name} ({n.kind}) is read at a shifted index (a slice, pad or cat)"
         if n.kind == "load" and _shifted(n.key) and shift_affine(n.key) is None:
@@ -100,10 +89,6 @@ def unsupported(g) -> str | None:
         for c in n.key:
             if isinstance(c, tuple) and c[0] == "ix" and guarded(c[1].key):
                 return f"the lookup index {c[1].tv.name} is read through a pad or cat"
-    along = sorted(bounded & R)
-    if along:
-        return (f"a pad or cat along the reduced axes {along} (the reduction kernels take "
-                f"pads and cats along kept axes, slices along any)")
     return None
 
 

@@ -124,20 +124,35 @@ def test_non_contiguous_operands():
 
 
 # ---- pads and slices -------------------------------------------------------------------------
+# slices of a computed value (a slice of an input is a host view): its operand's loads shifted
+PADS_AND_SLICES = {
+    "pad": lambda x: F.pad(x * 2, (1, 2)).sum(0),
+    "pad_value": lambda x: F.pad(x.exp(), (3, 1), value=0.5).sum(0),
+    "slice_kept": lambda x: (x * 2)[:, 2:9].sum(0),
+    "slice_reduced": lambda x: (x * 2)[1:6].sum(0),
+    "slice_both": lambda x: (x + 1)[1:6, 3:].sum(0),
+    "pad_of_slice": lambda x: F.pad((x * 2)[:, 1:8], (2, 0), value=-1.0).sum(0),
+    "pad_reduced": lambda x: F.pad(x * 2, (0, 0, 1, 2)).sum(0),
+    "pad_both": lambda x: F.pad(x.exp(), (2, 1, 3, 0), value=0.25).sum(0),
+    "slice_of_pad_reduced": lambda x: F.pad(x * 2, (0, 0, 2, 2))[1:8].sum(0),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
-@pytest.mark.parametrize("case", ["pad", "pad_value", "slice_kept", "slice_reduced",
-                                  "slice_both", "pad_of_slice"])
+@pytest.mark.parametrize("case", list(PADS_AND_SLICES))
 def test_pads_and_slices_before_column_sums(case, dtype):
-    fns = {
-        "pad": lambda x: F.pad(x * 2, (1, 2)).sum(0),
-        "pad_value": lambda x: F.pad(x, (3, 1), value=0.5).sum(0),
-        "slice_kept": lambda x: x[:, 2:9].sum(0),
-        "slice_reduced": lambda x: x[1:6].sum(0),
-        "slice_both": lambda x: (x[1:6, 3:] + 1).sum(0),
-        "pad_of_slice": lambda x: F.pad(x[:, 1:8], (2, 0), value=-1.0).sum(0),
-    }
     x = torch.randn(7, 11).to(dtype)
-    assert _run(fns[case], x, n=7) == ["reduction"]
+    assert _run(PADS_AND_SLICES[case], x, n=12) == ["reduction"]
+
+
+@pytest.mark.parametrize("case", ["pad", "slice", "slice_shifted"])
+def test_pads_and_slices_before_row_sums(case):
+    """An inner reduction whose reduced (innermost) axis is padded or sliced: the bounds test
+    and the shifted loads on every step of the row, vectors where the shifts allow."""
+    fns = {"pad": lambda x: F.pad(x * 2, (3, 1), value=0.5).sum(-1),
+           "slice": lambda x: (x * 2)[:, 4:12].sum(-1),
+           "slice_shifted": lambda x: (x + 1)[:, 1:10].sum(-1)}
+    assert _run(fns[case], torch.randn(6, 16), n=16) == ["reduction"]
 
 
 def test_row_sums_of_a_cat_along_the_rows():
@@ -157,7 +172,35 @@ def test_per_column_operands_of_a_cat():
     assert _run(f, torch.randn(9, 12), torch.randn(4), torch.randn(8), n=9) == ["reduction"]
 
 
-# ---- normalizations --------------------------------------------------------------------------
+# ---- cats along the reduced axes --------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("shapes", [[(4, 4, 8), (4, 8, 8)], [(3, 3, 7), (3, 6, 7)]],
+                         ids=["even", "odd"])
+def test_cat_along_the_reduced_tokens(dtype, shapes):
+    """An outer reduction over a cat along a reduced axis (the operand chosen each step)."""
+    def f(a, b):
+        c = torch.cat([a, b], 1)
+        return c, c.sum((0, 1))
+    xs = _qkv(shapes, dtype)
+    assert _run(f, *xs, n=shapes[0][0] * 12, exact=(0,)) == ["reduction"]
+
+
+@pytest.mark.parametrize("shapes", [[(5, 8), (5, 12)], [(5, 7), (5, 6)]], ids=["even", "odd"])
+def test_row_sums_of_a_cat_along_the_row(shapes):
+    def f(a, b):
+        return torch.cat([a * 2, b], -1).sum(-1)
+    assert _run(f, *_qkv(shapes, torch.float32), n=20) == ["reduction"]
+
+
+def test_outer_reduced_groups_of_an_inner_kernel():
+    """Reduced axes 1 and 2, the cat along axis 1: one linear index over both, split per
+    vector, the cat's bound tested on the outer one."""
+    def f(a, b):
+        return torch.cat([a, b], 1).sum((1, 2))
+    assert _run(f, *_qkv([(3, 2, 8), (3, 5, 8)], torch.float32), n=56) == ["reduction"]
+
+
+# ---- normalizations ----------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 def test_softmax_of_a_cat_along_the_rows(dtype):
     """inner_persistent: rows from two tensors (each row's operand chosen once a row)."""
@@ -167,15 +210,29 @@ def test_softmax_of_a_cat_along_the_rows(dtype):
     assert _run(f, a, b, n=40) == ["inner_persistent"]
 
 
-def test_staged_rows_skip_guarded_loads(monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_normalizations_of_a_cat_along_the_row(dtype):
+    """softmax and layer norm of rows that are a cat along the normalized axis (ViT's CLS
+    token joined to the patches is a cat along the kept token axis; a rotary-style half and
+    half along the row): one inner_persistent kernel."""
+    def f(a, b):
+        c = torch.cat([a, b], -1).float()
+        return torch.softmax(c, -1), torch.layer_norm(c, (64,)), c.sum(-1)
+    a, b = torch.randn(5, 16).to(dtype), torch.randn(5, 48).to(dtype)
+    assert _run(f, a, b, n=64) == ["inner_persistent"]
+
+
+@pytest.mark.parametrize("dim", [0, 1], ids=["rows", "row"])
+def test_staged_rows_skip_guarded_loads(monkeypatch, dim):
     """$PYFUSER_RED_STAGE=1 stages held rows in shared memory by async copies; a cat
     operand's loads run under a bounds test, so they stay in registers (stageable)."""
     monkeypatch.setenv("PYFUSER_RED_STAGE", "1")
 
     def f(a, b):
-        c = torch.cat([a, b], 0)
-        return torch.softmax(c, -1), torch.layer_norm(c, (64,))
-    a, b = torch.randn(3, 64), torch.randn(6, 64)
+        x = torch.cat([a, b], dim)
+        return torch.softmax(x, -1), torch.layer_norm(x, (64,))
+    a, b = (torch.randn(3, 64), torch.randn(6, 64)) if dim == 0 else \
+        (torch.randn(9, 32), torch.randn(9, 32))
     assert _run(f, a, b, n=64) == ["inner_persistent"]
 
 
@@ -189,13 +246,50 @@ def test_column_normalization_of_a_cat():
     assert name.endswith("_persistent")   # outer_persistent's (the run check: kept innermost)
 
 
-def test_var_mean_of_a_cat():
-    """Welford statistics over the tokens of a cat along the hidden axis."""
+def test_column_normalization_of_a_pad_along_the_rows():
+    def f(a):
+        c = F.pad(a * 2, (0, 0, 2, 1))
+        return c - c.mean(0)
+    (name,) = _run(f, torch.randn(7, 12), n=10)
+    assert name.endswith("_persistent")
+
+
+@pytest.mark.parametrize("dim", [0, 1], ids=["reduced", "kept"])
+def test_var_mean_of_a_cat(dim):
+    """Welford statistics over the tokens of a cat along the hidden axis or the tokens."""
     def f(a, b):
-        v, m = torch.var_mean(torch.cat([a, b], -1), (0, 1))
+        v, m = torch.var_mean(torch.cat([a, b], dim), 0)
         return v, m
-    a, b = torch.randn(4, 5, 8), torch.randn(4, 5, 8)
-    assert _run(f, a, b, n=20) == ["reduction"]
+    a, b = torch.randn(4, 8), torch.randn(4, 8) if dim else torch.randn(7, 8)
+    assert _run(f, a, b, n=11) == ["reduction"]
+
+
+# ---- every kernel variant ------------------------------------------------------------------------
+KNOB_CASES = {
+    "softmax_of_cat_along_row": (lambda a, b: torch.softmax(torch.cat([a, b * 2], -1), -1),
+                                 [(3, 1024), (3, 3072)], 4096),
+    "layer_norm_of_cat_of_rows": (lambda a, b: torch.layer_norm(torch.cat([a, b], 0), (4096,)),
+                                  [(1, 4096), (2, 4096)], 4096),
+    "sums_of_cat_along_tokens": (lambda a, b: torch.cat([a, b], 1).sum((0, 1)),
+                                 [(4, 40, 64), (4, 88, 64)], 512),
+    "sums_of_cat_along_hidden": (lambda a, b: torch.cat([a, b], 2).sum((0, 1)),
+                                 [(4, 64, 40), (4, 64, 88)], 256),
+    "column_normalization_of_pad": (lambda a: (lambda c: c - c.mean(0))(
+        F.pad(a * 2, (0, 0, 20, 12))), [(96, 64)], 128),
+}
+
+
+@pytest.mark.parametrize("knob", ["PYFUSER_RED_CLUSTER=2", "PYFUSER_RED_STEPS=0",
+                                  "PYFUSER_RED_SPLITS=4", "PYFUSER_RED_STAGE=1",
+                                  "PYFUSER_RED_FULL=1"])
+@pytest.mark.parametrize("case", list(KNOB_CASES))
+def test_every_kernel_variant(case, knob, monkeypatch):
+    """Clusters (a row over two blocks), streamed passes, grid splits, staged rows and
+    unchecked whole rows, each with bounds along kept and reduced axes."""
+    name, value = knob.split("=")
+    monkeypatch.setenv(name, value)
+    f, shapes, n = KNOB_CASES[case]
+    assert len(_run(f, *(torch.randn(*sh) for sh in shapes), n=n)) == 1
 
 
 # ---- refusals ---------------------------------------------------------------------------------
@@ -210,38 +304,36 @@ def _cat_fusion(dim: int, axes):
     return f
 
 
-def test_a_cat_along_the_reduced_axes_is_refused_with_the_reason():
-    ok, why = RED.reduction_check(_cat_fusion(1, [0, 1]))
-    assert not ok and "along the reduced axes [1]" in why, why
-    f = _cat_fusion(1, [0, 1])
-    a, b = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
-    t, s = dispatch.execute_fusion(f, [a, b], "interpret")
-    want = torch.cat([a, b], 1)
-    assert torch.equal(t, want)
-    _close(s, want.sum((0, 1)), 16)
+def test_a_stepped_slice_is_refused_with_the_reason():
+    """A stepped slice's operand is read element by element (no affine offset): refused,
+    and the slice runs as a pointwise kernel before the reduction, eager's values."""
+    f = Fusion()
+    with f:
+        x = B.define_tensor([-1, -1], DataType.Float)
+        f.add_output(B.reduction("sum", B.slice_(B.elementwise("mul", x, 2.0), [0, 0],
+                                                 [5, 9], [1, 2]), [0]))
+    ok, why = RED.reduction_check(f)
+    assert not ok and "stepped slice" in why, why
+    x = torch.randn(5, 9)
+    (s,) = dispatch.execute_fusion(f, [x], "interpret")
+    _close(s, (x * 2)[:, ::2].sum(0), 5)
     assert dispatch.last_report(f).kernels == 2
 
 
-def test_stepped_slices_are_refused():
-    def f(x):
-        return x[:, ::2].sum(0)
-    x = torch.randn(5, 9)
-    with torch.no_grad():
-        got = pyfuser.compile(f)(x)
-    _close(got, f(x), 5)
-
-
 # ---- symbolic sizes, plans and NVRTC ----------------------------------------------------------
-def test_one_fusion_serves_other_sizes():
+@pytest.mark.parametrize("dim", [2, 1], ids=["kept", "reduced"])
+def test_one_fusion_serves_other_sizes(dim):
     """Symbolic extents: the cat's bounds are kernel parameters; sizes with and without
     vectors give eager's values."""
-    f = _cat_fusion(2, [0, 1])
-    for shapes in ([(2, 5, 8), (2, 5, 4)], [(3, 4, 7), (3, 4, 5)], [(1, 1, 1), (1, 1, 3)]):
+    f = _cat_fusion(dim, [0, 1])
+    for shapes in ([(2, 8, 8), (2, 8, 4)], [(3, 4, 7), (3, 4, 5)], [(1, 1, 1), (1, 1, 3)]):
+        if dim == 1:                      # the cat's axis second: [2, 8, 8] + [2, 4, 8] ...
+            shapes = [(n, c, r) for n, r, c in shapes]
         a, b = (torch.randn(*s) for s in shapes)
         t, s = dispatch.execute_fusion(f, [a, b], "interpret")
-        want = torch.cat([a, b], 2)
+        want = torch.cat([a, b], dim)
         assert torch.equal(t, want)
-        _close(s, want.sum((0, 1)), shapes[0][0] * shapes[0][1])
+        _close(s, want.sum((0, 1)), want.shape[0] * want.shape[1])
         report = dispatch.last_report(f)
         assert report.kernels == 1 and report.segments[0].scheduler == "reduction", report
 

@@ -144,16 +144,17 @@ def test_cross_entropys_mean_over_the_rows_and_its_count_are_one_kernel():
 
 def test_independent_sums_over_the_same_axes_are_one_kernel():
     """ViT's last layer norm's backward: the CLS token's gradient padded to the sequence
-    (select_backward, a pad no reduction kernel takes) times x_hat, and the padded gradient
-    itself, each summed over the rows (dweight and dbias). A pointwise kernel writes both; the
-    two sums read different tensors, so they were no siblings: two reduction kernels. Pure
-    reductions of one domain now join (3 kernels -> 2)."""
+    (select_backward) times x_hat, and the padded gradient itself, each summed over the rows
+    (dweight and dbias). A pointwise kernel wrote both; the two sums read different tensors,
+    so they were no siblings: two reduction kernels. Pure reductions of one domain then joined
+    (3 kernels -> 2), and the reduction kernel now takes the pad (schedule/reduction_resize.py;
+    a pad along the reduced rows): one kernel."""
     def f(g, x):
         p = torch.nn.functional.pad(g[:, None], (0, 0, 0, 16))
         a = p * x
         return a.sum([0, 1]), p.sum([0, 1]), a + 1
     (region,) = _compiled(f, torch.randn(2, 32), torch.randn(2, 17, 32))
-    assert _schedulers(region) == ["pointwise", "reduction"]
+    assert _schedulers(region) == ["reduction"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
