@@ -107,7 +107,6 @@ class KeyIndexing:
             out = c if out is None else K.Bin("&&", out, c)
         return out
 
-
     def resize_expr(self, node, arg_expr):
         """A "pad" node: its operand where the index is inside the operand on every padded
         axis, else the pad value; a "cat" node: the operand whose range holds the index along
@@ -146,6 +145,7 @@ class KeyIndexing:
         for b, v in zip(reversed(bounds[:-1]), reversed(vals[:-1])):
             expr = K.Op("where", (K.Bin("<", i, b), v, expr), node.tv.dtype)
         return expr
+
 
 def _at_least_one(x):
     """An extent as a divisor of a view's re-linearised index: a symbolic one may be 0 at run

@@ -102,6 +102,7 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         self.workspaces: list = []        # (name, dtype, kind) of the workspace buffers
         self.lvl = self.g.level
         self.avail = self.g.avail
+        self.shared_buf = getattr(sched, "shared", {})
         self.names = self._names()
         self.plans = [self.pass_plan(q) for q in range(RG.total_passes(self.g))]
         self.kept = self._kept()
@@ -147,6 +148,8 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
             out[id(node)] = f"t{node.tv.number}" + (f"_{n}" if n else "")
         for a in self.loads:
             out[("buf", id(a.node))] = f"T{a.tv.number}_r" + out[id(a.node)][len(f"t{a.tv.number}"):]
+        for nid, rep in self.shared_buf.items():        # a cat's operands: one buffer
+            out[("buf", nid)] = out[("buf", rep)]
         return out
 
     def pass_plan(self, q: int):
@@ -284,7 +287,9 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
                 expr = self.rng_expr(node, where)
             elif node.kind == "pick":
                 expr = self.pick_expr(node, vals, where, out)
-            elif node.kind in ("pad", "cat"):         # by the kept axes' indices ax<k>
+            elif node.kind == "cat" and id(node.args[-1]) in self.shared_buf:
+                expr = vals[id(node.args[0])]         # the operands' one buffer: the cat's value
+            elif node.kind in ("pad", "cat"):         # by the axes' indices ax<k>
                 expr = self.resize_expr(node, lambda x: vals[id(x)])
             elif node.kind == "reduce":
                 raise AssertionError(f"reduction result {node.tv.name} used before its pass ends")
@@ -458,7 +463,7 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         else:
             u = K.Var("u")
             loads = [a for a in self.loads if any(n is a.node for n in full)]
-            it_body = [self.buffer(a, self.p.unroll) for a in loads]
+            it_body = self.buffers(loads, self.p.unroll)
             it_body.append(self.unroll("u", self.p.unroll, self.at_step(
                 self.step_expr(u, True), lambda idx: [self.load_stmt(a, (u,), self.offset(a, idx), q)
                                                       for a in loads])))
@@ -487,9 +492,10 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         reds, outs, full, inputs = self.plans[q]
         body: list = []
         if persistent:
-            for a in self.loads:
-                if id(a.node) not in self.pass_long and any(n is a.node for n in full):
-                    body += [self.buffer(a, 1), self.load_stmt(a, (_c(0),), self.offset(a, idx))]
+            step_loads = [a for a in self.loads
+                          if id(a.node) not in self.pass_long and any(n is a.node for n in full)]
+            body += self.buffers(step_loads, 1)
+            body += [self.load_stmt(a, (_c(0),), self.offset(a, idx)) for a in step_loads]
         lanes: list = []
         vals = self.lane_values(full, known, step, None, lanes, idx)
         for n in full:

@@ -55,8 +55,8 @@ class ReductionMemory:
         asks L2 to keep it: evict_last instead of the schedule's evict_first)."""
         guard = self.in_bounds(a.node.key) if not a.node.affine else None
         load = self._load(a, index, off, q)
-        # a pad's or cat's operand outside its range (along kept axes: one test a row or a
-        # column vector, reduction_resize): no load; the pad / cat node discards the value
+        # a pad's or cat's operand outside its range (reduction_resize): no load; the pad /
+        # cat node discards the value
         return load if guard is None else K.If(guard, [load])
 
     def _load(self, a, index: tuple, off, q):
@@ -80,6 +80,16 @@ class ReductionMemory:
         are kept two to a register (half the registers of one element each)."""
         packed = a.tv.dtype.itemsize == 2 and a.mode == "vector" and self.V % 2 == 0
         return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
+
+    def buffers(self, loads, steps: int) -> list:
+        """The register buffers of `loads` (`buffer`), one for the operands of a cat that
+        share one (ReductionSchedule.shared)."""
+        out, seen = [], set()
+        for a in loads:
+            if self.buf(a) not in seen:
+                seen.add(self.buf(a))
+                out.append(self.buffer(a, steps))
+        return out
 
     def lane_index(self, a, step, lane=None) -> tuple:
         """Index of lane `lane` (default v) of load `a`'s buffer at `step` (None: a buffer
@@ -149,6 +159,7 @@ class ReductionMemory:
         out = []
         s = K.Var("s")
         staged = False
+        allocated: set = set()
         for a in self.loads:
             if self.pass_long.get(id(a.node)) == q:
                 if id(a.node) in self.staged:
@@ -156,7 +167,8 @@ class ReductionMemory:
                     p = self.p
                     self.shared.append(K.Alloc(self.buf(a), a.tv.dtype,
                                                (p.steps, p.bdimy, p.bdimx, self.V), "shared"))
-                else:
+                elif self.buf(a) not in allocated:
+                    allocated.add(self.buf(a))
                     out.append(self.buffer(a, self.p.steps))
                 out.append(self.unroll("s", self.p.steps, self.at_step(
                     self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))])))

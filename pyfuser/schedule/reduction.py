@@ -113,6 +113,8 @@ class ReductionSchedule:
     shape: list                  # reference sizes at planning
     scheduler: str = "reduction"
     kept: list = field(default_factory=list)   # nodes held in registers between passes
+    shared: dict = field(default_factory=dict)  # id(load node) -> id(load node) whose register
+                                                # buffer it shares (reduction_resize.shared_buffers)
 
 
 # ---- compile checks ---------------------------------------------------------------------------
@@ -382,7 +384,7 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     p.kept = len(kept) if p.persistent else 0
     sched = ReductionSchedule(fusion, fusion, {id(v): v for v in fusion.vals if isinstance(v, Scalar)},
                               g, p, accesses, orders, shape, scheduler,
-                              kept if p.persistent else [])
+                              kept if p.persistent else [], RS.shared_buffers(g, accesses))
     return sched
 
 

@@ -123,6 +123,19 @@ def test_non_contiguous_operands():
     assert _run(f, a, b, n=15, exact=(0,)) == ["reduction"]
 
 
+@pytest.mark.parametrize("order", ["first", "middle", "last"])
+def test_a_single_row_operand_of_a_cat(order):
+    """An operand of one row (its cat axis a size-1 broadcast: read everywhere, not under a
+    bounds test) beside operands of several: no shared register buffer with them."""
+    def f(a, b, c):
+        parts = {"first": [a, b, c], "middle": [b, a, c], "last": [b, c, a]}[order]
+        x = torch.cat(parts, 0)
+        return x, x.sum(0), torch.softmax(x, -1)
+    a, b, c = torch.randn(1, 8), torch.randn(3, 8), torch.randn(2, 8)
+    kernels = _run(f, a, b, c, n=6, exact=(0,))
+    assert len(kernels) <= 2, kernels
+
+
 # ---- pads and slices -------------------------------------------------------------------------
 # slices of a computed value (a slice of an input is a host view): its operand's loads shifted
 PADS_AND_SLICES = {
@@ -198,6 +211,39 @@ def test_outer_reduced_groups_of_an_inner_kernel():
     def f(a, b):
         return torch.cat([a, b], 1).sum((1, 2))
     assert _run(f, *_qkv([(3, 2, 8), (3, 5, 8)], torch.float32), n=56) == ["reduction"]
+
+
+def test_per_row_operands_of_a_cat():
+    """A per-row scale made of two parts (a cat along the rows of per-row values: loaded once
+    a row, under the row's bounds test) before a softmax."""
+    def f(x, s1, s2):
+        return torch.softmax(x * torch.cat([s1, s2])[:, None], -1)
+    assert _run(f, torch.randn(7, 24), torch.randn(3), torch.randn(4), n=24) == \
+        ["inner_persistent"]
+
+
+def test_symbolic_sizes_through_torch_compile():
+    """dynamic=True: a cat along the reduced tokens, a symbolic slice and a pad along them, a
+    cat along the softmax's row; every size one kernel a region, eager's values, no recompile
+    after the first dynamic graph."""
+    def f(a, b, x):
+        c = torch.cat([a, b * 2], 1)
+        d = F.pad(x[:, 1:] * 3, (0, 0, 2, 1))
+        return c, c.sum((0, 1)), (d + 1).sum(1), torch.softmax(torch.cat([a, b], -1), -1)
+    cf = pyfuser.compile(f, dynamic=True)
+    graphs = []
+    for n in (5, 6, 9, 4):
+        a, b, x = torch.randn(2, n, 8), torch.randn(2, n, 8), torch.randn(2, n + 3, 8)
+        with torch.no_grad():
+            got, want = cf(a, b, x), f(a, b, x)
+        assert torch.equal(got[0], want[0])
+        for g, w in zip(got[1:], want[1:]):
+            _close(g, w, 2 * n + 6)
+        graphs.append(len(compiled_graphs()))
+        regions = [r for g in compiled_graphs()[-1:] for r in g.regions]
+        assert regions and all(r.kernels() == 1 for r in regions)
+        assert_ran_as_sm90_kernels(regions)
+    assert graphs[1] == graphs[2] == graphs[3]
 
 
 # ---- normalizations ----------------------------------------------------------------------------
@@ -354,4 +400,6 @@ def test_benchmark_size_plan_takes_vectors_and_compiles_for_sm90(dtype):
     assert plan.scheduler == "reduction"
     src = plan.kernel.source
     assert "'kind': 'outer'" in src and "'vec': 4" in src, src[:400]
+    # the three operands' loads fill one register buffer (reduction_resize.shared_buffers)
+    assert "T0_r[" in src and "T1_r" not in src and "T2_r" not in src
     assert nvrtc.compile_cuda(src, plan.kernel.name, "sm_90") is not None
