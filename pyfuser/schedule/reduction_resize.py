@@ -64,6 +64,11 @@ def guarded(key) -> bool:
     return any(walk(c) for c in key)
 
 
+def _clamped(c) -> bool:
+    """Whether key entry c is a shift clamped into an operand's range (its load guarded)."""
+    return isinstance(c, tuple) and c[0] == "sh" and c[4] is not None
+
+
 def _shifted(key) -> bool:
     return any(isinstance(c, tuple) and c[0] in SHIFT_KINDS for c in key)
 
@@ -123,8 +128,9 @@ def vector_ok(g, accesses, groups, vec: int, size_of) -> bool:
 def shared_buffers(g, accesses) -> dict:
     """{id(load node): id(the load node whose register buffer it shares)}: the operands of a
     cat that are full-size loads of one dtype and access mode, read by nothing but the cat,
-    each under its bounds test (not an operand whose cat axis is a size-1 broadcast: that one
-    is loaded everywhere; and so none is staged in shared memory, `stageable`).
+    each under the bounds test of its range along the cat's axis (not an operand whose cat
+    axis is a size-1 broadcast: that one is loaded everywhere; and so none is staged in
+    shared memory, `stageable`).
     Their loads are guarded by disjoint ranges of the cat's axis and the cat covers its axis,
     so exactly one of them fills the buffer at every position the cat is computed at, and the
     cat's value is the buffer's (GPT-2's cat of three operands: one buffer where three had
@@ -138,8 +144,8 @@ def shared_buffers(g, accesses) -> dict:
     for n in g.nodes:
         if n.kind != "cat" or len(n.args) < 2:
             continue
-        ops = n.args
-        if all(a.kind == "load" and g.level[id(a)] == "full" and guarded(a.key) and
+        ops, d = n.args, n.expr.dim
+        if all(a.kind == "load" and g.level[id(a)] == "full" and _clamped(a.key[d]) and
                id(a) in mode and
                mode[id(a)] == mode[id(ops[0])] and users.get(id(a)) == [n] and
                id(a) not in out for a in ops):

@@ -123,16 +123,22 @@ def test_non_contiguous_operands():
     assert _run(f, a, b, n=15, exact=(0,)) == ["reduction"]
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["cat", "padded_cat"])
 @pytest.mark.parametrize("order", ["first", "middle", "last"])
-def test_a_single_row_operand_of_a_cat(order):
-    """An operand of one row (its cat axis a size-1 broadcast: read everywhere, not under a
-    bounds test) beside operands of several: no shared register buffer with them."""
+def test_a_single_row_operand_of_a_cat(order, padded):
+    """An operand of one row (`a[0][None]`: its cat axis a size-1 broadcast, read everywhere,
+    not under the cat's bounds test) beside operands of several: it shares no register
+    buffer with them, also where a pad around the cat puts its loads under the pad's bounds
+    test (a shared buffer there let the broadcast row overwrite the others: every row of
+    the cat equal to it)."""
     def f(a, b, c):
-        parts = {"first": [a, b, c], "middle": [b, a, c], "last": [b, c, a]}[order]
+        one = a[0][None, :]
+        parts = {"first": [one, b, c], "middle": [b, one, c], "last": [b, c, one]}[order]
         x = torch.cat(parts, 0)
-        return x, x.sum(0), torch.softmax(x, -1)
+        x = F.pad(x, (2, 1)) if padded else x
+        return x, x.sum(-1), x.sum(0), torch.softmax(x, -1)
     a, b, c = torch.randn(1, 8), torch.randn(3, 8), torch.randn(2, 8)
-    kernels = _run(f, a, b, c, n=6, exact=(0,))
+    kernels = _run(f, a, b, c, n=11, exact=(0,))
     assert len(kernels) <= 2, kernels
 
 
