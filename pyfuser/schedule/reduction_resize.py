@@ -65,7 +65,8 @@ def guarded(key) -> bool:
 
 
 def _clamped(c) -> bool:
-    """Whether key entry c is a shift clamped into an operand's range (its load guarded)."""
+    """Whether key entry c is a shift clamped into an operand's range (a pad's or cat's operand
+    along that axis: its load runs under the range's bounds test)."""
     return isinstance(c, tuple) and c[0] == "sh" and c[4] is not None
 
 
