@@ -2,7 +2,9 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
-0. `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
+0. `rewrite_scan.cumsums_as_masked_sums` writes a cumsum of integers over a short axis as a
+   masked sum (a reduction the schedulers fuse with its producers);
+   `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
    masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
    `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the
    views they read, or below a view of an unfused op's result); `sink_views_past_binary` moves
@@ -55,6 +57,7 @@ from .partition import Region, partition, unit_order
 from .region import FusedRegion
 from .rewrite_index import index_by_aranges
 from .rewrite_reduce import sum_through_views, unroll_small_sums
+from .rewrite_scan import cumsums_as_masked_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
@@ -136,7 +139,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
-    if index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
+    if cumsums_as_masked_sums(graph, fusible) + index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
             hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
