@@ -3,7 +3,7 @@ corpus (tests/cpu/train_corpus.py), its fused regions' kernel counts and segment
 on aten and why, and (on CUDA) the kernels the torch profiler counted in one call.
 
     PYTHONPATH=. python3 tools/model_regions.py llama [--device cuda] [--size bench]
-        [--dtype bfloat16] [--train]
+        [--dtype bfloat16] [--train] [--nodes]
 
 Reads the compiled graphs through pyfuser.frontend.fx.compiled_graphs() and each region's last
 RunReport (runtime/dispatch.last_report); a region of more than one kernel lists its segments
@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--size", choices=("small", "bench"), default="small")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--train", action="store_true", help="a training step, not a forward")
+    p.add_argument("--nodes", action="store_true", help="each region's FX nodes (op, shape)")
     a = p.parse_args(argv)
 
     import train_corpus as TC
@@ -78,6 +79,11 @@ def main(argv=None) -> int:
             if k > 1 or any(kind == "eager" for kind, _ in segs):
                 line += "  " + " ".join(f"{kind}:{s}" for kind, s in segs)
             print(line)
+            if a.nodes:
+                for n in r._region.nodes:
+                    v = n.meta.get("val")
+                    shape = list(v.shape) if isinstance(v, torch.Tensor) else ""
+                    print(f"      {n.name}: {n.target} {shape}")
     print(f"\nfused regions' kernels: {total}")
     return 0
 
