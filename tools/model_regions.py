@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--train", action="store_true", help="a training step, not a forward")
     p.add_argument("--nodes", action="store_true", help="each region's FX nodes (op, shape)")
+    p.add_argument("--ops", action="store_true",
+                   help="CUDA: the aten ops of one call with their input shapes (what launches "
+                        "the kernels that are not pyfuser's)")
     a = p.parse_args(argv)
 
     import train_corpus as TC
@@ -59,7 +62,8 @@ def main(argv=None) -> int:
     if a.device == "cuda":
         torch.cuda.synchronize()
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU],
+                     record_shapes=a.ops) as prof:
             call()
             torch.cuda.synchronize()
         names = Counter(e.name for e in prof.events() if e.device_type.name == "CUDA"
@@ -67,6 +71,10 @@ def main(argv=None) -> int:
         print(f"profiler: {sum(names.values())} kernels in one call")
         for n, c in names.most_common(25):
             print(f"  {c:4d}  {n[:110]}")
+        if a.ops:
+            for e in prof.key_averages(group_by_input_shape=True):
+                if e.key.startswith("aten::") and e.device_type.name == "CPU":
+                    print(f"  op {e.count:4d}  {e.key}  {str(e.input_shapes)[:150]}")
     total = 0
     for g in F.compiled_graphs():
         print(f"\n== {g.kind} graph: {g.report()}")

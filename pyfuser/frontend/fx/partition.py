@@ -22,9 +22,9 @@ Afterwards each region is trimmed and kept only when worth a call:
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
   `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
-  factory ops with no tensor input (an `arange`, a `full`, also of SymInt sizes under dynamic
-  shapes) are left to eager first, and the rest stays a region where it then reads their
-  values on the device.
+  factory op with no tensor input of fewest elements (a `scalar_tensor`, an `arange`, a
+  `full`, also of SymInt sizes under dynamic shapes) is left to eager, and the rest stays a
+  region that reads its value on the device (every such factory op, where one is not enough).
 
 Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
 autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
@@ -158,16 +158,44 @@ def partition(nodes, supported: set) -> list[Region]:
             r = Region(kept)
             r.boundary()
             if not _runs_where_it_computes(r):
-                # its factory ops (an arange, a full) are left to eager, which makes their
-                # values on the device; the rest reads them there
-                kept = _trim([n for n in kept if _reads_tensor(n) or op_class(n) != FACTORY])
-                if not any(is_compute(n) for n in kept):
+                r = _anchored(kept)
+                if r is None:
                     continue
-                r = Region(kept)
-                r.boundary()
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _anchored(kept: list):
+    """A region of `kept` (which computes device values from no device tensor) that runs on the
+    device: one factory op with no tensor input (the one of fewest elements: HF's masks have
+    0-dim `scalar_tensor`s) is left to eager, which makes its value there, and the region reads
+    it (a region holding HF Llama's whole mask computation, load-free from its aranges on, had
+    its 4 aranges and 8 scalar_tensors run as eager kernels). Where that is not enough, every
+    such factory op is left to eager. None when no compute node remains."""
+    factories = [n for n in kept if not _reads_tensor(n) and op_class(n) == FACTORY
+                 and isinstance(n.meta.get("val"), torch.Tensor)]
+    if factories:
+        one = min(factories, key=lambda n: _numel_hint(n.meta["val"]))
+        r = _region_of(_trim([n for n in kept if n is not one]))
+        if r is not None and _runs_where_it_computes(r):
+            return r
+    return _region_of(_trim([n for n in kept if _reads_tensor(n) or op_class(n) != FACTORY]))
+
+
+def _region_of(nodes: list):
+    if not any(is_compute(n) for n in nodes):
+        return None
+    r = Region(nodes)
+    r.boundary()
+    return r
+
+
+def _numel_hint(v: torch.Tensor) -> int:
+    try:
+        return int(v.numel())
+    except Exception:  # noqa: BLE001 - a symbolic size: as large as any
+        return 1 << 62
 
 
 def _reads_tensor(node) -> bool:
