@@ -151,6 +151,7 @@ def partition(nodes, supported: set) -> list[Region]:
             for r in rdep:                      # regions needing this one need its needs too
                 if rdep[r] & bit:
                     rdep[r] |= rdep[chosen]
+    _merge_siblings_sharing_inputs(members, group, rdep, position)
     regions = []
     for g in sorted(members):
         kept = _trim(sorted(members[g], key=position.__getitem__))
@@ -164,6 +165,61 @@ def partition(nodes, supported: set) -> list[Region]:
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _pointwise_unit(nodes) -> bool:
+    return all(is_getitem(n) or (op_class(n) in (POINTWISE, METADATA, FACTORY)
+                                 and not is_input_copy(n)) for n in nodes)
+
+
+def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict) -> None:
+    """Join pointwise regions that read a common tensor no region of theirs computes, where
+    neither needs the other and the join delays no reader: each region's first reader outside
+    it comes after the other's last input. The walk joins siblings only through a node reading
+    both; Llama's rotary embeddings of q and k (separate matmuls' results, both read the cos /
+    sin a first layer computed) were two regions, two kernels, in every layer but the first,
+    where the cos / sin computation's region held both. Joined, the segmenter hands the
+    components to one horizontal kernel (or keeps them apart where no scheduler takes them
+    together: one region call either way). In place on the walk's maps."""
+    inf = len(position)
+
+    def outside_inputs(g) -> set:
+        ms = set(members[g])
+        return {x for n in members[g] for x in n.all_input_nodes if x not in ms}
+
+    def first_reader(g) -> int:
+        ms = set(members[g])
+        return min((position.get(u, inf) for n in members[g] for u in n.users if u not in ms),
+                   default=inf)
+
+    def last_input(g) -> int:
+        return max((position.get(x, -1) for x in outside_inputs(g)), default=-1)
+
+    def shared(x) -> bool:
+        v = x.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.ndim > 0
+
+    order = sorted(members, key=lambda g: min(position[n] for n in members[g]))
+    for i, g in enumerate(order):
+        if g not in members or not _pointwise_unit(members[g]):
+            continue
+        for h in order[i + 1:]:
+            if h not in members or not _pointwise_unit(members[h]) or (rdep[g] >> h) & 1 or \
+                    (rdep[h] >> g) & 1:
+                continue
+            if not any(shared(x) for x in outside_inputs(g) & outside_inputs(h)):
+                continue
+            if first_reader(g) < last_input(h) or first_reader(h) < last_input(g):
+                continue
+            for m in members.pop(h):
+                group[m] = g
+                members[g].append(m)
+            rdep[g] |= rdep[h]
+            rdep[h] = rdep[g] | (1 << g)          # h's dependents now need g
+            for r in rdep:
+                if (rdep[r] >> h) & 1 or (rdep[r] >> g) & 1:
+                    rdep[r] |= (1 << g) | rdep[g]
+            members[g].sort(key=position.__getitem__)
 
 
 def _anchored(kept: list):
