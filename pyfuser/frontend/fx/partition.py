@@ -173,12 +173,14 @@ def _pointwise_unit(nodes) -> bool:
 
 
 def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict) -> None:
-    """Join pointwise regions that read a common tensor no region of theirs computes, where
-    neither needs the other and the join delays no reader: each region's first reader outside
-    it comes after the other's last input. The walk joins siblings only through a node reading
-    both; Llama's rotary embeddings of q and k (separate matmuls' results, both read the cos /
-    sin a first layer computed) were two regions, two kernels, in every layer but the first,
-    where the cos / sin computation's region held both. Joined, the segmenter hands the
+    """Join pointwise regions that read a common tensor no region of theirs computes, or whose
+    results one node reads, where neither needs the other and the join delays no reader: each
+    region's first reader outside it comes after the other's last input. The walk joins
+    siblings only through a node reading both; Llama's rotary embeddings of q and k (separate
+    matmuls' results, both read the cos / sin a first layer computed) were two regions, two
+    kernels, in every layer but the first, where the cos / sin computation's region held both;
+    the copy of v for grouped-query attention (repeat_kv) a third, all three read by the
+    attention. Joined, the segmenter hands the
     components to one horizontal kernel (or keeps them apart where no scheduler takes them
     together: one region call either way). In place on the walk's maps."""
     inf = len(position)
@@ -195,6 +197,11 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
     def last_input(g) -> int:
         return max((position.get(x, -1) for x in outside_inputs(g)), default=-1)
 
+    def readers(g) -> set:
+        """The call nodes outside g that read it (not the graph's output)."""
+        ms = set(members[g])
+        return {u for n in members[g] for u in n.users if u not in ms and u.op == "call_function"}
+
     def shared(x) -> bool:
         v = x.meta.get("val")
         return isinstance(v, torch.Tensor) and v.ndim > 0
@@ -207,7 +214,8 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
             if h not in members or not _pointwise_unit(members[h]) or (rdep[g] >> h) & 1 or \
                     (rdep[h] >> g) & 1:
                 continue
-            if not any(shared(x) for x in outside_inputs(g) & outside_inputs(h)):
+            if not any(shared(x) for x in outside_inputs(g) & outside_inputs(h)) and \
+                    not readers(g) & readers(h):
                 continue
             if first_reader(g) < last_input(h) or first_reader(h) < last_input(g):
                 continue
