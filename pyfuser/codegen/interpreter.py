@@ -30,6 +30,7 @@ import contextlib
 import torch
 
 from . import kernel_ir as K
+from . import interpreter_global
 from .interpreter_shared import KernelRaceError, SharedMemory, _Shared
 from .interpreter_values import _garbage, apply_op, convert_value
 
@@ -84,9 +85,14 @@ def _row_lanes(sc, width: int):
 
 
 class Interpreter(SharedMemory):
-    def __init__(self, plan, tensors, bindings, params=None):
+    def __init__(self, plan, tensors, bindings, params=None, racecheck=None):
+        """`racecheck`: check global memory for data races (interpreter_global.py); None: as
+        PYFUSER_INTERP_RACECHECK says."""
         self.k: K.Kernel = plan.kernel_ir
         self.values = {}
+        self.racecheck = interpreter_global.enabled() if racecheck is None else racecheck
+        self.ptr_tensors: dict = {}
+        self.races = None
         for i, p in enumerate(self.k.params):
             src = p.source
             if src[0] == "philox":
@@ -94,6 +100,7 @@ class Interpreter(SharedMemory):
                 self.values[p.name] = params[i]
             elif src[0] in ("ptr", "workspace"):
                 self.values[p.name] = _flat(tensors[src[1]])
+                self.ptr_tensors[p.name] = tensors[src[1]]
             elif src[0] == "size":
                 self.values[p.name] = int(tensors[src[1]].shape[src[2]])
             elif src[0] == "stride":
@@ -132,7 +139,11 @@ class Interpreter(SharedMemory):
         if any(isinstance(s, K.WaitCount) for s in self.k.walk()):
             chunk = nblocks          # blocks wait for each other: the whole grid runs together
         tid = torch.arange(T, dtype=torch.int64)
+        if self.racecheck:
+            self.races = interpreter_global.GlobalRaces(self.k, self.ptr_tensors, (gx, gy, gz), (bx, by, bz))
         for b0 in range(0, nblocks, chunk):
+            if self.races is not None:
+                self.races.b0 = b0
             lin = torch.arange(b0, min(nblocks, b0 + chunk), dtype=torch.int64)
             nb = lin.shape[0]
             env = dict(self.values)
@@ -176,8 +187,15 @@ class Interpreter(SharedMemory):
                 self.assign(s, sc)
             elif isinstance(s, K.Sync):
                 self.sync(sc)
+                if self.races is not None:
+                    self.races.sync(self._rows(sc))
             elif isinstance(s, K.ClusterSync):
                 self.cluster_sync(sc)
+                if self.races is not None:
+                    self.races.cluster_sync(self._rows(sc))
+            elif isinstance(s, K.Fence):
+                if self.races is not None:
+                    self.races.fence(self._rows(sc))
             elif isinstance(s, K.AsyncWait):
                 self.async_wait(sc)
             elif isinstance(s, K.VecCopy):
@@ -274,8 +292,14 @@ class Interpreter(SharedMemory):
             stride = stride.view(-1, 1)
         return off.view(-1, 1) + lanes * stride
 
+    def _rows(self, sc: _Scope):
+        return torch.arange(self.P) if sc.sel is None else sc.sel
+
     def load(self, s: K.Load, sc: _Scope) -> None:
-        vals = self.values[s.ptr][self._offsets(s, sc)]
+        offs = self._offsets(s, sc)
+        if self.races is not None:
+            self.races.read(s.ptr, offs, self._rows(sc))
+        vals = self.values[s.ptr][offs]
         if s.dst in self.shared:
             if s.width == 1 and not s.async_copy:
                 self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
@@ -295,6 +319,8 @@ class Interpreter(SharedMemory):
     def store(self, s: K.Store, sc: _Scope) -> None:
         flat = self.values[s.ptr]
         offs = self._offsets(s, sc)
+        if self.races is not None:
+            self.races.write(s.ptr, offs, self._rows(sc))
         if s.src in self.shared:
             assert s.width == 1, "shared-memory stores are of one element"
             flat[offs.squeeze(1)] = self._shared_read(s.src, s.index, sc).to(flat.dtype)
@@ -312,6 +338,8 @@ class Interpreter(SharedMemory):
         off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
         val = self.ev(s.value, sc)
         val = (val if isinstance(val, torch.Tensor) else torch.full((n,), int(val))).to(flat.dtype)
+        if self.races is not None:
+            self.races.atomic(s.ptr, off, self._rows(sc))
         order = torch.argsort(off, stable=True)           # rows ascending within each address
         o, v = off[order], val[order]
         csum = torch.cumsum(v, 0) - v                      # sum of earlier rows' values...
@@ -332,6 +360,8 @@ class Interpreter(SharedMemory):
         off = self.ev(s.offset, sc)
         off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
         want = self.ev(s.value, sc)
+        if self.races is not None:
+            self.races.wait(s.ptr, off, self._rows(sc))
         short = flat[off].to(torch.int64) < (want if isinstance(want, torch.Tensor) else int(want))
         if bool(short.any()):
             raise KernelRaceError(f"{self.k.name}: a block waits for a count the launch never "
@@ -373,6 +403,8 @@ class Interpreter(SharedMemory):
             return self.ballot(x, sc)
         if isinstance(x, K.Elem):
             off = self.ev(x.offset, sc)
+            if self.races is not None:
+                self.races.read(x.ptr, off, self._rows(sc))
             return self.values[x.ptr][off] if isinstance(off, torch.Tensor) \
                 else self.values[x.ptr][int(off)].item()
         if isinstance(x, K.CheckedIndex):
