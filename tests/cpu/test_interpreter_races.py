@@ -224,3 +224,24 @@ def test_switched_on_by_the_environment(monkeypatch):
     monkeypatch.setenv(interpreter_global.RACECHECK_ENV, "0")
     Interpreter(types.SimpleNamespace(kernel_ir=shift_kernel(True)), [torch.arange(64.0)], None).run(
         LaunchConfig((2, 1, 1), (32, 1, 1)))
+
+
+def test_an_output_broadcast_along_the_rows_is_stored_by_one_row(monkeypatch):
+    """Found by the check (T5's attention bias in test_compile_training: softmax(scores + bias)
+    with the bias [1, q, k] an output of the same reduction kernel): every batch row of the
+    block computed the bias' element and stored it, two threads writing one element; now only
+    batch index 0 stores it (ReductionLowering.owner)."""
+    import sys
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from codegen_cases import B, make_fusion, run_plan
+
+    def build():
+        x = B.define_tensor([-1, -1, -1], F)
+        b = B.define_tensor([1, -1, -1], F)
+        return [B.reduction("sum", B.elementwise("add", x, b), [2]), B.elementwise("neg", b)]
+    x, b = torch.randn(2, 8, 16), torch.randn(1, 8, 16)
+    monkeypatch.setenv(interpreter_global.RACECHECK_ENV, "1")
+    plan, outs = run_plan(make_fusion(build), [x, b])
+    torch.testing.assert_close(outs[0], (x + b).sum(2))
+    assert torch.equal(outs[1], -b)
+    assert "if ((g0 == 0)) {" in plan.kernel.source
