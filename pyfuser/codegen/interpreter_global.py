@@ -62,14 +62,14 @@ def enabled() -> bool:
 
 class _Storage:
     """Race bookkeeping of one tracked storage (elements of its own dtype)."""
-    __slots__ = ("wg", "wc", "rs", "rg", "rb", "rc", "atoms", "amask")
+    __slots__ = ("wg", "wc", "rs", "rg", "rg2", "rb", "rc", "atoms", "amask")
 
     def __init__(self, n):
         full = lambda: torch.full((n,), -1, dtype=torch.int64)  # noqa: E731
         self.wg, self.wc = full(), full()              # writer thread (-1 none), its code
         self.rs = torch.zeros(n, dtype=torch.int8)     # readers: 0 none, 1 one thread, 2 several
-        self.rg, self.rb, self.rc = full(), full(), full()  # of a block, 3 several blocks; a
-        #                                                     reader, its block, latest code
+        self.rg, self.rb, self.rc = full(), full(), full()  # of a block, 3 several blocks; the
+        self.rg2 = full()     # lowest and highest reader, the readers' block, their latest code
         self.atoms: dict = {}     # element -> [last AtomicAdd (g, b, code) or None, {b: (g, code)}]
         self.amask = torch.zeros(n, dtype=torch.bool)  # elements with atomic records
 
@@ -140,24 +140,33 @@ class GlobalRaces:
         g = g.reshape(-1)
         return st, e, g, torch.div(g, self.T, rounding_mode="floor")
 
-    def _check_writer(self, st, e, g, b, ptr, what):
-        wg = st.wg[e]
-        bad = (wg >= 0) & ~self._ordered(wg, torch.div(wg, self.T, rounding_mode="floor"), st.wc[e], g, b)
+    def _check_writer(self, st, e, g, b, ptr, what, wg=None):
+        wg = st.wg[e] if wg is None else wg
+        has = wg >= 0
+        if not bool(has.any()):
+            return
+        bad = has & ~self._ordered(wg, torch.div(wg, self.T, rounding_mode="floor"), st.wc[e], g, b)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             self._fail(ptr, e[i], f"written by {self._who(wg[i])}", f"{what} by {self._who(g[i])}")
 
     def _check_readers(self, st, e, g, b, ptr, what):
         rs = st.rs[e]
+        if not bool(rs.any()):
+            return
         pg = torch.where(rs == 1, st.rg[e], torch.full_like(g, -3))
         bad = (rs == 3) | ((rs != 0) & ~self._ordered(pg, st.rb[e], st.rc[e], g, b))
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
-            who = {1: "read by ", 2: "read by threads of the block of ",
-                   3: "read by unordered threads of several blocks, one "}[int(rs[i])]
-            self._fail(ptr, e[i], who + self._who(st.rg[e][i]), f"{what} by {self._who(g[i])}")
+            x, r = e[i], int(rs[i])
+            other = st.rg[x] if st.rg[x] != g[i] else st.rg2[x]
+            who = {1: "read by ", 2: "read by several threads of one block, as ",
+                   3: "read by threads of several unordered blocks, as "}[r]
+            self._fail(ptr, x, who + self._who(other), f"{what} by {self._who(g[i])}")
 
     def _check_atoms(self, st, e, g, b, ptr, what, write):
+        if not st.atoms:
+            return
         hit = st.amask[e]
         if not bool(hit.any()):
             return
@@ -177,20 +186,20 @@ class GlobalRaces:
         if self.off or ptr not in self.ptrs:
             return
         st, e, g, b = self._elems(ptr, offs, rows)
-        if e.numel() > 1:
-            se, order = torch.sort(e, stable=True)
-            sg = g[order]
-            dup = (se[1:] == se[:-1]) & (sg[1:] != sg[:-1])
-            if bool(dup.any()):
-                i = int(dup.nonzero()[0])
-                self._fail(ptr, se[i], f"written by {self._who(sg[i])}",
-                           f"by {self._who(sg[i + 1])} in the same statement")
-        self._check_writer(st, e, g, b, ptr, "written")
+        old = st.wg[e]
+        st.wg[e] = g                 # one of the threads storing an element: the others differ
+        dup = st.wg[e] != g
+        if bool(dup.any()):
+            i = int(dup.nonzero()[0])
+            one, two = sorted((int(st.wg[e[i]]), int(g[i])))
+            self._fail(ptr, e[i], f"written by {self._who(one)}",
+                       f"by {self._who(two)} in the same statement")
+        self._check_writer(st, e, g, b, ptr, "written", old)
         self._check_readers(st, e, g, b, ptr, "written")
         self._check_atoms(st, e, g, b, ptr, "written", True)
-        st.wg[e], st.wc[e] = g, 2 * self.ep[b] + 1
+        st.wc[e] = 2 * self.ep[b] + 1
         st.rs[e] = 0
-        if bool(st.amask[e].any()):
+        if st.atoms and bool(st.amask[e].any()):
             for x in e[st.amask[e]].unique().tolist():
                 del st.atoms[x]
                 self.rel.pop((id(st), x), None)
@@ -218,7 +227,9 @@ class GlobalRaces:
         merged_rs = torch.where((ors == 1) & (srs == 1) & (org == gmin), 1, 2).to(torch.int8)
         rs = torch.where(take, srs, torch.where(same, merged_rs, torch.full_like(srs, 3)))
         st.rs[u] = rs
-        st.rg[u] = torch.where(take | same, torch.where(take, gmin, org), org)
+        st.rg[u] = torch.where(take, gmin, torch.where(same, torch.minimum(org, gmin), org))
+        org2 = st.rg2[u]
+        st.rg2[u] = torch.where(take, gmax, torch.where(same, torch.maximum(org2, gmax), org2))
         st.rb[u] = torch.where(take, bmin, orb)
         st.rc[u] = torch.where(take, code, torch.where(same, torch.maximum(orc, code), orc))
 

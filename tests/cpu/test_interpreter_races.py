@@ -44,7 +44,7 @@ def test_two_threads_writing_one_element_are_flagged():
         return kernel("pf_race_ww", body, (32, 1, 1), [("x", F, False), ("out", F, True)])
     x, out = torch.arange(64.0), torch.zeros(1)
     with pytest.raises(KernelRaceError, match=r"pf_race_ww: global race on out\[0\]: written by "
-                       r"block \(0,0,0\) thread \(0,0,0\) and by block \(0,0,0\) thread \(1,0,0\) "
+                       r"block \(0,0,0\) thread \(0,0,0\) and by block \(1,0,0\) thread \(31,0,0\) "
                        "in the same statement"):
         interpret(build(False), [x, out], (2, 1, 1))
     interpret(build(True), [x, out], (2, 1, 1))
@@ -245,3 +245,24 @@ def test_an_output_broadcast_along_the_rows_is_stored_by_one_row(monkeypatch):
     torch.testing.assert_close(outs[0], (x + b).sum(2))
     assert torch.equal(outs[1], -b)
     assert "if ((g0 == 0)) {" in plan.kernel.source
+
+
+def running_stat_kernel(with_sync):
+    """An in-place per-block value (a running statistic): every thread of block b reads
+    stat[b], then thread 0 writes stat[b] + 1 back: the write must wait for the block's reads."""
+    body = [K.Alloc("v", F, ()), K.Load("v", (), "stat", bx, 1),
+            K.Store("out", gid(32), "v", (), 1)]
+    body += [K.Sync()] if with_sync else []
+    body += [K.If(first, [K.Assign("v", (), K.Op("add", (K.ArrayRef("v", ()), K.Const(1.0, "float", F)), F)),
+                          K.Store("stat", bx, "v", (), 1)])]
+    return kernel("pf_race_stat", body, (32, 1, 1), [("stat", F, True), ("out", F, True)])
+
+
+def test_in_place_per_block_update_needs_a_barrier_after_the_block_reads():
+    stat = torch.tensor([1.0, 2.0])
+    with pytest.raises(KernelRaceError, match=r"stat\[0\]: read by several threads of one block, as "
+                       r"block \(0,0,0\) thread \(31,0,0\) and written by block \(0,0,0\) thread \(0,0,0\)"):
+        interpret(running_stat_kernel(False), [stat.clone(), torch.zeros(64)], (2, 1, 1))
+    out = torch.zeros(64)
+    interpret(running_stat_kernel(True), [stat, out], (2, 1, 1))
+    assert torch.equal(stat, torch.tensor([2.0, 3.0])) and torch.equal(out, torch.tensor([1.0, 2.0]).repeat_interleave(32))
