@@ -19,7 +19,12 @@ shared memory and barriers: interpreter_shared.py):
 - a `Sync` reached by part of a block, a `Shfl` or `Ballot` by part of a warp;
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses;
-- an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`.
+- an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`;
+- with `racecheck` (PYFUSER_INTERP_RACECHECK=1, on in the tests): a global element written by one
+  thread and read or written by another, over the whole launch (all chunks), unless a `Sync`, or
+  a fence and an atomic ticket or count, orders them (interpreter_global.py). Without it, the
+  lockstep order hides such races: every load of a statement precedes every store of a later
+  one, every earlier chunk every later one.
 Atomics apply in thread order (rows ascending), which is one valid order of a GPU's. A kernel
 with a `WaitCount` (blocks waiting for other blocks' atomics) runs its whole grid as one chunk.
 """

@@ -153,7 +153,7 @@ class GlobalRaces:
     def _check_readers(self, st, e, g, b, ptr, what):
         rs = st.rs[e]
         if not bool(rs.any()):
-            return
+            return False
         pg = torch.where(rs == 1, st.rg[e], torch.full_like(g, -3))
         bad = (rs == 3) | ((rs != 0) & ~self._ordered(pg, st.rb[e], st.rc[e], g, b))
         if bool(bad.any()):
@@ -163,6 +163,7 @@ class GlobalRaces:
             who = {1: "read by ", 2: "read by several threads of one block, as ",
                    3: "read by threads of several unordered blocks, as "}[r]
             self._fail(ptr, x, who + self._who(other), f"{what} by {self._who(g[i])}")
+        return True
 
     def _check_atoms(self, st, e, g, b, ptr, what, write):
         if not st.atoms:
@@ -195,10 +196,11 @@ class GlobalRaces:
             self._fail(ptr, e[i], f"written by {self._who(one)}",
                        f"by {self._who(two)} in the same statement")
         self._check_writer(st, e, g, b, ptr, "written", old)
-        self._check_readers(st, e, g, b, ptr, "written")
+        read = self._check_readers(st, e, g, b, ptr, "written")
         self._check_atoms(st, e, g, b, ptr, "written", True)
         st.wc[e] = 2 * self.ep[b] + 1
-        st.rs[e] = 0
+        if read:
+            st.rs[e] = 0
         if st.atoms and bool(st.amask[e].any()):
             for x in e[st.amask[e]].unique().tolist():
                 del st.atoms[x]
