@@ -266,3 +266,27 @@ def test_in_place_per_block_update_needs_a_barrier_after_the_block_reads():
     out = torch.zeros(64)
     interpret(running_stat_kernel(True), [stat, out], (2, 1, 1))
     assert torch.equal(stat, torch.tensor([2.0, 3.0])) and torch.equal(out, torch.tensor([1.0, 2.0]).repeat_interleave(32))
+
+
+def cluster_handoff_kernel(with_barrier):
+    """Blocks of a cluster of 2: rank 0 writes its cluster's global element, rank 1 reads it
+    after the cluster barrier (ordered), or with none (a race)."""
+    rank = K.Special("cluster_rank")
+    cl = K.Bin("/", bx, C(2))
+    body = [K.Alloc("v", F, ()),
+            K.If(_and(first, K.Bin("==", rank, C(0))), [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
+    body += [K.ClusterSync()] if with_barrier else []
+    body += [K.If(_and(first, K.Bin("==", rank, C(1))), [K.Load("v", (), "mid", cl, 1), K.Store("out", cl, "v", (), 1)])]
+    k = kernel("pf_race_cluster", body, (32, 1, 1), [("x", F, False), ("mid", F, True), ("out", F, True)])
+    k.cluster = 2
+    return k
+
+
+def test_cluster_barrier_orders_global_memory_between_its_blocks():
+    x = torch.arange(1.0, 4.0)
+    with pytest.raises(KernelRaceError, match=r"mid\[0\]: written by block \(0,0,0\) thread \(0,0,0\) "
+                       r"and read by block \(1,0,0\) thread \(0,0,0\)"):
+        interpret(cluster_handoff_kernel(False), [x, torch.zeros(3), torch.zeros(3)], (6, 1, 1))
+    out = torch.zeros(3)
+    interpret(cluster_handoff_kernel(True), [x, torch.zeros(3), out], (6, 1, 1))
+    assert torch.equal(out, x)
