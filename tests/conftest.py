@@ -3,7 +3,7 @@ test starts with an empty FusionCache; `fresh_compile` (for torch.compile tests,
 `pytestmark = pytest.mark.usefixtures("fresh_compile")`) resets Dynamo and pyfuser's list of
 compiled graphs around a test. The CPU interpreter's global-memory race check
 (PYFUSER_INTERP_RACECHECK, codegen/interpreter_global.py) is on unless the environment says
-otherwise (PYFUSER_INTERP_RACECHECK=0): it costs 1-11% of a test file's time (docs/codegen.md)."""
+otherwise (PYFUSER_INTERP_RACECHECK=0): about 7% of the CPU tests' time (docs/codegen.md)."""
 import os
 
 import pytest
