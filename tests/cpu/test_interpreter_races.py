@@ -156,7 +156,8 @@ def ticket_kernel(fence=True, ticket=True):
     body += [K.Fence()] if fence else []
     if ticket:
         body += [K.Sync(), K.If(first, [K.AtomicAdd("old", "sem", C(0), C(1)),
-                                        K.Assign("last", (), K.Bin("==", K.Var("old"), K.Bin("-", nb, C(1))))]),
+                                        K.Assign("last", (), K.Bin("==", K.Var("old"),
+                                                                   K.Bin("-", nb, C(1))))]),
                  K.Sync()]
         cond = K.ArrayRef("last", ())
     else:
@@ -265,7 +266,8 @@ def test_in_place_per_block_update_needs_a_barrier_after_the_block_reads():
         interpret(running_stat_kernel(False), [stat.clone(), torch.zeros(64)], (2, 1, 1))
     out = torch.zeros(64)
     interpret(running_stat_kernel(True), [stat, out], (2, 1, 1))
-    assert torch.equal(stat, torch.tensor([2.0, 3.0])) and torch.equal(out, torch.tensor([1.0, 2.0]).repeat_interleave(32))
+    assert torch.equal(stat, torch.tensor([2.0, 3.0]))
+    assert torch.equal(out, torch.tensor([1.0, 2.0]).repeat_interleave(32))
 
 
 def cluster_handoff_kernel(with_barrier):
@@ -274,9 +276,11 @@ def cluster_handoff_kernel(with_barrier):
     rank = K.Special("cluster_rank")
     cl = K.Bin("/", bx, C(2))
     body = [K.Alloc("v", F, ()),
-            K.If(_and(first, K.Bin("==", rank, C(0))), [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
+            K.If(_and(first, K.Bin("==", rank, C(0))),
+                 [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
     body += [K.ClusterSync()] if with_barrier else []
-    body += [K.If(_and(first, K.Bin("==", rank, C(1))), [K.Load("v", (), "mid", cl, 1), K.Store("out", cl, "v", (), 1)])]
+    body += [K.If(_and(first, K.Bin("==", rank, C(1))),
+                  [K.Load("v", (), "mid", cl, 1), K.Store("out", cl, "v", (), 1)])]
     k = kernel("pf_race_cluster", body, (32, 1, 1), [("x", F, False), ("mid", F, True), ("out", F, True)])
     k.cluster = 2
     return k
