@@ -50,6 +50,7 @@ import torch
 from ... import dump as D
 from . import plan_cache
 from .mutations import is_input_copy, placement_problem
+from .layout_channels_last import channels_last, report_output_strides
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
@@ -104,6 +105,7 @@ class CompiledGraph:
         self.unsupported = unsupported          # node name -> reason
         self.original = original
         self._forward = gm.forward
+        self.layout = None                      # the channels-last pass' LayoutReport, if any
 
     def __call__(self, args):
         return self._forward(*args)
@@ -132,6 +134,9 @@ def reset_compiled() -> None:
 
 
 def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGraph:
+    layout = channels_last(gm, example_inputs, kind)
+    if layout is not None and layout.saved_channels_last:
+        report_output_strides(gm)
     graph = gm.graph
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
@@ -180,6 +185,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     D.dump("fx_graph", f"{kind} graph", lambda: f"{original}\n--- fused:\n{new_gm.graph}\n"
                                                 f"--- left to FX: {unsupported}")
     compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
+    compiled.layout = layout
     _COMPILED.append(compiled)
     return compiled
 
