@@ -336,7 +336,7 @@ def _rewrite(gm, example_inputs, kind: str, convert: bool):
             env[n] = nn
             continue
         if n.op == "output":
-            env[n] = _output(g, n, env, val, report, restore, kind)
+            env[n] = _output(g, n, env, val, report, restore, add, fake_mode, kind)
             continue
         if n.op != "call_function":
             raise _GiveUp(f"{n.op} node {n.name}")
@@ -389,12 +389,12 @@ def _run(n, args, kwargs, val, fake_mode):
     try:
         with fake_mode:
             return n.target(*a, **kw)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:        # a view: "Cannot view a tensor ..."
         log.debug("pyfuser: channels-last: %s refuses the new layouts: %s", n.name, e)
         return None
 
 
-def _output(g, n, env, val, report, restore, kind):
+def _output(g, n, env, val, report, restore, add, fake_mode, kind):
     """The output node: outputs whose strides changed copied back to eager's, but a training
     forward's saved tensors."""
     outs = n.args[0]
@@ -413,6 +413,15 @@ def _output(g, n, env, val, report, restore, kind):
                 report.saved_channels_last += 1
             else:
                 x = restore(x, ov, "a graph output keeps eager's strides")
+                nv = val[x]
+        if isinstance(ov, torch.Tensor) and i not in saved and _strides(nv) != _strides(ov):
+            # the same memory, other strides on axes of one element (a 1x1 convolution's
+            # weight gradient): eager's strides as a view, no copy
+            with fake_mode:
+                v = torch.as_strided(nv, ov.shape, _strides(ov), nv.storage_offset())
+            x = add(aten.as_strided.default, (x, list(ov.shape), list(_strides(ov)),
+                                              int(nv.storage_offset())), {}, v,
+                    f"{x.name}_strided")
         new_items.append(x)
     res = new_items[0] if single else type(outs)(new_items)
     out = g.output(res)
