@@ -5,6 +5,9 @@ by kernel, from the torch profiler (for finding why a model is slower than Induc
         [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE] [--gaps N]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
+    PYTHONPATH=. python3 tools/profile_models.py --model resnet18 --modes eager,inductor,pyfuser,pyfuser_nchw
+        # issue 16: pyfuser with its channels-last pass (the default on CUDA) against pyfuser
+        # with it off (PYFUSER_CHANNELS_LAST=0): cuDNN's nchwToNhwc / nhwcToNchw rows go away
 
 Builds the model of bench/models.py (tests/cpu/train_corpus.py, random weights), compiles it
 per mode, warms it up, then profiles a few forwards and prints, per mode: GPU time per forward,
@@ -32,6 +35,9 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    if mode == "pyfuser_nchw":          # the pyfuser backend without its channels-last pass
+        with _env("PYFUSER_CHANNELS_LAST", "0"):
+            return profile_forward(case, "pyfuser", reps, device, step)
     model, fn, opt = case.make(mode)
 
     def run():
@@ -63,6 +69,24 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     rows = [(name, calls / reps, us / reps) for name, (calls, us) in per.items()]
     rows.sort(key=lambda r: -r[2])
     return sum(r[2] for r in rows), sum(r[1] for r in rows), rows, intervals
+
+
+class _env:
+    """An environment variable set for a block (the backend reads its knobs when it compiles,
+    at the first calls: the whole profile runs inside)."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        self.old = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self.old
 
 
 def gpu_gaps(intervals, top: int):
