@@ -70,13 +70,13 @@ def test_conv_bn_relu_residual_net(channels_last, train):
         # 4 weights and the image; the 1x1 downsample's weight is NHWC already (1x1 kernel)
         assert len(fw.layout.converted) == 4 and not fw.layout.restored
         assert fw.layout.saved_channels_last > 0
-        # the backward's convolution operands: the saved activations arrive NHWC (AOTAutograd
-        # compiled it with the forward's reported strides); the weights and the image are
-        # converted again; the weight gradients go back to NCHW (graph outputs)
-        assert len(bw.layout.converted) == 4
+        assert fw.layout.saved_converted == 4      # the backward reads the NHWC copies
+        # the backward's convolution operands: the saved activations, weights and image arrive
+        # NHWC (AOTAutograd compiled it with the forward's reported strides): no conversion;
+        # the weight gradients and dx go back to NCHW (graph outputs)
+        assert not bw.layout.converted and counts["backward"]["conversions"] == 0
         assert {why for _, why in bw.layout.restored} == {"a graph output keeps eager's strides"}
         assert len(bw.layout.restored) == 4         # the 3x3 weights' gradients and dx
-        assert counts["backward"]["conversions"] == 4
         _assert_outer_batch_norm_plans(channels_last["plans"])
     else:
         (g,) = _graphs("inference")
@@ -147,10 +147,13 @@ def test_resnet18_training_step(channels_last):
     assert channels_last["relayouts"] == 0
     assert counts["forward"] == {"convolutions": 20, "nhwc_convolutions": 20,
                                  "conversions": 18, "other_copies": 0, "kernels": 19}
-    # the backward: 19 kernels without the pass; 17 more transpose the NHWC weight gradients
-    # back to eager's NCHW (the graph's outputs), the 1x1 ones need none
+    # the backward: no conversion (the forward saved its NHWC weights and image); 19 kernels
+    # without the pass, 17 more transpose the NHWC weight gradients back to eager's NCHW (the
+    # graph's outputs; the 1x1 ones need none)
     assert counts["backward"] == {"convolutions": 20, "nhwc_convolutions": 20,
-                                  "conversions": 18, "other_copies": 0, "kernels": 36}
+                                  "conversions": 0, "other_copies": 0, "kernels": 36}
     (fw,) = _graphs("forward")
-    assert fw.layout.saved_channels_last == 30       # 20 conv outputs, 9 ReLUs, the pool's
+    # 20 conv outputs, the ReLUs the convolutions read, the pool's output and indices; 17
+    # weights and the image as their NHWC copies
+    assert (fw.layout.saved_channels_last, fw.layout.saved_converted) == (48, 18)
     _assert_outer_batch_norm_plans(channels_last["plans"])

@@ -105,6 +105,8 @@ class LayoutReport:
     converted: list = field(default_factory=list)   # (conv node, operand index) copied to NHWC
     restored: list = field(default_factory=list)    # (node name, why) copied back to eager's
     saved_channels_last: int = 0       # forward outputs saved for the backward, now NHWC
+    saved_converted: int = 0           # of which inputs saved as the NHWC copies made for a
+                                       # convolution (weights, the image)
     propagated_only: bool = False      # no conversion: example values recomputed from inputs
 
     @property
@@ -336,7 +338,7 @@ def _rewrite(gm, example_inputs, kind: str, convert: bool):
             env[n] = nn
             continue
         if n.op == "output":
-            env[n] = _output(g, n, env, val, report, restore, add, fake_mode, kind)
+            env[n] = _output(g, n, env, val, report, restore, add, fake_mode, kind, copies)
             continue
         if n.op != "call_function":
             raise _GiveUp(f"{n.op} node {n.name}")
@@ -394,7 +396,7 @@ def _run(n, args, kwargs, val, fake_mode):
         return None
 
 
-def _output(g, n, env, val, report, restore, add, fake_mode, kind):
+def _output(g, n, env, val, report, restore, add, fake_mode, kind, copies):
     """The output node: outputs whose strides changed copied back to eager's, but a training
     forward's saved tensors."""
     outs = n.args[0]
@@ -407,6 +409,12 @@ def _output(g, n, env, val, report, restore, add, fake_mode, kind):
             new_items.append(o)
             continue
         x = env[o]
+        if i in saved and o.op == "placeholder" and (x, torch.channels_last) in copies and \
+                not any(u.target is aten.copy_.default and u.args[0] is o for u in o.users):
+            # a weight (or image) the backward reads again: it gets the NHWC copy the forward
+            # made for its convolution, not the input (which it would convert again)
+            x = copies[(x, torch.channels_last)]
+            report.saved_converted += 1
         ov, nv = meta(o), val[x]
         if isinstance(ov, torch.Tensor) and not _same_layout(nv, ov):
             if i in saved:
