@@ -157,3 +157,33 @@ def test_resnet18_training_step(channels_last):
     # weights and the image as their NHWC copies
     assert (fw.layout.saved_channels_last, fw.layout.saved_converted) == (48, 18)
     _assert_outer_batch_norm_plans(channels_last["plans"])
+
+
+class _PatchEmbed(torch.nn.Module):
+    """ViT's front: a strided convolution cutting patches, flattened and transposed to tokens,
+    a class token in front (cat), a layer norm and a linear head on the class token."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.proj = torch.nn.Conv2d(3, c, 4, stride=4)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, c))
+        self.norm = torch.nn.LayerNorm(c)
+        self.head = torch.nn.Linear(c, 3)
+
+    def forward(self, x):
+        t = self.proj(x).flatten(2).transpose(1, 2)
+        t = torch.cat([self.cls.expand(x.shape[0], -1, -1), t], dim=1)
+        return self.head(self.norm(t)[:, 0])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_patch_embedding_flows_nhwc_into_tokens_without_copies_back(channels_last, train):
+    """The NHWC convolution result, flattened and transposed, is a row-major token tensor
+    (the flatten is a view of it); cat and layer norm take it as it is: no copy back."""
+    torch.manual_seed(0)
+    CL.step_beside_eager(_PatchEmbed(), torch.randn(2, 3, 8, 8), train)
+    for g in _graphs():
+        if g.layout is not None and g.layout.convolutions:
+            assert not [r for r in g.layout.restored if "graph output" not in r[1]], g.layout
+    CL.assert_channels_last(_graphs())
+    assert channels_last["relayouts"] == 0

@@ -2,6 +2,10 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
+-1. `layout_channels_last.channels_last`: on CUDA graphs with 2-D convolutions, convolutions
+   read NHWC operands and the layout-agnostic ops between them compute NHWC values (example
+   values recomputed); outputs keep eager's strides but a training forward's saved tensors,
+   whose strides are reported to AOTAutograd for the backward (that module's docstring);
 0. `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
    masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
    `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the

@@ -31,9 +31,12 @@ channels_last (its layout optimization); this pass does the same for pyfuser's g
    tensors a training forward saves for its backward (AOTAutograd's fw_metadata says which):
    those stay channels_last, and the forward reports its output strides to AOTAutograd
    (`TracingContext.output_strides`, as Inductor does), which then compiles the backward with
-   placeholders of those strides. A backward whose inputs' strides differ from its graph's
-   example values (the saved channels_last activations) has its values recomputed from them
-   even where the pass is off for it, so every node's example value is what runs.
+   placeholders of those strides. A weight (or image) saved for the backward's
+   convolution_backward is saved as the channels_last copy the forward made for its own
+   convolution, so the backward converts nothing again. A backward whose inputs' strides
+   differ from its graph's example values (the saved channels_last activations) has its values
+   recomputed from them even where the pass is off for it, so every node's example value is
+   what runs.
 
 Invariants: (a) values are unchanged: only ops whose results do not depend on their inputs'
 strides see new strides; (b) the graph's inputs and outputs keep their order, and its outputs
@@ -46,8 +49,8 @@ Switch: `PYFUSER_CHANNELS_LAST` = `auto` (default: on for graphs with a 4-D conv
 CUDA device, static shapes, and at most 300 nodes per convolution, Inductor's guard against a
 lone convolution in a big graph), `1` (on for any device: the CPU tests, where the layout
 semantics are the same without cuDNN), `0` (off). Not covered: 1-D / 3-D convolutions, dynamic
-shapes (symbolic sizes), and the weights' conversions are eager copy kernels (one per weight
-and call; the forward does not save them for the backward, which converts again).
+shapes (symbolic sizes); the weights' conversions are eager copy kernels (one per weight a
+forward); the backward's weight gradients are copied back to NCHW (graph outputs).
 """
 from __future__ import annotations
 
@@ -91,6 +94,29 @@ _AGNOSTIC = {
     aten.select.int, aten.slice.Tensor,
     operator.getitem,
 }
+
+
+def _overloads(*names):
+    """The aten overloads named "op.overload" that this torch has."""
+    out = set()
+    for name in names:
+        op, overload = name.split(".")
+        packet = getattr(aten, op, None)
+        if packet is not None and hasattr(packet, overload):
+            out.add(getattr(packet, overload))
+    return out
+
+
+# more ops whose values do not depend on their inputs' strides, and that take any strides: a
+# ViT's patch embedding (a convolution) flows NHWC into a cat and layer norms; factories `_like`
+# their input take its layout (preserve_format)
+_AGNOSTIC |= _overloads(
+    "cat.default", "stack.default", "mm.default", "addmm.default", "bmm.default",
+    "_softmax.default", "_log_softmax.default", "_softmax_backward_data.default",
+    "_log_softmax_backward_data.default", "native_layer_norm.default",
+    "native_layer_norm_backward.default", "constant_pad_nd.default",
+    "empty_like.default", "zeros_like.default", "ones_like.default", "full_like.default",
+    "new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default")
 
 
 class _GiveUp(Exception):
