@@ -5,9 +5,11 @@ by kernel, from the torch profiler (for finding why a model is slower than Induc
         [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE] [--gaps N]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
-    PYTHONPATH=. python3 tools/profile_models.py --model resnet18 --modes eager,inductor,pyfuser,pyfuser_nchw
-        # issue 16: pyfuser with its channels-last pass (the default on CUDA) against pyfuser
-        # with it off (PYFUSER_CHANNELS_LAST=0): cuDNN's nchwToNhwc / nhwcToNchw rows go away
+    PYTHONPATH=. python3 tools/profile_models.py --model resnet18 \
+        --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc [--step train]
+        # issue 16: pyfuser with its channels-last pass off (PYFUSER_CHANNELS_LAST=0) and on
+        # (=1, also for training graphs, which its default leaves NCHW): cuDNN's nchwToNhwc /
+        # nhwcToNchw rows go away; `pyfuser` is the default (auto: on for an eval forward)
 
 Builds the model of bench/models.py (tests/cpu/train_corpus.py, random weights), compiles it
 per mode, warms it up, then profiles a few forwards and prints, per mode: GPU time per forward,
@@ -35,8 +37,8 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    if mode == "pyfuser_nchw":          # the pyfuser backend without its channels-last pass
-        with _env("PYFUSER_CHANNELS_LAST", "0"):
+    if mode in ("pyfuser_nchw", "pyfuser_nhwc"):     # the channels-last pass off / forced on
+        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "1"):
             return profile_forward(case, "pyfuser", reps, device, step)
     model, fn, opt = case.make(mode)
 

@@ -111,6 +111,25 @@ def test_off_and_auto_on_cpu_leave_the_graph_alone(monkeypatch):
     assert LCL.mode() == "auto"
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_auto_runs_on_cuda_graphs_without_training_batch_norms(monkeypatch, train):
+    """`auto` (the default) as on CUDA (the device test stubbed): an eval forward goes NHWC;
+    a training step's graphs (batch norms reducing over N, H, W: an outer normalization over
+    NHWC, not split over blocks yet) stay NCHW."""
+    monkeypatch.delenv("PYFUSER_CHANNELS_LAST", raising=False)
+    monkeypatch.setattr(LCL, "_on_cuda", lambda convs: True)
+    CL.step_beside_eager(CL.conv_net(), torch.randn(2, 3, 8, 8), train)
+    graphs = _graphs()
+    assert graphs
+    if train:
+        assert all(g.layout is None for g in graphs)
+        assert all(CL.layout_counts(g)["nhwc_convolutions"] == 0 for g in graphs)
+    else:
+        (g,) = graphs
+        assert g.layout is not None and len(g.layout.converted) == 4
+        CL.assert_channels_last(graphs)
+
+
 def test_dynamic_shapes_are_not_covered(channels_last):
     model = CL.conv_net()
     CL.step_beside_eager(model, torch.randn(2, 3, 8, 8), train=False,

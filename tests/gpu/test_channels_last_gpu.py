@@ -1,9 +1,10 @@
-"""The channels-last layout pass on CUDA (on by default there, PYFUSER_CHANNELS_LAST=auto):
-ResNet-18 (torchvision's when installed) eval forward and training step match eager with cuDNN
-running every convolution on NHWC operands, output and gradient strides eager's, no region
-relayouting its outputs, every region's kernels launched on the GPU; and the pass cuts the
-profiler's kernels per forward (cuDNN's NCHW <-> NHWC transposes) against PYFUSER_CHANNELS_LAST=0.
-The CPU counterpart (the same checks through the interpreter): tests/cpu/test_compile_channels_last.py.
+"""The channels-last layout pass on CUDA (on by default there for graphs without training batch
+norms, PYFUSER_CHANNELS_LAST=auto; forced with =1 for training): ResNet-18 (torchvision's when
+installed) eval forward and training step match eager with cuDNN running every convolution on
+NHWC operands, output and gradient strides eager's, no region relayouting its outputs, every
+region's kernels launched on the GPU; the pass cuts the profiler's kernels per forward (cuDNN's
+NCHW <-> NHWC transposes) against PYFUSER_CHANNELS_LAST=0; step times with and without it are
+printed (pytest -s). The CPU counterpart: tests/cpu/test_compile_channels_last.py.
 """
 from __future__ import annotations
 
@@ -61,7 +62,12 @@ def _assert_cuda_kernels():
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_resnet18_channels_last_matches_eager(train, relayouts):
+def test_resnet18_channels_last_matches_eager(train, relayouts, monkeypatch):
+    """eval: the default (auto) runs the pass; train: forced (PYFUSER_CHANNELS_LAST=1; auto
+    leaves graphs with training batch norms NCHW, their outer normalizations over NHWC are not
+    split over blocks yet)."""
+    if train:
+        monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "1")
     case = TC.TRAIN_CASES["resnet18"]("cuda", SIZE)
     # cuDNN picks its algorithms per layout and shape: eager's own error is the yardstick
     CL.step_beside_eager(case.model, case.inputs["x"], train, "cuda", factor=8)
@@ -74,7 +80,8 @@ def test_resnet18_channels_last_matches_eager(train, relayouts):
         assert counts[kind]["convolutions"] == counts[kind]["nhwc_convolutions"] == 20, counts
 
 
-def test_conv_net_channels_last_training_matches_eager(relayouts):
+def test_conv_net_channels_last_training_matches_eager(relayouts, monkeypatch):
+    monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "1")
     model = CL.conv_net().cuda()
     x = torch.randn(4, 3, 32, 32, device="cuda")
     CL.step_beside_eager(model, x, True, "cuda", factor=8)
@@ -97,6 +104,41 @@ def _profiled_kernels(fn, x) -> tuple:
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     transposes = [n for n in names if "nchwToNhwc" in n or "nhwcToNchw" in n]
     return len(names) / 3, len(transposes) / 3
+
+
+@pytest.mark.parametrize("step", ["eval", "train"])
+def test_resnet18_step_times_with_and_without_the_pass(monkeypatch, step):
+    """GPU time per eval forward / training step (CUDA events, median of 20) with the pass
+    (forced for train) and without: printed for the record (pytest -s), no assertion on speed.
+    A training step with the pass shows what its batch norms' outer normalizations cost."""
+    import statistics
+    case = TC.TRAIN_CASES["resnet18"]("cuda", SIZE)
+    x = case.inputs["x"]
+    got = {}
+    for knob in ("0", "1"):
+        monkeypatch.setenv("PYFUSER_CHANNELS_LAST", knob)
+        torch._dynamo.reset()
+        model = copy.deepcopy(case.model).train(step == "train")
+        fn = pyfuser.compile(model)
+
+        def run():
+            if step == "eval":
+                with torch.no_grad():
+                    fn(x)
+            else:
+                case.loss(fn(x)).backward()
+        times = []
+        for i in range(25):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            torch.cuda.synchronize()
+            if i >= 5:
+                times.append(a.elapsed_time(b) * 1000)
+        got[knob] = statistics.median(times)
+    print(f"\nResNet-18 {step}, µs a step (wall, GPU-synchronized): NCHW {got['0']:.0f}, "
+          f"channels-last {got['1']:.0f}")
 
 
 def test_resnet18_eval_forward_loses_cudnn_transposes(monkeypatch):

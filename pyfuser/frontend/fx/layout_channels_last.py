@@ -46,9 +46,17 @@ checks read); (d) on any failure (an op the fake mode cannot run, a non-dense or
 restore) the graph is left exactly as it was.
 
 Switch: `PYFUSER_CHANNELS_LAST` = `auto` (default: on for graphs with a 4-D convolution on a
-CUDA device, static shapes, and at most 300 nodes per convolution, Inductor's guard against a
-lone convolution in a big graph), `1` (on for any device: the CPU tests, where the layout
-semantics are the same without cuDNN), `0` (off). Not covered: 1-D / 3-D convolutions, dynamic
+CUDA device, static shapes, at most 300 nodes per convolution, Inductor's guard against a lone
+convolution in a big graph, and no training batch norm: an eval forward, not yet a training
+step, see below), `1` (on for any graph with a 4-D convolution and static shapes, any device:
+the CPU tests, where the layout semantics are the same without cuDNN, and training), `0` (off).
+Training batch norms are why `auto` leaves training graphs alone: their statistics (and the
+backward's sums) reduce over (N, H, W), which over NHWC is an outer normalization; the
+outer_persistent plan does not split the reduced axes over blocks, so a batch norm of 64
+channels runs as one block streaming all N * H * W rows (ResNet-18 at batch 8, 224 px: 25088),
+where the NCHW plan runs a block per channel. Until that scheduler splits such reductions
+(partial sums across blocks, or a reduction kernel then a pointwise one), the pass is correct
+for training but slower there. Not covered: 1-D / 3-D convolutions, dynamic
 shapes (symbolic sizes); the weights' conversions are eager copy kernels (one per weight a
 forward); the backward's weight gradients are copied back to NCHW (graph outputs).
 """
@@ -94,6 +102,11 @@ _AGNOSTIC = {
     aten.select.int, aten.slice.Tensor,
     operator.getitem,
 }
+
+
+_TRAINING_BN = {aten._native_batch_norm_legit_functional.default,
+                aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+                aten.native_batch_norm_backward.default, aten.cudnn_batch_norm_backward.default}
 
 
 def _overloads(*names):
@@ -177,11 +190,34 @@ def _wanted(graph, kind: str) -> tuple[bool, str]:
         return False, "symbolic sizes"
     if m == "on":
         return True, ""
-    if not any(meta(n.args[0]).is_cuda for n in convs):
+    if not _on_cuda(convs):
         return False, "convolutions not on CUDA"
     if len(nodes) > _NODES_PER_CONV * len(convs):
         return False, f"{len(convs)} convolution(s) in {len(nodes)} nodes"
+    stats = [n for n in nodes if _batch_norm_statistics(n)]
+    if stats:
+        return False, (f"{len(stats)} batch norm(s) reduce over (N, H, W): over NHWC an outer "
+                       "normalization, planned as one block column (see the docstring)")
     return True, ""
+
+
+def _batch_norm_statistics(n) -> bool:
+    """A training batch norm, forward (batch statistics) or backward (its sums): a
+    normalization reducing over (N, H, W), which over an NHWC tensor the reduction schedulers
+    plan as an outer normalization with no split of the reduced axes (one block per 64 or so
+    channels streaming every row: ResNet-18's first one at batch 8, 224 px, 1 block of 25088
+    rows), far slower on a GPU than the NCHW inner-persistent plan (a block per channel)."""
+    if n.op != "call_function":
+        return False
+    if n.target in _TRAINING_BN:
+        return True
+    if n.target in (aten.native_batch_norm.default, aten.cudnn_batch_norm.default):
+        return bool(n.args[5]) if len(n.args) > 5 else bool(n.kwargs.get("training"))
+    return False
+
+
+def _on_cuda(convs) -> bool:
+    return any(meta(n.args[0]).is_cuda for n in convs)
 
 
 def _strides(v):
