@@ -206,3 +206,32 @@ def test_patch_embedding_flows_nhwc_into_tokens_without_copies_back(channels_las
             assert not [r for r in g.layout.restored if "graph output" not in r[1]], g.layout
     CL.assert_channels_last(_graphs())
     assert channels_last["relayouts"] == 0
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_grouped_and_transposed_convolutions(channels_last, train):
+    """A grouped convolution and a transposed one (weight [in, out, kh, kw]) run NHWC too; the
+    model's 4-D output goes back to eager's NCHW (a copy fused into the last region)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3, padding=1, groups=2),
+                                torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.ConvTranspose2d(8, 4, 2, stride=2), torch.nn.ReLU())
+    CL.step_beside_eager(model, torch.randn(2, 4, 6, 6), train)
+    counts = dict(CL.assert_channels_last(_graphs()))
+    assert all(c["nhwc_convolutions"] == 2 for c in counts.values()), counts
+    g = _graphs("forward" if train else "inference")[0]
+    assert [why for _, why in g.layout.restored] == ["a graph output keeps eager's strides"]
+    assert channels_last["relayouts"] == 0
+
+
+def test_bfloat16_autocast_eval(channels_last):
+    """Under autocast the weights' bfloat16 casts fuse (a region run first) and the NHWC copies
+    follow them; the result is eager's bits here (the same bfloat16 convolutions)."""
+    model = CL.conv_net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        got, want = pyfuser.compile(model)(x), model(x)
+    assert got.dtype == want.dtype == torch.bfloat16 and got.stride() == want.stride()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    (g,) = _graphs("inference")
+    assert CL.layout_counts(g)["nhwc_convolutions"] == 4 and len(g.layout.converted) == 4
