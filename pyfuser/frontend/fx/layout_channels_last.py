@@ -402,6 +402,19 @@ def _rewrite(gm, example_inputs, kind: str, convert: bool):
         if n.op == "output":
             env[n] = _output(g, n, env, val, report, restore, add, fake_mode, kind, copies)
             continue
+        if n.op == "get_attr":              # a constant the graph holds (gm keeps it)
+            nn = g.create_node("get_attr", n.target, name=n.name)
+            nn.meta = dict(n.meta)
+            v = meta(n)
+            if v is None:
+                attr = gm
+                for part in str(n.target).split("."):
+                    attr = getattr(attr, part)
+                v = fake_mode.from_tensor(attr) if isinstance(attr, torch.Tensor) else attr
+            nn.meta["val"] = v
+            val[nn] = v
+            env[n] = nn
+            continue
         if n.op != "call_function":
             raise _GiveUp(f"{n.op} node {n.name}")
         args = torch.fx.node.map_arg(n.args, lambda a: env[a])
