@@ -235,3 +235,29 @@ def test_bfloat16_autocast_eval(channels_last):
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     (g,) = _graphs("inference")
     assert CL.layout_counts(g)["nhwc_convolutions"] == 4 and len(g.layout.converted) == 4
+
+
+def test_outer_split_cuts_nhwc_training_batch_norms(channels_last, monkeypatch):
+    """PYFUSER_OUTER_SPLIT=1: a training batch norm over NHWC whose channels fill too few
+    blocks for its rows (8 and 16 channels over 4608 and 1152 rows here; ResNet-18's 64 over
+    25088 on a GPU) is refused by outer_persistent and cut (segment/split.py) into a reduction
+    kernel, whose rows split over blocks, and a pointwise kernel; values, running statistics
+    and gradients stay eager's."""
+    from pyfuser.runtime import dispatch
+    from pyfuser.segment import split
+    monkeypatch.setenv("PYFUSER_OUTER_SPLIT", "1")
+    copies = []
+    runner = split.split_runner
+
+    def recording(*a, **k):
+        r = runner(*a, **k)
+        if r is not None:
+            copies.append(r.fusion)
+        return r
+    monkeypatch.setattr(split, "split_runner", recording)
+    CL.step_beside_eager(CL.conv_net(), torch.randn(8, 3, 24, 24), True)
+    cuts = [[s.scheduler for s in dispatch.last_report(c).segments if s.kind == "kernel"]
+            for c in copies if dispatch.last_report(c) is not None]
+    assert ["reduction", "pointwise"] in cuts, cuts
+    assert all(c in (["reduction", "pointwise"], ["outer_persistent"]) for c in cuts), cuts
+    CL.assert_channels_last(_graphs())
