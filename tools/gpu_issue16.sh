@@ -38,7 +38,8 @@ fi
 if [ "${PROFILE:-0}" = 1 ]; then
     for step in forward train; do
         timeout "${PROFILE_TIMEOUT:-120}" $PY tools/profile_models.py --model resnet18 \
-            --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc --step $step --top 15 \
+            --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc,pyfuser_nhwc_split --step $step \
+            --top 15 \
             >"$OUT/profile_resnet18_$step.log" 2>&1
         grep "^==" "$OUT/profile_resnet18_$step.log"
     done

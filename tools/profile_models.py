@@ -9,7 +9,8 @@ by kernel, from the torch profiler (for finding why a model is slower than Induc
         --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc [--step train]
         # issue 16: pyfuser with its channels-last pass off (PYFUSER_CHANNELS_LAST=0) and on
         # (=1, also for training graphs, which its default leaves NCHW): cuDNN's nchwToNhwc /
-        # nhwcToNchw rows go away; `pyfuser` is the default (auto: on for an eval forward)
+        # nhwcToNchw rows go away; `pyfuser` is the default (auto: on for an eval forward);
+        # pyfuser_nhwc_split adds PYFUSER_OUTER_SPLIT=1 (training batch norms over NHWC)
 
 Builds the model of bench/models.py (tests/cpu/train_corpus.py, random weights), compiles it
 per mode, warms it up, then profiles a few forwards and prints, per mode: GPU time per forward,
@@ -37,8 +38,10 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    if mode in ("pyfuser_nchw", "pyfuser_nhwc"):     # the channels-last pass off / forced on
-        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "1"):
+    if mode in ("pyfuser_nchw", "pyfuser_nhwc", "pyfuser_nhwc_split"):
+        # the channels-last pass off / forced on (/ with the outer normalizations' split)
+        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "1"), \
+                _env("PYFUSER_OUTER_SPLIT", "1" if mode.endswith("split") else "0"):
             return profile_forward(case, "pyfuser", reps, device, step)
     model, fn, opt = case.make(mode)
 

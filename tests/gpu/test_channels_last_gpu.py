@@ -32,7 +32,8 @@ SIZE = dataclasses.replace(TC.SMALL, batch=8)        # 8 x 3 x 224 x 224 (not SM
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.delenv("PYFUSER_CHANNELS_LAST", raising=False)      # the default: auto
+    monkeypatch.delenv("PYFUSER_CHANNELS_LAST", raising=False)      # the defaults: auto
+    monkeypatch.delenv("PYFUSER_OUTER_SPLIT", raising=False)
     torch._dynamo.reset()
     reset_compiled()
     yield
@@ -80,8 +81,10 @@ def test_resnet18_channels_last_matches_eager(train, relayouts, monkeypatch):
         assert counts[kind]["convolutions"] == counts[kind]["nhwc_convolutions"] == 20, counts
 
 
-def test_conv_net_channels_last_training_matches_eager(relayouts, monkeypatch):
+@pytest.mark.parametrize("split", ["0", "1"], ids=["one_kernel_bn", "outer_split"])
+def test_conv_net_channels_last_training_matches_eager(relayouts, monkeypatch, split):
     monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "1")
+    monkeypatch.setenv("PYFUSER_OUTER_SPLIT", split)
     model = CL.conv_net().cuda()
     x = torch.randn(4, 3, 32, 32, device="cuda")
     CL.step_beside_eager(model, x, True, "cuda", factor=8)
@@ -108,15 +111,17 @@ def _profiled_kernels(fn, x) -> tuple:
 
 @pytest.mark.parametrize("step", ["eval", "train"])
 def test_resnet18_step_times_with_and_without_the_pass(monkeypatch, step):
-    """GPU time per eval forward / training step (CUDA events, median of 20) with the pass
-    (forced for train) and without: printed for the record (pytest -s), no assertion on speed.
-    A training step with the pass shows what its batch norms' outer normalizations cost."""
+    """GPU time per eval forward / training step (CUDA events, median of 20) without the pass,
+    with it (forced for train), and with it and PYFUSER_OUTER_SPLIT=1 (training batch norms
+    over NHWC as split reductions and pointwise kernels): printed for the record (pytest -s),
+    no assertion on speed."""
     import statistics
     case = TC.TRAIN_CASES["resnet18"]("cuda", SIZE)
     x = case.inputs["x"]
     got = {}
-    for knob in ("0", "1"):
-        monkeypatch.setenv("PYFUSER_CHANNELS_LAST", knob)
+    for knob in ("0", "1", "1+split"):
+        monkeypatch.setenv("PYFUSER_CHANNELS_LAST", knob[0])
+        monkeypatch.setenv("PYFUSER_OUTER_SPLIT", "1" if "split" in knob else "0")
         torch._dynamo.reset()
         model = copy.deepcopy(case.model).train(step == "train")
         fn = pyfuser.compile(model)
@@ -138,7 +143,8 @@ def test_resnet18_step_times_with_and_without_the_pass(monkeypatch, step):
                 times.append(a.elapsed_time(b) * 1000)
         got[knob] = statistics.median(times)
     print(f"\nResNet-18 {step}, µs a step (wall, GPU-synchronized): NCHW {got['0']:.0f}, "
-          f"channels-last {got['1']:.0f}")
+          f"channels-last {got['1']:.0f}, channels-last + PYFUSER_OUTER_SPLIT=1 "
+          f"{got['1+split']:.0f}")
 
 
 def test_resnet18_eval_forward_loses_cudnn_transposes(monkeypatch):

@@ -55,8 +55,9 @@ backward's sums) reduce over (N, H, W), which over NHWC is an outer normalizatio
 outer_persistent plan does not split the reduced axes over blocks, so a batch norm of 64
 channels runs as one block streaming all N * H * W rows (ResNet-18 at batch 8, 224 px: 25088),
 where the NCHW plan runs a block per channel. Until that scheduler splits such reductions
-(partial sums across blocks, or a reduction kernel then a pointwise one), the pass is correct
-for training but slower there. Not covered: 1-D / 3-D convolutions, dynamic
+(partial sums across blocks, or a reduction kernel then a pointwise one: PYFUSER_OUTER_SPLIT=1
+does the latter, schedule/reduction.py `_outer_grid`, not yet measured), the pass is correct for
+training but slower there. Not covered: 1-D / 3-D convolutions, dynamic
 shapes (symbolic sizes); the weights' conversions are eager copy kernels (one per weight a
 forward); the backward's weight gradients are copied back to NCHW (graph outputs).
 """
