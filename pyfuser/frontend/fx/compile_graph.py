@@ -2,6 +2,10 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
+-1. `layout_channels_last.channels_last`: on CUDA graphs with 2-D convolutions, convolutions
+   read NHWC operands and the layout-agnostic ops between them compute NHWC values (example
+   values recomputed); outputs keep eager's strides but a training forward's saved tensors,
+   whose strides are reported to AOTAutograd for the backward (that module's docstring);
 0. `rewrite_scan.cumsums_as_masked_sums` writes a cumsum of integers over a short axis as a
    masked sum (a reduction the schedulers fuse with its producers);
    `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
@@ -52,6 +56,7 @@ import torch
 from ... import dump as D
 from . import plan_cache
 from .mutations import is_input_copy, placement_problem
+from .layout_channels_last import channels_last, report_output_strides
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
@@ -107,6 +112,7 @@ class CompiledGraph:
         self.unsupported = unsupported          # node name -> reason
         self.original = original
         self._forward = gm.forward
+        self.layout = None                      # the channels-last pass' LayoutReport, if any
 
     def __call__(self, args):
         return self._forward(*args)
@@ -135,6 +141,9 @@ def reset_compiled() -> None:
 
 
 def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGraph:
+    layout = channels_last(gm, example_inputs, kind)
+    if layout is not None and layout.saved_channels_last:
+        report_output_strides(gm)
     graph = gm.graph
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
@@ -183,6 +192,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     D.dump("fx_graph", f"{kind} graph", lambda: f"{original}\n--- fused:\n{new_gm.graph}\n"
                                                 f"--- left to FX: {unsupported}")
     compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
+    compiled.layout = layout
     _COMPILED.append(compiled)
     return compiled
 
