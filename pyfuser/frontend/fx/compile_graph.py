@@ -148,8 +148,8 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
-    if cumsums_as_masked_sums(graph, fusible) + index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
-            hoist_views(graph, fusible) + \
+    if cumsums_as_masked_sums(graph, fusible) + index_by_aranges(graph, fusible) + \
+            skip_detach(graph, fusible) + sink_views(graph) + hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):
