@@ -1,8 +1,14 @@
 """Shared pytest setup: tests marked `gpu` are skipped when no CUDA device is available; every
 test starts with an empty FusionCache; `fresh_compile` (for torch.compile tests, through
 `pytestmark = pytest.mark.usefixtures("fresh_compile")`) resets Dynamo and pyfuser's list of
-compiled graphs around a test."""
+compiled graphs around a test. The CPU interpreter's global-memory race check
+(PYFUSER_INTERP_RACECHECK, codegen/interpreter_global.py) is on unless the environment says
+otherwise (PYFUSER_INTERP_RACECHECK=0): about 7% of the CPU tests' time (docs/codegen.md)."""
+import os
+
 import pytest
+
+os.environ.setdefault("PYFUSER_INTERP_RACECHECK", "1")
 
 
 def pytest_collection_modifyitems(config, items):

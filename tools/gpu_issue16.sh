@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Issue 16 on one GPU: the torch.compile backend's GPU tests, then bench/models.py (eager vs
-# Inductor vs pyfuser, forward and training step, compile times); everything under $OUT.
+# Issue 16 on one GPU: the torch.compile backend's GPU tests (the channels-last pass's own:
+# `pytest -s tests/gpu/test_channels_last_gpu.py`, which prints its kernel counts and times), a
+# profile of ResNet-18 with the pass off and on (PROFILE=1; 2 x PROFILE_TIMEOUT, 120 s, more:
+# then SKIP_TESTS=1 or a smaller BENCH_BUDGET keeps it under 10 minutes), then bench/models.py
+# (eager vs Inductor vs pyfuser, forward and training step, compile times); all under $OUT.
 #   OUT=/some/dir bash tools/gpu_issue16.sh
 #   SKIP_TESTS=1 BENCH_ARGS="--dtypes bfloat16 --no-compile-times" bash tools/gpu_issue16.sh
 # At most 9 minutes (typically 6-8 on an H100): the native runner's build (install step, at
@@ -28,6 +31,18 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
         -p no:cacheprovider -W ignore >"$OUT/gpu_tests_issue16.log" 2>&1
     tests_rc=$?
     tail -n 40 "$OUT/gpu_tests_issue16.log"
+fi
+
+# the channels-last pass (PYFUSER_CHANNELS_LAST): ResNet-18 eval forward and training step
+# kernel by kernel, pass off / forced on, beside eager and Inductor
+if [ "${PROFILE:-0}" = 1 ]; then
+    for step in forward train; do
+        timeout "${PROFILE_TIMEOUT:-120}" $PY tools/profile_models.py --model resnet18 \
+            --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc,pyfuser_nhwc_split --step $step \
+            --top 15 \
+            >"$OUT/profile_resnet18_$step.log" 2>&1
+        grep "^==" "$OUT/profile_resnet18_$step.log"
+    done
 fi
 
 timeout "${BENCH_TIMEOUT:-280}" $PY bench/models.py --budget "${BENCH_BUDGET:-200}" --out "$OUT" \

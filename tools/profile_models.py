@@ -5,6 +5,12 @@ by kernel, from the torch profiler (for finding why a model is slower than Induc
         [--step forward|train] [--size batch,seq,hidden,layers] [--graphs FILE] [--gaps N]
     PYTHONPATH=. python3 tools/profile_models.py --dry-run      # CPU, tiny sizes, aten op times
                                                                  # (nested ops counted in each): a smoke check
+    PYTHONPATH=. python3 tools/profile_models.py --model resnet18 \
+        --modes eager,inductor,pyfuser_nchw,pyfuser_nhwc [--step train]
+        # issue 16: pyfuser with its channels-last pass off (PYFUSER_CHANNELS_LAST=0) and on
+        # (=1, also for training graphs, which its default leaves NCHW): cuDNN's nchwToNhwc /
+        # nhwcToNchw rows go away; `pyfuser` is the default (auto: on for an eval forward);
+        # pyfuser_nhwc_split adds PYFUSER_OUTER_SPLIT=1 (training batch norms over NHWC)
 
 Builds the model of bench/models.py (tests/cpu/train_corpus.py, random weights), compiles it
 per mode, warms it up, then profiles a few forwards and prints, per mode: GPU time per forward,
@@ -32,6 +38,11 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     step="train", a training step (forward, loss, backward, SGD)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
+    if mode in ("pyfuser_nchw", "pyfuser_nhwc", "pyfuser_nhwc_split"):
+        # the channels-last pass off / forced on (/ with the outer normalizations' split)
+        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "1"), \
+                _env("PYFUSER_OUTER_SPLIT", "1" if mode.endswith("split") else "0"):
+            return profile_forward(case, "pyfuser", reps, device, step)
     model, fn, opt = case.make(mode)
 
     def run():
@@ -63,6 +74,24 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     rows = [(name, calls / reps, us / reps) for name, (calls, us) in per.items()]
     rows.sort(key=lambda r: -r[2])
     return sum(r[2] for r in rows), sum(r[1] for r in rows), rows, intervals
+
+
+class _env:
+    """An environment variable set for a block (the backend reads its knobs when it compiles,
+    at the first calls: the whole profile runs inside)."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        self.old = os.environ.get(self.name)
+        os.environ[self.name] = self.value
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self.old
 
 
 def gpu_gaps(intervals, top: int):

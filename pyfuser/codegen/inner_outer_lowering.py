@@ -282,7 +282,7 @@ class InnerOuterKernel(InnerKernel):
             out.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (V,)))
             inside, st = self.store_stmts(a, vals[id(a.node)], self.offset(a, idx), True)
             lanes += inside
-            after += st
+            after += _guard(self.owner(a, idx), st)
         return out + [self.lanes(lanes)] + after
 
     def col_mode(self, node) -> str:

@@ -19,7 +19,12 @@ shared memory and barriers: interpreter_shared.py):
 - a `Sync` reached by part of a block, a `Shfl` or `Ballot` by part of a warp;
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses;
-- an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`.
+- an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`;
+- with `racecheck` (PYFUSER_INTERP_RACECHECK=1, on in the tests): a global element written by one
+  thread and read or written by another, over the whole launch (all chunks), unless a `Sync`, or
+  a fence and an atomic ticket or count, orders them (interpreter_global.py). Without it, the
+  lockstep order hides such races: every load of a statement precedes every store of a later
+  one, every earlier chunk every later one.
 Atomics apply in thread order (rows ascending), which is one valid order of a GPU's. A kernel
 with a `WaitCount` (blocks waiting for other blocks' atomics) runs its whole grid as one chunk.
 """
@@ -30,6 +35,7 @@ import contextlib
 import torch
 
 from . import kernel_ir as K
+from . import interpreter_global
 from .interpreter_shared import KernelRaceError, SharedMemory, _Shared
 from .interpreter_values import _garbage, apply_op, convert_value
 
@@ -84,9 +90,14 @@ def _row_lanes(sc, width: int):
 
 
 class Interpreter(SharedMemory):
-    def __init__(self, plan, tensors, bindings, params=None):
+    def __init__(self, plan, tensors, bindings, params=None, racecheck=None):
+        """`racecheck`: check global memory for data races (interpreter_global.py); None: as
+        PYFUSER_INTERP_RACECHECK says."""
         self.k: K.Kernel = plan.kernel_ir
         self.values = {}
+        self.racecheck = interpreter_global.enabled() if racecheck is None else racecheck
+        self.ptr_tensors: dict = {}
+        self.races = None
         for i, p in enumerate(self.k.params):
             src = p.source
             if src[0] == "philox":
@@ -94,6 +105,7 @@ class Interpreter(SharedMemory):
                 self.values[p.name] = params[i]
             elif src[0] in ("ptr", "workspace"):
                 self.values[p.name] = _flat(tensors[src[1]])
+                self.ptr_tensors[p.name] = tensors[src[1]]
             elif src[0] == "size":
                 self.values[p.name] = int(tensors[src[1]].shape[src[2]])
             elif src[0] == "stride":
@@ -132,7 +144,11 @@ class Interpreter(SharedMemory):
         if any(isinstance(s, K.WaitCount) for s in self.k.walk()):
             chunk = nblocks          # blocks wait for each other: the whole grid runs together
         tid = torch.arange(T, dtype=torch.int64)
+        if self.racecheck:
+            self.races = interpreter_global.GlobalRaces(self.k, self.ptr_tensors, (gx, gy, gz), (bx, by, bz))
         for b0 in range(0, nblocks, chunk):
+            if self.races is not None:
+                self.races.b0 = b0
             lin = torch.arange(b0, min(nblocks, b0 + chunk), dtype=torch.int64)
             nb = lin.shape[0]
             env = dict(self.values)
@@ -176,8 +192,15 @@ class Interpreter(SharedMemory):
                 self.assign(s, sc)
             elif isinstance(s, K.Sync):
                 self.sync(sc)
+                if self.races is not None:
+                    self.races.sync(self._rows(sc))
             elif isinstance(s, K.ClusterSync):
                 self.cluster_sync(sc)
+                if self.races is not None:
+                    self.races.cluster_sync(self._rows(sc))
+            elif isinstance(s, K.Fence):
+                if self.races is not None:
+                    self.races.fence(self._rows(sc))
             elif isinstance(s, K.AsyncWait):
                 self.async_wait(sc)
             elif isinstance(s, K.VecCopy):
@@ -274,8 +297,14 @@ class Interpreter(SharedMemory):
             stride = stride.view(-1, 1)
         return off.view(-1, 1) + lanes * stride
 
+    def _rows(self, sc: _Scope):
+        return torch.arange(self.P) if sc.sel is None else sc.sel
+
     def load(self, s: K.Load, sc: _Scope) -> None:
-        vals = self.values[s.ptr][self._offsets(s, sc)]
+        offs = self._offsets(s, sc)
+        if self.races is not None:
+            self.races.read(s.ptr, offs, self._rows(sc))
+        vals = self.values[s.ptr][offs]
         if s.dst in self.shared:
             if s.width == 1 and not s.async_copy:
                 self._shared_write(s.dst, s.index, sc, vals.squeeze(1))
@@ -295,6 +324,8 @@ class Interpreter(SharedMemory):
     def store(self, s: K.Store, sc: _Scope) -> None:
         flat = self.values[s.ptr]
         offs = self._offsets(s, sc)
+        if self.races is not None:
+            self.races.write(s.ptr, offs, self._rows(sc))
         if s.src in self.shared:
             assert s.width == 1, "shared-memory stores are of one element"
             flat[offs.squeeze(1)] = self._shared_read(s.src, s.index, sc).to(flat.dtype)
@@ -312,6 +343,8 @@ class Interpreter(SharedMemory):
         off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
         val = self.ev(s.value, sc)
         val = (val if isinstance(val, torch.Tensor) else torch.full((n,), int(val))).to(flat.dtype)
+        if self.races is not None:
+            self.races.atomic(s.ptr, off, self._rows(sc))
         order = torch.argsort(off, stable=True)           # rows ascending within each address
         o, v = off[order], val[order]
         csum = torch.cumsum(v, 0) - v                      # sum of earlier rows' values...
@@ -332,6 +365,8 @@ class Interpreter(SharedMemory):
         off = self.ev(s.offset, sc)
         off = off if isinstance(off, torch.Tensor) else torch.full((n,), int(off))
         want = self.ev(s.value, sc)
+        if self.races is not None:
+            self.races.wait(s.ptr, off, self._rows(sc))
         short = flat[off].to(torch.int64) < (want if isinstance(want, torch.Tensor) else int(want))
         if bool(short.any()):
             raise KernelRaceError(f"{self.k.name}: a block waits for a count the launch never "
@@ -373,6 +408,8 @@ class Interpreter(SharedMemory):
             return self.ballot(x, sc)
         if isinstance(x, K.Elem):
             off = self.ev(x.offset, sc)
+            if self.races is not None:
+                self.races.read(x.ptr, off, self._rows(sc))
             return self.values[x.ptr][off] if isinstance(off, torch.Tensor) \
                 else self.values[x.ptr][int(off)].item()
         if isinstance(x, K.CheckedIndex):

@@ -127,7 +127,7 @@ class InnerKernel(ReductionLowering):
         for a in self.stores:
             if self.lvl[id(a.node)] == "row" and self.avail[id(a.node)] == q:
                 st, _ = self.store_stmts(a, known[id(a.node)], self.offset(a, self.kidx), False)
-                out += _guard(writer, st)
+                out += _guard(_and(writer, self.owner(a, self.kidx)), st)
         return known
 
     def bind_results(self, e, partial, out) -> dict:

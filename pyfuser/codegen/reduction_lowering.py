@@ -227,6 +227,16 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
     def axis_var(self, k: int) -> str:
         return f"ax{k}"          # (r<i> names the inner kernel's per-row reduction results)
 
+    def owner(self, a, idx: dict):
+        """None, or the condition under which this thread stores output access `a` at group
+        indices `idx`: index 0 of each group (but the vector group) the output does not move
+        along. Such an output is broadcast along that group (every index of it computes the
+        same element), and one thread stores it rather than every one: two threads storing one
+        element race (the interpreter's race check flags them)."""
+        last = len(self.p.groups) - 1
+        return _and(*[K.Bin("==", x, _c(0)) for gi, x in idx.items()
+                      if gi != last and self.gstride(a, gi) is None])
+
     def gather_index(self, a, inode, j, idx: dict):
         """The index a gathered access reads along its axis j at group indices `idx` (one
         value a row: reduction_graph refuses an index that changes along the reduced axes):
@@ -513,7 +523,7 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
             body.append(K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)))
             inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
             lanes += inside
-            after += st
+            after += _guard(self.owner(a, idx), st)
         return body + [self.lanes(lanes)] + after
 
     def step_extra(self, q, step, vals, lanes: list) -> None:

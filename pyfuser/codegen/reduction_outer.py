@@ -105,7 +105,7 @@ class OuterKernel(ReductionLowering):
                 value = value(None, None) if callable(value) else value
                 inside, after = self.store_stmts(a, value, self.offset(a, self.kidx), True)
                 st = [K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)), self.lanes(inside)] + after
-                out += _guard(_and(self.col_ok, K.Bin("==", TY, _c(0))), st)
+                out += _guard(_and(self.col_ok, K.Bin("==", TY, _c(0)), self.owner(a, self.kidx)), st)
         return known
 
     def bind_results(self, e, partial, out) -> dict:

@@ -189,7 +189,7 @@ def _meta_expr(e, env, bindings):
                     for a in args]
             r = OPS[e.op_name].ref(*args)
         if not isinstance(r, torch.Tensor) or list(r.shape) != bindings.shape(out):
-            r = torch.empty(bindings.shape(out), device="meta")
+            r = torch.empty(bindings.shape(out), dtype=out.dtype.torch, device="meta")
         return r
     if isinstance(e, E.CastOp):
         return x.to(e.dtype.torch)
@@ -211,7 +211,7 @@ def _meta_expr(e, env, bindings):
     if isinstance(e, E.PermuteOp):
         return x.permute(e.dims)
     if isinstance(e, (E.FullOp, E.PhiloxUniformOp, E.IotaOp)):
-        return torch.empty(bindings.shape(out), device="meta")
+        return torch.empty(bindings.shape(out), dtype=out.dtype.torch, device="meta")
     if isinstance(e, (E.IndexSelectOp, E.GatherOp)):    # a new row-major tensor, as eager's
         return x.new_empty(bindings.shape(out))
     if isinstance(e, E.SliceOp):                        # a view: the input's strides

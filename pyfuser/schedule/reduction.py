@@ -205,6 +205,42 @@ def _gather_layout(fusion, inputs, bindings) -> tuple[bool, str]:
     return True, ""
 
 
+def outer_split() -> bool:
+    """$PYFUSER_OUTER_SPLIT=1: a streamed outer normalization on too few blocks is cut into a
+    split reduction and pointwise kernels (_outer_grid; off by default until measured)."""
+    return os.environ.get("PYFUSER_OUTER_SPLIT", "0") == "1"
+
+
+def _outer_grid(fusion, inputs, bindings) -> tuple[bool, str]:
+    """outer_persistent's run check: the lookup rule (_gather_layout), and, with
+    PYFUSER_OUTER_SPLIT=1, a refusal of a streamed (not persistent) outer normalization whose
+    kept columns fill fewer than a quarter of the multiprocessors with blocks while it reduces
+    1024 rows or more. The plan splits no reduced axis over blocks: a training batch norm of 64
+    channels over an NHWC tensor (ResNet-18's first, batch 8, 224 px: 25088 rows) was one block.
+    Refused, the segment is cut into the other schedulers' kernels (segment/split.py): a
+    reduction whose rows split over blocks, then a pointwise kernel reading its results."""
+    ok, why = _gather_layout(fusion, inputs, bindings)
+    if not ok or not outer_split():
+        return ok, why
+    from .pointwise_heuristics import sm_count
+    p = schedule(fusion, inputs, "outer_persistent").params
+    if p.kind != "outer" or p.persistent:
+        return True, ""
+    shape = _reference_shape(_graph(fusion), bindings)
+    kept = rows = 1
+    for group, red in zip(p.groups, p.reduced):
+        for a in group:
+            if red:
+                rows *= int(shape[a])
+            else:
+                kept *= int(shape[a])
+    blocks = -(-kept // max(p.bdimx * p.vec, 1))
+    if 4 * blocks < sm_count() and rows >= 1024:
+        return False, (f"an outer normalization of {kept} columns ({blocks} block(s)) streaming "
+                       f"{rows} rows: split into a reduction and pointwise kernels")
+    return True, ""
+
+
 def index_axes(g) -> set:
     """Reference axes a lookup's index changes along (the keys of its load or iota): each is a
     group of its own (_collapse), so that a vector along the innermost group never crosses a
@@ -429,4 +465,4 @@ def _entry(name, compile_check, run_check=None):
 def schedulers() -> list:
     return [_entry("reduction", reduction_check, _gather_layout),
             _entry("inner_persistent", normalization_check, _inner_layout),
-            _entry("outer_persistent", normalization_check, _gather_layout)]
+            _entry("outer_persistent", normalization_check, _outer_grid)]

@@ -11,8 +11,9 @@ other schedulers want (a layer norm's backward: dx in one kernel, dweight and db
 and those run as usual (their own executors, cached calls included). The refusal is logged under
 `segmenter_logging`.
 
-Invariant: the copy computes the same outputs from the same inputs (a deep clone); a copy that
-excludes every scheduler that refused is never split again (no loop).
+Invariant: the copy computes the same outputs from the same inputs (a deep clone, without the
+original's cached reduction analyses, which name its nodes by id); a copy that excludes every
+scheduler that refused is never split again (no loop).
 """
 from __future__ import annotations
 
@@ -23,17 +24,25 @@ from .segmenter import EXCLUDE_ATTR, excluded
 # Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
 # reference evaluator, as before: their groups have no cut that schedules better).
 SPLIT_SCHEDULERS = ("inner_outer_persistent",)
+# with $PYFUSER_OUTER_SPLIT=1 also the normalizations' (schedule/reduction.py `_outer_grid`: an
+# outer normalization on too few blocks; the segment's scheduler is the segmenter's first pick,
+# inner_persistent, whose run check hands an NHWC batch norm on to outer_persistent)
+OUTER_SPLIT_SCHEDULERS = ("inner_persistent", "outer_persistent")
 
 
 def split_runner(fusion, mode: str, reason: str):
     """(inputs) -> (outputs, kernels launched, kernel segments run) running `fusion` as the
     segments of the schedulers other than the one that refused it (`reason`); None when that
     scheduler is not one of SPLIT_SCHEDULERS or was excluded already."""
+    from ..schedule.reduction import outer_split
     name = getattr(fusion, "kernel_scheduler", None)
-    if name not in SPLIT_SCHEDULERS or name in excluded(fusion):
+    allowed = SPLIT_SCHEDULERS + (OUTER_SPLIT_SCHEDULERS if outer_split() else ())
+    if name not in allowed or name in excluded(fusion):
         return None
     from ..schedule.pointwise import _clone
     copy, _ = _clone(fusion)
+    for key in [k for k in copy.__dict__ if k.startswith("_pyfuser_reduction_graph")]:
+        del copy.__dict__[key]     # analyses of the original's nodes (keyed by their ids)
     copy.__dict__[EXCLUDE_ATTR] = tuple(excluded(fusion)) + (name,)
     copy.__dict__.pop("kernel_scheduler", None)
     D.dump("segmenter_logging", f"{name} scheduler",

@@ -208,10 +208,15 @@ def test_causal_lm_forward_fuses_under_dynamic_shapes_as_with_static_ones(name, 
     `x[:, 0:INT64_MAX]` (no ops) and the 0-dim float64 ops of those floats, each in the region
     of the op it feeds. Unfused: the static graph's reasons but one, the `alias` of the logits'
     hidden states (`hidden_states[:, -0:]`), which the dynamic graph writes as whole-axis slices
-    (views FX keeps). Equal to eager at two sizes, one graph, no kernel planned for the second."""
+    (views FX keeps). Equal to eager at two sizes, one graph, no kernel planned for the second.
+    The static graph is compiled with its packed-sequence cumsum left to eager, as a symbolic
+    sequence length leaves it (fx/rewrite_scan.py fuses it for static sizes only)."""
+    from pyfuser.frontend.fx import rewrite_scan
     monkeypatch.setenv("PYFUSER_RED_SPLITS", "1")
     monkeypatch.setenv("PYFUSER_RED_BDIMX", "8")
-    static = _inference_graph(name, False, [(2, 12)])
+    with monkeypatch.context() as m:
+        m.setattr(rewrite_scan, "SCAN_MAX", 0)
+        static = _inference_graph(name, False, [(2, 12)])
     dynamic, planned = _inference_graph(name, True, [(2, 12), (6, 20)], plans)
     assert planned[1] == planned[0]
     assert len(dynamic.regions) == len(static.regions)

@@ -74,6 +74,30 @@ def test_a_cuda_region_fed_only_by_an_arange_keeps_its_compute():
     assert am.inputs == [ar]                     # the eager arange's CUDA value
 
 
+def test_a_load_free_cuda_region_leaves_one_factory_op_to_eager():
+    """HF Llama's mask on the GPU, once its packed-sequence cumsum fused (fx/rewrite_scan.py):
+    aranges and per-layer `where(mask, scalar_tensor(0), scalar_tensor(-inf))` in one region
+    that read no CUDA tensor, so every factory op of it ran as an eager kernel (4 aranges and 8
+    scalar_tensors at the benchmark's size). One is enough to anchor the region on the device:
+    the 0-dim scalar_tensor (fewest elements) is left to eager, the rest stays fused."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    cuda = torch.device("cuda")
+    ar = g.call_function(torch.ops.aten.arange.default, (8,), {"device": cuda})
+    lt = g.call_function(torch.ops.aten.lt.Scalar, (ar, 4))
+    zero = g.call_function(torch.ops.aten.scalar_tensor.default, (0.0,),
+                           {"dtype": torch.float32, "device": cuda})
+    ninf = g.call_function(torch.ops.aten.scalar_tensor.default, (float("-inf"),),
+                           {"dtype": torch.float32, "device": cuda})
+    w = g.call_function(torch.ops.aten.where.self, (lt, zero, ninf))
+    b = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    g.output((w, b))
+    supported, regions = _partition_on_fake_cuda(g)
+    assert {ar, lt, zero, ninf, w, b} <= supported
+    (mask,) = [reg for reg in regions if w in reg.nodes]
+    assert mask.inputs == [zero] and {ar, lt, ninf, w} <= set(mask.nodes)
+
+
 def test_a_cuda_region_fed_only_by_an_arange_of_a_symbolic_size_keeps_its_compute():
     """The same under dynamic shapes: `arange(s)` reads the SymInt node s but no tensor, so it is
     left to eager as a factory op with no input is (it had kept the region from running where

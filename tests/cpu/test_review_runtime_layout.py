@@ -47,6 +47,12 @@ CASES = {
                  lambda a, b: [a + b]),
     "squeeze": (lambda: [B.elementwise("exp", B.squeeze(_t([-1, 1, -1]), [1]))], [(4, 1, 6)],
                 lambda x: [torch.exp(x.squeeze(1))]),
+    # a bool full as a where's predicate: the meta run made fulls float32 (a where of one
+    # raised at plan time; reached through GPT-2's masked cumsum, frontend/fx/rewrite_scan.py)
+    "where_on_a_full": (lambda: (lambda x: [B.elementwise("where", B.full(
+        [d.extent for d in x.logical], True, DataType.Bool), x, B.elementwise("neg", x))])(
+        _t([-1, -1])), [(4, 6)], lambda x: [torch.where(torch.ones_like(x, dtype=torch.bool),
+                                                        x, -x)]),
 }
 
 

@@ -2,7 +2,13 @@
 
 `compile_graph(gm, example_inputs, kind) -> CompiledGraph`, a boxed callable (AOTAutograd calls
 it with one list of arguments). Steps:
-0. `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
+-1. `layout_channels_last.channels_last`: on CUDA graphs with 2-D convolutions, convolutions
+   read NHWC operands and the layout-agnostic ops between them compute NHWC values (example
+   values recomputed); outputs keep eager's strides but a training forward's saved tensors,
+   whose strides are reported to AOTAutograd for the backward (that module's docstring);
+0. `rewrite_scan.cumsums_as_masked_sums` writes a cumsum of integers over a short axis as a
+   masked sum (a reduction the schedulers fuse with its producers);
+   `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
    masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
    `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the
    views they read, or below a view of an unfused op's result); `sink_views_past_binary` moves
@@ -50,11 +56,13 @@ import torch
 from ... import dump as D
 from . import plan_cache
 from .mutations import is_input_copy, placement_problem
+from .layout_channels_last import channels_last, report_output_strides
 from .lower import RegionLoweringError, lower_region, region_key, resolve_symints
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
 from .rewrite_index import index_by_aranges
 from .rewrite_reduce import sum_through_views, unroll_small_sums
+from .rewrite_scan import cumsums_as_masked_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
@@ -104,6 +112,7 @@ class CompiledGraph:
         self.unsupported = unsupported          # node name -> reason
         self.original = original
         self._forward = gm.forward
+        self.layout = None                      # the channels-last pass' LayoutReport, if any
 
     def __call__(self, args):
         return self._forward(*args)
@@ -132,12 +141,15 @@ def reset_compiled() -> None:
 
 
 def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGraph:
+    layout = channels_last(gm, example_inputs, kind)
+    if layout is not None and layout.saved_channels_last:
+        report_output_strides(gm)
     graph = gm.graph
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
-    if index_by_aranges(graph, fusible) + skip_detach(graph, fusible) + sink_views(graph) + \
-            hoist_views(graph, fusible) + \
+    if cumsums_as_masked_sums(graph, fusible) + index_by_aranges(graph, fusible) + \
+            skip_detach(graph, fusible) + sink_views(graph) + hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):
@@ -180,6 +192,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     D.dump("fx_graph", f"{kind} graph", lambda: f"{original}\n--- fused:\n{new_gm.graph}\n"
                                                 f"--- left to FX: {unsupported}")
     compiled = CompiledGraph(kind, new_gm, fused, unsupported, original)
+    compiled.layout = layout
     _COMPILED.append(compiled)
     return compiled
 

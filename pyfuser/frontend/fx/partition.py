@@ -22,9 +22,9 @@ Afterwards each region is trimmed and kept only when worth a call:
 - a region without a compute node (views only) is dissolved: eager views cost nothing;
 - so is a region computing CUDA values from no CUDA tensor input (factory ops such as
   `rand(..., device="cuda")` and what follows them): a fusion runs where its inputs are; its
-  factory ops with no tensor input (an `arange`, a `full`, also of SymInt sizes under dynamic
-  shapes) are left to eager first, and the rest stays a region where it then reads their
-  values on the device.
+  factory op with no tensor input of fewest elements (a `scalar_tensor`, an `arange`, a
+  `full`, also of SymInt sizes under dynamic shapes) is left to eager, and the rest stays a
+  region that reads its value on the device (every such factory op, where one is not enough).
 
 Last, regions that read nothing but the graph's inputs and compute only pointwise values (under
 autocast: the casts of every weight and bias to the compute dtype, one tiny region per tensor)
@@ -151,6 +151,7 @@ def partition(nodes, supported: set) -> list[Region]:
             for r in rdep:                      # regions needing this one need its needs too
                 if rdep[r] & bit:
                     rdep[r] |= rdep[chosen]
+    _merge_siblings_sharing_inputs(members, group, rdep, position)
     regions = []
     for g in sorted(members):
         kept = _trim(sorted(members[g], key=position.__getitem__))
@@ -158,16 +159,107 @@ def partition(nodes, supported: set) -> list[Region]:
             r = Region(kept)
             r.boundary()
             if not _runs_where_it_computes(r):
-                # its factory ops (an arange, a full) are left to eager, which makes their
-                # values on the device; the rest reads them there
-                kept = _trim([n for n in kept if _reads_tensor(n) or op_class(n) != FACTORY])
-                if not any(is_compute(n) for n in kept):
+                r = _anchored(kept)
+                if r is None:
                     continue
-                r = Region(kept)
-                r.boundary()
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _pointwise_unit(nodes) -> bool:
+    return all(is_getitem(n) or (op_class(n) in (POINTWISE, METADATA, FACTORY)
+                                 and not is_input_copy(n)) for n in nodes)
+
+
+def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict) -> None:
+    """Join pointwise regions that read a common tensor no region of theirs computes, or whose
+    results one node reads, where neither needs the other and the join delays no reader: each
+    region's first reader outside it comes after the other's last input. The walk joins
+    siblings only through a node reading both; Llama's rotary embeddings of q and k (separate
+    matmuls' results, both read the cos / sin a first layer computed) were two regions, two
+    kernels, in every layer but the first, where the cos / sin computation's region held both;
+    the copy of v for grouped-query attention (repeat_kv) a third, all three read by the
+    attention. Joined, the segmenter hands the
+    components to one horizontal kernel (or keeps them apart where no scheduler takes them
+    together: one region call either way). In place on the walk's maps."""
+    inf = len(position)
+
+    def outside_inputs(g) -> set:
+        ms = set(members[g])
+        return {x for n in members[g] for x in n.all_input_nodes if x not in ms}
+
+    def first_reader(g) -> int:
+        ms = set(members[g])
+        return min((position.get(u, inf) for n in members[g] for u in n.users if u not in ms),
+                   default=inf)
+
+    def last_input(g) -> int:
+        return max((position.get(x, -1) for x in outside_inputs(g)), default=-1)
+
+    def readers(g) -> set:
+        """The call nodes outside g that read it (not the graph's output)."""
+        ms = set(members[g])
+        return {u for n in members[g] for u in n.users if u not in ms and u.op == "call_function"}
+
+    def shared(x) -> bool:
+        v = x.meta.get("val")
+        return isinstance(v, torch.Tensor) and v.ndim > 0
+
+    order = sorted(members, key=lambda g: min(position[n] for n in members[g]))
+    for i, g in enumerate(order):
+        if g not in members or not _pointwise_unit(members[g]):
+            continue
+        for h in order[i + 1:]:
+            if h not in members or not _pointwise_unit(members[h]) or (rdep[g] >> h) & 1 or \
+                    (rdep[h] >> g) & 1:
+                continue
+            if not any(shared(x) for x in outside_inputs(g) & outside_inputs(h)) and \
+                    not readers(g) & readers(h):
+                continue
+            if first_reader(g) < last_input(h) or first_reader(h) < last_input(g):
+                continue
+            for m in members.pop(h):
+                group[m] = g
+                members[g].append(m)
+            rdep[g] |= rdep[h]
+            rdep[h] = rdep[g] | (1 << g)          # h's dependents now need g
+            for r in rdep:
+                if (rdep[r] >> h) & 1 or (rdep[r] >> g) & 1:
+                    rdep[r] |= (1 << g) | rdep[g]
+            members[g].sort(key=position.__getitem__)
+
+
+def _anchored(kept: list):
+    """A region of `kept` (which computes device values from no device tensor) that runs on the
+    device: one factory op with no tensor input (the one of fewest elements: HF's masks have
+    0-dim `scalar_tensor`s) is left to eager, which makes its value there, and the region reads
+    it (a region holding HF Llama's whole mask computation, load-free from its aranges on, had
+    its 4 aranges and 8 scalar_tensors run as eager kernels). Where that is not enough, every
+    such factory op is left to eager. None when no compute node remains."""
+    factories = [n for n in kept if not _reads_tensor(n) and op_class(n) == FACTORY
+                 and isinstance(n.meta.get("val"), torch.Tensor)]
+    if factories:
+        one = min(factories, key=lambda n: _numel_hint(n.meta["val"]))
+        r = _region_of(_trim([n for n in kept if n is not one]))
+        if r is not None and _runs_where_it_computes(r):
+            return r
+    return _region_of(_trim([n for n in kept if _reads_tensor(n) or op_class(n) != FACTORY]))
+
+
+def _region_of(nodes: list):
+    if not any(is_compute(n) for n in nodes):
+        return None
+    r = Region(nodes)
+    r.boundary()
+    return r
+
+
+def _numel_hint(v: torch.Tensor) -> int:
+    try:
+        return int(v.numel())
+    except Exception:  # noqa: BLE001 - a symbolic size: as large as any
+        return 1 << 62
 
 
 def _reads_tensor(node) -> bool:

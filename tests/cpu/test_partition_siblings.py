@@ -1,0 +1,82 @@
+"""Pointwise regions that read a common tensor (or whose results one node reads) join when neither needs the other and no reader
+waits for the join (frontend/fx/partition.py, `_merge_siblings_sharing_inputs`): Llama's rotary
+embeddings of q and k in every layer, one region and one horizontal kernel; results eager's."""
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs
+
+from test_compile_training import assert_ran_as_sm90_kernels
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+def _run(f, *args):
+    got = torch.compile(f, backend=pyfuser.backend)(*args)
+    want = f(*args)
+    for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    (graph,) = compiled_graphs()
+    return graph
+
+
+def _inputs(n=5):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(8, 8, generator=gen) for _ in range(n)]
+
+
+def _rotate(x, c):
+    return x * c + torch.cat([-x[:, 4:], x[:, :4]], -1)
+
+
+def test_two_rotations_of_separate_matmuls_share_one_kernel():
+    """Both results are read by matmuls after both rotations (not only returned: regions that
+    only the graph returns join anyway, partition._join_input_regions)."""
+    def f(a, b, w1, w2, c):
+        q, k = a @ w1, b @ w2
+        rq, rk = _rotate(q, c), _rotate(k, c)
+        return rq @ w1, rk @ w2
+    g = _run(f, *_inputs())
+    assert len(g.regions) == 1 and [r.kernels() for r in g.regions] == [1]
+    assert_ran_as_sm90_kernels(g.regions)
+
+
+def test_no_join_where_a_reader_would_wait():
+    """q's reader (a matmul) comes before k's matmul: joined, it would wait for k's input."""
+    def f(a, b, w1, w2, c):
+        rq = _rotate(a @ w1, c)
+        u = rq @ w1
+        rk = _rotate(b @ w2, c)
+        return u, rk @ w2
+    g = _run(f, *_inputs())
+    assert len(g.regions) == 2
+
+
+def test_no_join_without_a_common_input():
+    def f(a, b, w1, w2, c):
+        q, k = a @ w1, b @ w2
+        rq, rk = q * 2, k * c
+        return rq @ w1, rk @ w2
+    g = _run(f, *_inputs())
+    assert len(g.regions) == 2
+
+
+def test_no_join_where_one_needs_the_other():
+    def f(a, b, w1, w2, c):
+        q = _rotate(a @ w1, c)
+        k = _rotate(q @ w2, c)
+        return q @ w1, k @ w2
+    g = _run(f, *_inputs())
+    assert len(g.regions) == 2
+
+
+def test_results_one_node_reads_share_one_kernel():
+    """Grouped-query attention's copy of v beside the q / k rotations: no common input, one
+    reader (the attention); here a matmul reads both."""
+    def f(a, b, w1, w2, c):
+        q, k = a @ w1, b @ w2
+        return (q * 2) @ (k + c)
+    g = _run(f, *_inputs())
+    assert len(g.regions) == 1 and [r.kernels() for r in g.regions] == [1]
