@@ -27,13 +27,14 @@ def _unfused(g) -> dict:
 
 
 def test_packed_sequence_detection_is_one_region():
-    """HF's packed-sequence test over position ids: diff, compare, cumsum in one region."""
+    """HF's packed-sequence test over position ids: diff, compare, cumsum in one kernel."""
     def f(p):
         d = torch.diff(p, prepend=p[:, :1] - 1, dim=-1)
         return (d != 1).cumsum(-1) * 2
     p = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
     g = _compiled(f, p)
     assert len(g.regions) == 1 and not _unfused(g)
+    assert [r.kernels() for r in g.regions] == [1]       # the diff's cat and slices included
     assert_ran_as_sm90_kernels(g.regions)
 
 

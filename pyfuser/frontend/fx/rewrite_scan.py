@@ -2,7 +2,7 @@
 
 `cumsums_as_masked_sums(graph, fusible)`: `cumsum(x, d)` becomes
 `sum(unsqueeze(x, d) * (j <= i), d + 1)`, where i (axis d of the new domain: the output's position)
-and j (axis d + 1: x's position) are views of one `arange` of the axis' extent. Every prefix sum
+and j (axis d + 1: x's position) are unsqueezes of one `arange` of the axis' extent. Every prefix sum
 is then a row of a reduction the reduction schedulers run (one pass over j for each position i,
 x's row read from cache), so a cumsum joins the kernel of its pointwise producers instead of
 running as an eager scan between two fused kernels (HF Llama's and GPT-2's packed-sequence
@@ -85,13 +85,15 @@ def _masked_sum(graph, x, axis: int, n: int, out_dt):
     if xv.dtype != out_dt:
         x = _node(graph, _aten._to_copy.default, (x,), {"dtype": out_dt}, xv.to(out_dt))
         xv = x.meta["val"]
-    trail = [1] * (xv.ndim - axis - 1)
     pos = _node(graph, _aten.arange.default, (n,),
                 {"dtype": torch.int64, "device": xv.device, "pin_memory": False},
                 xv.new_empty((n,), dtype=torch.int64))
-    pv = pos.meta["val"]
-    i = _node(graph, _aten.view.default, (pos, [n, 1] + trail), None, pv.view([n, 1] + trail))
-    j = _node(graph, _aten.view.default, (pos, [n] + trail), None, pv.view([n] + trail))
+    # j: pos over axis d + 1 of the domain, i: over axis d (unsqueezes: a reduction kernel
+    # takes broadcasts between its ops, not views)
+    j = pos
+    for _ in range(xv.ndim - axis - 1):
+        j = _node(graph, _aten.unsqueeze.default, (j, -1), None, j.meta["val"].unsqueeze(-1))
+    i = _node(graph, _aten.unsqueeze.default, (j, 1), None, j.meta["val"].unsqueeze(1))
     le = _node(graph, _aten.le.Tensor, (j, i), None, torch.le(j.meta["val"], i.meta["val"]))
     xj = _node(graph, _aten.unsqueeze.default, (x, axis), None, xv.unsqueeze(axis))
     prod = _node(graph, _aten.mul.Tensor, (xj, le), None, xj.meta["val"] * le.meta["val"])
