@@ -100,23 +100,26 @@ def test_a_view_the_new_strides_cannot_express_reads_eager_strides(channels_last
 def test_off_and_auto_on_cpu_leave_the_graph_alone(monkeypatch):
     model = CL.conv_net()
     x = torch.randn(2, 3, 8, 8)
-    for knob in ("0", "auto"):
-        monkeypatch.setenv("PYFUSER_CHANNELS_LAST", knob)
+    for knob in ("0", "auto", None):
+        if knob is None:
+            monkeypatch.delenv("PYFUSER_CHANNELS_LAST", raising=False)
+        else:
+            monkeypatch.setenv("PYFUSER_CHANNELS_LAST", knob)
         torch._dynamo.reset()
         pyfuser.frontend.fx.reset_compiled()
         CL.step_beside_eager(model, x, train=False)
         (g,) = _graphs("inference")
         assert g.layout is None, knob
         assert CL.layout_counts(g)["nhwc_convolutions"] == 0
-    assert LCL.mode() == "auto"
+    assert LCL.mode() == "off"                  # the default (unset): off
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_auto_runs_on_cuda_graphs_without_training_batch_norms(monkeypatch, train):
-    """`auto` (the default) as on CUDA (the device test stubbed): an eval forward goes NHWC;
-    a training step's graphs (batch norms reducing over N, H, W: an outer normalization over
-    NHWC, not split over blocks yet) stay NCHW."""
-    monkeypatch.delenv("PYFUSER_CHANNELS_LAST", raising=False)
+    """`auto` as on CUDA (the device test stubbed): an eval forward goes NHWC; a training
+    step's graphs (batch norms reducing over N, H, W: an outer normalization over NHWC, not
+    split over blocks yet) stay NCHW."""
+    monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "auto")
     monkeypatch.setattr(LCL, "_on_cuda", lambda convs: True)
     CL.step_beside_eager(CL.conv_net(), torch.randn(2, 3, 8, 8), train)
     graphs = _graphs()
