@@ -40,7 +40,7 @@ def profile_forward(case, mode: str, reps: int, device: str, step: str = "forwar
     from torch.profiler import ProfilerActivity, profile
     if mode in ("pyfuser_nchw", "pyfuser_nhwc", "pyfuser_nhwc_split"):
         # the channels-last pass off / forced on (/ with the outer normalizations' split)
-        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "1"), \
+        with _env("PYFUSER_CHANNELS_LAST", "0" if mode == "pyfuser_nchw" else "train"), \
                 _env("PYFUSER_OUTER_SPLIT", "1" if mode.endswith("split") else "0"):
             return profile_forward(case, "pyfuser", reps, device, step)
     model, fn, opt = case.make(mode)

@@ -1,6 +1,6 @@
 """Checks of the channels-last layout pass (pyfuser/frontend/fx/layout_channels_last.py), shared
-by tests/cpu/test_compile_channels_last.py (kernel interpreter, PYFUSER_CHANNELS_LAST=1) and
-tests/gpu/test_compile_gpu.py (CUDA, where the pass is on by default).
+by tests/cpu/test_compile_channels_last.py (kernel interpreter, PYFUSER_CHANNELS_LAST=train) and
+tests/gpu/test_channels_last_gpu.py (CUDA, `auto` and `train`).
 
 `ConvNet`: conv-BN-ReLU, conv-BN, a strided 1x1 downsample conv-BN, the residual add and a ReLU
 (ResNet's basic block), then global average pooling and a linear head.

@@ -1,6 +1,6 @@
 """The channels-last layout pass (pyfuser/frontend/fx/layout_channels_last.py) on the CPU
-(kernel interpreter), forced with PYFUSER_CHANNELS_LAST=1 (its default is on for CUDA graphs
-only; the layout semantics are the same without cuDNN): a conv-BN-ReLU-residual net and
+(kernel interpreter), forced with PYFUSER_CHANNELS_LAST=train (its default is off; `auto` is on
+for CUDA graphs only; the layout semantics are the same without cuDNN): a conv-BN-ReLU-residual net and
 ResNet-18, eval and train, match eager (values as close to a float64 oracle as eager's, output
 and gradient strides eager's); every convolution reads NHWC operands; the only added copies
 are the weights' and the first input's conversions (and, in a backward, the weight gradients'
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("fresh_compile")
 def channels_last(monkeypatch):
     """The pass forced on; counts the outputs regions had to copy into another layout, and the
     reduction plans (scheduler, kind, axis groups)."""
-    monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "1")
+    monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "train")
     seen = {"relayouts": 0, "plans": []}
     relayout = region_mod._relayout
 
