@@ -393,10 +393,22 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         return x if pos == 0 else K.Bin("%", x, self.extent_expr(self.ref.logical[k]))
 
     def iota_expr(self, node, where):
-        """start + (index along the iota's reference axis) * step, in the iota's dtype."""
+        """start + (index along the iota's reference axis) * step, in the iota's dtype. An iota
+        read at a shifted index (a slice's, pad's or cat's operand: reduction_resize allows
+        "sh" entries over one reference axis) takes the shifted index of the vector's first
+        lane (KeyIndexing.key_index, from the ax<k> Lets) plus the lane where vectors run
+        along that axis."""
         c = node.key[0]
         dt = node.tv.dtype
-        i = _c(0) if c == 0 else self.axis_index(c[1], where)
+        if c == 0:
+            i = _c(0)
+        elif c[0] == "r":
+            i = self.axis_index(c[1], where)
+        else:
+            i = self.key_index(c)
+            k = RS.shift_axis(c)
+            if self.V > 1 and self.p.groups and list(self.p.groups[-1])[-1:] == [k]:
+                i = K.add(i, where[1])
         i = K.Convert("cast", i, DataType.Int if self.it == "int64_t" else DataType.Int32, dt)
         start, step = (self.scalar(x) for x in node.args)
         return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)

@@ -11,8 +11,8 @@ every step. What it cannot address (`unsupported` says why, and the segmenter cu
 - a stepped slice or pad ("st" / "dv" keys: element by element addressing);
 - a load through a shift at no affine offset (pointwise_graph.shift_affine: each axis read
   at a distinct reference axis, no lookup index beside a shift);
-- an iota or random numbers read at a shifted index, a lookup index read through a pad or
-  cat.
+- random numbers read at a shifted index (an iota is read there: start + shifted index *
+  step, the shift over one reference axis), a lookup index read through a pad or cat.
 Vectors go along the innermost group only where every lane of a vector lies on one side of
 each bound and the shifts move whole vectors (`vector_ok`); loads under a bounds test are never
 staged in shared memory (reduction_heuristics.stageable: every async copy a thread issues
@@ -70,6 +70,14 @@ def _clamped(c) -> bool:
     return isinstance(c, tuple) and c[0] == "sh" and c[4] is not None
 
 
+def shift_axis(c):
+    """The reference axis k of a key entry that is a chain of "sh" shifts over ("r", k), else
+    None (an iota read there is `start + (shifted index) * step`)."""
+    while isinstance(c, tuple) and c[0] == "sh":
+        c = c[1]
+    return c[1] if isinstance(c, tuple) and c[0] == "r" else None
+
+
 def _shifted(key) -> bool:
     return any(isinstance(c, tuple) and c[0] in SHIFT_KINDS for c in key)
 
@@ -88,7 +96,8 @@ def unsupported(g) -> str | None:
     for n in g.nodes:
         if any(_stepped(c) for c in n.key):
             return f"{n.tv.name} is read through a stepped slice or pad"
-        if n.kind in ("iota", "rng") and _shifted(n.key):
+        if n.kind == "rng" and _shifted(n.key) or \
+                n.kind == "iota" and _shifted(n.key) and shift_axis(n.key[0]) is None:
             return f"{n.tv.name} ({n.kind}) is read at a shifted index (a slice, pad or cat)"
         if n.kind == "load" and _shifted(n.key) and shift_affine(n.key) is None:
             return f"{n.tv.name} is read through a slice, pad or cat at no affine offset"

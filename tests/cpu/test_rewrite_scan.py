@@ -87,3 +87,40 @@ def test_symbolic_sizes_stay_eager():
     graphs = compiled_graphs()
     assert graphs and all(_unfused(g) == {"aten.cumsum.default has no lowering": 1}
                           for g in graphs)
+
+
+def test_positions_from_an_arange_join_the_masked_sum():
+    """GPT-2's positions: an arange's diff (a cat and slices of the iota) before the cumsum; the
+    reduction kernel computes the iota at the shifted index (it was a kernel of its own)."""
+    def f(x):
+        p = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+        d = torch.diff(p, prepend=p[:, :1] - 1, dim=-1)
+        return (d != 1).cumsum(-1) + x
+    g = _compiled(f, torch.randint(0, 5, (3, 12)))
+    assert [r.kernels() for r in g.regions] == [1]
+    assert_ran_as_sm90_kernels(g.regions)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("n", [16, 13])
+def test_sums_of_cats_holding_an_iota(axis, n):
+    """An iota read at a shifted index inside reduction kernels, along a reduced and a kept
+    axis, vectorizable (16) or not (13): start + shifted index * step, per lane."""
+    def f(x):
+        it = (torch.arange(n) * 3 + 1).float()
+        it = it.expand(x.shape[0], n) if axis == 1 else it[:, None].expand(n, x.shape[1])
+        return torch.cat([x * 2, it], axis).sum(1 - axis) * 1     # the iota second: shifted
+    x = torch.randn(16, 16) if axis == 1 else torch.randn(16, 16)
+    g = _compiled_close(f, x)
+    assert [r.kernels() for r in g.regions] == [1]
+    assert_ran_as_sm90_kernels(g.regions)
+
+
+def _compiled_close(f, x):
+    import pyfuser
+    got = torch.compile(f, backend=pyfuser.backend)(x)
+    want = f(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    (g,) = compiled_graphs()
+    return g
