@@ -131,14 +131,7 @@ def partition(nodes, supported: set) -> list[Region]:
                         (rdep[h] >> chosen) & 1 or any(
                             (unit_deps(y) >> h) & 1 for y in ins if group.get(y) not in (h, chosen)):
                     continue
-                for m in members.pop(h):
-                    group[m] = chosen
-                    members[chosen].append(m)
-                rdep[chosen] |= rdep[h]
-                rdep[h] = rdep[chosen] | (1 << chosen)      # h's dependents now need chosen
-                for r in rdep:
-                    if (rdep[r] >> h) & 1:
-                        rdep[r] |= (1 << chosen) | rdep[chosen]
+                _absorb(members, group, rdep, chosen, h)
             members[chosen].sort(key=position.__getitem__)
         need = 0
         for y in ins:
@@ -165,6 +158,20 @@ def partition(nodes, supported: set) -> list[Region]:
             if _runs_where_it_computes(r):
                 regions.append(r)
     return _join_input_regions(regions, position)
+
+
+def _absorb(members: dict, group: dict, rdep: dict, keep: int, gone: int) -> None:
+    """Region `gone` joins region `keep` (neither needs the other): its nodes move, `keep` needs
+    what either needed, and every region that needed either now needs `keep` and its needs
+    (`gone`'s bit stays in the maps as an alias: its rdep is keep's and keep's own bit)."""
+    for m in members.pop(gone):
+        group[m] = keep
+        members[keep].append(m)
+    rdep[keep] |= rdep[gone]
+    rdep[gone] = rdep[keep] | (1 << keep)
+    for r in rdep:
+        if (rdep[r] >> gone) & 1 or (rdep[r] >> keep) & 1:
+            rdep[r] |= (1 << keep) | rdep[keep]
 
 
 def _pointwise_unit(nodes) -> bool:
@@ -219,14 +226,7 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
                 continue
             if first_reader(g) < last_input(h) or first_reader(h) < last_input(g):
                 continue
-            for m in members.pop(h):
-                group[m] = g
-                members[g].append(m)
-            rdep[g] |= rdep[h]
-            rdep[h] = rdep[g] | (1 << g)          # h's dependents now need g
-            for r in rdep:
-                if (rdep[r] >> h) & 1 or (rdep[r] >> g) & 1:
-                    rdep[r] |= (1 << g) | rdep[g]
+            _absorb(members, group, rdep, g, h)
             members[g].sort(key=position.__getitem__)
 
 
