@@ -87,3 +87,15 @@ def test_symbolic_sizes_stay_eager():
     graphs = compiled_graphs()
     assert graphs and all(_unfused(g) == {"aten.cumsum.default has no lowering": 1}
                           for g in graphs)
+
+
+def test_bool_result_dtype_raises_as_eager():
+    """`cumsum(dtype=torch.bool)` is refused by eager's kernels; the rewrite must not answer it
+    with a bool sum (it used to return a value where eager raises)."""
+    import pyfuser
+    f = lambda x: torch.cumsum(x * 7, 1, dtype=torch.bool)   # noqa: E731
+    x = torch.randint(-5, 5, (4, 6))
+    with pytest.raises(Exception, match="Bool"):
+        f(x)
+    with pytest.raises(Exception, match="Bool"):
+        torch.compile(f, backend=pyfuser.backend)(x)
