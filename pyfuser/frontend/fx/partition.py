@@ -194,8 +194,12 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
         return min((position.get(u, inf) for n in members[g] for u in n.users if u not in ms),
                    default=inf)
 
+    ready = _ready_positions(members, position)
+
     def last_input(g) -> int:
-        return max((position.get(x, -1) for x in outside_inputs(g)), default=-1)
+        """When g's inputs exist in a unit order: an input's position, or later where it waits
+        for a region (one whose last input comes later) through its producers."""
+        return max((ready.get(x, -1) for x in outside_inputs(g)), default=-1)
 
     def readers(g) -> set:
         """The call nodes outside g that read it (not the graph's output)."""
@@ -228,6 +232,34 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
                 if (rdep[r] >> h) & 1 or (rdep[r] >> g) & 1:
                     rdep[r] |= (1 << g) | rdep[g]
             members[g].sort(key=position.__getitem__)
+            # the joined region runs once both halves' inputs exist (no later than any reader
+            # of either: the check above), so only its own nodes' ready positions move
+            at = max(ready[m] for m in members[g])
+            for m in members[g]:
+                ready[m] = at
+
+
+def _ready_positions(members: dict, position: dict) -> dict:
+    """node -> the earliest position its value exists at in a unit order: its own position,
+    raised to its inputs' and, for a region's node, to every node's of its region (a region
+    runs as one unit, after its last input)."""
+    ready = dict(position)
+    order = sorted(position, key=position.__getitem__)
+    changed = True
+    while changed:
+        changed = False
+        for n in order:
+            r = max((ready.get(x, -1) for x in n.all_input_nodes), default=-1)
+            if r > ready[n]:
+                ready[n] = r
+                changed = True
+        for ms in members.values():
+            at = max(ready[m] for m in ms)
+            for m in ms:
+                if ready[m] < at:
+                    ready[m] = at
+                    changed = True
+    return ready
 
 
 def _anchored(kept: list):
