@@ -105,3 +105,32 @@ def test_no_join_that_moves_an_eager_random_op_past_another():
     for gt, w in zip(got, want):
         assert gt.dtype == w.dtype
         torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)
+
+
+def test_no_join_of_regions_on_different_devices():
+    """A CPU index's computation and a CUDA tensor's, both read by one `index` (eager: the
+    readers-in-common condition), stay two regions: one had held CPU and CUDA nodes (partition
+    on fake CUDA tensors, no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.partition import partition
+    from pyfuser.frontend.fx.support import node_support
+    A = torch.ops.aten
+    g = torch.fx.Graph()
+    xc, yg = g.placeholder("xc"), g.placeholder("yg")
+    i = g.call_function(A._to_copy.default, (g.call_function(A.mul.Tensor, (
+        g.call_function(A.sin.default, (xc,)), 3)),), {"dtype": torch.int64})
+    b = g.call_function(A.cos.default, (g.call_function(A.mul.Tensor, (yg, 2)),))
+    ix = g.call_function(A.index.Tensor, (b, [i]))
+    g.output((ix, g.call_function(A.mm.default, (b, b))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        args = torch.empty(4, 4), torch.empty(4, 4, device="cuda")
+    FakeTensorProp(gm, mode).propagate(*args)
+    nodes = list(gm.graph.nodes)
+    outs = set(nodes[-1].all_input_nodes)
+    regions = partition(nodes, {n for n in nodes if node_support(n, outs)[0]})
+    assert len(regions) == 2
+    for r in regions:
+        assert len({n.meta["val"].device for n in r.nodes}) == 1

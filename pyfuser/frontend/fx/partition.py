@@ -210,6 +210,10 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
         v = x.meta.get("val")
         return isinstance(v, torch.Tensor) and v.ndim > 0
 
+    def devices(g) -> set:
+        return {v.device for v in (n.meta.get("val") for n in members[g])
+                if isinstance(v, torch.Tensor)}
+
     order = sorted(members, key=lambda g: min(position[n] for n in members[g]))
     for i, g in enumerate(order):
         if g not in members or not _pointwise_unit(members[g]):
@@ -218,6 +222,8 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
             if h not in members or not _pointwise_unit(members[h]) or (rdep[g] >> h) & 1 or \
                     (rdep[h] >> g) & 1:
                 continue
+            if devices(g) != devices(h):      # a fusion runs on one device (one node reading a
+                continue                      # CPU index and a CUDA tensor reads both)
             if not any(shared(x) for x in outside_inputs(g) & outside_inputs(h)) and \
                     not readers(g) & readers(h):
                 continue
