@@ -294,10 +294,10 @@ def _region_of(nodes: list):
 
 
 def _numel_hint(v: torch.Tensor) -> int:
-    try:
-        return int(v.numel())
-    except Exception:  # noqa: BLE001 - a symbolic size: as large as any
-        return 1 << 62
+    """Elements of v; a symbolic count as large as any (`int()` of a SymInt would answer its
+    hint but guard on it, specializing a dynamic-shape graph to the example's size)."""
+    n = v.numel()
+    return n if type(n) is int else 1 << 62
 
 
 def _reads_tensor(node) -> bool:
