@@ -246,24 +246,29 @@ def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, posit
 
 
 def _ready_positions(members: dict, position: dict) -> dict:
-    """node -> the earliest position its value exists at in a unit order: its own position,
-    raised to its inputs' and, for a region's node, to every node's of its region (a region
-    runs as one unit, after its last input)."""
-    ready = dict(position)
+    """node -> the position from which its value exists in a unit order: an eager node's own
+    position, raised to its inputs'; a region's nodes', the latest of the region's outside
+    inputs' (a region runs as one unit, once its last input exists)."""
+    owner = {m: g for g, ms in members.items() for m in ms}
+    ready = {n: (-1 if n in owner else p) for n, p in position.items()}
     order = sorted(position, key=position.__getitem__)
     changed = True
     while changed:
         changed = False
+        at: dict = {}
         for n in order:
-            r = max((ready.get(x, -1) for x in n.all_input_nodes), default=-1)
-            if r > ready[n]:
+            r = max((ready.get(x, -1) for x in n.all_input_nodes
+                     if owner.get(x, -2) != owner.get(n, -3)), default=-1)
+            g = owner.get(n)
+            if g is not None:
+                at[g] = max(at.get(g, -1), r)
+            elif r > ready[n]:
                 ready[n] = r
                 changed = True
-        for ms in members.values():
-            at = max(ready[m] for m in ms)
-            for m in ms:
-                if ready[m] < at:
-                    ready[m] = at
+        for g, r in at.items():
+            for m in members[g]:
+                if ready[m] < r:
+                    ready[m] = r
                     changed = True
     return ready
 
