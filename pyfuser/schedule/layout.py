@@ -150,8 +150,9 @@ def eager_output_orders(fusion, inputs, bindings) -> list[tuple]:
         if not isinstance(out, TensorView):
             continue
         env[out] = _meta_expr(e, env, bindings)
-        for other in e.outputs[1:]:          # Welford's m2 and n: laid out as its mean
-            env[other] = env[out]
+        for other in e.outputs[1:]:          # Welford's m2 and n: laid out as its mean, in
+            m = env[out]                     # their own dtypes (n counts: an integer)
+            env[other] = m if m.dtype == other.dtype.torch else m.to(other.dtype.torch)
     orders = []
     for o in fusion.outputs:
         m = env[o]
@@ -190,7 +191,9 @@ def _meta_expr(e, env, bindings):
             r = OPS[e.op_name].ref(*args)
         if not isinstance(r, torch.Tensor) or list(r.shape) != bindings.shape(out):
             r = torch.empty(bindings.shape(out), dtype=out.dtype.torch, device="meta")
-        return r
+        # in the op's own dtype (a scalar's stand-in may promote otherwise), so the ops after it
+        # see eager's dtypes
+        return r if r.dtype == out.dtype.torch else r.to(out.dtype.torch)
     if isinstance(e, E.CastOp):
         return x.to(e.dtype.torch)
     if isinstance(e, E.SetOp):

@@ -175,3 +175,39 @@ def test_integer_arange_fuses_as_an_iota_and_floating_ones_stay_eager():
     assert fused.count("aten.arange.start_step") == 1
     assert list(graph.unsupported.values()) == [
         "arange of other than integer bounds and a nonzero step (left to eager)"]
+
+
+def test_anchoring_a_region_of_symbolic_size_adds_no_guard():
+    """`partition._anchored` picks the factory op of fewest elements; it had taken `int()` of a
+    symbolic numel, which guards the size to the example's (Eq(s, 3)): a dynamic-shape graph
+    specialized, recompiled at every new size."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext)
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from pyfuser.frontend.fx.partition import partition
+    from pyfuser.frontend.fx.support import node_support
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    cuda = torch.device("cuda")
+    s = g.call_function(torch.ops.aten.sym_size.int, (x, 0))
+    ar = g.call_function(torch.ops.aten.arange.default, (s,), {"device": cuda})
+    ar2 = g.call_function(torch.ops.aten.arange.default, (s,), {"device": cuda})
+    m = g.call_function(torch.ops.aten.mul.Tensor, (
+        g.call_function(torch.ops.aten.add.Tensor, (ar, ar2)), 3))
+    g.output((m, g.call_function(torch.ops.aten.add.Tensor, (x, 1))))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    env = ShapeEnv()
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=env)
+    size = mode.from_tensor(torch.empty(3, device="meta"), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC])).shape[0]
+    with mode:
+        fake_x = torch.empty(size, device="cuda")
+    FakeTensorProp(gm, mode).propagate(fake_x)
+    nodes = list(gm.graph.nodes)
+    outs = set(nodes[-1].all_input_nodes)
+    regions = partition(nodes, {n for n in nodes if node_support(n, outs)[0]})
+    assert not env.guards
+    (r,) = [r for r in regions if m in r.nodes]
+    tensors = [i for i in r.inputs if isinstance(i.meta["val"], torch.Tensor)]
+    assert len(tensors) == 1 and tensors[0] in (ar, ar2)      # one arange anchors it

@@ -110,7 +110,7 @@ def test_sums_of_cats_holding_an_iota(axis, n):
         it = (torch.arange(n) * 3 + 1).float()
         it = it.expand(x.shape[0], n) if axis == 1 else it[:, None].expand(n, x.shape[1])
         return torch.cat([x * 2, it], axis).sum(1 - axis) * 1     # the iota second: shifted
-    x = torch.randn(16, 16) if axis == 1 else torch.randn(16, 16)
+    x = torch.randn(16, 16)
     g = _compiled_close(f, x)
     assert [r.kernels() for r in g.regions] == [1]
     assert_ran_as_sm90_kernels(g.regions)
@@ -124,3 +124,15 @@ def _compiled_close(f, x):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
     (g,) = compiled_graphs()
     return g
+
+
+def test_bool_result_dtype_raises_as_eager():
+    """`cumsum(dtype=torch.bool)` is refused by eager's kernels; the rewrite must not answer it
+    with a bool sum (it used to return a value where eager raises)."""
+    import pyfuser
+    f = lambda x: torch.cumsum(x * 7, 1, dtype=torch.bool)   # noqa: E731
+    x = torch.randint(-5, 5, (4, 6))
+    with pytest.raises(Exception, match="Bool"):
+        f(x)
+    with pytest.raises(Exception, match="Bool"):
+        torch.compile(f, backend=pyfuser.backend)(x)

@@ -11,7 +11,8 @@ detection, `(diff(position_ids) != 1).cumsum(-1)`, ran as an aten scan between t
 Only where the result is exactly eager's and the work stays small:
 - bool and integer x with an integer result (eager's default int64, or an integral dtype
   argument): integer sums are exact in any order. A floating cumsum, whose rounding depends on
-  the order of the adds, stays eager's scan;
+  the order of the adds, stays eager's scan; so does a `dtype=torch.bool` cumsum, which eager
+  refuses ("not implemented for 'Bool'") where a bool sum would answer;
 - static sizes, the axis at most SCAN_MAX elements and the masked sum's domain (x's elements
   times the axis' extent) at most WORK_MAX: the masked sum does extent / 2 multiply-adds per
   output element where a scan does one, which a fused kernel hides only for short axes;
@@ -51,7 +52,7 @@ def _plan(c, fusible):
     if not isinstance(xv, torch.Tensor) or not isinstance(cv, torch.Tensor) or \
             type(dim) is not int or xv.ndim == 0:
         return None
-    if not (_integral(xv.dtype) and _integral(cv.dtype)) or \
+    if not (_integral(xv.dtype) and _integral(cv.dtype)) or cv.dtype is torch.bool or \
             any(type(s) is not int for s in xv.shape):
         return None
     axis = dim % xv.ndim
