@@ -180,9 +180,10 @@ def _pointwise_unit(nodes) -> bool:
 
 
 def _merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict) -> None:
-    """Join pointwise regions that read a common tensor no region of theirs computes, or whose
-    results one node reads, where neither needs the other and the join delays no reader: each
-    region's first reader outside it comes after the other's last input. The walk joins
+    """Join pointwise regions on one device that read a common tensor no region of theirs
+    computes, or whose results one node reads, where neither needs the other and the join delays
+    no reader: each region's first reader outside it comes after the other's last input is
+    ready (`_ready_positions`: when the unit computing it can run). The walk joins
     siblings only through a node reading both; Llama's rotary embeddings of q and k (separate
     matmuls' results, both read the cos / sin a first layer computed) were two regions, two
     kernels, in every layer but the first, where the cos / sin computation's region held both;
