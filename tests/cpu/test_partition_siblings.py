@@ -1,5 +1,5 @@
 """Pointwise regions that read a common tensor (or whose results one node reads) join when neither needs the other and no reader
-waits for the join (frontend/fx/partition.py, `_merge_siblings_sharing_inputs`): Llama's rotary
+waits for the join (frontend/fx/sibling_joins.py, `merge_siblings_sharing_inputs`): Llama's rotary
 embeddings of q and k in every layer, one region and one horizontal kernel; results eager's."""
 import pytest
 import torch
