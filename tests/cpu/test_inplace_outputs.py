@@ -60,15 +60,21 @@ def test_pointwise_update_of_an_input_is_written_by_the_kernel():
     assert sorted(restricted.values()) == [False, False, True, True]   # acc, new | x, diff
 
 
-def test_a_transposed_read_of_the_input_is_copied_in_after_the_kernel():
-    """y = x + x.T written into x: another thread reads the element this one writes, so the
-    kernel writes a fresh tensor, copied into x after it (eager's values: the old x's)."""
+def _transpose_added_in_place() -> Fusion:
+    """y = x + x.T written into x (Fusion.aliases)."""
     f = Fusion()
     with f:
         x = B.define_tensor([-1, -1], DataType.Float)
         y = B.elementwise("add", x, B.permute(x, [1, 0]))
         f.add_output(y)
         f.aliases[y] = x
+    return f
+
+
+def test_a_transposed_read_of_the_input_is_copied_in_after_the_kernel():
+    """y = x + x.T written into x: another thread reads the element this one writes, so the
+    kernel writes a fresh tensor, copied into x after it (eager's values: the old x's)."""
+    f = _transpose_added_in_place()
     x = torch.randn(9, 9)
     want = x + x.T
     (out,) = dispatch.execute_fusion(f, [x])
@@ -281,12 +287,7 @@ def test_a_call_that_copies_after_its_kernels_is_not_replayed(monkeypatch, tmp_p
     import fake_cuda
     fake_cuda.install(monkeypatch, tmp_path)
     try:
-        f = Fusion()
-        with f:
-            x = B.define_tensor([-1, -1], DataType.Float)
-            y = B.elementwise("add", x, B.permute(x, [1, 0]))
-            f.add_output(y)
-            f.aliases[y] = x
+        f = _transpose_added_in_place()
         for _ in range(3):
             x = torch.randn(9, 9)
             want = x + x.T

@@ -96,15 +96,7 @@ def test_no_join_that_moves_an_eager_random_op_past_another():
         r2 = torch.randperm(64).view(8, 8) + pr.long()
         w = x + b @ m2
         return h @ m, e, r2, w @ m
-    args = _inputs() + [torch.zeros(8, 8)]
-    compiled = torch.compile(f, backend=pyfuser.backend)
-    torch.manual_seed(1)
-    got = compiled(*args)
-    torch.manual_seed(1)
-    want = f(*args)
-    for gt, w in zip(got, want):
-        assert gt.dtype == w.dtype
-        torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)
+    _same_draws(f, _inputs() + [torch.zeros(8, 8)])
 
 
 def test_no_join_of_regions_on_different_devices():
@@ -146,11 +138,16 @@ def test_walk_join_moves_an_eager_random_op_past_another():
         r2 = torch.randperm(64).view(8, 8) + pr.long()
         w = x + b @ m2
         return e, r2, w @ m2
-    args = _inputs(3) + [torch.zeros(8, 8)]
+    _same_draws(f, _inputs(3) + [torch.zeros(8, 8)])
+
+
+def _same_draws(f, args):
+    """f compiled and f eager from one seed: the same results (eager random ops included)."""
     compiled = torch.compile(f, backend=pyfuser.backend)
     torch.manual_seed(1)
     got = compiled(*args)
     torch.manual_seed(1)
     want = f(*args)
     for gt, w in zip(got, want):
+        assert gt.dtype == w.dtype
         torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)

@@ -5,18 +5,10 @@ import pytest
 import torch
 
 import pyfuser
-from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.runtime import dispatch
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_compile")]
 
 
 def _check(f, x):

@@ -25,18 +25,13 @@ from __future__ import annotations
 
 import torch
 
+from .rewrite_reduce import _node
 from .rewrites import _maker
 
 _aten = torch.ops.aten
 _CUMSUM = _aten.cumsum.default
 SCAN_MAX = 1024            # elements along the scanned axis
 WORK_MAX = 1 << 22         # elements of the masked sum's domain: numel(x) * extent
-
-
-def _node(graph, target, args, kwargs, val):
-    n = graph.call_function(target, args, kwargs or {})
-    n.meta["val"] = val
-    return n
 
 
 def _integral(dt) -> bool:
