@@ -151,15 +151,11 @@ def partition(nodes, supported: set) -> list[Region]:
     regions = []
     for g in sorted(members):
         kept = _trim(sorted(members[g], key=position.__getitem__))
-        if any(is_compute(n) for n in kept):
-            r = Region(kept)
-            r.boundary()
-            if not _runs_where_it_computes(r):
-                r = _anchored(kept)
-                if r is None:
-                    continue
-            if _runs_where_it_computes(r):
-                regions.append(r)
+        r = _region_of(kept)
+        if r is not None and not _runs_where_it_computes(r):
+            r = _anchored(kept)
+        if r is not None and _runs_where_it_computes(r):
+            regions.append(r)
     return _join_input_regions(regions, position)
 
 
@@ -181,6 +177,7 @@ def _anchored(kept: list):
 
 
 def _region_of(nodes: list):
+    """The Region of `nodes` (inputs and outputs found), None when no compute node is there."""
     if not any(is_compute(n) for n in nodes):
         return None
     r = Region(nodes)
