@@ -1,6 +1,8 @@
 """Lowering of the reduction-family schedules (reduction, inner / outer persistent) to kernel IR:
 what both kernel shapes share (reduction_kernels.py and reduction_outer.py have the two
-shapes; reduction_memory.py the buffers, loads, stores and workspaces).
+shapes; reduction_memory.py the buffers, loads, stores and workspaces; reduction_index.py the
+extents, strides and offsets of a position, the indices of resized axes (ax<k>) and the iota
+and random values computed from indices; reduction_accumulators.py the accumulators).
 
 Names: `e<i>` collapsed group extents, `g<i>` a thread's index in group i, `row` / `col` the kept
 index a thread works on, `j` (inner) or `r` (outer) its position along the reduced index, `acc*`
@@ -35,14 +37,13 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
-from ..schedule import reduction_resize as RS
-from ..schedule.pointwise_graph import index_source
 from ..schedule.reduction_heuristics import stageable
 from . import kernel_ir as K
 from .emitter import Emitter
 from .pointwise_index import KeyIndexing
 from .reduction_accumulators import Accumulators
 from .reduction_combine import Combiner
+from .reduction_index import ReductionIndexing
 from .reduction_memory import ReductionMemory, _c, _guard
 
 MAX_GRID_X = 2 ** 31 - 1
@@ -78,7 +79,7 @@ def _subst(x, env):
     return x
 
 
-class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
+class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyIndexing, Emitter):
     """The shared machinery; a kernel shape (reduction_kernels.py, reduction_outer.py) provides:
     `kernel_body()`, `position(step_expr) -> (lets, cond, guarded lets, index)`,
     `step_expr(var, streamed)`, `wrap_streamed(loop) -> statements`, `combine(reds, out) ->
@@ -180,53 +181,7 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         return [n for n in self.g.nodes if self.lvl[id(n)] == "row" and self.avail[id(n)] == q
                 and n.kind != "load"]
 
-    # ---- extents, strides, offsets ----------------------------------------------------------
-    def group_extent(self, gi):
-        e = _c(1)
-        for k in self.p.groups[gi]:
-            e = K.mul(e, self.extent_expr(self.ref.logical[k]))
-        return e
-
-    def gstride(self, a, gi):
-        """Stride of access `a` along group gi (None: it does not move along it)."""
-        st = a.eff.get(self.p.groups[gi][-1])
-        if st is None or st[0] == 0:
-            return None
-        if a.mode == "vector" and gi == len(self.p.groups) - 1:
-            return _c(1)
-        return self.stride(a, st[1])
-
-    def offset(self, a, idx: dict):
-        """Offset (elements) of access `a` at group indices `idx`; a gathered access (an
-        embedding's table) adds its row's index, read and checked inside the offset itself
-        (gather_index), times the gathered axis' stride."""
-        off = _c(0)
-        if a.gathered:
-            j, inode = a.gather
-            off = K.mul(self.gather_index(a, inode, j, idx), self.stride(a, j))
-        for gi, x in idx.items():
-            s = self.gstride(a, gi)
-            if s is not None:
-                off = K.add(off, K.mul(x, s))
-        for k, (shift, minus) in sorted(a.shifts.items()):   # a slice's, pad's or cat's operand
-            if (shift or minus) and a.eff.get(k, (0,))[0] != 0:
-                off = K.add(off, K.mul(self.minus_terms(_c(shift), minus),
-                                       self.stride(a, a.eff[k][1])))
-        return off
-
-    def resize_lets(self, idx=None, reduced: bool = False) -> list:
-        """Lets ax<k> of the reference axes that a pad, cat or shifted load bounds or shifts
-        along (KeyIndexing.key_index reads them), at the vector's first lane: the kept ones
-        from the kept groups' indices (`self.kidx`), once a row (inner) or column vector
-        (outer), before the row-level loads; with `reduced`, the reduced ones from a step's
-        position `idx`, in each step (at_step), before its loads."""
-        idx = self.kidx if idx is None else idx
-        return [K.Let(self.axis_var(k), "nidx_t", self.axis_index(k, (idx, _c(0))))
-                for k in sorted(RS.apart(self.g)) if (k in self.g.R) == reduced]
-
-    def axis_var(self, k: int) -> str:
-        return f"ax{k}"          # (r<i> names the inner kernel's per-row reduction results)
-
+    # ---- the storing thread -----------------------------------------------------------------
     def owner(self, a, idx: dict):
         """None, or the condition under which this thread stores output access `a` at group
         indices `idx`: index 0 of each group (but the vector group) the output does not move
@@ -236,47 +191,6 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
         last = len(self.p.groups) - 1
         return _and(*[K.Bin("==", x, _c(0)) for gi, x in idx.items()
                       if gi != last and self.gstride(a, gi) is None])
-
-    def gather_index(self, a, inode, j, idx: dict):
-        """The index a gathered access reads along its axis j at group indices `idx` (one
-        value a row: reduction_graph refuses an index that changes along the reduced axes):
-        the index tensor's element (K.Elem) or the iota's value, checked
-        (Emitter.checked_index), in the index type."""
-        src = index_source(inode)
-        dt = src.tv.dtype
-        if src.kind == "load":
-            ia = next(x for x in self.loads if x.node is src)
-            value = K.Elem(self.ptr(ia), self.offset(ia, idx))
-        else:                          # an iota (plus a scalar): from the row's indices
-
-            def computed(node):
-                while node.kind == "alias":
-                    node = node.args[0]
-                if node.kind == "iota":
-                    return self.iota_expr(node, (idx, _c(0)))
-                return self.node_expr(node, computed)
-            value = computed(src)
-        value = self.checked_index(a, j, value)
-        return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
-
-    def decompose(self, lin, gis, out: list) -> dict:
-        """Lets g<i> for groups `gis` (outer first) of the linear index `lin`; {gi: Var}."""
-        rest, res = lin, {}
-        for pos in range(len(gis) - 1, -1, -1):
-            gi = gis[pos]
-            if pos == 0:
-                out.append(K.Let(f"g{gi}", "nidx_t", rest))
-            else:
-                out.append(K.Let(f"g{gi}", "nidx_t", K.Bin("%", rest, K.Var(f"e{gi}"))))
-                rest = K.Bin("/", rest, K.Var(f"e{gi}"))
-            res[gi] = K.Var(f"g{gi}")
-        return res
-
-    def _prod(self, gis):
-        e = _c(1)
-        for gi in gis:
-            e = K.mul(e, K.Var(f"e{gi}"))
-        return e
 
     # ---- values -------------------------------------------------------------------------------
     def emit_nodes(self, nodes, known: dict, load_expr, out: list, where=None) -> dict:
@@ -356,10 +270,6 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
                 *_guard(cond, inside)]
         return K.ArrayRef(acc, ())
 
-    @property
-    def nidx_dtype(self):
-        return DataType.Int if self.it == "int64_t" else DataType.Int32
-
     def lane_values(self, nodes, known, step, lane, out, idx=None) -> dict:
         """Lets of `nodes` for lane `lane` of vector step `step` at group indices `idx` (loads
         from their buffers); known values that depend on the lane or step are resolved first."""
@@ -372,78 +282,6 @@ class ReductionLowering(Accumulators, ReductionMemory, KeyIndexing, Emitter):
                 return self.staged_value(a, st, lane)
             return self.load_value(a, self.lane_index(a, st, lane))
         return self.emit_nodes(nodes, known, load, out, (idx or {}, lane or K.Var("v")))
-
-    def axis_index(self, k: int, where):
-        """The index along reference axis k at this position: from its group's index (plus the
-        lane, in the innermost group, whose V lanes are consecutive elements) by the extents of
-        the group's inner axes."""
-        idx, lane = where
-        gi = next((i for i, g in enumerate(self.p.groups) if k in g), None)
-        if gi is None:                                    # a dropped size-1 axis
-            return _c(0)
-        gidx = idx[gi]
-        if gi == len(self.p.groups) - 1 and self.V > 1:
-            gidx = K.add(gidx, lane)
-        group = self.p.groups[gi]
-        pos = group.index(k)
-        below = _c(1)
-        for a in group[pos + 1:]:
-            below = K.mul(below, self.extent_expr(self.ref.logical[a]))
-        x = gidx if pos == len(group) - 1 else K.Bin("/", gidx, below)
-        return x if pos == 0 else K.Bin("%", x, self.extent_expr(self.ref.logical[k]))
-
-    def iota_expr(self, node, where):
-        """start + (index along the iota's reference axis) * step, in the iota's dtype. An iota
-        read at a shifted index (a slice's, pad's or cat's operand: reduction_resize allows
-        "sh" entries over one reference axis) takes the shifted index of the vector's first
-        lane (KeyIndexing.key_index, from the ax<k> Lets) plus the lane where vectors run
-        along that axis."""
-        c = node.key[0]
-        dt = node.tv.dtype
-        if c == 0:
-            i = _c(0)
-        elif c[0] == "r":
-            i = self.axis_index(c[1], where)
-        else:
-            i = self.key_index(c)
-            k = RS.shift_axis(c)
-            if self.V > 1 and self.p.groups and list(self.p.groups[-1])[-1:] == [k]:
-                i = K.add(i, where[1])
-        i = K.Convert("cast", i, DataType.Int if self.it == "int64_t" else DataType.Int32, dt)
-        start, step = (self.scalar(x) for x in node.args)
-        return K.Op("add", (start, K.Op("mul", (i, step), dt)), dt)
-
-    def rng_expr(self, node, where):
-        """The random number of a PhiloxUniformOp at this position (Emitter.random_number) at
-        the element's row-major index in the op's own shape (its axes line up with the reference
-        axes of its key; broadcast axes have extent 1). Where that index is the reference
-        domain's and V is a multiple of 4, lanes share quads: the index is lane 0's."""
-        idx, lane = where
-        quads = self.V % 4 == 0 and self._dense_in_reference(node)
-        index, stride = None, None
-        for d, c in reversed(list(zip(node.tv.logical, node.key))):
-            if c != 0:
-                term = self.axis_index(c[1], (idx, _c(0)) if quads else where)
-                term = term if stride is None else K.mul(term, stride)
-                index = term if index is None else K.add(index, term)
-            ext = self.extent_expr(d)
-            stride = ext if stride is None else K.mul(stride, ext)
-        index = K.Convert("cast", index if index is not None else _c(0),
-                          DataType.Int if self.it == "int64_t" else DataType.Int32, DataType.Int)
-        value = self.random_number(len(self.g.rng_numbers), self.g.rng_numbers[id(node.expr)],
-                                   node.expr.digits, index, lane if quads else None)
-        dt = node.tv.dtype
-        return K.Convert("cast", value, DataType.Float, dt) if dt is DataType.Double else value
-
-    def _dense_in_reference(self, node) -> bool:
-        """Whether random node's row-major index is the reference domain's (its shape is the
-        reference's, no broadcast axis, and the groups are consecutive reference axes in
-        order): then the innermost group's V lanes are consecutive indices and lane 0's index
-        is a multiple of V (the group's index steps by V and its extent is a multiple of V)."""
-        order = [k for grp in self.p.groups for k in grp]
-        return tuple(node.key) == tuple(("r", i) for i in range(self.g.n)) and \
-            order == sorted(order) and all(grp == list(range(grp[0], grp[0] + len(grp)))
-                                           for grp in self.p.groups)
 
     # ---- the kernel ---------------------------------------------------------------------------
     def build(self, name: str) -> K.Kernel:
