@@ -14,7 +14,7 @@ import torch
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.frontend.fx import region as region_mod
-from pyfuser.frontend.fx import layout_channels_last as LCL
+from pyfuser.frontend.fx import layout_policy
 from pyfuser.schedule import reduction as reduction_mod
 
 import channels_last_cases as CL
@@ -111,7 +111,7 @@ def test_off_and_auto_on_cpu_leave_the_graph_alone(monkeypatch):
         (g,) = _graphs("inference")
         assert g.layout is None, knob
         assert CL.layout_counts(g)["nhwc_convolutions"] == 0
-    assert LCL.mode() == "off"                  # the default (unset): off
+    assert layout_policy.mode() == "off"        # the default (unset): off
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -120,7 +120,7 @@ def test_auto_runs_on_cuda_graphs_without_training_batch_norms(monkeypatch, trai
     step's graphs (batch norms reducing over N, H, W: an outer normalization over NHWC, not
     split over blocks yet) stay NCHW."""
     monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "auto")
-    monkeypatch.setattr(LCL, "_on_cuda", lambda convs: True)
+    monkeypatch.setattr(layout_policy, "_on_cuda", lambda convs: True)
     CL.step_beside_eager(CL.conv_net(), torch.randn(2, 3, 8, 8), train)
     graphs = _graphs()
     assert graphs
