@@ -128,10 +128,10 @@ def test_no_join_of_regions_on_different_devices():
         assert len({n.meta["val"].device for n in r.nodes}) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="pre-existing (before the sibling joins): the walk joins "
-                   "w into x's region, which then waits for a matmul after the eager randperm; "
-                   "x's eager reader multinomial runs after randperm, both draw other numbers")
-def test_walk_join_moves_an_eager_random_op_past_another():
+def test_walk_join_keeps_eager_random_ops_in_order():
+    """The walk joins w into x's region, which then waits for b @ m2 (after the eager randperm),
+    and so does x's eager reader multinomial: randperm, whose operands include multinomial
+    (rng_order.py), waits too. Before, multinomial ran after randperm: both drew other numbers."""
     def f(a, b, m2, pr):
         x = (a * 2).sigmoid()
         e = torch.multinomial(x, 3)
@@ -141,13 +141,44 @@ def test_walk_join_moves_an_eager_random_op_past_another():
     _same_draws(f, _inputs(3) + [torch.zeros(8, 8)])
 
 
-def _same_draws(f, args):
-    """f compiled and f eager from one seed: the same results (eager random ops included)."""
+def test_fused_random_op_after_an_eager_one_draws_after_it():
+    """rand_like (a region of its own) comes after the eager multinomial, which reads x's region;
+    that region waits for b @ m2 (w joins it). Before, the rand_like region ran first (nothing
+    it reads waits) and its draw moved multinomial's numbers; now it waits for multinomial.
+    Fused random numbers are pyfuser's own: only the eager draw before them is compared."""
+    def f(a, b, m2):
+        x = (a * 2).sigmoid()
+        e = torch.multinomial(x, 3)
+        u = torch.rand_like(b) * b
+        w = x + b @ m2
+        return e, u, w @ m2
+    _same_draws(f, _inputs(3), compared=1)
+    (g,) = compiled_graphs()
+    assert len(g.regions) == 2 and any("aten.rand_like.default" in r.ops for r in g.regions)
+
+
+def test_dropout_of_a_region_read_by_an_eager_random_op_stays_out_of_it():
+    """dropout(x) comes after multinomial(x): in x's region it would draw before multinomial
+    (the region runs first), so it is a region of its own, after multinomial."""
+    def f(a):
+        x = (a * 2).sigmoid()
+        e = torch.multinomial(x, 3)
+        return e, torch.nn.functional.dropout(x, 0.5, True) + 1
+    _same_draws(f, _inputs(1), compared=1)
+    (g,) = compiled_graphs()
+    assert [sorted(op for op in r.ops if op.startswith("aten.")) for r in g.regions] == [
+        ["aten.mul.Tensor", "aten.sigmoid.default"],
+        ["aten.add.Tensor", "aten.native_dropout.default"]]
+
+
+def _same_draws(f, args, compared=None):
+    """f compiled and f eager from one seed: the same results (eager random ops included), the
+    first `compared` of them where given."""
     compiled = torch.compile(f, backend=pyfuser.backend)
     torch.manual_seed(1)
     got = compiled(*args)
     torch.manual_seed(1)
     want = f(*args)
-    for gt, w in zip(got, want):
+    for gt, w in list(zip(got, want))[:compared]:
         assert gt.dtype == w.dtype
         torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)

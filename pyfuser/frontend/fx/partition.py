@@ -8,7 +8,10 @@ getitem of a node's tuple result follows that node. Convexity is checked with, p
 set of regions among its ancestors (a bitset over region ids) and, per region, the regions it
 needs (transitively, as a unit): joining region G is valid iff no operand outside G needs G.
 Two regions n reads from merge when neither needs the other (a path from one to the other
-through other units would make one need the other): siblings become one region.
+through other units would make one need the other): siblings become one region. A node's
+operands here (and in the sibling joins and the unit order) are its FX inputs and, for an op
+that draws random numbers, the random op before it (rng_order.py): random ops, eager or in a
+region, keep their graph order, so each draws the numbers eager's would.
 
 After the walk, pointwise siblings that read a common tensor or feed one node join where that
 delays no reader (sibling_joins.py). Afterwards each region is trimmed and kept only when worth
@@ -38,7 +41,8 @@ pointwise regions whose results only the graph returns (a backward graph's casts
 gradients to float32) join into one region, run once its last input is ready.
 
 Invariants: regions are disjoint, convex and in graph order; every node of a region is
-supported; the regions and the remaining nodes, topologically ordered as units, are a DAG.
+supported; the regions and the remaining nodes, topologically ordered as units, are a DAG
+(over the operands above, random ops' links included).
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ from .mutations import is_input_copy
 from .support import is_compute, is_getitem
 from ..lowering.registry import FACTORY, METADATA, POINTWISE
 from .support import op_class
+from .rng_order import operands, rng_links
 from .sibling_joins import absorb, merge_siblings_sharing_inputs
 
 
@@ -78,6 +83,7 @@ def partition(nodes, supported: set) -> list[Region]:
     rdep: dict = {}                  # region id -> bitset of the regions it needs, transitively
     members: dict = {}               # region id -> nodes
     position = {n: i for i, n in enumerate(nodes)}
+    links = rng_links(nodes)         # random op -> the one before it (rng_order.py)
     next_id = 0
 
     def closure(bits: int) -> int:
@@ -94,8 +100,9 @@ def partition(nodes, supported: set) -> list[Region]:
         return (1 << g) | rdep[g] if g is not None else closure(anc.get(y, 0))
 
     for n in nodes:
+        deps = operands(n, links)    # n's inputs and, for a random op, the one before it
         a = 0
-        for x in n.all_input_nodes:
+        for x in deps:
             a |= anc.get(x, 0)
             g = group.get(x)
             if g is not None:
@@ -113,7 +120,7 @@ def partition(nodes, supported: set) -> list[Region]:
                 if g is None or g == chosen:
                     continue
                 # joining g keeps the units acyclic: no operand outside g needs g
-                if all(group.get(y) == g or not (unit_deps(y) >> g) & 1 for y in ins):
+                if all(group.get(y) == g or not (unit_deps(y) >> g) & 1 for y in deps):
                     chosen = g
                     break
         if chosen is None:
@@ -131,13 +138,13 @@ def partition(nodes, supported: set) -> list[Region]:
             for x in ins:
                 h = group.get(x)
                 if h is None or h == chosen or (rdep[chosen] >> h) & 1 or \
-                        (rdep[h] >> chosen) & 1 or any(
-                            (unit_deps(y) >> h) & 1 for y in ins if group.get(y) not in (h, chosen)):
+                        (rdep[h] >> chosen) & 1 or any((unit_deps(y) >> h) & 1 for y in deps
+                                                       if group.get(y) not in (h, chosen)):
                     continue
                 absorb(members, group, rdep, chosen, h)
             members[chosen].sort(key=position.__getitem__)
         need = 0
-        for y in ins:
+        for y in deps:
             if group.get(y) != chosen:
                 need |= unit_deps(y)
         need &= ~(1 << chosen)
@@ -147,7 +154,7 @@ def partition(nodes, supported: set) -> list[Region]:
             for r in rdep:                      # regions needing this one need its needs too
                 if rdep[r] & bit:
                     rdep[r] |= rdep[chosen]
-    merge_siblings_sharing_inputs(members, group, rdep, position)
+    merge_siblings_sharing_inputs(members, group, rdep, position, links)
     regions = []
     for g in sorted(members):
         kept = _trim(sorted(members[g], key=position.__getitem__))
@@ -325,7 +332,8 @@ def _row_major_input(n) -> bool:
 
 def unit_order(nodes, regions) -> list:
     """Graph nodes and regions in one topological order (each region as one unit, placed
-    where its last input is available; ties keep graph order)."""
+    where its last input is available; ties keep graph order). A random op's operands include
+    the random op before it (rng_order.py): random ops, eager or fused, draw in graph order."""
     owner = {n: r for r in regions for n in r.nodes}
     pos = {n: i for i, n in enumerate(nodes)}
     units, key = [], {}
@@ -336,11 +344,12 @@ def unit_order(nodes, regions) -> list:
             key[id(u)] = len(units)
             units.append(u)
     deps = []
+    links = rng_links(nodes)
     for u in units:
         inner = u.nodes if not isinstance(u, torch.fx.Node) else [u]
         d = set()
         for n in inner:
-            for x in n.all_input_nodes:
+            for x in operands(n, links):
                 ux = owner.get(x, x)
                 if ux is not u:
                     d.add(key[id(ux)])

@@ -9,13 +9,15 @@ into another in the walk's maps (members, group, rdep).
 Invariants: a join never makes a unit need itself (the dependency bitsets `rdep` stay
 transitive: every region needing either half needs the joined one and its needs), never joins
 regions on different devices, and never moves a reader of either region (an eager op, with its
-side effects) past an op it came before in the unit order.
+side effects) past an op it came before in the unit order. Ready positions follow a node's
+operands with random ops' links (rng_order.py), as the walk's needs and the unit order do.
 """
 from __future__ import annotations
 
 import torch
 
 from .mutations import is_input_copy
+from .rng_order import operands
 from .support import is_getitem, op_class
 from ..lowering.registry import FACTORY, METADATA, POINTWISE
 
@@ -39,7 +41,8 @@ def _pointwise_unit(nodes) -> bool:
                                  and not is_input_copy(n)) for n in nodes)
 
 
-def merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict) -> None:
+def merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, position: dict,
+                                  links: dict) -> None:
     """Join pointwise regions on one device that read a common tensor no region of theirs
     computes, or whose results one node reads, where neither needs the other and the join delays
     no reader: each region's first reader outside it comes after the other's last input is
@@ -62,7 +65,7 @@ def merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, positi
         return min((position.get(u, inf) for n in members[g] for u in n.users if u not in ms),
                    default=inf)
 
-    ready = _ready_positions(members, position)
+    ready = _ready_positions(members, position, links)
 
     def last_input(g) -> int:
         """When g's inputs exist in a unit order: an input's position, or later where it waits
@@ -147,7 +150,7 @@ def merge_siblings_sharing_inputs(members: dict, group: dict, rdep: dict, positi
             todo = partners(g, after)
 
 
-def _ready_positions(members: dict, position: dict) -> dict:
+def _ready_positions(members: dict, position: dict, links: dict) -> dict:
     """node -> the position from which its value exists in a unit order: an eager node's own
     position, raised to its inputs'; a region's nodes', the latest of the region's outside
     inputs' (a region runs as one unit, once its last input exists). One post-order walk over
@@ -160,9 +163,9 @@ def _ready_positions(members: dict, position: dict) -> dict:
 
     def inputs(u):
         if u[0] == "n":
-            return u[1].all_input_nodes
+            return operands(u[1], links)
         ms = members[u[1]]
-        return [x for m in ms for x in m.all_input_nodes if owner.get(x) != u[1]]
+        return [x for m in ms for x in operands(m, links) if owner.get(x) != u[1]]
 
     at: dict = {}
     for n in sorted(position, key=position.__getitem__):
