@@ -22,8 +22,8 @@ the plan into a CUDA graph; later calls replay it. What a caller sees:
   call); at most MAX_GRAPHS signatures keep a graph per compiled function (oldest dropped).
 
 `GraphedPlan` wraps a Plan with the same interface (`fn`, `stats`, `sites`, `error`). Capture
-and replay go through a `Backend` (`torch.cuda.CUDAGraph`; tests give a stand-in that replays
-by running the captured function on the same buffers).
+and replay go through runtime/graph_capture.py's `Backend` (`torch.cuda.CUDAGraph`; tests give
+a stand-in that replays by running the captured function on the same buffers).
 """
 from __future__ import annotations
 
@@ -31,50 +31,11 @@ import logging
 
 import torch
 
+from ...runtime.graph_capture import Backend, fresh_copies, tensors_of
 from .plan import FACTS, VALUE, input_level
 
 log = logging.getLogger("pyfuser")
 MAX_GRAPHS = 8
-
-
-class Backend:
-    """Capture and replay through torch.cuda.CUDAGraph."""
-
-    def capture(self, fn, device):
-        """Warm up once on a side stream, then capture `fn()`; (graph, its result)."""
-        with torch.cuda.device(device):
-            cur = torch.cuda.current_stream(device)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(cur)
-            with torch.cuda.stream(side):
-                fn()
-            cur.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = fn()
-        return graph, out
-
-    def replay(self, graph) -> None:
-        graph.replay()
-
-
-def _tensors(x, out):
-    if isinstance(x, torch.Tensor):
-        out.append(x)
-    elif isinstance(x, (list, tuple)):
-        for e in x:
-            _tensors(e, out)
-    return out
-
-
-def _fresh(x):
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, tuple):
-        return tuple(_fresh(e) for e in x)
-    if isinstance(x, list):
-        return [_fresh(e) for e in x]
-    return x
 
 
 def graphable(graph, skip: int) -> str | None:
@@ -137,7 +98,7 @@ class GraphedPlan:
                 return self._capture(args)
         self.backend.replay(self.graph)
         self.compiled.last_run = self.plan.stats
-        return _fresh(self.static_out)
+        return fresh_copies(self.static_out)
 
     def _give_up(self, reason, args):
         self.failed = reason
@@ -166,7 +127,7 @@ class GraphedPlan:
         except Exception as e:  # noqa: BLE001 - capture refused: run the plan as is
             return self._give_up(f"capture failed: {type(e).__name__}: "
                                  f"{str(e).splitlines()[0] if str(e) else ''}", args)
-        outs = _tensors(out, [])
+        outs = tensors_of(out, [])
         ins = {s.untyped_storage().data_ptr() for s in static if s is not None}
         if any(o.untyped_storage().data_ptr() in ins for o in outs):
             return self._give_up("an output shares memory with an input", args)
@@ -174,7 +135,7 @@ class GraphedPlan:
         self.attrs = attrs
         self.backend.replay(graph)          # the capture ran nothing: this call's results
         self.compiled.last_run = self.plan.stats
-        return _fresh(out)
+        return fresh_copies(out)
 
     def release(self) -> None:
         """Drop the captured graph (its memory); a later call captures again."""

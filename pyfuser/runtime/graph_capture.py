@@ -1,0 +1,71 @@
+"""Capturing a callable into a CUDA graph and replaying it, for the frontends' graphed calls
+(`pyfuser.jit(f, cuda_graphs=True)`: frontend/torchscript/cuda_graphs.py; torch.compile's
+inference graphs with `cuda_graphs=True`: frontend/fx/cuda_graphs.py).
+
+`Backend` is the one place that touches torch.cuda.CUDAGraph: `capture(fn, device)` runs `fn`
+once on a side stream (lazy work such as kernel loading and workspace allocation happens
+outside the graph), then records a second run; `replay(graph)` launches what was recorded.
+Tests substitute a stand-in with the same two methods that replays by running the function
+again on the same buffers, which is what a graph does.
+
+Invariants: a captured graph reads its inputs from, and writes its outputs to, the addresses of
+the capturing call, so its callers copy new inputs into those buffers and hand out copies of
+the outputs (`fresh_copies`), never the buffers a later replay overwrites.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Backend:
+    """Capture and replay through torch.cuda.CUDAGraph."""
+
+    def capture(self, fn, device):
+        """Warm up once on a side stream, then capture `fn()`; (graph, its result)."""
+        with torch.cuda.device(device):
+            cur = torch.cuda.current_stream(device)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                fn()
+            cur.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fn()
+        return graph, out
+
+    def replay(self, graph) -> None:
+        graph.replay()
+
+
+def tensors_of(x, out: list) -> list:
+    """The tensors of a result (nested lists / tuples), appended to `out`."""
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for e in x:
+            tensors_of(e, out)
+    return out
+
+
+def fresh_copies(x):
+    """A result with every tensor cloned (the caller's own memory, not the graph's)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, tuple):
+        return tuple(fresh_copies(e) for e in x)
+    if isinstance(x, list):
+        return [fresh_copies(e) for e in x]
+    return x
+
+
+def shares_storage(outs, others) -> bool:
+    """Whether a tensor of `outs` shares storage with one of `others`, or two of `outs` share
+    one (a copy would break the aliasing the caller may rely on)."""
+    seen = {t.untyped_storage().data_ptr() for t in others}
+    for t in outs:
+        p = t.untyped_storage().data_ptr()
+        if p in seen and t.numel():
+            return True
+        seen.add(p)
+    return False
