@@ -9,7 +9,9 @@ Models (tests/cpu/train_corpus.py, random weights, never a download): HF BERT (m
 and Llama (causal LM) at batch 8 x 512 tokens, hidden 768, 4 layers, 12 heads (`--size`
 batch,seq,hidden,layers), and a ResNet-18 (batch 8, 224 x 224, train mode: batch norm with
 running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`, `inductor`
-(torch.compile's default backend) and `pyfuser` (torch.compile(backend="pyfuser")). Columns:
+(torch.compile's default backend) and `pyfuser` (torch.compile(backend="pyfuser")); on request
+(`--modes`) `inductor-cg` and `pyfuser-cg`, the same with mode="reduce-overhead" (CUDA graphs:
+Inductor's for forward and training graphs, pyfuser's for inference graphs only). Columns:
 - `fwd_ms`: an inference forward (eval mode, torch.no_grad()); `train_ms`: a training step
   (train mode with the configs' own dropout, `--dropout` to override; the loss, backward and an
   SGD step, the optimizer eager in every mode). Median of `--reps` calls timed by CUDA events
@@ -68,7 +70,8 @@ from bench.models_timing import interleaved_times, sync, time_ms  # noqa: E402
 
 MODELS = ("bert", "gpt2", "llama", "resnet18")
 DTYPES = ("float32", "bfloat16")
-MODES = ("eager", "inductor", "pyfuser")
+MODES = ("eager", "inductor", "pyfuser", "inductor-cg", "pyfuser-cg")
+DEFAULT_MODES = MODES[:3]
 CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYFUSER_CACHE_DIR")
 
 
@@ -135,6 +138,7 @@ def warm_up_compilers(modes, device: str, base: str) -> None:
 
 
 def _backend(mode: str):
+    mode = mode.removesuffix("-cg")
     if mode in ("inductor", "aot_eager"):
         return mode
     import pyfuser                 # installed, backend="pyfuser" names the same (entry point)
@@ -162,7 +166,9 @@ class Case:
 
     def make(self, mode: str):
         model = copy.deepcopy(self.base.model)
-        fn = model if mode == "eager" else self.torch.compile(model, backend=_backend(mode))
+        extra = {"mode": "reduce-overhead"} if mode.endswith("-cg") else {}
+        fn = model if mode == "eager" else self.torch.compile(model, backend=_backend(mode),
+                                                              **extra)
         return model, fn, self.torch.optim.SGD(model.parameters(), lr=1e-4)
 
     def forward(self, model, fn):
@@ -192,7 +198,9 @@ def _first_calls(case, mode) -> tuple:
     """(seconds, model, fn, opt, forward output, first loss) of a new compile of `mode`."""
     model, fn, opt = case.make(mode)
     t0 = time.perf_counter()
-    fwd = case.forward(model, fn)
+    # a copy: a CUDA-graph mode's output buffers are rewritten by the next call (Inductor's
+    # CUDA-graph trees refuse a read of an overwritten output)
+    fwd = _logits(case.forward(model, fn)).float().clone()
     loss = case.train_step(model, fn, opt)
     sync(case.device)
     return time.perf_counter() - t0, model, fn, opt, fwd, loss
@@ -249,7 +257,7 @@ def run_case(TC, args, name, dtype, mode, size, device, base_dir) -> dict:
         from bench.common import count_kernels
         row["fwd_kernels"] = count_kernels(lambda: case.forward(model, fn))
         row["train_kernels"] = count_kernels(lambda: case.train_step(model, fn, opt))
-    if mode == "pyfuser":
+    if mode.startswith("pyfuser"):
         graphs = compiled_graphs()[n_graphs:]
         row["regions"] = "+".join(f"{len(g.regions)}{g.kind[0]}" for g in graphs)
     del model, fn, opt
@@ -283,13 +291,16 @@ def ratios(rows) -> str:
     by = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
     lines = []
     for (m, d, mode), r in by.items():
-        ind = by.get((m, d, "inductor"))
-        if mode != "pyfuser" or ind is None:
+        if not mode.startswith("pyfuser"):
+            continue
+        other = mode.replace("pyfuser", "inductor")
+        ind = by.get((m, d, other))
+        if ind is None:
             continue
         parts = [f"{k} {r[k] / ind[k]:.2f}" for k in ("fwd_ms", "train_ms", "cold_s", "warm_s")
                  if r.get(k) and ind.get(k)]
         if parts:
-            lines.append(f"- {m} {d}: pyfuser / inductor " + ", ".join(parts))
+            lines.append(f"- {m} {d}: {mode} / {other} " + ", ".join(parts))
     return "\n".join(lines)
 
 
@@ -326,7 +337,8 @@ def compile_summary(rows) -> str:
 def speed_rows(rows) -> list:
     """Plot rows: per model, dtype and step, each mode's speed as % of eager's (eager = 100)."""
     by = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
-    series = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser"}
+    series = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser",
+              "inductor-cg": "torch.compile (CUDA graphs)", "pyfuser-cg": "pyfuser (CUDA graphs)"}
     out = []
     for (m, d, mode), r in by.items():
         if mode != "eager":
@@ -336,6 +348,8 @@ def speed_rows(rows) -> list:
                 continue
             row = {"workload": f"{m} {d} {step[:-3]}"}
             for mo, label in series.items():
+                if not any(k[2] == mo for k in by):      # a mode this run did not time
+                    continue
                 t = by.get((m, d, mo), {}).get(step)
                 row[label] = 100.0 * r[step] / t if t else None
             out.append(row)
@@ -372,7 +386,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--dtypes", default=",".join(DTYPES))
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"of {','.join(MODES)} (-cg: mode=\"reduce-overhead\", CUDA graphs)")
     p.add_argument("--size", default="", help="batch,seq,hidden,layers (default 8,512,768,4)")
     p.add_argument("--dropout", type=float, default=None,
                    help="every dropout probability of the HF configs (default: their own)")
@@ -413,7 +428,7 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"bench/models.py: unknown mode or dtype {bad}")
     if device == "cpu":       # Inductor's CPU code and bf16 on the interpreter: not this benchmark
-        modes = [m for m in modes if m != "inductor"]
+        modes = [m for m in modes if not m.startswith("inductor")]
         dtypes = [d for d in dtypes if d != "bfloat16"]
     base_dir = tempfile.mkdtemp(prefix="bench_models_")
     if device == "cuda":

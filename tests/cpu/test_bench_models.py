@@ -66,6 +66,10 @@ def test_ratios_and_speed_rows_compare_with_inductor_and_eager(bench):
     assert speed[0] == {"workload": "m float32 fwd", "eager": 100.0, "torch.compile": 200.0,
                         "pyfuser": 400.0}
     assert speed[1]["pyfuser"] == 100.0
+    cg = [dict(r, mode=r["mode"] + "-cg") for r in rows[1:]]
+    assert bench.ratios(rows + cg).splitlines()[1] == \
+        "- m float32: pyfuser-cg / inductor-cg fwd_ms 0.50, train_ms 1.50, cold_s 0.33"
+    assert bench.speed_rows(rows + cg)[0]["pyfuser (CUDA graphs)"] == 400.0
 
 
 def test_compile_summary_states_the_targets_whole_and_without_tracing(bench):

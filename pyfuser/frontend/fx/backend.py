@@ -25,7 +25,9 @@ pointwise values in the backward instead of saving them (`PYFUSER_PARTITIONER=de
 plain split, every value the backward reads saved).
 
 Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
-none yet; unknown options are an error, not silently ignored.
+`cuda_graphs` (bool, default False): inference graphs are replayed from CUDA graphs
+(cuda_graphs.py); `mode="reduce-overhead"` asks for the same, `mode="default"` for nothing;
+other modes, unknown options and values of another type are an error, not silently ignored.
 """
 from __future__ import annotations
 
@@ -67,25 +69,63 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     return torch.where(bad, float("nan"), torch.where(hit, -g, 0.0)).to(self.dtype)
 
 
-def _compiler(kind: str):
+def _compiler(kind: str, cuda_graphs: bool = False):
     from .compile_graph import compile_graph
 
     def compile_fn(gm, example_inputs):
-        return compile_graph(gm, example_inputs, kind)
+        if not cuda_graphs:
+            return compile_graph(gm, example_inputs, kind)
+        from .cuda_graphs import GraphedInference, graph_wide_reason
+        static, mutated = _static_and_mutated_inputs()
+        why_not = graph_wide_reason(gm, static, mutated)   # before compile_graph rewrites gm
+        return GraphedInference(compile_graph(gm, example_inputs, kind), static, why_not)
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
     return compile_fn
 
 
-def pyfuser_backend(gm, example_inputs, **options):
+def _static_and_mutated_inputs() -> tuple:
+    """(indices of the inputs that are parameters, of the inputs the graph writes) of the graph
+    AOTAutograd is compiling, from its metadata (empty where it has none)."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    if meta is None:
+        return (), ()
+    mutated = [i for i, info in enumerate(getattr(meta, "input_info", ()))
+               if getattr(info, "mutates_data", False) or getattr(info, "mutates_metadata", False)]
+    return tuple(getattr(meta, "static_input_indices", ()) or ()), tuple(mutated)
+
+
+_OPTIONS = {"cuda_graphs": bool}
+
+
+def _options(options, mode) -> dict:
+    """The backend's options, checked (module docstring)."""
+    got = dict(options or {})
+    for k, v in got.items():
+        if k not in _OPTIONS:
+            raise TypeError(f"pyfuser backend: unknown option {k!r} (known: {sorted(_OPTIONS)})")
+        if not isinstance(v, _OPTIONS[k]):
+            raise TypeError(f"pyfuser backend: option {k!r} takes a {_OPTIONS[k].__name__}, "
+                            f"not {type(v).__name__}")
+    if mode not in (None, "default", "reduce-overhead"):
+        raise TypeError(f"pyfuser backend: mode {mode!r} is not supported (\"default\" or "
+                        "\"reduce-overhead\": CUDA graphs for inference graphs)")
+    if mode == "reduce-overhead":
+        got.setdefault("cuda_graphs", True)
+    return got
+
+
+def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
     """The Dynamo backend (what `backend="pyfuser"` names)."""
-    if options:
-        raise TypeError(f"pyfuser backend: unknown options {sorted(options)}")
+    if unknown:
+        raise TypeError(f"pyfuser backend: unknown arguments {sorted(unknown)}")
+    opts = _options(options, mode)
     from torch._dynamo.backends.common import aot_autograd
     extra = {}
     if os.environ.get("PYFUSER_PARTITIONER", "mincut") != "default":
         extra["partition_fn"] = _recomputing_partition
     aot = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                       inference_compiler=_compiler("inference"),
+                       inference_compiler=_compiler("inference", opts.get("cuda_graphs", False)),
                        decompositions=decompositions(), keep_inference_input_mutations=True,
                        **extra)
     return aot(gm, example_inputs)
@@ -102,9 +142,13 @@ def _recomputing_partition(joint_module, joint_inputs, **kwargs):
 
 def compile(model=None, **kwargs):  # noqa: A001 - pyfuser.compile mirrors torch.compile
     """`torch.compile(model, backend=pyfuser_backend, **kwargs)` (dynamic=, fullgraph=, mode
-    ... as torch.compile takes them). Usable as a decorator, with or without arguments."""
+    ... as torch.compile takes them; `cuda_graphs=True` is `options={"cuda_graphs": True}`).
+    Usable as a decorator, with or without arguments."""
     if "backend" in kwargs:
         raise TypeError("pyfuser.compile: the backend is pyfuser's; do not pass backend=")
     if model is None:
         return functools.partial(compile, **kwargs)
+    if "cuda_graphs" in kwargs:                    # pyfuser.compile(m, cuda_graphs=True)
+        kwargs["options"] = {**(kwargs.get("options") or {}),
+                             "cuda_graphs": kwargs.pop("cuda_graphs")}
     return torch.compile(model, backend=pyfuser_backend, **kwargs)

@@ -1,0 +1,203 @@
+"""CUDA graphs for torch.compile's inference graphs: `torch.compile(m, backend="pyfuser",
+mode="reduce-overhead")`, `options={"cuda_graphs": True}` or `pyfuser.compile(m,
+cuda_graphs=True)`.
+
+An inference graph (AOTAutograd's, when nothing needs a gradient) is wrapped in a
+`GraphedInference`, a boxed callable like the CompiledGraph it wraps. Per input signature (each
+tensor's shape, strides, dtype and device; the value of each other argument) the first call runs
+the graph as it is (kernels compile and load, workspaces are made), the second captures it into a
+CUDA graph (runtime/graph_capture.py) and later calls replay it: one graph launch instead of a
+host call per region and per aten op, which is what a small batch or a bfloat16 model spends its
+time on. What a caller sees:
+
+- **Parameters are captured by address** (AOTAutograd's `static_input_indices`: the inputs that
+  are the module's parameters): updating one in place (an optimizer step, `load_state_dict`,
+  `.copy_()`) is seen by the next replay; passing another tensor in its place (a new address)
+  captures again.
+- **Other tensor inputs are copied** into the graph's own buffers (one device copy each, skipped
+  when the caller passes that buffer back), so new tensors may be passed on every call.
+- **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls
+  (one device copy per output; a model returning large logits pays it).
+- A graph is not used (the graph runs as it is, the reason logged once) where replaying could
+  differ from running: the graph draws random numbers (pyfuser's kernels take their seed on the
+  host at each launch, which a replay would repeat); it writes an input that is not a parameter
+  (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
+  argument is neither a tensor nor a bool / int / float / None; an output shares memory with an
+  input or with another output (a copy would break the aliasing); the capture fails (a host
+  synchronization, a data-dependent shape).
+- At most MAX_GRAPHS signatures keep a graph per compiled graph (least recently used dropped);
+  each holds its own memory pool.
+
+Training graphs (forward and backward) are not graphed: their outputs live on across calls
+(tensors saved for the backward), which replays into fixed buffers would overwrite.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from ...runtime.graph_capture import Backend, fresh_copies, shares_storage, tensors_of
+from .rng_order import consumes_rng
+
+log = logging.getLogger("pyfuser")
+MAX_GRAPHS = 8
+_SCALARS = (bool, int, float, type(None))
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def graphed_calls() -> list:
+    """The GraphedInference objects alive in this process (tests and benchmarks read their
+    `captures` / `replays` counts)."""
+    return list(_LIVE)
+
+
+def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
+    """Why no call of this inference graph may be replayed from a CUDA graph (None: calls may):
+    it draws random numbers, or writes an input that is not a parameter (`mutated_idx`, and
+    every placeholder the graph copies into: a functionalized graph's input writes)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    copied = {n.args[0] for n in gm.graph.nodes
+              if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
+    mutated = set(mutated_idx) | {i for i, p in enumerate(placeholders) if p in copied}
+    for n in gm.graph.nodes:
+        if consumes_rng(n):
+            return f"it draws random numbers ({n.target}): a replay would repeat them"
+    written = sorted(mutated - set(static_idx))
+    if written:
+        return f"it writes input {written[0]} in place, which is not a parameter"
+    return None
+
+
+class _Entry:
+    """One signature's state: the call count before capture, then the captured graph."""
+    __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed")
+
+    def __init__(self):
+        self.runs = 0
+        self.graph = self.inputs = self.ptrs = self.out = None
+        self.failed = None
+
+
+class GraphedInference:
+    """An inference CompiledGraph replayed from CUDA graphs (module docstring); boxed call."""
+
+    def __init__(self, compiled, static_idx=(), why_not=None, backend=None):
+        self._boxed_call = True
+        self.__name__ = f"{compiled.__name__}_graphed"
+        self.compiled = compiled
+        self.static_idx = frozenset(static_idx)
+        self.why_not = why_not
+        self.backend = backend or Backend()
+        self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
+        self.captures = self.replays = 0
+        self._logged: set = set()
+        _LIVE.add(self)
+        if why_not:
+            log.info("pyfuser: %s runs without CUDA graphs: %s", compiled.__name__, why_not)
+
+    def __getattr__(self, name):             # kernels(), report(), regions ... of the graph
+        compiled = self.__dict__.get("compiled")
+        if compiled is None:
+            raise AttributeError(name)
+        return getattr(compiled, name)
+
+    def __call__(self, args):
+        if self.why_not:
+            return self.compiled(args)
+        key = self.key(args)
+        if key is None:
+            return self.compiled(args)
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = _Entry()
+            while len(self.entries) > MAX_GRAPHS:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
+        if e.failed is not None:
+            return self.compiled(args)
+        if e.graph is not None and self._bind(e, args):
+            self.backend.replay(e.graph)
+            self.replays += 1
+            return fresh_copies(e.out)
+        if e.runs == 0:                      # the first call of a signature runs as it is
+            e.runs += 1
+            return self.compiled(args)
+        return self._capture(e, args)
+
+    def key(self, args):
+        """The signature a graph is captured for, or None: this call runs without one."""
+        parts, device = [], None
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "cuda" and not getattr(self.backend, "any_device", False):
+                    return self._skip(f"input {i} is on {a.device}, not a CUDA device")
+                if device is not None and a.device != device:
+                    return self._skip("tensor inputs on more than one device")
+                device = a.device
+                parts.append((tuple(a.shape), a.stride(), a.dtype, a.storage_offset()))
+            elif isinstance(a, _SCALARS):
+                parts.append((type(a), a))
+            else:
+                return self._skip(f"input {i} is a {type(a).__name__}")
+        return (device, tuple(parts))
+
+    def _skip(self, why):
+        if why not in self._logged:
+            self._logged.add(why)
+            log.info("pyfuser: a call of %s runs without a CUDA graph: %s",
+                     self.compiled.__name__, why)
+        return None
+
+    def _bind(self, e, args) -> bool:
+        """Point the captured graph at this call's arguments: copy each non-parameter tensor into
+        its buffer; False where a parameter moved (capture again)."""
+        for i, a in enumerate(args):
+            if i in self.static_idx and isinstance(a, torch.Tensor):
+                if a.data_ptr() != e.ptrs[i]:
+                    return False
+            elif isinstance(a, torch.Tensor):
+                buf = e.inputs[i]
+                if buf.data_ptr() != a.data_ptr():
+                    buf.copy_(a)
+        return True
+
+    def _capture(self, e, args):
+        bufs, ptrs, call_args = {}, {}, []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and i not in self.static_idx:
+                b = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                b.copy_(a)
+                bufs[i] = b
+                call_args.append(b)
+            else:
+                if isinstance(a, torch.Tensor):
+                    ptrs[i] = a.data_ptr()
+                call_args.append(a)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        try:
+            graph, out = self.backend.capture(lambda: self.compiled(list(call_args)), device)
+        except Exception as ex:  # noqa: BLE001 - capture refused: this signature runs as it is
+            return self._give_up(e, f"capture failed: {type(ex).__name__}: "
+                                    f"{str(ex).splitlines()[0] if str(ex) else ''}", args)
+        ins = [a for a in call_args if isinstance(a, torch.Tensor)]
+        if shares_storage(tensors_of(out, []), ins):
+            return self._give_up(e, "an output shares memory with an input or another output",
+                                 args)
+        e.graph, e.inputs, e.ptrs, e.out = graph, bufs, ptrs, out
+        self.captures += 1
+        self.backend.replay(graph)           # the capture ran nothing: this call's results
+        self.replays += 1
+        return fresh_copies(out)
+
+    def _give_up(self, e, reason, args):
+        e.failed = reason
+        e.graph = e.inputs = e.out = None
+        log.info("pyfuser: an input signature of %s runs without a CUDA graph: %s",
+                 self.compiled.__name__, reason)
+        return self.compiled(args)
+
+
+__all__ = ["GraphedInference", "MAX_GRAPHS", "graph_wide_reason", "graphed_calls"]

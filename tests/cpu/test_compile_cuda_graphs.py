@@ -1,0 +1,191 @@
+"""CUDA graphs for torch.compile's inference graphs (frontend/fx/cuda_graphs.py), on the CPU with
+a stand-in for torch.cuda.CUDAGraph that replays by running the captured call again on the same
+buffers and writing the same output buffers (what a graph does): the options, new inputs every
+call, fresh outputs, parameters updated in place or replaced, and the graphs that run without a
+CUDA graph (random ops, inputs written in place, outputs aliasing inputs, training graphs)."""
+import pytest
+import torch
+
+import pyfuser
+from pyfuser.frontend.fx import cuda_graphs as CG
+
+pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
+
+
+@pytest.fixture
+def no_graphed_calls():
+    CG._LIVE.clear()                        # an earlier test's compiled graphs may be alive
+    yield
+
+
+class FakeGraphs:
+    """capture(fn) -> (graph, outputs); replay(graph) runs fn again into the same outputs."""
+    any_device = True                       # CPU tensors stand for CUDA ones
+
+    def __init__(self, fail=None):
+        self.captures = self.replays = 0
+        self.fail = fail
+
+    def capture(self, fn, device):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        fn()                                # the warm-up
+        out = fn()
+        self.captures += 1
+        return (fn, out), out
+
+    def replay(self, graph):
+        fn, out = graph
+        for o, n in zip(_flat(out), _flat(fn())):
+            o.copy_(n)
+        self.replays += 1
+
+
+def _flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for e in x for t in _flat(e)]
+    return []
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    g = FakeGraphs()
+    monkeypatch.setattr(CG, "Backend", lambda: g)
+    return g
+
+
+def _graphed():
+    (g,) = CG.graphed_calls()
+    return g
+
+
+def test_options_and_modes():
+    f = lambda x: x * 2 + 1   # noqa: E731
+    with pytest.raises(Exception, match="takes a bool"):
+        torch.compile(f, backend=pyfuser.backend, options={"cuda_graphs": 1})(torch.ones(2))
+    with pytest.raises(Exception, match="not supported"):
+        torch.compile(f, backend=pyfuser.backend, mode="max-autotune")(torch.ones(2))
+    torch.compile(f, backend=pyfuser.backend, mode="default")(torch.ones(2))
+    assert CG.graphed_calls() == []
+
+
+@pytest.mark.parametrize("how", ["mode", "options", "pyfuser.compile"])
+def test_new_inputs_every_call_and_fresh_outputs(fake, how):
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x, s: float):
+        return torch.nn.functional.gelu(lin(x)) * s + 1, x.sum(-1)
+    c = {"mode": lambda: torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead"),
+         "options": lambda: torch.compile(f, backend=pyfuser.backend,
+                                          options={"cuda_graphs": True}),
+         "pyfuser.compile": lambda: pyfuser.compile(f, cuda_graphs=True)}[how]()
+    results = []
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(4, 8)
+            got, want = c(x, 2.0), f(x, 2.0)
+            for o, w in zip(got, want):
+                torch.testing.assert_close(o, w)
+            results.append((got, want))
+    g = _graphed()
+    assert fake.captures == 1 and g.replays == 4        # as it is, captured, replays
+    assert fake.replays == 4
+    for got, want in results:                          # earlier results were not overwritten
+        for o, w in zip(got, want):
+            torch.testing.assert_close(o, w)
+
+
+def test_parameters_updated_in_place_or_replaced(fake):
+    lin = torch.nn.Linear(8, 8)
+    c = torch.compile(lin, backend=pyfuser.backend, mode="reduce-overhead")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(c(x), lin(x))
+        g = _graphed()
+        assert g.static_idx, "AOTAutograd names the parameters"
+        lin.weight.mul_(2)                             # in place: the same address
+        torch.testing.assert_close(c(x), lin(x))
+        assert fake.captures == 1
+        lin.weight = torch.nn.Parameter(torch.randn(8, 8))   # a new tensor: captured again
+        torch.testing.assert_close(c(x), lin(x))
+    assert fake.captures == 2 and g.static_idx == {0, 1}   # recaptured, not recompiled
+
+
+def test_signatures_each_get_a_graph(fake):
+    c = torch.compile(lambda x: torch.tanh(x) * 3, backend=pyfuser.backend,
+                      mode="reduce-overhead", dynamic=True)
+    with torch.no_grad():
+        for n in (4, 6, 4, 6, 4, 6):
+            x = torch.randn(n, 5)
+            torch.testing.assert_close(c(x), torch.tanh(x) * 3)
+    assert fake.captures == 2
+
+
+def test_random_ops_run_without_a_graph(fake):
+    def f(x):
+        return torch.nn.functional.dropout(x * 2, 0.5, training=True) + 1
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        outs = [c(torch.ones(64, 64)) for _ in range(4)]
+    assert fake.captures == 0
+    assert "random" in _graphed().why_not
+    assert not torch.equal(outs[2], outs[3])            # new draws every call
+    assert set(outs[3].unique().tolist()) <= {1.0, 5.0}
+
+
+def test_input_written_in_place_runs_without_a_graph(fake):
+    def f(x):
+        x.mul_(2)
+        return x + 1
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(5)
+            x0 = x.clone()
+            torch.testing.assert_close(c(x), x0 * 2 + 1)
+            torch.testing.assert_close(x, x0 * 2)
+    assert fake.captures == 0 and "writes input" in _graphed().why_not
+
+
+def test_output_aliasing_an_input_keeps_eager_semantics(fake):
+    def f(x):
+        return x[1:], torch.sigmoid(x) * 2
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(6, 3)
+            view, y = c(x)
+            torch.testing.assert_close(y, torch.sigmoid(x) * 2)
+            assert view.data_ptr() == x[1:].data_ptr()     # still a view of the caller's input
+    (entry,) = _graphed().entries.values()
+    assert "shares memory" in entry.failed and _graphed().replays == 0
+
+
+def test_failed_capture_runs_as_it_is(monkeypatch):
+    g = FakeGraphs(fail="operation not permitted when stream is capturing")
+    monkeypatch.setattr(CG, "Backend", lambda: g)
+    c = torch.compile(lambda x: x.exp() - 1, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(7)
+            torch.testing.assert_close(c(x), x.exp() - 1)
+    (entry,) = _graphed().entries.values()
+    assert "capture failed" in entry.failed and g.captures == 0
+
+
+def test_training_graphs_are_not_graphed(fake):
+    lin = torch.nn.Linear(4, 4)
+    c = torch.compile(lambda x: torch.relu(lin(x)).sum(), backend=pyfuser.backend,
+                      mode="reduce-overhead")
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        lin.zero_grad()
+        c(x).backward()
+    want = lin.weight.grad.clone()
+    lin.zero_grad()
+    torch.relu(lin(x)).sum().backward()
+    torch.testing.assert_close(want, lin.weight.grad)
+    assert fake.captures == 0 and CG.graphed_calls() == []
