@@ -48,24 +48,35 @@ def tensors_of(x, out: list) -> list:
     return out
 
 
-def fresh_copies(x):
-    """A result with every tensor cloned (the caller's own memory, not the graph's)."""
+def fresh_copies(x, _memo=None):
+    """A result with every tensor in the caller's own memory (not the graph's): each storage the
+    result's tensors view is copied once and every tensor rebuilt on the copy at its offset and
+    strides, so views of one intermediate stay views of one copy and strides, gaps and expanded
+    axes are the captured ones (what a run without the graph returns)."""
+    memo = {} if _memo is None else _memo
     if isinstance(x, torch.Tensor):
-        return x.clone()
+        st = x.untyped_storage()
+        new = memo.get(st.data_ptr())
+        if new is None:
+            new = memo[st.data_ptr()] = st.clone()
+        return torch.empty(0, dtype=x.dtype, device=x.device).set_(
+            new, x.storage_offset(), x.size(), x.stride())
     if isinstance(x, tuple):
-        return tuple(fresh_copies(e) for e in x)
+        return tuple(fresh_copies(e, memo) for e in x)
     if isinstance(x, list):
-        return [fresh_copies(e) for e in x]
+        return [fresh_copies(e, memo) for e in x]
     return x
 
 
 def shares_storage(outs, others) -> bool:
-    """Whether a tensor of `outs` shares storage with one of `others`, or two of `outs` share
-    one (a copy would break the aliasing the caller may rely on)."""
+    """Whether a tensor of `outs` shares storage with one of `others` (a copy would break the
+    aliasing the caller may rely on)."""
     seen = {t.untyped_storage().data_ptr() for t in others}
-    for t in outs:
-        p = t.untyped_storage().data_ptr()
-        if p in seen and t.numel():
-            return True
-        seen.add(p)
-    return False
+    return any(t.untyped_storage().data_ptr() in seen and t.numel() for t in outs)
+
+
+def overlaps_itself(t) -> bool:
+    """Whether two elements of `t` may share memory (an expanded tensor): a buffer of its
+    strides cannot be written element by element (or it could not be told)."""
+    return torch._debug_has_internal_overlap(t) != 0
+

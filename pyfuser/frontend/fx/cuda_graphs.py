@@ -16,15 +16,17 @@ time on. What a caller sees:
   captures again.
 - **Other tensor inputs are copied** into the graph's own buffers (one device copy each, skipped
   when the caller passes that buffer back), so new tensors may be passed on every call.
-- **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls
-  (one device copy per output; a model returning large logits pays it).
+- **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls,
+  with the strides, offsets and mutual aliasing the graph's own outputs have (each storage they
+  view copied once; a model returning large logits pays that copy).
 - A graph is not used (the graph runs as it is, the reason logged once) where replaying could
   differ from running: the graph draws random numbers (pyfuser's kernels take their seed on the
   host at each launch, which a replay would repeat); it writes an input that is not a parameter
   (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
-  argument is neither a tensor nor a bool / int / float / None; an output shares memory with an
-  input or with another output (a copy would break the aliasing); the capture fails (a host
-  synchronization, a data-dependent shape).
+  argument is neither a tensor nor a bool / int / float / None; an input overlaps itself (an
+  expanded tensor: no buffer of its strides takes a copy); an output shares memory with an input
+  (a copy would break that aliasing); the capture fails (a host synchronization, a
+  data-dependent shape).
 - At most MAX_GRAPHS signatures keep a graph per compiled graph (least recently used dropped);
   each holds its own memory pool.
 
@@ -39,7 +41,8 @@ from collections import OrderedDict
 
 import torch
 
-from ...runtime.graph_capture import Backend, fresh_copies, shares_storage, tensors_of
+from ...runtime.graph_capture import (Backend, fresh_copies, overlaps_itself, shares_storage,
+                                      tensors_of)
 from .rng_order import consumes_rng
 
 log = logging.getLogger("pyfuser")
@@ -168,6 +171,9 @@ class GraphedInference:
         bufs, ptrs, call_args = {}, {}, []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and i not in self.static_idx:
+                if overlaps_itself(a):
+                    return self._give_up(e, f"input {i} overlaps itself (an expanded tensor): "
+                                            "no buffer of its strides can be copied into", args)
                 b = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                 b.copy_(a)
                 bufs[i] = b
@@ -184,8 +190,7 @@ class GraphedInference:
                                     f"{str(ex).splitlines()[0] if str(ex) else ''}", args)
         ins = [a for a in call_args if isinstance(a, torch.Tensor)]
         if shares_storage(tensors_of(out, []), ins):
-            return self._give_up(e, "an output shares memory with an input or another output",
-                                 args)
+            return self._give_up(e, "an output shares memory with an input", args)
         e.graph, e.inputs, e.ptrs, e.out = graph, bufs, ptrs, out
         self.captures += 1
         self.backend.replay(graph)           # the capture ran nothing: this call's results

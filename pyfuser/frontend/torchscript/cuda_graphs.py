@@ -7,8 +7,8 @@ the plan into a CUDA graph; later calls replay it. What a caller sees:
   tensor input, skipped when the caller passes those buffers' own tensors back), so new tensors
   may be passed on every call, as with any function.
 - **Outputs are fresh tensors**: each call returns copies of the graph's output buffers (one
-  copy per output tensor, on the GPU), so a result stays valid after later calls. (Non-tensor
-  outputs are the values of the capturing call; the key fixes them.)
+  copy per storage, on the GPU, strides and aliasing kept), so a result stays valid after later
+  calls. (Non-tensor outputs are the values of the capturing call; the key fixes them.)
 - **Parameters and buffers are captured by address**: updating them in place (optimizer steps,
   `load_state_dict`, `.copy_()`) is seen by the next replay; replacing one (assigning a new
   tensor, `.data = ...`, moving the module) is detected (its address changed) and the graph is
