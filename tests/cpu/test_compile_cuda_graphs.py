@@ -147,7 +147,24 @@ def test_input_written_in_place_runs_without_a_graph(fake):
             x0 = x.clone()
             torch.testing.assert_close(c(x), x0 * 2 + 1)
             torch.testing.assert_close(x, x0 * 2)
-    assert fake.captures == 0 and "writes input" in _graphed().why_not
+    assert fake.captures == 0 and "writes an input" in _graphed().why_not
+
+
+def test_buffers_written_in_place_run_without_a_graph(fake):
+    """Batch norm in train mode under no_grad: an inference graph that updates the running
+    statistics. A capture's warm-up run would update them once more: no graph, and the
+    statistics after every call are eager's."""
+    bn = torch.nn.BatchNorm1d(6).train()
+    ref = torch.nn.BatchNorm1d(6).train()
+    c = torch.compile(bn, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, 6)
+            torch.testing.assert_close(c(x), ref(x))
+            torch.testing.assert_close(bn.running_mean, ref.running_mean)
+            torch.testing.assert_close(bn.running_var, ref.running_var)
+    assert bn.num_batches_tracked.item() == 4 and fake.captures == 0
+    assert "in place" in _graphed().why_not
 
 
 def test_output_aliasing_an_input_keeps_eager_semantics(fake):

@@ -21,8 +21,10 @@ time on. What a caller sees:
   view copied once; a model returning large logits pays that copy).
 - A graph is not used (the graph runs as it is, the reason logged once) where replaying could
   differ from running: the graph draws random numbers (pyfuser's kernels take their seed on the
-  host at each launch, which a replay would repeat); it writes an input that is not a parameter
-  (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
+  host at each launch, which a replay would repeat); it writes an input in place (a
+  non-parameter's write would land in the graph's copy; a parameter's or buffer's, such as
+  batch norm's running statistics in train mode, would be applied once more by the capture's
+  warm-up run); a tensor input is not on one CUDA device, or an
   argument is neither a tensor nor a bool / int / float / None; an input overlaps itself (an
   expanded tensor: no buffer of its strides takes a copy); an output shares memory with an input
   (a copy would break that aliasing); the capture fails (a host synchronization, a
@@ -59,8 +61,10 @@ def graphed_calls() -> list:
 
 def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
     """Why no call of this inference graph may be replayed from a CUDA graph (None: calls may):
-    it draws random numbers, or writes an input that is not a parameter (`mutated_idx`, and
-    every placeholder the graph copies into: a functionalized graph's input writes)."""
+    it draws random numbers, or writes an input (`mutated_idx`, and every placeholder the graph
+    copies into: a functionalized graph's input writes). A parameter or buffer written in place
+    (batch norm's running statistics, a cache) would be written once more by the capture's
+    warm-up run, and a non-parameter input's write would land in the graph's copy."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     copied = {n.args[0] for n in gm.graph.nodes
               if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
@@ -68,9 +72,10 @@ def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
     for n in gm.graph.nodes:
         if consumes_rng(n):
             return f"it draws random numbers ({n.target}): a replay would repeat them"
-    written = sorted(mutated - set(static_idx))
-    if written:
-        return f"it writes input {written[0]} in place, which is not a parameter"
+    if mutated:
+        i = min(mutated)
+        kind = "a parameter" if i in set(static_idx) else "an input"
+        return f"it writes {kind} in place (argument {i})"
     return None
 
 
