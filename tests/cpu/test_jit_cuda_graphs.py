@@ -218,3 +218,18 @@ def test_models_through_graphs(fake, name):
         assert f._variant.no_graphs is None and g.captures == 1 and g.replays == 3
     else:
         assert "written in place" in f._variant.no_graphs and g.captures == 0
+
+
+def test_module_writing_its_buffers_keeps_eagers_statistics(fake):
+    """Batch norm in train mode under no_grad writes its running statistics each call; the
+    capture's warm-up run must not apply that write once more."""
+    bn = torch.nn.BatchNorm1d(6).train()
+    ref = torch.nn.BatchNorm1d(6).train()
+    g = FakeGraphs()
+    f = _graphed(torch.jit.script(bn), g)
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, 6)
+            torch.testing.assert_close(f(x), ref(x))
+            torch.testing.assert_close(bn.running_mean, ref.running_mean)
+    assert bn.num_batches_tracked.item() == 4
