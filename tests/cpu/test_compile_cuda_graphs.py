@@ -3,6 +3,8 @@ a stand-in for torch.cuda.CUDAGraph that replays by running the captured call ag
 buffers and writing the same output buffers (what a graph does): the options, new inputs every
 call, fresh outputs, parameters updated in place or replaced, and the graphs that run without a
 CUDA graph (random ops, inputs written in place, outputs aliasing inputs, training graphs)."""
+import copy
+
 import pytest
 import torch
 
@@ -215,3 +217,66 @@ def test_outputs_keep_strides_and_aliasing_and_expanded_inputs_run_without_a_gra
             torch.testing.assert_close(e(x), torch.tanh(x) + 1)
     (entry,) = _graphed().entries.values()
     assert "overlaps itself" in entry.failed and _graphed().replays == 0
+
+
+class WarmsUpThenFails(FakeGraphs):
+    """A capture that runs the warm-up (its writes land) and is then refused."""
+
+    def capture(self, fn, device):
+        fn()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+class _Stateful(torch.nn.Module):
+    """A forward that writes its buffers in place: a step counter and a KV-cache row; with
+    `leak`, an output that is a view of a parameter (the call then runs without a graph)."""
+
+    def __init__(self, leak=False):
+        super().__init__()
+        self.leak = leak
+        self.w = torch.nn.Parameter(torch.randn(3))
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("cache", torch.zeros(4, 3))
+
+    def forward(self, x, pos: int):
+        self.steps.add_(1)
+        self.cache[pos] = x * self.w
+        out = self.cache.sum(0) * self.steps
+        return (out, self.w[1:]) if self.leak else (out,)
+
+
+@pytest.mark.parametrize("how", ["replayed", "capture fails", "output aliases a parameter"])
+def test_static_inputs_the_graph_writes_are_written_once_per_call(monkeypatch, how):
+    """Buffers are static inputs (by address) like parameters, so a graph writing them is
+    graphed; the capture's own runs of the graph (the warm-up, a stand-in's capture) must not
+    leave their writes: a step counter counted twice, batch norm's running stats updated twice."""
+    g = WarmsUpThenFails() if how == "capture fails" else FakeGraphs()
+    monkeypatch.setattr(CG, "Backend", lambda: g)
+    torch.manual_seed(0)
+    m = _Stateful(leak=how == "output aliases a parameter")
+    ref = _Stateful(leak=m.leak)
+    ref.load_state_dict(m.state_dict())
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(3)
+            for o, w in zip(c(x, 1), ref(x, 1)):
+                torch.testing.assert_close(o, w)
+            assert m.steps.item() == ref.steps.item() == i + 1
+    torch.testing.assert_close(m.cache, ref.cache)
+    gi = _graphed()
+    assert len(gi.written) == 2 and gi.why_not is None   # steps and cache: static, written
+    assert gi.replays == (3 if how == "replayed" else 0)
+
+    CG._LIVE.clear()
+    torch.manual_seed(0)
+    bn = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).train()
+    ref = copy.deepcopy(bn)
+    c = torch.compile(bn, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():                 # train mode under no_grad: an inference graph
+        for _ in range(4):
+            x = torch.randn(2, 3, 5, 5)
+            torch.testing.assert_close(c(x), ref(x))
+    for name, buf in bn.named_buffers():
+        torch.testing.assert_close(buf, dict(ref.named_buffers())[name], msg=name)
+
