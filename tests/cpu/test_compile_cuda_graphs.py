@@ -280,3 +280,19 @@ def test_static_inputs_the_graph_writes_are_written_once_per_call(monkeypatch, h
     for name, buf in bn.named_buffers():
         torch.testing.assert_close(buf, dict(ref.named_buffers())[name], msg=name)
 
+
+def test_inputs_with_gaps_or_undecidable_overlap_are_replayed(fake):
+    """Only a certain self-overlap (an expanded axis) keeps a signature off the graph: a slice
+    with a step, or an as_strided view the overlap check cannot decide, copies into a buffer of
+    its strides with its values."""
+    c = torch.compile(lambda x: torch.tanh(x) * 2, backend=pyfuser.backend,
+                      mode="reduce-overhead")
+    with torch.no_grad():
+        for mk in (lambda: torch.randn(6, 8)[1:, ::2],
+                   lambda: torch.randn(7)[1:].as_strided((3, 3), (1, 1), 1)):
+            for _ in range(3):
+                x = mk()
+                torch.testing.assert_close(c(x), torch.tanh(x) * 2)
+    gs = CG.graphed_calls()                  # one compiled graph per layout (Dynamo's guards)
+    assert all(e.failed is None for g in gs for e in g.entries.values())
+    assert sum(g.replays for g in gs) == 4

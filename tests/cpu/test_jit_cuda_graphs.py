@@ -218,3 +218,19 @@ def test_models_through_graphs(fake, name):
         assert f._variant.no_graphs is None and g.captures == 1 and g.replays == 3
     else:
         assert "written in place" in f._variant.no_graphs and g.captures == 0
+
+
+def _relu_plus_one(x):
+    return torch.relu(x) + 1.0
+
+
+def test_an_expanded_input_runs_the_plan(fake):
+    """An input with a zero stride has no buffer of its strides to copy into (copy_ refuses):
+    its signature runs the plan, as a call without graphs does, instead of failing."""
+    g = FakeGraphs()
+    f = _graphed(torch.jit.script(_relu_plus_one), g)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 5).expand(3, 5)
+            torch.testing.assert_close(f(x), _relu_plus_one(x))
+    assert g.captures == 0
