@@ -26,9 +26,11 @@ class Backend:
             cur = torch.cuda.current_stream(device)
             side = torch.cuda.Stream(device)
             side.wait_stream(cur)
-            with torch.cuda.stream(side):
-                fn()
-            cur.wait_stream(side)
+            try:
+                with torch.cuda.stream(side):
+                    fn()
+            finally:                         # a warm-up that raised may have queued writes: a
+                cur.wait_stream(side)        # caller's restore or plain run goes after them
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = fn()

@@ -296,3 +296,30 @@ def test_inputs_with_gaps_or_undecidable_overlap_are_replayed(fake):
     gs = CG.graphed_calls()                  # one compiled graph per layout (Dynamo's guards)
     assert all(e.failed is None for g in gs for e in g.entries.values())
     assert sum(g.replays for g in gs) == 4
+
+
+def test_backend_orders_a_failed_warm_up_before_what_follows(monkeypatch):
+    """A warm-up that raises may have queued writes on its side stream (a static input it
+    writes): the current stream still waits for them, so the caller's restore and plain run
+    come after (streams recorded by stand-ins; the CPU has none)."""
+    import contextlib
+
+    from pyfuser.runtime import graph_capture
+    waits = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            waits.append((self.name, other.name))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: Stream("current"))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda d=None: Stream("side"))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+    def warm_up_fails():
+        raise RuntimeError("an error in the warm-up")
+    with pytest.raises(RuntimeError, match="warm-up"):
+        graph_capture.Backend().capture(warm_up_fails, None)
+    assert waits == [("side", "current"), ("current", "side")]
