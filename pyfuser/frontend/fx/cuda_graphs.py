@@ -28,9 +28,9 @@ time on. What a caller sees:
   host at each launch, which a replay would repeat); it writes an input that is not static
   (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
   argument is neither a tensor nor a bool / int / float / None; an input overlaps itself (an
-  expanded tensor: no buffer of its strides takes a copy; a slice with gaps is copied); an output shares memory with an input
-  (a copy would break that aliasing); the capture fails (a host synchronization, a
-  data-dependent shape).
+  expanded tensor: no buffer of its strides takes a copy; a slice with gaps is copied); an
+  output shares memory with an input (a copy would break that aliasing); the capture fails (a
+  host synchronization, a data-dependent shape).
 - At most MAX_GRAPHS signatures keep a graph per compiled graph (least recently used dropped);
   each holds its own memory pool.
 

@@ -17,7 +17,8 @@ the plan into a CUDA graph; later calls replay it. What a caller sees:
   fixes (ints, bools, strings, None): a float input, a CPU tensor or any other input would be
   frozen at its captured value, so such calls run the plan without a graph. So do graphs that
   write an input in place, that return a tensor sharing memory with an input, signatures with
-  an input that overlaps itself (an expanded tensor), or whose capture fails (a host synchronisation, a data-dependent shape; logged once): their plan runs as is.
+  an input that overlaps itself (an expanded tensor), or whose capture fails (a host
+  synchronisation, a data-dependent shape; logged once): their plan runs as is.
 - Each captured signature holds its own memory pool (inputs, outputs and intermediates of one
   call); at most MAX_GRAPHS signatures keep a graph per compiled function (oldest dropped).
 
