@@ -26,9 +26,11 @@ class Backend:
             cur = torch.cuda.current_stream(device)
             side = torch.cuda.Stream(device)
             side.wait_stream(cur)
-            with torch.cuda.stream(side):
-                fn()
-            cur.wait_stream(side)
+            try:
+                with torch.cuda.stream(side):
+                    fn()
+            finally:                         # a warm-up that raised may have queued writes: a
+                cur.wait_stream(side)        # caller's restore or plain run goes after them
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = fn()
@@ -76,7 +78,9 @@ def shares_storage(outs, others) -> bool:
 
 
 def overlaps_itself(t) -> bool:
-    """Whether two elements of `t` may share memory (an expanded tensor): a buffer of its
-    strides cannot be written element by element (or it could not be told)."""
-    return torch._debug_has_internal_overlap(t) != 0
+    """Whether two elements of `t` share memory for certain (an expanded tensor: a zero stride on
+    an axis longer than 1), which `copy_` refuses to write into a buffer of its strides. A layout
+    the check cannot decide (a slice with gaps, a step: "too hard", not "yes") copies fine: its
+    elements that share memory share it in the caller's tensor as well, and hold one value."""
+    return torch._debug_has_internal_overlap(t) == 1      # MemOverlap::Yes
 

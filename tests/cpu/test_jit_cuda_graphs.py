@@ -233,3 +233,19 @@ def test_module_writing_its_buffers_keeps_eagers_statistics(fake):
             torch.testing.assert_close(f(x), ref(x))
             torch.testing.assert_close(bn.running_mean, ref.running_mean)
     assert bn.num_batches_tracked.item() == 4
+
+
+def _relu_plus_one(x):
+    return torch.relu(x) + 1.0
+
+
+def test_an_expanded_input_runs_the_plan(fake):
+    """An input with a zero stride has no buffer of its strides to copy into (copy_ refuses):
+    its signature runs the plan, as a call without graphs does, instead of failing."""
+    g = FakeGraphs()
+    f = _graphed(torch.jit.script(_relu_plus_one), g)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 5).expand(3, 5)
+            torch.testing.assert_close(f(x), _relu_plus_one(x))
+    assert g.captures == 0

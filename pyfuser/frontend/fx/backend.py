@@ -75,16 +75,19 @@ def _compiler(kind: str, cuda_graphs: bool = False):
     def compile_fn(gm, example_inputs):
         if not cuda_graphs:
             return compile_graph(gm, example_inputs, kind)
-        from .cuda_graphs import GraphedInference, graph_wide_reason
+        from .cuda_graphs import GraphedInference, graph_wide_reason, written_inputs
         static, mutated = _static_and_mutated_inputs()
-        why_not = graph_wide_reason(gm, static, mutated)   # before compile_graph rewrites gm
-        return GraphedInference(compile_graph(gm, example_inputs, kind), static, why_not)
+        written = written_inputs(gm, mutated)              # before compile_graph rewrites gm
+        why_not = graph_wide_reason(gm, static, mutated)
+        return GraphedInference(compile_graph(gm, example_inputs, kind), static, why_not,
+                                written=written)
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
     return compile_fn
 
 
 def _static_and_mutated_inputs() -> tuple:
-    """(indices of the inputs that are parameters, of the inputs the graph writes) of the graph
+    """(indices of the static inputs: a module's parameters, buffers and tensor attributes and
+    tensors marked with mark_static_address; of the inputs the graph writes) of the graph
     AOTAutograd is compiling, from its metadata (empty where it has none)."""
     ctx = torch._guards.TracingContext.try_get()
     meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None

@@ -10,10 +10,14 @@ CUDA graph (runtime/graph_capture.py) and later calls replay it: one graph launc
 host call per region and per aten op, which is what a small batch or a bfloat16 model spends its
 time on. What a caller sees:
 
-- **Parameters are captured by address** (AOTAutograd's `static_input_indices`: the inputs that
-  are the module's parameters): updating one in place (an optimizer step, `load_state_dict`,
-  `.copy_()`) is seen by the next replay; passing another tensor in its place (a new address)
-  captures again.
+- **Parameters and buffers are captured by address** (AOTAutograd's `static_input_indices`: a
+  module's parameters, buffers and other tensor attributes, and tensors marked with
+  `torch._dynamo.mark_static_address`): updating one in place (an optimizer step,
+  `load_state_dict`, `.copy_()`) is seen by the next replay; passing another tensor in its place
+  (a new address) captures again. The graph may write them (batch norm's running statistics in
+  train mode under no_grad, a KV cache, a step counter): a replay writes them as a run does, and
+  the capture puts back what its own runs of the graph wrote (its warm-up), so each call writes
+  them once (a copy of each such tensor is held while a signature is captured).
 - **Other tensor inputs are copied** into the graph's own buffers (one device copy each, skipped
   when the caller passes that buffer back), so new tensors may be passed on every call.
 - **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls,
@@ -21,14 +25,12 @@ time on. What a caller sees:
   view copied once; a model returning large logits pays that copy).
 - A graph is not used (the graph runs as it is, the reason logged once) where replaying could
   differ from running: the graph draws random numbers (pyfuser's kernels take their seed on the
-  host at each launch, which a replay would repeat); it writes an input in place (a
-  non-parameter's write would land in the graph's copy; a parameter's or buffer's, such as
-  batch norm's running statistics in train mode, would be applied once more by the capture's
-  warm-up run); a tensor input is not on one CUDA device, or an
+  host at each launch, which a replay would repeat); it writes an input that is not static
+  (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
   argument is neither a tensor nor a bool / int / float / None; an input overlaps itself (an
-  expanded tensor: no buffer of its strides takes a copy); an output shares memory with an input
-  (a copy would break that aliasing); the capture fails (a host synchronization, a
-  data-dependent shape).
+  expanded tensor: no buffer of its strides takes a copy; a slice with gaps is copied); an
+  output shares memory with an input (a copy would break that aliasing); the capture fails (a
+  host synchronization, a data-dependent shape).
 - At most MAX_GRAPHS signatures keep a graph per compiled graph (least recently used dropped);
   each holds its own memory pool.
 
@@ -59,23 +61,25 @@ def graphed_calls() -> list:
     return list(_LIVE)
 
 
-def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
-    """Why no call of this inference graph may be replayed from a CUDA graph (None: calls may):
-    it draws random numbers, or writes an input (`mutated_idx`, and every placeholder the graph
-    copies into: a functionalized graph's input writes). A parameter or buffer written in place
-    (batch norm's running statistics, a cache) would be written once more by the capture's
-    warm-up run, and a non-parameter input's write would land in the graph's copy."""
+def written_inputs(gm, mutated_idx=()) -> frozenset:
+    """The inputs the graph writes in place: `mutated_idx` (AOTAutograd's metadata) and every
+    placeholder the graph copies into (a functionalized graph's input writes)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     copied = {n.args[0] for n in gm.graph.nodes
               if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
-    mutated = set(mutated_idx) | {i for i, p in enumerate(placeholders) if p in copied}
+    return frozenset(mutated_idx) | {i for i, p in enumerate(placeholders) if p in copied}
+
+
+def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
+    """Why no call of this inference graph may be replayed from a CUDA graph (None: calls may):
+    it draws random numbers, or writes an input that is not static (written_inputs)."""
     for n in gm.graph.nodes:
         if consumes_rng(n):
             return f"it draws random numbers ({n.target}): a replay would repeat them"
-    if mutated:
-        i = min(mutated)
-        kind = "a parameter" if i in set(static_idx) else "an input"
-        return f"it writes {kind} in place (argument {i})"
+    written = sorted(written_inputs(gm, mutated_idx) - set(static_idx))
+    if written:
+        return (f"it writes input {written[0]} in place, which is not static (a parameter, "
+                "buffer or tensor marked static)")
     return None
 
 
@@ -92,11 +96,12 @@ class _Entry:
 class GraphedInference:
     """An inference CompiledGraph replayed from CUDA graphs (module docstring); boxed call."""
 
-    def __init__(self, compiled, static_idx=(), why_not=None, backend=None):
+    def __init__(self, compiled, static_idx=(), why_not=None, backend=None, written=()):
         self._boxed_call = True
         self.__name__ = f"{compiled.__name__}_graphed"
         self.compiled = compiled
         self.static_idx = frozenset(static_idx)
+        self.written = frozenset(written) & self.static_idx   # static inputs the graph writes
         self.why_not = why_not
         self.backend = backend or Backend()
         self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
@@ -188,11 +193,18 @@ class GraphedInference:
                     ptrs[i] = a.data_ptr()
                 call_args.append(a)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        # The capture runs the graph (its warm-up; a stand-in's capture too) before the replay
+        # that answers this call: static inputs the graph writes (batch norm's running stats, a
+        # KV cache, a step counter) are put back as they were, so this call writes them once.
+        saved = [(a, a.clone()) for i, a in enumerate(args)
+                 if i in self.written and isinstance(a, torch.Tensor)]
         try:
             graph, out = self.backend.capture(lambda: self.compiled(list(call_args)), device)
         except Exception as ex:  # noqa: BLE001 - capture refused: this signature runs as it is
+            _restore(saved)
             return self._give_up(e, f"capture failed: {type(ex).__name__}: "
                                     f"{str(ex).splitlines()[0] if str(ex) else ''}", args)
+        _restore(saved)
         ins = [a for a in call_args if isinstance(a, torch.Tensor)]
         if shares_storage(tensors_of(out, []), ins):
             return self._give_up(e, "an output shares memory with an input", args)
@@ -210,4 +222,10 @@ class GraphedInference:
         return self.compiled(args)
 
 
-__all__ = ["GraphedInference", "MAX_GRAPHS", "graph_wide_reason", "graphed_calls"]
+def _restore(saved) -> None:
+    for t, value in saved:
+        t.copy_(value)
+
+
+__all__ = ["GraphedInference", "MAX_GRAPHS", "graph_wide_reason", "graphed_calls",
+           "written_inputs"]

@@ -16,8 +16,9 @@ the plan into a CUDA graph; later calls replay it. What a caller sees:
 - A signature is replayed only when every top-level input is a CUDA tensor or a value the key
   fixes (ints, bools, strings, None): a float input, a CPU tensor or any other input would be
   frozen at its captured value, so such calls run the plan without a graph. So do graphs that
-  write an input in place, that return a tensor sharing memory with an input, or whose capture
-  fails (a host synchronisation, a data-dependent shape; logged once): their plan runs as is.
+  write an input in place, that return a tensor sharing memory with an input, signatures with
+  an input that overlaps itself (an expanded tensor), or whose capture fails (a host
+  synchronisation, a data-dependent shape; logged once): their plan runs as is.
 - Each captured signature holds its own memory pool (inputs, outputs and intermediates of one
   call); at most MAX_GRAPHS signatures keep a graph per compiled function (oldest dropped).
 
@@ -31,7 +32,7 @@ import logging
 
 import torch
 
-from ...runtime.graph_capture import Backend, fresh_copies, tensors_of
+from ...runtime.graph_capture import Backend, fresh_copies, overlaps_itself, tensors_of
 from .plan import FACTS, VALUE, input_level
 
 log = logging.getLogger("pyfuser")
@@ -113,6 +114,9 @@ class GraphedPlan:
         if torch.is_grad_enabled():
             return self._give_up("grad mode is on (call under torch.no_grad() or "
                                  "torch.inference_mode() to replay a graph)", args)
+        if any(overlaps_itself(t) for t in tensors):
+            return self._give_up("an input overlaps itself (an expanded tensor): no buffer of "
+                                 "its strides can be copied into", args)
         self.compiled._note_graph(self)
         static = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                   if isinstance(a, torch.Tensor) else None for a in args]
