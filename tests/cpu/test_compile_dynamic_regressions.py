@@ -245,3 +245,27 @@ def test_rounding_an_integer_tensor_fuses(dtype):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
     assert all(not g.report()["unfused"] for g in compiled_graphs())
+
+
+# ---- recompiles ------------------------------------------------------------------------------
+
+def test_a_shape_check_of_a_rewrite_adds_no_guard():
+    """Fuzz seed 916279 (mark_dynamic): `hoist_views_past_binary` compared an operand's shape
+    (n1,) with the op's (n0, n1) as tuples, which evaluates n1 == n0 and installed the guard
+    n1 != n0: a call with equal sizes recompiled (aot_eager compiles once). Shapes are compared
+    without a guard now (meta.same_shape: equal only where provably so)."""
+    frames = [0]
+
+    def counting(gm, example_inputs):
+        frames[0] += 1
+        return pyfuser.backend(gm, example_inputs)
+
+    def f(x):
+        return (x * torch.arange(x.shape[-1])).reshape(-1)
+    cf = torch.compile(f, backend=counting)
+    for shape in ((3, 5), (4, 6), (2, 2)):
+        x = torch.randn(shape)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(cf(x), f(x))
+    assert frames[0] == 1
