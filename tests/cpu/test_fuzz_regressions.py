@@ -386,3 +386,11 @@ def test_squeeze_of_an_expanded_axis_keeps_it(mode):
 """
     _check(text, [torch.tensor([1.5])], mode)
 
+
+def test_the_program_checker_takes_gelu_of_infinity_as_the_kernels():
+    """Program fuzz seed 731072: a bfloat16 gelu of three infinities is NaN in CPU eager (its
+    vectorized path; one element gives inf), inf in the kernels and CUDA eager: the checker's
+    reference computes gelu by the op table's formula (see test_gelu_of_infinities_is_the_kernels)."""
+    from program_check import check
+    from program_fuzz import generate
+    assert check(generate(731072)) is None
