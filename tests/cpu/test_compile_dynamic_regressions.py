@@ -112,6 +112,26 @@ def test_a_view_of_an_empty_tensor_in_a_kernel_divides_by_no_zero():
     _calls(f, True, [(2, 2), (3, 3), (17, 17)], grad=True)
 
 
+def test_a_reduction_the_backward_needs_is_saved_not_recomputed():
+    """Fuzz seed 916246 (grad, dynamic=True, traced at n = 3): the min-cut partitioner bans
+    recomputing a reduction only when its output is 4x smaller than its input at the traced
+    sizes, so the backward recomputed `x.pow(2).mean(-1)` (3 -> 1) in its own kernel; at n = 24
+    that kernel summed in another order than the forward's, the recomputed `x * rsqrt(mean)`
+    was an ulp off the saved amax, amax's backward `eq` mask matched no element of the row and
+    the gradient was 0 / 0 = NaN. Float reductions are saved now (backend._save_reductions)."""
+    def f(x):
+        v = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return v.amax(1), (x - x.amax(1, keepdim=True)).abs()
+    torch.manual_seed(0)
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=True)
+    for n in (3, 24, 64):
+        x = torch.randn(n, n)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        sum(o.sum() for o in cf(a)).backward()
+        sum(o.sum() for o in f(b)).backward()
+        torch.testing.assert_close(a.grad, b.grad, msg=f"n = {n}")
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):
@@ -245,3 +265,27 @@ def test_rounding_an_integer_tensor_fuses(dtype):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
     assert all(not g.report()["unfused"] for g in compiled_graphs())
+
+
+# ---- recompiles ------------------------------------------------------------------------------
+
+def test_a_shape_check_of_a_rewrite_adds_no_guard():
+    """Fuzz seed 916279 (mark_dynamic): `hoist_views_past_binary` compared an operand's shape
+    (n1,) with the op's (n0, n1) as tuples, which evaluates n1 == n0 and installed the guard
+    n1 != n0: a call with equal sizes recompiled (aot_eager compiles once). Shapes are compared
+    without a guard now (meta.same_shape: equal only where provably so)."""
+    frames = [0]
+
+    def counting(gm, example_inputs):
+        frames[0] += 1
+        return pyfuser.backend(gm, example_inputs)
+
+    def f(x):
+        return (x * torch.arange(x.shape[-1])).reshape(-1)
+    cf = torch.compile(f, backend=counting)
+    for shape in ((3, 5), (4, 6), (2, 2)):
+        x = torch.randn(shape)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch.testing.assert_close(cf(x), f(x))
+    assert frames[0] == 1

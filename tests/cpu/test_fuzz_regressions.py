@@ -365,3 +365,32 @@ def test_cat_of_operands_all_of_size_zero(mode):
     f = _check(text, [torch.randn(0, 1, 6, dtype=torch.float64)], mode)
     r, m = f.run([torch.randn(0, 1, 6, dtype=torch.float64)])
     assert r.shape == m.shape == (0, 1, 6)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_squeeze_of_an_expanded_axis_keeps_it(mode):
+    """Program fuzz seed 729347: `squeeze(neg(expand(x, [4])), 0)` of a [1] input. The expanded
+    axis is a broadcast axis (of expanded size 4) in the Fusion, and the squeeze lowering took
+    every broadcast axis as size 1: the kernel wrote a 0-dim result where eager keeps [4]
+    (torch.squeeze leaves an axis whose size is not 1). Now only axes of size 1 are squeezed."""
+    text = """graph(%x : Tensor):
+  %c4 : int = prim::Constant[value=4]()
+  %s : int[] = prim::ListConstruct(%c4)
+  %f : bool = prim::Constant[value=0]()
+  %zero : int = prim::Constant[value=0]()
+  %e : Tensor = aten::expand(%x, %s, %f)
+  %n : Tensor = aten::neg(%e)
+  %q : Tensor = aten::squeeze(%n, %zero)
+  %r : Tensor = aten::neg(%q)
+  return (%r)
+"""
+    _check(text, [torch.tensor([1.5])], mode)
+
+
+def test_the_program_checker_takes_gelu_of_infinity_as_the_kernels():
+    """Program fuzz seed 731072: a bfloat16 gelu of three infinities is NaN in CPU eager (its
+    vectorized path; one element gives inf), inf in the kernels and CUDA eager: the checker's
+    reference computes gelu by the op table's formula (see test_gelu_of_infinities_is_the_kernels)."""
+    from program_check import check
+    from program_fuzz import generate
+    assert check(generate(731072)) is None

@@ -21,8 +21,9 @@ becomes `alias` (what AOTAutograd's graphs run is autograd-free; the partitioner
 recompute through a detach, so a detached output would be saved whole).
 
 The forward / backward split is AOTAutograd's min-cut partitioner, which recomputes cheap
-pointwise values in the backward instead of saving them (`PYFUSER_PARTITIONER=default`: the
-plain split, every value the backward reads saved).
+pointwise values in the backward instead of saving them, never a float reduction (whose bits
+depend on the kernel's order: `_save_reductions`) (`PYFUSER_PARTITIONER=default`: the plain
+split, every value the backward reads saved).
 
 Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
 `cuda_graphs` (bool, default False): inference graphs are replayed from CUDA graphs
@@ -137,10 +138,45 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
 def _recomputing_partition(joint_module, joint_inputs, **kwargs):
     """AOTAutograd's min-cut partitioner: the forward saves fewer tensors for the backward and
     the backward recomputes the cheap pointwise values it needs from them (in its own fused
-    kernels), as Inductor's does."""
+    kernels), as Inductor's does; never a float reduction (`_save_reductions`)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
+    _save_reductions(joint_module.graph)
     return min_cut_rematerialization_partition(joint_module, joint_inputs, compiler="inductor",
                                                **kwargs)
+
+
+def _save_reductions(graph) -> None:
+    """Mark the forward's float reductions and normalizations that the backward depends on
+    MUST_SAVE (banned from recomputation, as the partitioner marks collectives): their rounding
+    depends on the order of the kernel's schedule, and the backward's kernel need not reduce in
+    the forward's order, so a recomputed reduction need not have the forward's bits. The
+    backward of amax / amin compares the saved maximum with the recomputed input exactly: a
+    mean recomputed one ulp apart matched no element of a row, and the gradient was 0 / 0 = NaN
+    (fx fuzz seed 916246). The partitioner's own rule bans only reductions whose output is 4x
+    smaller than their input, judged at the sizes traced: a dynamic graph traced with a
+    reduced axis of 3 recomputed a mean that later calls reduced over 24 elements.
+    Only ancestors of the backward are marked: with no backward node, the partitioner's plain
+    split would save every MUST_SAVE node."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    from ..lowering.registry import NORMALIZATION, REDUCTION
+    from .meta import meta
+    from .support import op_class, tensor_metas
+    backward = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and "tangents" in str(node.target)) or \
+                any(a in backward for a in node.all_input_nodes):
+            backward.add(node)
+    needed, todo = set(), [a for n in backward for a in n.all_input_nodes if a not in backward]
+    while todo:
+        node = todo.pop()
+        if node not in needed:
+            needed.add(node)
+            todo += node.all_input_nodes
+    for node in needed:
+        metas = tensor_metas(meta(node))
+        if op_class(node) in (REDUCTION, NORMALIZATION) and metas and \
+                any(t.dtype.is_floating_point for t in metas) and "recompute" not in node.meta:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
 def compile(model=None, **kwargs):  # noqa: A001 - pyfuser.compile mirrors torch.compile

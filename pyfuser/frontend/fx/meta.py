@@ -28,6 +28,16 @@ def hint(x) -> int:
     return int(x)                       # last resort (may add a guard)
 
 
+def same_shape(a, b) -> bool:
+    """Shapes `a` and `b` are equal, decided without a guard: a size Dynamo keeps symbolic
+    equals only what the shape environment proves it equal to. Comparing the tuples would
+    evaluate `s1 == s0` (a tuple compares its elements before its length) and install a guard
+    `s1 != s0`, so the graph recompiled at a call with equal sizes (fx fuzz seed 916279); an
+    unproven pair counts as different, which keeps a rewrite that needs them equal off."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
 def is_symbolic(x) -> bool:
     return isinstance(x, torch.SymInt) and not isinstance(getattr(x.node, "maybe_as_int", lambda: None)(), int)
 

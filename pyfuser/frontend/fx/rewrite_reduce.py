@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .meta import same_shape
 from .rewrites import _contiguous, _maker
 
 _aten = torch.ops.aten
@@ -93,7 +94,7 @@ def sum_through_views(graph: torch.fx.Graph, fusible) -> int:
             val = dv.sum(new_dims, keepdim=keepdim, dtype=dtype)
         except Exception:  # noqa: BLE001 - a stand-in that cannot take it: leave the node
             continue
-        same = tuple(val.shape) == tuple(sv.shape)
+        same = same_shape(val.shape, sv.shape)
         if not same and not all(type(x) is int for x in sv.shape):
             continue                      # a view to symbolic sizes would need their nodes
         with graph.inserting_before(s):

@@ -76,6 +76,8 @@ import operator
 
 import torch
 
+from .meta import same_shape
+
 _aten = torch.ops.aten
 _VIEWS = (_aten.view.default, _aten._unsafe_view.default)
 _CAST = _aten._to_copy.default
@@ -283,7 +285,7 @@ def _free_leaf(a, op, fusible):
     if not isinstance(a, torch.fx.Node):
         return False
     val, out = a.meta.get("val"), op.meta.get("val")
-    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(out.shape) or \
+    if not isinstance(val, torch.Tensor) or not same_shape(val.shape, out.shape) or \
             not _contiguous(a):
         return None
     if not fusible(_maker(a)):
@@ -326,7 +328,7 @@ def _other_operand(op, view):
         return None
     vals = [n.meta.get("val") for n in (view, other, op)]
     if not all(isinstance(v, torch.Tensor) for v in vals) or \
-            len({tuple(v.shape) for v in vals}) != 1 or not _contiguous(op):
+            not all(same_shape(v.shape, vals[0].shape) for v in vals) or not _contiguous(op):
         return None
     return other
 
@@ -339,7 +341,8 @@ def _view_chain(node):
         (u,) = last.users
         val = u.meta.get("val")
         if u.op != "call_function" or u.target not in _VIEWS or u.args[0] is not last or \
-                not isinstance(val, torch.Tensor) or val.dim() == 0 or val.shape[-1] != width:
+                not isinstance(val, torch.Tensor) or val.dim() == 0 or \
+                not same_shape(val.shape[-1:], (width,)):
             break
         chain.append(u)
         last = u

@@ -66,17 +66,20 @@ def _squeeze(x, dims=None):
     candidates = range(x.ndim) if dims is None else \
         [d % max(x.ndim, 1) for d in ([dims] if isinstance(dims, int) else dims)]
     for i in candidates:
-        if _may_be_one(x.logical[i]):
+        d = x.logical[i]
+        if _may_be_one(d) or (d.expanded_extent is not None and
+                              _extent_may_be_one(d.expanded_extent)):
             raise UnsupportedOpError(
-                f"squeeze: axis {i} has a size known only at run time (a view's -1), which "
-                "may be 1 (eager would squeeze it)")
+                f"squeeze: axis {i} has a size known only at run time (a view's -1, an "
+                "expand's), which may be 1 (eager would squeeze it)")
     if dims is None:
-        dims = [i for i, d in enumerate(x.logical) if d.is_broadcast and d.expanded_extent is None]
+        dims = list(candidates)
     elif isinstance(dims, int):
         dims = [dims]
-    # torch.squeeze ignores listed dims whose size is not 1.
+    # torch.squeeze ignores listed dims whose size is not 1: an expanded broadcast axis has its
+    # expanded size (fuzz seed 729347: `expand(x, [4])` of a [1] input, squeezed, lost its axis)
     keep = [d for d in _ints(dims, "squeeze dims")
-            if x.logical[d % max(x.ndim, 1)].is_broadcast]
+            if x.logical[d % max(x.ndim, 1)].known_size() == 1]
     return B.squeeze(x, keep)
 
 
@@ -84,11 +87,16 @@ def _may_be_one(d) -> bool:
     """A full axis whose extent is neither constant nor a fusion input's: a group's inputs are
     specialised on their size-1 axes (those are broadcast axes), so an input's symbolic extent
     is never 1, but the extent a view infers (-1), or a slice's, pad's or cat's, may be."""
-    if d.is_broadcast or d.extent.is_const:
+    return not d.is_broadcast and _extent_may_be_one(d.extent)
+
+
+def _extent_may_be_one(extent) -> bool:
+    """An extent neither constant nor a fusion input's axis' (see `_may_be_one`)."""
+    if extent.is_const:
         return False
     from ...ir.fusion import Fusion
     inputs = Fusion.current().inputs
-    return not any(d.extent is a.extent for t in inputs if isinstance(t, TensorView)
+    return not any(extent is a.extent for t in inputs if isinstance(t, TensorView)
                    for a in t.logical)
 
 
