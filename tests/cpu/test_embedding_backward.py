@@ -191,13 +191,13 @@ def test_a_tensor_input_the_kernel_does_not_read(unused_first):
     grad, ids, extra = _grad((6, 4), torch.float32), _ids((6,), 5), torch.full((3, 4), 7.0)
     f = Fusion()
     with f:
-        e = B.define_tensor([-1, -1], DataType.Float) if unused_first else None
+        if unused_first:
+            B.define_tensor([-1, -1], DataType.Float)
         g = B.define_tensor([-1, -1], DataType.Float)
         i = B.define_tensor([-1], DataType.Int)
         if not unused_first:
             B.define_tensor([-1, -1], DataType.Float)
         f.add_output(B.embedding_backward(g, i, 5, -1))
-    del e
     inputs = [extra, grad, ids] if unused_first else [grad, ids, extra]
     (out,) = dispatch.execute_fusion(f, inputs, "interpret")
     assert dispatch.last_report(f).kernels == 1

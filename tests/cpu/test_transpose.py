@@ -177,7 +177,8 @@ def test_a_tensor_input_the_copy_does_not_read(shape, perm, kind, unused_first):
         so[a] = len(shape) - 1 - rank
     f = Fusion()
     with f:
-        d = B.define_tensor([-1] * len(shape), DataType.Float) if unused_first else None
+        if unused_first:
+            B.define_tensor([-1] * len(shape), DataType.Float)
         src = B.define_tensor([-1] * len(shape), DataType.Float, stride_order=so)
         if not unused_first:
             B.define_tensor([-1] * len(shape), DataType.Float)
