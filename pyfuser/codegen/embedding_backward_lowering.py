@@ -67,7 +67,7 @@ class _Builder:
         self.p, self.grad, self.ids, self.out = p, grad, ids, out
         self.params = [Param("grad", "void*", ("ptr", p.grad_seg)),
                        Param("ids", "void*", ("ptr", p.ids_seg)),
-                       Param("out", "void*", ("ptr", 2)),
+                       Param("out", "void*", ("ptr", p.out_seg)),
                        Param("n_tok", "int", ("numel", p.ids_seg)),
                        Param("H", p.index_type, ("size", p.grad_seg, grad.ndim - 1))]
         if not p.grad_dense:
@@ -240,14 +240,14 @@ def build(p: EmbeddingBackwardParams, fusion, name: str) -> K.Kernel:
     b = _Builder(p, grad, ids, out)
     tensors = {"grad": K.TensorParam("grad", grad.dtype, p.grad_seg, False),
                "ids": K.TensorParam("ids", ids.dtype, p.ids_seg, False),
-               "out": K.TensorParam("out", out.dtype, 2, True)}
+               "out": K.TensorParam("out", out.dtype, p.out_seg, True)}
     return K.Kernel(name, b.params, tensors, p.index_type, (p.block, 1, 1), b.body())
 
 
 def launch_fn(p: EmbeddingBackwardParams):
     """(bindings, tensors) -> the grid: row tiles along x, column slices along y."""
     def launch_config(bindings, tensors) -> LaunchConfig:
-        out = tensors[2]
+        out = tensors[p.out_seg]
         rows, hidden = int(out.shape[0]), int(out.shape[1])
         if rows == 0 or hidden == 0:
             return LaunchConfig((0, 1, 1), (p.block, 1, 1))

@@ -1,8 +1,9 @@
 """Lowering of the transpose scheduler: TransposeParams -> kernel IR (printed by cuda.py, run by
 the interpreter like every other kernel).
 
-Kernel parameters: the input and output pointers, then per kept input axis its size and stride
-(Param sources ("size", 0, a) / ("stride", 0, a)); group sizes `gs<g>`, group input strides
+Kernel parameters: the input and output pointers (kernel tensors `p.in_seg` and `p.out_seg`: the
+fusion may take tensors the copy does not read), then per kept input axis its size and stride
+(Param sources ("size", in_seg, a) / ("stride", in_seg, a)); group sizes `gs<g>`, group input strides
 `gt<g>` and the row-major output strides `os<g>` are Lets of the prologue.
 
 - "tile": a block of (TILE, ROWS) threads stages a TILE x TILE tile of the (i, o) groups through
@@ -124,14 +125,15 @@ def _tile_body(p: TransposeParams, dtype) -> list:
 
 def build(p: TransposeParams, fusion, name: str) -> K.Kernel:
     """The kernel IR of a transpose plan for `fusion` (one set of an input)."""
-    inp, out = fusion.tensor_inputs()[0], fusion.outputs[0]
-    it = p.index_type
+    inp, out = fusion.tensor_inputs()[p.in_seg], fusion.outputs[0]
+    assert inp is fusion.used_exprs()[0].inputs[0], "the plan is another fusion's"
+    it, i = p.index_type, p.in_seg
     axes = [a for g in p.groups for a in g]
-    params = [Param("in", "void*", ("ptr", 0)), Param("out", "void*", ("ptr", 1))]
-    params += [Param(f"s{a}", it, ("size", 0, a)) for a in axes]
-    params += [Param(f"t{a}", it, ("stride", 0, a)) for a in axes]
-    tensors = {"in": K.TensorParam("in", inp.dtype, 0, False),
-               "out": K.TensorParam("out", out.dtype, 1, True)}
+    params = [Param("in", "void*", ("ptr", i)), Param("out", "void*", ("ptr", p.out_seg))]
+    params += [Param(f"s{a}", it, ("size", i, a)) for a in axes]
+    params += [Param(f"t{a}", it, ("stride", i, a)) for a in axes]
+    tensors = {"in": K.TensorParam("in", inp.dtype, i, False),
+               "out": K.TensorParam("out", out.dtype, p.out_seg, True)}
     if p.kind == "empty":
         body, block = [], (p.block, 1, 1)
     elif p.kind == "rows":
@@ -146,13 +148,14 @@ MAX_ROW_BLOCKS = 2 ** 31 - 1   # rows kernel: one pass; blk < nblk, so blk + gri
 
 
 def launch_fn(p: TransposeParams):
-    """(bindings, tensors) -> LaunchConfig of a transpose kernel (tensors[0] is the input)."""
+    """(bindings, tensors) -> LaunchConfig of a transpose kernel (tensors[p.in_seg] is the
+    input)."""
     from ..schedule import layout as L
     from ..schedule.transpose import group_extents
     from .kernel import LaunchConfig
 
     def launch_config(bindings, tensors) -> LaunchConfig:
-        x = tensors[0]
+        x = tensors[p.in_seg]
         if p.kind == "empty" or x.numel() == 0:
             return LaunchConfig((0, 1, 1), (p.block, 1, 1))
         sizes, _ = group_extents(p.groups, x)

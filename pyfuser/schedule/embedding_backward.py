@@ -87,6 +87,7 @@ class EmbeddingBackwardParams:
     grad_dense: bool           # row-major: a token's row starts at t * H
     num_weights: int
     padding_idx: int
+    out_seg: int = 2           # the output's kernel tensor position (after every tensor input)
 
     @property
     def warps(self) -> int:
@@ -155,7 +156,8 @@ def schedule(fusion, inputs) -> EmbeddingBackwardParams:
     return EmbeddingBackwardParams(
         block, cols, rows, UNROLL, mu, acc, index_type, g, i,
         L.row_major(tuple(ids.shape), tuple(ids.stride())),
-        L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx)
+        L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx,
+        len(fusion.tensor_inputs()))
 
 
 def size_class(fusion, inputs) -> tuple:

@@ -16,6 +16,10 @@ output. Elementwise ops fused around the transpose are not handled yet (pointwis
    i == o ("rows"): rows are contiguous on both sides; each thread copies a vector of `vec`
    elements (the widest dividing the row, the other strides and the pointer alignment).
 Remaining groups are batch axes, enumerated by the block index.
+The fusion may take other tensors it does not read (the destination of AOTAutograd's functional
+`copy(dst, src)`, whose shape and dtype only the lowering used): the kernel's tensors are the
+fusion's tensor inputs then its output, so the copied input's position (`in_seg`) and the
+output's (`out_seg`) are the plan's, never assumed to be 0 and 1.
 
 Invariant: every decision reads only layout-signature facts (size-1 axes, stride order,
 contiguity of neighbours, power-of-two divisors, pointer alignment, 64-bit indexing), so a plan
@@ -74,12 +78,14 @@ class TransposeParams:
     batch: list = field(default_factory=list)   # the other groups, outer -> inner
     load_cache: str = ""        # cache policies of the loads and stores (schedule/cache_policy.py)
     store_cache: str = ""
+    in_seg: int = 0             # kernel tensor positions (tensor inputs, then the output) of the
+    out_seg: int = 1            # copied input and of the output
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "groups": self.groups, "i": self.i, "o": self.o,
                 "vec": self.vec, "index_type": self.index_type, "tile": self.tile,
                 "block": self.block, "unroll": self.unroll, "load_cache": self.load_cache,
-                "store_cache": self.store_cache}
+                "store_cache": self.store_cache, "in_seg": self.in_seg, "out_seg": self.out_seg}
 
 
 def _collapse(sizes, strides) -> list[list[int]]:
@@ -106,12 +112,15 @@ def schedule(fusion, inputs) -> TransposeParams:
     ok, why = can_schedule(fusion)
     if not ok:
         raise SchedulerError(f"transpose scheduler: {why}")
-    x = inputs[fusion.inputs.index(fusion.used_exprs()[0].inputs[0])]
+    inp = fusion.used_exprs()[0].inputs[0]
+    x = inputs[fusion.inputs.index(inp)]
+    tensor_inputs = fusion.tensor_inputs()
     sizes, strides = tuple(x.shape), tuple(x.stride())
     groups = _collapse(sizes, strides)
     if not groups and x.numel() > 0:     # every axis has size 1: one element, one row of it
         groups = [[len(sizes) - 1]]
-    p = TransposeParams(groups, "empty", itemsize=x.element_size())
+    p = TransposeParams(groups, "empty", itemsize=x.element_size(),
+                        in_seg=tensor_inputs.index(inp), out_seg=len(tensor_inputs))
     p.index_type = "int64_t" if L.needs_int64([x], x.numel()) else "int"
     # streaming loads and stores: H200, bench/sweep.py cache, 2026-11-22, seed 002's rows copy:
     # back-to-back 14.4 us vs 15.4 plain in two runs; flushed-L2 timings level (+-0.6 us)

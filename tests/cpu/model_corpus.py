@@ -1,5 +1,6 @@
-"""Small real models for the fuser: HF transformers BERT, GPT-2, Llama, T5 (encoder), ViT and a
-ResNet-18 (eval and train), with random weights (never a download) and seeded inputs.
+"""Small real models for the fuser: HF transformers BERT, GPT-2, Llama, T5 (encoder), ViT,
+Falcon (multi-query attention, rotary, parallel blocks), DistilBERT and a ResNet-18 (eval and
+train), with random weights (never a download) and seeded inputs.
 
 `CASES` lists `ModelCase(name, build, how, needs)`: `build(device, scale=1)` returns (model,
 example inputs) with the model in the mode the case is about (`scale` multiplies widths and the
@@ -97,6 +98,18 @@ def _vit(T, k):
                        return_dict=False)
 
 
+def _falcon(T, k):
+    return T.FalconConfig(vocab_size=VOCAB, hidden_size=32 * k, num_hidden_layers=2,
+                          num_attention_heads=2, use_cache=False, return_dict=False,
+                          bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def _distilbert(T, k):
+    return T.DistilBertConfig(vocab_size=VOCAB, dim=32 * k, n_layers=2, n_heads=2,
+                              hidden_dim=64 * k, max_position_embeddings=32 * k,
+                              return_dict=False)
+
+
 def _image(size: int):
     return lambda device, scale=1: (
         torch.randn(BATCH, 3, size * scale, size * scale, generator=_gen()).to(device),)
@@ -178,6 +191,9 @@ CASES = [
     ModelCase("llama", _hf(_llama, "LlamaModel", _ids), "trace", "transformers"),
     ModelCase("t5_encoder", _hf(_t5, "T5EncoderModel", _ids), "trace", "transformers"),
     ModelCase("vit", _hf(_vit, "ViTModel", _image(16)), "trace", "transformers"),
+    ModelCase("falcon", _hf(_falcon, "FalconModel", _ids), "trace", "transformers"),
+    ModelCase("distilbert", _hf(_distilbert, "DistilBertModel",
+                                lambda d, k=1: _ids(d, k, masked=True)), "trace", "transformers"),
     ModelCase("resnet18_eval", _resnet(False), "trace"),
     ModelCase("resnet18_eval", _resnet(False), "script"),
     ModelCase("resnet18_train", _resnet(True), "trace"),

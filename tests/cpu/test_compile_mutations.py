@@ -270,3 +270,27 @@ def test_input_copies_that_stay_eager_say_why(case):
     copies = [n.name for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
     assert [cg.unsupported.get(n) for n in copies] == [reason]
     assert cg.regions and all(r.eager_calls == 0 for r in cg.regions)
+
+
+def test_copy_of_a_permuted_source_into_a_new_buffer():
+    """DeepSeek-V3's key assembly: `k = kv.new_empty(...)`, `k[..., :d].copy_(k_nope)` with
+    k_nope a slice of a transposed split (an unfused view: permuted strides). The region is
+    AOTAutograd's `copy(dst, src)` alone, a transpose kernel whose fusion also takes dst (its
+    shape and dtype only): the kernel read dst and wrote src, leaving the output unwritten."""
+    def f(x):
+        kv = x.view(2, 8, 2, 24).transpose(1, 2)
+        k_nope, v = kv.split([8, 16], -1)
+        k = x.new_empty(2, 2, 8, 16)
+        k[..., :8].copy_(k_nope)
+        k[..., 8:].fill_(1.0)
+        return k * 2, v
+    x = torch.randn(2, 8, 48, generator=torch.Generator().manual_seed(0))
+    x0 = x.clone()
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x)
+    want = f(x0)
+    assert torch.equal(x, x0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    (g,) = _graphs("inference")
+    assert any(r.ops == ["aten.copy.default"] for r in g.regions), [r.ops for r in g.regions]

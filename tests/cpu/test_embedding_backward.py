@@ -181,3 +181,25 @@ def test_plan_for_bert_sizes():
         assert rows * block * cols * 4 + EB.list_bytes(block, EB.UNROLL) <= EB.SHARED_LIMIT
         blocks = -(-vocab // rows) * -(-768 // (block * cols))
         assert blocks >= min(2 * EB.SMS, vocab)
+
+
+@pytest.mark.parametrize("unused_first", [True, False])
+def test_a_tensor_input_the_kernel_does_not_read(unused_first):
+    """A fusion taking a tensor besides the gradient and the indices: the kernel's output is
+    the tensor after every tensor input (it was tensor 2, the unused input when that came
+    first or last: a launch reading its shape, a kernel writing it)."""
+    grad, ids, extra = _grad((6, 4), torch.float32), _ids((6,), 5), torch.full((3, 4), 7.0)
+    f = Fusion()
+    with f:
+        if unused_first:
+            B.define_tensor([-1, -1], DataType.Float)
+        g = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        if not unused_first:
+            B.define_tensor([-1, -1], DataType.Float)
+        f.add_output(B.embedding_backward(g, i, 5, -1))
+    inputs = [extra, grad, ids] if unused_first else [grad, ids, extra]
+    (out,) = dispatch.execute_fusion(f, inputs, "interpret")
+    assert dispatch.last_report(f).kernels == 1
+    assert torch.equal(out, sequential_reference(grad, ids, 5, -1))
+    assert torch.equal(extra, torch.full((3, 4), 7.0))

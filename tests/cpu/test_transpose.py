@@ -158,3 +158,42 @@ def test_cache_policies_compile_and_interpret(shape, perm, kind, policy, monkeyp
         nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
         pytest.importorskip("cuda.bindings.nvrtc")
         nvrtc.compile_cuda(src, plan.kernel.name, "sm_90", use_disk_cache=False)
+
+
+@pytest.mark.parametrize("shape,perm,kind", [((5, 37, 41), (0, 2, 1), "tile"),
+                                             ((2, 12, 8, 4), (0, 2, 1, 3), "rows")])
+@pytest.mark.parametrize("unused_first", [True, False])
+def test_a_tensor_input_the_copy_does_not_read(shape, perm, kind, unused_first):
+    """A fusion taking a tensor its copy does not read (AOTAutograd's functional `copy(dst,
+    src)` of a permuted source: the lowering reads dst's shape and dtype only). The kernel's
+    tensors are the fusion's tensor inputs then its output: the kernel read the first tensor
+    input and wrote the second (DeepSeek-V3's key assembly: the unused destination read, the
+    source input overwritten, the output never written)."""
+    x = permuted(shape, perm)
+    dst = torch.full(shape, 7.0)
+    order = sorted(range(len(shape)), key=lambda a: -x.stride(a))
+    so = [0] * len(shape)
+    for rank, a in enumerate(order):
+        so[a] = len(shape) - 1 - rank
+    f = Fusion()
+    with f:
+        if unused_first:
+            B.define_tensor([-1] * len(shape), DataType.Float)
+        src = B.define_tensor([-1] * len(shape), DataType.Float, stride_order=so)
+        if not unused_first:
+            B.define_tensor([-1] * len(shape), DataType.Float)
+        f.add_output(B.set_(src))
+    inputs = [dst, x] if unused_first else [x, dst]
+    before = [t.clone() for t in inputs]
+    plan = plan_transpose(f, inputs)
+    assert plan.params.kind == kind
+    assert (plan.params.in_seg, plan.params.out_seg) == ((1, 2) if unused_first else (0, 2))
+    (out,) = plan.allocate_outputs(bind(f, inputs), inputs, x.device)
+    out.view(torch.uint8).fill_(0x7F)
+    interpret(plan, inputs, [out])
+    assert torch.equal(out, x.contiguous())
+    assert all(torch.equal(a, b) for a, b in zip(inputs, before))     # no input written
+    assert plan.kernel.launch_config(None, inputs + [out]).grid[0] >= 1
+    nvrtc = pytest.importorskip("pyfuser.runtime.nvrtc")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90")

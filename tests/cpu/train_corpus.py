@@ -1,6 +1,7 @@
-"""Models for training steps through torch.compile: HF transformers BERT (masked LM), GPT-2 and
-Llama (causal LM), T5 (sequence to sequence) and ViT (image classification) with random weights
-(never a download) and a ResNet-18 in train mode, each with seeded inputs and a loss.
+"""Models for training steps through torch.compile: HF transformers BERT and DistilBERT (masked
+LM), GPT-2, Llama, BLOOM (ALiBi), OPT, Falcon and GPT-NeoX (causal LM), T5 and BART (sequence to
+sequence) and ViT (image classification) with random weights (never a download) and a ResNet-18
+in train mode, each with seeded inputs and a loss.
 
 `TRAIN_CASES` maps a name to `build(device, size=SMALL, dropout=0.0) -> TrainCase`; `size` is a
 `Size` (batch, sequence length or image size, hidden width, layers, heads): SMALL for the CPU
@@ -158,8 +159,97 @@ def _resnet18(device, size=SMALL, dropout=0.0):
                      lambda out, y=y: torch.nn.functional.cross_entropy(out, y))
 
 
+def _padded(ids, size):
+    mask = torch.ones_like(ids)
+    mask[-1, size.seq - 2:] = 0                     # a padded sequence: the mask takes part
+    return mask
+
+
+def _causal_lm(class_name, config_name, size, device, padded=False, **cfg):
+    """A causal LM of `config_name` with the SMALL / BENCH widths; `padded`: an attention mask
+    with a padded sequence."""
+    import transformers as T
+    cfg = getattr(T, config_name)(vocab_size=size.vocab, use_cache=False, bos_token_id=0,
+                                  eos_token_id=0, pad_token_id=0, **cfg)
+    model = _hf_model(class_name, cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    inputs = {"input_ids": ids, "labels": labels}
+    if padded:
+        inputs["attention_mask"] = _padded(ids, size)
+    return model, inputs
+
+
+def _bloom(device, size=SMALL, dropout=0.0):
+    """BLOOM: ALiBi position biases (baddbmm into the scores), embedding layer norm, a padded
+    sequence."""
+    model, inputs = _causal_lm("BloomForCausalLM", "BloomConfig", size, device, padded=True,
+                               hidden_size=size.hidden, n_layer=size.layers, n_head=size.heads,
+                               **_drop(dropout, "hidden_dropout", "attention_dropout"))
+    return TrainCase("bloom", model, inputs, lambda out: out.loss)
+
+
+def _opt(device, size=SMALL, dropout=0.0):
+    """OPT: learned positions from the mask's cumsum, pre-norm ReLU blocks, a padded sequence."""
+    model, inputs = _causal_lm("OPTForCausalLM", "OPTConfig", size, device, padded=True,
+                               hidden_size=size.hidden, ffn_dim=4 * size.hidden,
+                               num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                               max_position_embeddings=max(64, size.seq),
+                               word_embed_proj_dim=size.hidden,
+                               **_drop(dropout, "dropout", "attention_dropout"))
+    return TrainCase("opt", model, inputs, lambda out: out.loss)
+
+
+def _falcon(device, size=SMALL, dropout=0.0):
+    """Falcon: multi-query attention, rotary embeddings, parallel attention and MLP."""
+    model, inputs = _causal_lm("FalconForCausalLM", "FalconConfig", size, device,
+                               hidden_size=size.hidden, num_hidden_layers=size.layers,
+                               num_attention_heads=size.heads,
+                               **_drop(dropout, "hidden_dropout", "attention_dropout"))
+    return TrainCase("falcon", model, inputs, lambda out: out.loss)
+
+
+def _gpt_neox(device, size=SMALL, dropout=0.0):
+    """GPT-NeoX: rotary embeddings on a quarter of each head, parallel residual."""
+    model, inputs = _causal_lm("GPTNeoXForCausalLM", "GPTNeoXConfig", size, device,
+                               hidden_size=size.hidden, intermediate_size=4 * size.hidden,
+                               num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                               max_position_embeddings=max(64, size.seq), rotary_pct=0.25,
+                               **_drop(dropout, "hidden_dropout", "attention_dropout"))
+    return TrainCase("gpt_neox", model, inputs, lambda out: out.loss)
+
+
+def _distilbert(device, size=SMALL, dropout=0.0):
+    import transformers as T
+    cfg = T.DistilBertConfig(vocab_size=size.vocab, dim=size.hidden, n_layers=size.layers,
+                             n_heads=size.heads, hidden_dim=4 * size.hidden,
+                             max_position_embeddings=max(64, size.seq),
+                             **_drop(dropout, "dropout", "attention_dropout"))
+    model = _hf_model("DistilBertForMaskedLM", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    return TrainCase("distilbert", model, {"input_ids": ids, "attention_mask": _padded(ids, size),
+                                           "labels": labels}, lambda out: out.loss)
+
+
+def _bart(device, size=SMALL, dropout=0.0):
+    """BART as a sequence-to-sequence LM: decoder inputs shifted from the labels (a slice
+    scatter), learned positions, post-norm encoder and decoder with cross-attention."""
+    import transformers as T
+    cfg = T.BartConfig(vocab_size=size.vocab, d_model=size.hidden, encoder_layers=size.layers,
+                       decoder_layers=size.layers, encoder_attention_heads=size.heads,
+                       decoder_attention_heads=size.heads, encoder_ffn_dim=4 * size.hidden,
+                       decoder_ffn_dim=4 * size.hidden, max_position_embeddings=max(64, size.seq),
+                       use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                       decoder_start_token_id=0,
+                       **_drop(dropout, "dropout", "attention_dropout", "activation_dropout"))
+    model = _hf_model("BartForConditionalGeneration", cfg).to(device).train()
+    ids, labels = _tokens(size, device)
+    return TrainCase("bart", model, {"input_ids": ids, "attention_mask": _padded(ids, size),
+                                     "labels": labels}, lambda out: out.loss)
+
+
 TRAIN_CASES = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "resnet18": _resnet18,
-               "t5": _t5, "vit": _vit}
+               "t5": _t5, "vit": _vit, "bloom": _bloom, "opt": _opt, "falcon": _falcon,
+               "gpt_neox": _gpt_neox, "distilbert": _distilbert, "bart": _bart}
 
 
 def step(case: TrainCase, model_fn, opt=None):
