@@ -150,6 +150,20 @@ class Emitter:
         return K.CheckedIndex(value, self.extent_expr(a.tv.logical[j]),
                               f"index out of range in {a.tv.name} (axis {j})")
 
+    def decompose(self, lin, gis, out: list) -> dict:
+        """Lets g<i> (appended to `out`) for groups `gis` (outer first) of the linear index
+        `lin` over them (group extents `e<i>`); {gi: Var(g<i>)}."""
+        rest, res = lin, {}
+        for pos in range(len(gis) - 1, -1, -1):
+            gi = gis[pos]
+            if pos == 0:
+                out.append(K.Let(f"g{gi}", "nidx_t", rest))
+            else:
+                out.append(K.Let(f"g{gi}", "nidx_t", K.Bin("%", rest, K.Var(f"e{gi}"))))
+                rest = K.Bin("/", rest, K.Var(f"e{gi}"))
+            res[gi] = K.Var(f"g{gi}")
+        return res
+
     def extent_expr(self, d):
         return self.scalar_expr(d.full_extent)
 

@@ -127,17 +127,6 @@ class Lowering(KeyIndexing, Emitter):
             e = K.mul(e, self.extent(k))
         return e
 
-    def decompose(self, lin, gis, out: list):
-        """Lets g<i> for groups `gis` (outer first) from linear index `lin` over them."""
-        rest = lin
-        for pos in range(len(gis) - 1, -1, -1):
-            gi = gis[pos]
-            if pos == 0:
-                out.append(K.Let(f"g{gi}", "nidx_t", rest))
-            else:
-                out.append(K.Let(f"g{gi}", "nidx_t", K.Bin("%", rest, K.Var(f"e{gi}"))))
-                rest = K.Bin("/", rest, K.Var(f"e{gi}"))
-
     def r_lets(self, out: list):
         if not self.need_r:
             return

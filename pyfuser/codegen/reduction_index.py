@@ -2,8 +2,8 @@
 shapes, reduction_kernels.py and reduction_outer.py, place the threads and give the group
 indices; this module turns group indices into element indices, offsets and the values computed
 from indices):
-- group extents (`e<i>`, `group_extent`) and the group indices `g<i>` of a linear index
-  (`decompose`); an access's stride along a group (`gstride`);
+- group extents (`e<i>`, `group_extent`; the group indices `g<i>` of a linear index are
+  Emitter.decompose's); an access's stride along a group (`gstride`);
 - an access's element offset at group indices (`offset`): a gathered access (an embedding's
   table) adds its row's index (`gather_index`, checked), a slice's, pad's or cat's operand the
   shift along each shifted axis (schedule/reduction_resize);
@@ -105,19 +105,6 @@ class ReductionIndexing:
             value = computed(src)
         value = self.checked_index(a, j, value)
         return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
-
-    def decompose(self, lin, gis, out: list) -> dict:
-        """Lets g<i> for groups `gis` (outer first) of the linear index `lin`; {gi: Var}."""
-        rest, res = lin, {}
-        for pos in range(len(gis) - 1, -1, -1):
-            gi = gis[pos]
-            if pos == 0:
-                out.append(K.Let(f"g{gi}", "nidx_t", rest))
-            else:
-                out.append(K.Let(f"g{gi}", "nidx_t", K.Bin("%", rest, K.Var(f"e{gi}"))))
-                rest = K.Bin("/", rest, K.Var(f"e{gi}"))
-            res[gi] = K.Var(f"g{gi}")
-        return res
 
     def _prod(self, gis):
         e = _c(1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import pyfuser
+from fake_graphs import FakeGraphs
 from pyfuser.frontend.fx import cuda_graphs as CG
 
 pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
@@ -18,37 +19,6 @@ pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
 def no_graphed_calls():
     CG._LIVE.clear()                        # an earlier test's compiled graphs may be alive
     yield
-
-
-class FakeGraphs:
-    """capture(fn) -> (graph, outputs); replay(graph) runs fn again into the same outputs."""
-    any_device = True                       # CPU tensors stand for CUDA ones
-
-    def __init__(self, fail=None):
-        self.captures = self.replays = 0
-        self.fail = fail
-
-    def capture(self, fn, device):
-        if self.fail:
-            raise RuntimeError(self.fail)
-        fn()                                # the warm-up
-        out = fn()
-        self.captures += 1
-        return (fn, out), out
-
-    def replay(self, graph):
-        fn, out = graph
-        for o, n in zip(_flat(out), _flat(fn())):      # the same layout: whole storages
-            o.untyped_storage().copy_(n.untyped_storage())
-        self.replays += 1
-
-
-def _flat(x):
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for e in x for t in _flat(e)]
-    return []
 
 
 @pytest.fixture
