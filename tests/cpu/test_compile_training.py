@@ -56,6 +56,10 @@ def _check_fn(f, *shapes, seed=0, loss=lambda out: out.square().sum()):
     (torch.sigmoid, "sigmoid_backward"),
     (F.silu, "silu_backward"),
     (torch.relu, "threshold_backward"),
+    (F.relu6, "hardtanh_backward"),
+    (lambda x: F.hardtanh(x, -0.3, 0.7), "hardtanh_backward"),
+    (F.softplus, "softplus_backward"),
+    (lambda x: F.softplus(x, beta=2.0, threshold=1.0), "softplus_backward"),
 ])
 def test_activation_backward_fuses(act, op):
     _check_fn(lambda x, b: act(x + b) * 3, (8, 33), (33,))
@@ -364,3 +368,20 @@ def test_nll_loss_backward_out_of_range_target_is_a_nan_row():
     ok = torch.tensor([1, 4, -100, 0])
     want = torch.ops.aten.nll_loss_backward(two, x, ok, None, 1, -100, three)
     assert torch.equal(_nll_loss_backward(two, x, ok, None, 1, -100, three), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_hardtanh_backward_at_its_bounds(dtype):
+    """hardtanh's gradient is 0 at and beyond the bounds, compared in float with the bounds as
+    given (bfloat16's nearest value to -0.3 is not -0.3: eager's CUDA and CPU kernels compare
+    float(x) with -0.3 itself); a NaN input passes its gradient, as eager's CUDA kernel does."""
+    lo, hi = -0.3, 0.7
+    near = [torch.tensor(v, dtype=dtype).item() for v in (lo, hi)]
+    x = torch.tensor([lo, hi, *near, 0.0, 2.0, -2.0, 0.69, float("nan")]).to(dtype)
+    g = torch.arange(1.0, 10.0).to(dtype)
+    xs = x.clone().requires_grad_()
+    pyfuser.compile(lambda t: F.hardtanh(t * 1, lo, hi))(xs).backward(g)
+    xf = x.float()
+    want = torch.where((xf <= lo) | (xf >= hi), 0.0, g.float()).to(dtype)
+    assert torch.equal(xs.grad, want), (xs.grad, want)
+    assert xs.grad[-1] == g[-1]

@@ -1,5 +1,5 @@
 """Lowerings of the aten ops backward graphs call (AOTAutograd's derivatives of the forward ops):
-gelu / tanh / sigmoid / silu / threshold / dropout backward, softmax and log_softmax backward,
+gelu / tanh / sigmoid / silu / threshold / hardtanh (relu6) / softplus / dropout backward, softmax and log_softmax backward,
 layer_norm and batch_norm backward, and `_safe_softmax` (softmax whose all -inf rows are 0).
 (Batch norm in training mode, its running statistics in place or as new tensors, is
 aten_reduction.py's `_batch_norm_training`.)
@@ -92,6 +92,30 @@ def _silu_backward(grad, x):
 @lowers("aten::threshold_backward", n_args=(3,))
 def _threshold_backward(grad, x, threshold):
     return ew("where", ew("le", x, threshold), B.cast(0, grad.dtype), grad)
+
+
+@lowers("aten::hardtanh_backward", n_args=(4,), const_args=(2, 3))
+def _hardtanh_backward(grad, x, min_val, max_val):
+    """0 where x <= min_val or x >= max_val, grad elsewhere, as eager's CUDA kernel: half /
+    bfloat16 x compared in float with the bounds in float (not rounded to x's dtype), and a NaN
+    x passes grad (CPU eager's vectorized loop gives 0 there)."""
+    _floating("hardtanh_backward", grad, x)
+    xc = _float_compute(x)
+    out = ew("logical_or", ew("le", xc, float(min_val)), ew("ge", xc, float(max_val)))
+    return ew("where", out, B.cast(0, grad.dtype), grad)
+
+
+@lowers("aten::softplus_backward", n_args=(4,), const_args=(2, 3))
+def _softplus_backward(grad, x, beta, threshold):
+    """grad where x * beta > threshold, else grad * z / (z + 1) with z = exp(x * beta), in
+    float for half / bfloat16 (eager's opmath), rounded once."""
+    _floating("softplus_backward", grad, x)
+    g, xc = _float_compute(grad), _float_compute(x)
+    xb = ew("mul", xc, float(beta))
+    z = ew("exp", xb)
+    dx = ew("where", ew("gt", xb, float(threshold)), g,
+            ew("div", ew("mul", g, z), ew("add", z, 1.0)))
+    return _out(dx, grad)
 
 
 @lowers("aten::native_dropout_backward", n_args=(3,))
