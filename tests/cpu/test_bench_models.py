@@ -54,30 +54,32 @@ def test_dry_run_writes_table_json_and_plot(bench, tmp_path):
 
 
 def test_ratios_and_speed_rows_compare_with_inductor_and_eager(bench):
+    from bench.models_report import ratios, speed_rows
     rows = [{"model": "m", "dtype": "float32", "mode": "eager", "fwd_ms": 4.0, "train_ms": 9.0},
             {"model": "m", "dtype": "float32", "mode": "inductor", "fwd_ms": 2.0, "train_ms": 6.0,
              "cold_s": 30.0},
             {"model": "m", "dtype": "float32", "mode": "pyfuser", "fwd_ms": 1.0, "train_ms": 9.0,
              "cold_s": 10.0}]
-    assert bench.ratios(rows) == "- m float32: pyfuser / inductor fwd_ms 0.50, train_ms 1.50, " \
+    assert ratios(rows) == "- m float32: pyfuser / inductor fwd_ms 0.50, train_ms 1.50, " \
                                  "cold_s 0.33"
-    speed = bench.speed_rows(rows)
+    speed = speed_rows(rows)
     assert [r["workload"] for r in speed] == ["m float32 fwd", "m float32 train"]
     assert speed[0] == {"workload": "m float32 fwd", "eager": 100.0, "torch.compile": 200.0,
                         "pyfuser": 400.0}
     assert speed[1]["pyfuser"] == 100.0
     cg = [dict(r, mode=r["mode"] + "-cg") for r in rows[1:]]
-    assert bench.ratios(rows + cg).splitlines()[1] == \
+    assert ratios(rows + cg).splitlines()[1] == \
         "- m float32: pyfuser-cg / inductor-cg fwd_ms 0.50, train_ms 1.50, cold_s 0.33"
-    assert bench.speed_rows(rows + cg)[0]["pyfuser (CUDA graphs)"] == 400.0
+    assert speed_rows(rows + cg)[0]["pyfuser (CUDA graphs)"] == 400.0
 
 
 def test_compile_summary_states_the_targets_whole_and_without_tracing(bench):
+    from bench.models_report import compile_summary
     rows = [{"model": "m", "dtype": "float32", "mode": "inductor", "cold_s": 30.0, "warm_s": 5.0,
              "trace_s": 6.0, "trace_warm_s": 4.0},
             {"model": "m", "dtype": "float32", "mode": "pyfuser", "cold_s": 9.0, "warm_s": 4.5,
              "trace_s": 6.0, "trace_warm_s": 4.0}]
-    text = bench.compile_summary(rows)
+    text = compile_summary(rows)
     assert text == ("- m float32: cold 9.00 s vs Inductor 30.00 s = 0.30 (meets the target 0.33); "
                     "backend's own (minus aot_eager's 6.00 s) 3.00 s vs Inductor 24.00 s = 0.12; "
                     "warm 4.50 s vs Inductor 5.00 s = 0.90 (misses the target 0.10); backend's "
