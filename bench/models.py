@@ -46,8 +46,8 @@ Inductor's for forward and training graphs, pyfuser's for inference graphs only)
 Output (bench/models_report.py): a markdown table and pyfuser / Inductor ratios on stdout;
 under `--out` (default $OUT) `bench_models.md`, `bench_models.json` (rows and run facts) and
 `bench_models_speed.svg` (speed relative to eager per model, dtype and step; bench/plot.py), the
-first two rewritten after each row. Float32 rows come first; new rows stop starting after `--budget` seconds (default 270); the
-rows not run say so.
+first two rewritten after each row. Float32 rows come first; new rows stop starting after `--budget`
+seconds (default 270); the rows not run say so.
 """
 from __future__ import annotations
 
