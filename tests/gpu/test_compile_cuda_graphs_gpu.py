@@ -13,7 +13,6 @@ import torch
 
 import pyfuser
 from pyfuser.frontend.fx import cuda_graphs as CG
-from pyfuser.frontend.fx import reset_compiled
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cpu"))
@@ -22,13 +21,13 @@ import train_corpus as TC  # noqa: E402
 SIZE = dataclasses.replace(TC.SMALL, batch=4, seq=64, hidden=128, heads=4, vocab=512)
 
 
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
 @pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    reset_compiled()
-    CG._LIVE.clear()
+def _no_graphed_calls():
+    CG._LIVE.clear()                        # an earlier test's compiled graphs may be alive
     yield
-    torch._dynamo.reset()
     torch.cuda.synchronize()
 
 
