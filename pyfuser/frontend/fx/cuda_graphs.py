@@ -131,14 +131,34 @@ class GraphedInference:
         self.entries.move_to_end(key)
         if e.failed is not None:
             return self.compiled(args)
+        if e.graph is not None and not self._free(e):
+            return self.compiled(args)       # a replay would overwrite results still in use
         if e.graph is not None and self._bind(e, args):
             self.backend.replay(e.graph)
             self.replays += 1
-            return fresh_copies(e.out)
+            return self._results(e, args)
         if e.runs == 0:                      # the first call of a signature runs as it is
             e.runs += 1
             return self.compiled(args)
         return self._capture(e, args)
+
+    # ---- what a subclass changes (cuda_graphs_training.py) ------------------------------
+    def _free(self, e) -> bool:
+        """Whether nothing handed out by an earlier replay of `e` still uses its buffers (an
+        inference graph hands out copies only)."""
+        return True
+
+    def _results(self, e, args):
+        """This call's results after a replay of `e`."""
+        return fresh_copies(e.out)
+
+    def _plan_outputs(self, e, out, call_args) -> str | None:
+        """Decide how replays hand out the captured outputs `out`; a reason where they
+        cannot (the signature then runs without a graph)."""
+        ins = [a for a in call_args if isinstance(a, torch.Tensor)]
+        if shares_storage(tensors_of(out, []), ins):
+            return "an output shares memory with an input"
+        return None
 
     def key(self, args):
         """The signature a graph is captured for, or None: this call runs without one."""
@@ -198,21 +218,23 @@ class GraphedInference:
         # KV cache, a step counter) are put back as they were, so this call writes them once.
         saved = [(a, a.clone()) for i, a in enumerate(args)
                  if i in self.written and isinstance(a, torch.Tensor)]
+        call = BoundCall(self.compiled, call_args)
         try:
-            graph, out = self.backend.capture(lambda: self.compiled(list(call_args)), device)
+            graph, out = self.backend.capture(call, device)
         except Exception as ex:  # noqa: BLE001 - capture refused: this signature runs as it is
             _restore(saved)
             return self._give_up(e, f"capture failed: {type(ex).__name__}: "
                                     f"{str(ex).splitlines()[0] if str(ex) else ''}", args)
         _restore(saved)
-        ins = [a for a in call_args if isinstance(a, torch.Tensor)]
-        if shares_storage(tensors_of(out, []), ins):
-            return self._give_up(e, "an output shares memory with an input", args)
         e.graph, e.inputs, e.ptrs, e.out = graph, bufs, ptrs, out
+        why = self._plan_outputs(e, out, call_args)
+        call.args = call_args = None         # the graph holds no reference to this call's inputs
+        if why:
+            return self._give_up(e, why, args)
         self.captures += 1
         self.backend.replay(graph)           # the capture ran nothing: this call's results
         self.replays += 1
-        return fresh_copies(out)
+        return self._results(e, args)
 
     def _give_up(self, e, reason, args):
         e.failed = reason
@@ -222,10 +244,23 @@ class GraphedInference:
         return self.compiled(args)
 
 
+class BoundCall:
+    """`compiled(args)` as the no-argument callable a capture records. Its `args` are
+    dropped after the capture (a graph reads its inputs by address and must not keep them
+    alive: tensors a forward hands out are freed by their users)."""
+    __slots__ = ("compiled", "args")
+
+    def __init__(self, compiled, args):
+        self.compiled, self.args = compiled, list(args)
+
+    def __call__(self):
+        return self.compiled(list(self.args))
+
+
 def _restore(saved) -> None:
     for t, value in saved:
         t.copy_(value)
 
 
-__all__ = ["GraphedInference", "MAX_GRAPHS", "graph_wide_reason", "graphed_calls",
+__all__ = ["BoundCall", "GraphedInference", "MAX_GRAPHS", "graph_wide_reason", "graphed_calls",
            "written_inputs"]
