@@ -10,8 +10,9 @@ and Llama (causal LM) at batch 8 x 512 tokens, hidden 768, 4 layers, 12 heads (`
 batch,seq,hidden,layers), and a ResNet-18 (batch 8, 224 x 224, train mode: batch norm with
 running statistics); each in float32 and under bfloat16 autocast. Modes: `eager`, `inductor`
 (torch.compile's default backend) and `pyfuser` (torch.compile(backend="pyfuser")); on request
-(`--modes`) `inductor-cg` and `pyfuser-cg`, the same with mode="reduce-overhead" (CUDA graphs:
-Inductor's for forward and training graphs, pyfuser's for inference graphs only). Columns:
+(`--modes`) `inductor-cg` and `pyfuser-cg`, the same with mode="reduce-overhead" (CUDA graphs
+for inference, forward and backward graphs in both; a graph drawing random numbers, dropout's,
+is not graphed by pyfuser). Columns:
 - `fwd_ms`: an inference forward (eval mode, torch.no_grad()); `train_ms`: a training step
   (train mode with the configs' own dropout, `--dropout` to override; the loss, backward and an
   SGD step, the optimizer eager in every mode). Median of `--reps` calls timed by CUDA events

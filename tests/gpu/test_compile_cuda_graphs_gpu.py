@@ -1,7 +1,8 @@
-"""CUDA graphs for torch.compile's inference graphs on a GPU (frontend/fx/cuda_graphs.py): HF
-models' eval forwards replayed from real CUDA graphs give the bits of the same compiled forward
-run without them and stay within float rounding of eager, parameters updated in place are
-seen, and graphs with random ops or eager-only inputs run without a graph."""
+"""CUDA graphs for torch.compile on a GPU (frontend/fx/cuda_graphs.py, cuda_graphs_training.py):
+HF models' eval forwards replayed from real CUDA graphs give the bits of the same compiled
+forward run without them and stay within float rounding of eager, parameters updated in place
+are seen, graphs with random ops or eager-only inputs run without a graph, and training steps
+through graphed forwards and backwards match the same graphs run without them."""
 from __future__ import annotations
 
 import dataclasses
@@ -92,3 +93,41 @@ def test_dropout_runs_without_a_graph():
     (g,) = CG.graphed_calls()
     assert g.captures == 0 and "random" in g.why_not
     assert not torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["llama", "resnet18"])
+def test_training_steps_replayed_from_graphs(name, dtype):
+    """Training steps (forward, loss, backward, SGD) through graphed forward and backward graphs
+    give the losses, gradients and parameters of the same compiled graphs run without CUDA
+    graphs, step after step (cuda_graphs_training.py)."""
+    import copy
+    case = TC.TRAIN_CASES[name]("cuda", SIZE)
+    runs = []
+    for graphs in (False, True):
+        model = copy.deepcopy(case.model)
+        fn = pyfuser.compile(model, cuda_graphs=graphs)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses, grads = [], []
+        for _ in range(5):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+                loss = TC.step(TC.TrainCase(name, model, case.inputs, case.loss), fn, opt)
+            losses.append(loss)
+            grads.append(TC.grads(model))
+        torch.cuda.synchronize()
+        runs.append((losses, grads, TC.params(model)))
+    fw, bw = (next(g for g in CG.graphed_calls() if kind in g.__name__)
+              for kind in ("forward", "backward"))
+    assert fw.replays >= 3 and bw.replays >= 2 and fw.busy == bw.busy == 0, (
+        fw.why_not, bw.why_not, [e.failed for e in fw.entries.values()])
+    (l0, g0, p0), (l1, g1, p1) = runs
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    for a, b in zip(l0, l1):
+        torch.testing.assert_close(b, a, **tol)
+    for ga, gb in zip(g0, g1):
+        for n in ga:
+            torch.testing.assert_close(gb[n], ga[n], **tol, msg=n)
+    for n in p0:
+        torch.testing.assert_close(p1[n], p0[n], **tol, msg=n)

@@ -26,8 +26,9 @@ depend on the kernel's order: `_save_reductions`) (`PYFUSER_PARTITIONER=default`
 split, every value the backward reads saved).
 
 Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
-`cuda_graphs` (bool, default False): inference graphs are replayed from CUDA graphs
-(cuda_graphs.py); `mode="reduce-overhead"` asks for the same, `mode="default"` for nothing;
+`cuda_graphs` (bool, default False): inference, forward and backward graphs are replayed from
+CUDA graphs (cuda_graphs.py, cuda_graphs_training.py); `mode="reduce-overhead"` asks for the
+same, `mode="default"` for nothing;
 other modes, unknown options and values of another type are an error, not silently ignored.
 """
 from __future__ import annotations
@@ -77,11 +78,21 @@ def _compiler(kind: str, cuda_graphs: bool = False):
         if not cuda_graphs:
             return compile_graph(gm, example_inputs, kind)
         from .cuda_graphs import GraphedInference, graph_wide_reason, written_inputs
-        static, mutated = _static_and_mutated_inputs()
+        from .cuda_graphs_training import (GraphedTraining, backward_keyed_inputs,
+                                           user_output_count)
+        if kind == "backward":               # the forward's metadata is not this graph's
+            static, mutated, users = backward_keyed_inputs(gm), (), 0
+        else:
+            static, mutated = _static_and_mutated_inputs()
+            users = user_output_count() if kind == "forward" else None
         written = written_inputs(gm, mutated)              # before compile_graph rewrites gm
         why_not = graph_wide_reason(gm, static, mutated)
-        return GraphedInference(compile_graph(gm, example_inputs, kind), static, why_not,
-                                written=written)
+        if kind == "forward" and users is None:
+            why_not = why_not or "AOTAutograd's metadata (which outputs are saved) is missing"
+        compiled = compile_graph(gm, example_inputs, kind)
+        if kind == "inference":
+            return GraphedInference(compiled, static, why_not, written=written)
+        return GraphedTraining(compiled, static, users, why_not, written=written)
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
     return compile_fn
 
@@ -113,7 +124,7 @@ def _options(options, mode) -> dict:
                             f"not {type(v).__name__}")
     if mode not in (None, "default", "reduce-overhead"):
         raise TypeError(f"pyfuser backend: mode {mode!r} is not supported (\"default\" or "
-                        "\"reduce-overhead\": CUDA graphs for inference graphs)")
+                        "\"reduce-overhead\": CUDA graphs)")
     if mode == "reduce-overhead":
         got.setdefault("cuda_graphs", True)
     return got
@@ -128,8 +139,10 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
     extra = {}
     if os.environ.get("PYFUSER_PARTITIONER", "mincut") != "default":
         extra["partition_fn"] = _recomputing_partition
-    aot = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
-                       inference_compiler=_compiler("inference", opts.get("cuda_graphs", False)),
+    graphs = opts.get("cuda_graphs", False)
+    aot = aot_autograd(fw_compiler=_compiler("forward", graphs),
+                       bw_compiler=_compiler("backward", graphs),
+                       inference_compiler=_compiler("inference", graphs),
                        decompositions=decompositions(), keep_inference_input_mutations=True,
                        **extra)
     return aot(gm, example_inputs)

@@ -34,8 +34,9 @@ time on. What a caller sees:
 - At most MAX_GRAPHS signatures keep a graph per compiled graph (least recently used dropped);
   each holds its own memory pool.
 
-Training graphs (forward and backward) are not graphed: their outputs live on across calls
-(tensors saved for the backward), which replays into fixed buffers would overwrite.
+Training graphs (forward and backward) are `GraphedTraining`s (cuda_graphs_training.py), which
+hand the tensors saved for the backward and the gradients out of the graph's memory, checking
+before each replay that the previous replay's are no longer in use.
 """
 from __future__ import annotations
 
@@ -85,12 +86,12 @@ def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
 
 class _Entry:
     """One signature's state: the call count before capture, then the captured graph."""
-    __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed")
+    __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed", "plan", "held", "counts")
 
     def __init__(self):
         self.runs = 0
         self.graph = self.inputs = self.ptrs = self.out = None
-        self.failed = None
+        self.failed = self.plan = self.held = self.counts = None
 
 
 class GraphedInference:

@@ -1,0 +1,172 @@
+"""CUDA graphs for torch.compile's training graphs: AOTAutograd's forward and backward, with
+`mode="reduce-overhead"` / `cuda_graphs=True` as for inference graphs (cuda_graphs.py, whose
+rules on signatures, random ops and inputs written in place hold here too).
+
+A training step's graphs hand tensors to each other: the forward's outputs past its user-visible
+ones (AOTAutograd's `num_forward`) are saved for the backward, which reads them after the
+forward returned, and the backward's outputs become parameters' `.grad`. Copying them out of the
+graph's memory on every call, as inference results are, would move every activation and every
+gradient twice. So a `GraphedTraining` hands them out as they lie:
+
+- **Held outputs** (saved tensors, gradients) are tensors on the graph's own output memory (or
+  on the buffer an input was copied into). Before a replay writes that memory again, the call
+  checks that every tensor handed out by the previous replay is gone: the use count of each
+  held storage is back to what it was before those tensors were made (autograd frees a
+  step's saved tensors after its backward; `zero_grad()` drops the gradients). Where one is
+  still alive (two forwards before their backwards, a gradient kept across steps, a saved
+  tensor kept by `retain_graph=True`), the call runs the graph as it is instead: new memory,
+  the same results, logged once. A view of a held tensor keeps its storage in use, so it
+  counts as alive too.
+- **User outputs** (the forward's first `num_forward`: its results and the new values of inputs
+  it mutates) are copies, as inference results: a caller keeps the loss of the last step
+  while calling the next.
+- **Inputs read in place**: the forward's parameters and buffers (AOTAutograd's static inputs)
+  and every backward input that is not a tangent (the saved tensors, parameters) are read
+  where they lie: their addresses are part of the signature, so the backward of a replayed
+  forward (whose saved tensors are always at the same addresses) replays, and a call whose
+  saved tensors lie elsewhere (their forward ran as it is) takes another signature, run as it
+  is once and captured on its second sighting. Tangents and the forward's other inputs are
+  copied into the graph's buffers. An output that is an input read in place is handed back
+  as that input (or a view of it), as a run returns it.
+
+The graph holds no reference to its inputs (a capture drops its arguments), so the saved
+tensors it read are freed by autograd as they would be.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ...runtime.graph_capture import fresh_copies
+from .cuda_graphs import _SCALARS, GraphedInference
+
+log = logging.getLogger("pyfuser")
+_VALUE, _EMPTY, _HELD = "value", "empty", "held"
+
+
+def use_count(storage) -> int:
+    """How many strong references the storage's memory has (tensors, views, storages)."""
+    return torch._C._storage_Use_Count(storage._cdata)
+
+
+class GraphedTraining(GraphedInference):
+    """A forward or backward CompiledGraph replayed from CUDA graphs (module docstring).
+    `keyed_idx`: the inputs read in place; `user_outputs`: how many leading outputs the caller
+    sees (copied); boxed call."""
+
+    def __init__(self, compiled, keyed_idx, user_outputs: int, why_not=None, backend=None,
+                 written=()):
+        super().__init__(compiled, keyed_idx, why_not, backend, written)
+        self.user_outputs = user_outputs
+        self.busy = 0                     # calls run as they are: earlier results still in use
+
+    def key(self, args):
+        """GraphedInference.key's signature with the addresses of the inputs read in place,
+        in one pass (a backward has a hundred inputs or more: this runs on every call)."""
+        parts, device, keyed = [], None, self.static_idx
+        any_device = getattr(self.backend, "any_device", False)
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                d = a.get_device()
+                if device is None:
+                    if d < 0 and not any_device:
+                        return self._skip(f"input {i} is on {a.device}, not a CUDA device")
+                    device = d
+                elif d != device:
+                    return self._skip("tensor inputs on more than one device")
+                parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(),
+                              a.data_ptr() if i in keyed else None))
+            elif isinstance(a, _SCALARS):
+                parts.append((type(a), a))
+            else:
+                return self._skip(f"input {i} is a {type(a).__name__}")
+        return (device, tuple(parts))
+
+    def _free(self, e) -> bool:
+        if e.counts is None or all(use_count(st) == c for st, c in zip(e.held, e.counts)):
+            return True
+        self.busy += 1
+        if self.busy == 1:
+            log.info("pyfuser: a call of %s runs without its CUDA graph: tensors its previous "
+                     "replay handed out (saved for a backward, gradients) are still in use",
+                     self.compiled.__name__)
+        return False
+
+    def _plan_outputs(self, e, out, call_args) -> str | None:
+        if not isinstance(out, (list, tuple)):
+            return f"its result is a {type(out).__name__}, not a list"
+        inputs = {}
+        for i, a in enumerate(call_args):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
+                inputs.setdefault(a.untyped_storage().data_ptr(), i)
+        plan, held = [], {}
+        for j, o in enumerate(out):
+            if not isinstance(o, torch.Tensor):
+                plan.append(_VALUE)       # a size saved for the backward, a None gradient
+                continue
+            st = o.untyped_storage()
+            i = inputs.get(st.data_ptr()) if st.nbytes() else None
+            if j < self.user_outputs:
+                if i is not None:
+                    return f"output {j} shares memory with input {i}"
+                plan.append(None)         # copied
+            elif not st.nbytes():
+                plan.append(_EMPTY)
+            elif i is not None and i in self.static_idx:
+                plan.append((i, o is call_args[i]))
+            else:
+                st = held.setdefault(st.data_ptr(), st)
+                plan.append((_HELD, st, {"size": o.shape, "stride": o.stride(), "dtype": o.dtype,
+                                         "device": o.device,
+                                         "storage_offset": o.storage_offset()}))
+        e.plan, e.held, e.counts = plan, list(held.values()), None
+        return None
+
+    def _results(self, e, args):
+        n = self.user_outputs
+        users = fresh_copies(list(e.out[:n]))
+        e.counts = [use_count(st) for st in e.held]   # before this call's tensors exist
+        res = users + [_hand_out(o, how, args) for o, how in zip(e.out[n:], e.plan[n:])]
+        return tuple(res) if isinstance(e.out, tuple) else res
+
+
+def _hand_out(o, how, args):
+    """Output `o` of the captured run as this call receives it (see GraphedTraining): a new
+    tensor on a held storage (built in one call on CUDA: a backward hands out a hundred), a
+    value, an empty tensor, or the input (a view of it) it is."""
+    if how is _VALUE:
+        return o
+    if how is _EMPTY:
+        return torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
+    if how[0] is _HELD:
+        _, st, meta = how
+        if o.is_cuda and _on_cuda_storage is not None:
+            return _on_cuda_storage(meta, st)
+        return torch.empty(0, dtype=o.dtype, device=o.device).set_(
+            st, meta["storage_offset"], meta["size"], meta["stride"])
+    i, itself = how
+    a = args[i]
+    return a if itself else a.as_strided(o.shape, o.stride(), o.storage_offset())
+
+
+_on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def user_output_count() -> int | None:
+    """How many leading outputs of the forward AOTAutograd is compiling are the caller's (its
+    `num_forward`: mutated inputs' new values, the results, intermediate bases, an RNG offset;
+    the rest are saved for the backward); None where its metadata is not at hand."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    n = getattr(meta, "num_forward", None)
+    return n if isinstance(n, int) else None
+
+
+def backward_keyed_inputs(gm) -> tuple:
+    """The inputs of a backward graph read in place: every placeholder but the tangents."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return tuple(i for i, p in enumerate(placeholders) if not str(p.target).startswith("tangents"))
+
+
+__all__ = ["GraphedTraining", "backward_keyed_inputs", "use_count", "user_output_count"]

@@ -1,0 +1,179 @@
+"""CUDA graphs for torch.compile's training graphs (frontend/fx/cuda_graphs_training.py), on the
+CPU with the stand-in graphs of fake_graphs.py (a replay runs the captured call again at the
+captured addresses and writes the captured output storages): losses, gradients and parameters
+equal eager's step after step; the forward's saved tensors and the gradients are handed out
+from the graph's memory, and a call whose previous results are still in use (two forwards
+before their backwards, a gradient kept across steps, retain_graph) runs as it is; dropout
+keeps the graphs off."""
+import copy
+
+import pytest
+import torch
+
+import pyfuser
+from fake_graphs import FakeGraphs
+from pyfuser.frontend.fx import cuda_graphs as CG
+from pyfuser.frontend.fx.cuda_graphs_training import GraphedTraining
+
+pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
+
+
+@pytest.fixture
+def no_graphed_calls():
+    CG._LIVE.clear()
+    yield
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    g = FakeGraphs()
+    monkeypatch.setattr(CG, "Backend", lambda: g)
+    return g
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.GELU(),
+                               torch.nn.Linear(16, 4))
+
+
+def _graphed():
+    got = {g.__name__.split("_")[1]: g for g in CG.graphed_calls()}
+    assert all(isinstance(g, GraphedTraining) for g in got.values())
+    return got["forward"], got["backward"]
+
+
+def _assert_same_params(m, ref):
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+        torch.testing.assert_close(p.grad, q.grad, msg=f"{name}.grad")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_training_steps_equal_eager_and_replay(fake, set_to_none):
+    m = _model()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    opt, opt_ref = (torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, ref))
+    losses = []
+    for _ in range(6):
+        x = torch.randn(5, 8)
+        for mod, o in ((c, opt), (ref, opt_ref)):
+            o.zero_grad(set_to_none=set_to_none)
+            loss = mod(x).square().mean()
+            loss.backward()
+            o.step()
+            losses.append(loss)
+        _assert_same_params(m, ref)
+    for got, want in zip(losses[::2], losses[1::2]):   # earlier losses were not overwritten
+        torch.testing.assert_close(got, want)
+    fw, bw = _graphed()
+    assert (fw.captures, fw.replays, fw.busy) == (1, 5, 0)
+    # the backward of the forward's first (plain) run has other saved addresses: its own
+    # signature, run as it is; the replayed forwards' backwards are captured, then replayed
+    assert (bw.captures, bw.replays, bw.busy) == (1, 4, 0)
+    assert any(isinstance(h, tuple) and isinstance(h[0], int)
+               for e in fw.entries.values() if e.plan for h in e.plan), \
+        "a parameter saved for the backward is handed back as the parameter"
+
+
+def test_two_forwards_before_their_backwards(fake):
+    m = _model()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        x1, x2 = torch.randn(5, 8), torch.randn(5, 8)
+        for mod in (c, ref):
+            mod.zero_grad()
+            (mod(x1).square().mean() + mod(x2).abs().mean()).backward()
+        _assert_same_params(m, ref)
+    fw, _ = _graphed()
+    assert fw.replays >= 2 and fw.busy >= 2     # the second forward of a step runs as it is
+
+
+def test_gradient_kept_across_steps_is_not_overwritten(fake):
+    m = _model()
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    kept = []
+    for _ in range(4):
+        m.zero_grad()
+        c(torch.randn(5, 8)).sum().backward()
+        kept.append((m[0].weight.grad, m[0].weight.grad.clone()))
+    for g, value in kept:
+        torch.testing.assert_close(g, value)
+    _, bw = _graphed()
+    assert bw.busy >= 1 and bw.replays >= 1
+
+
+def test_retained_graph_backward_twice(fake):
+    m = _model()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(5, 8)
+        for mod in (c, ref):
+            mod.zero_grad()
+            loss = mod(x).square().mean()
+            loss.backward(retain_graph=True)
+            loss.backward()
+        _assert_same_params(m, ref)
+    fw, bw = _graphed()
+    assert fw.replays >= 1 and bw.replays >= 1
+
+
+def test_view_of_a_gradient_kept_alive_counts(fake):
+    """A view the caller keeps of a handed-out tensor keeps its memory in use (the gradient
+    itself is dropped by zero_grad)."""
+    m = _model()
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    kept = []
+    for _ in range(4):
+        m.zero_grad(set_to_none=True)
+        c(torch.randn(5, 8)).sum().backward()
+        view = m[0].weight.grad[:2]
+        kept.append((view, view.clone()))
+    for view, value in kept:
+        torch.testing.assert_close(view, value)
+    _, bw = _graphed()
+    assert bw.busy >= 1
+
+
+def test_user_outputs_are_copies(fake):
+    m = _model()
+    c = torch.compile(lambda x: m(x).relu(), backend=pyfuser.backend, mode="reduce-overhead")
+    outs = []
+    for _ in range(4):
+        y = c(torch.randn(5, 8))
+        outs.append((y, y.detach().clone()))
+        y.sum().backward()
+    for y, value in outs:
+        torch.testing.assert_close(y, value)
+    fw, _ = _graphed()
+    assert fw.replays >= 2 and fw.busy == 0
+
+
+def test_dropout_keeps_the_training_graphs_off(fake):
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(3):
+        c(torch.randn(4, 8)).sum().backward()
+    fw, _ = _graphed()
+    assert "random" in fw.why_not and fake.captures <= 1
+
+
+def test_batch_norm_running_statistics_and_new_batch_sizes(fake):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU())
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead", dynamic=True)
+    for n in (5, 5, 5, 7, 7, 7, 5):
+        x = torch.randn(n, 8)
+        for mod in (c, ref):
+            mod.zero_grad()
+            mod(x).square().mean().backward()
+        _assert_same_params(m, ref)
+        torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
+        torch.testing.assert_close(m[1].running_var, ref[1].running_var)
+        assert m[1].num_batches_tracked == ref[1].num_batches_tracked
+    fw, bw = _graphed()
+    assert fw.captures == 2 and fw.replays >= 3 and bw.replays >= 2
