@@ -45,6 +45,26 @@ def fresh_compile():
 
 
 @pytest.fixture
+def no_graphed_calls():
+    """torch.compile's graphed calls of earlier tests forgotten (graphed_calls() lists this
+    test's)."""
+    from pyfuser.frontend.fx import cuda_graphs
+    cuda_graphs._LIVE.clear()
+    yield
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """torch.compile's graphed calls capture and replay with tests/cpu/fake_graphs.py's
+    stand-in (CPU tensors stand for CUDA ones); the stand-in, for its counts."""
+    from fake_graphs import FakeGraphs
+    from pyfuser.frontend.fx import cuda_graphs
+    g = FakeGraphs()
+    monkeypatch.setattr(cuda_graphs, "Backend", lambda: g)
+    return g
+
+
+@pytest.fixture
 def plans(monkeypatch):
     """Counts kernels planned (one per new kernel signature: what compiles a kernel)."""
     from pyfuser.codegen import api

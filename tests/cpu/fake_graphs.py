@@ -3,7 +3,8 @@ calls (pyfuser.jit(f, cuda_graphs=True), torch.compile's mode="reduce-overhead")
 runs the function twice (the warm-up, then the run whose outputs the graph owns) and returns
 (graph, outputs); `replay` runs it again and writes the results into those same output
 storages, which is what replaying a graph does. `any_device`: CPU tensors stand for CUDA ones.
-It cannot show stream or address effects of a real graph."""
+It cannot show stream or address effects of a real graph. tests/conftest.py's fixture
+`fake_graphs` makes torch.compile's graphed calls use one."""
 import torch
 
 
@@ -61,3 +62,4 @@ def _by_address(call):
     compiled = call.compiled
     where = [_At(a) if isinstance(a, torch.Tensor) else a for a in call.args]
     return lambda: compiled([w.tensor() if isinstance(w, _At) else w for w in where])
+

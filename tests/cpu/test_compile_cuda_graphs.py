@@ -16,18 +16,6 @@ from pyfuser.frontend.fx import cuda_graphs as CG
 pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
 
 
-@pytest.fixture
-def no_graphed_calls():
-    CG._LIVE.clear()                        # an earlier test's compiled graphs may be alive
-    yield
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    g = FakeGraphs()
-    monkeypatch.setattr(CG, "Backend", lambda: g)
-    return g
-
 
 def _graphed():
     (g,) = CG.graphed_calls()
@@ -45,7 +33,7 @@ def test_options_and_modes():
 
 
 @pytest.mark.parametrize("how", ["mode", "options", "pyfuser.compile"])
-def test_new_inputs_every_call_and_fresh_outputs(fake, how):
+def test_new_inputs_every_call_and_fresh_outputs(fake_graphs, how):
     lin = torch.nn.Linear(8, 8)
 
     def f(x, s: float):
@@ -63,14 +51,14 @@ def test_new_inputs_every_call_and_fresh_outputs(fake, how):
                 torch.testing.assert_close(o, w)
             results.append((got, want))
     g = _graphed()
-    assert fake.captures == 1 and g.replays == 4        # as it is, captured, replays
-    assert fake.replays == 4
+    assert fake_graphs.captures == 1 and g.replays == 4        # as it is, captured, replays
+    assert fake_graphs.replays == 4
     for got, want in results:                          # earlier results were not overwritten
         for o, w in zip(got, want):
             torch.testing.assert_close(o, w)
 
 
-def test_parameters_updated_in_place_or_replaced(fake):
+def test_parameters_updated_in_place_or_replaced(fake_graphs):
     lin = torch.nn.Linear(8, 8)
     c = torch.compile(lin, backend=pyfuser.backend, mode="reduce-overhead")
     x = torch.randn(3, 8)
@@ -81,35 +69,35 @@ def test_parameters_updated_in_place_or_replaced(fake):
         assert g.static_idx, "AOTAutograd names the parameters"
         lin.weight.mul_(2)                             # in place: the same address
         torch.testing.assert_close(c(x), lin(x))
-        assert fake.captures == 1
+        assert fake_graphs.captures == 1
         lin.weight = torch.nn.Parameter(torch.randn(8, 8))   # a new tensor: captured again
         torch.testing.assert_close(c(x), lin(x))
-    assert fake.captures == 2 and g.static_idx == {0, 1}   # recaptured, not recompiled
+    assert fake_graphs.captures == 2 and g.static_idx == {0, 1}   # recaptured, not recompiled
 
 
-def test_signatures_each_get_a_graph(fake):
+def test_signatures_each_get_a_graph(fake_graphs):
     c = torch.compile(lambda x: torch.tanh(x) * 3, backend=pyfuser.backend,
                       mode="reduce-overhead", dynamic=True)
     with torch.no_grad():
         for n in (4, 6, 4, 6, 4, 6):
             x = torch.randn(n, 5)
             torch.testing.assert_close(c(x), torch.tanh(x) * 3)
-    assert fake.captures == 2
+    assert fake_graphs.captures == 2
 
 
-def test_random_ops_run_without_a_graph(fake):
+def test_random_ops_run_without_a_graph(fake_graphs):
     def f(x):
         return torch.nn.functional.dropout(x * 2, 0.5, training=True) + 1
     c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
     with torch.no_grad():
         outs = [c(torch.ones(64, 64)) for _ in range(4)]
-    assert fake.captures == 0
+    assert fake_graphs.captures == 0
     assert "random" in _graphed().why_not
     assert not torch.equal(outs[2], outs[3])            # new draws every call
     assert set(outs[3].unique().tolist()) <= {1.0, 5.0}
 
 
-def test_input_written_in_place_runs_without_a_graph(fake):
+def test_input_written_in_place_runs_without_a_graph(fake_graphs):
     def f(x):
         x.mul_(2)
         return x + 1
@@ -120,10 +108,10 @@ def test_input_written_in_place_runs_without_a_graph(fake):
             x0 = x.clone()
             torch.testing.assert_close(c(x), x0 * 2 + 1)
             torch.testing.assert_close(x, x0 * 2)
-    assert fake.captures == 0 and "writes input 0 in place" in _graphed().why_not
+    assert fake_graphs.captures == 0 and "writes input 0 in place" in _graphed().why_not
 
 
-def test_output_aliasing_an_input_keeps_eager_semantics(fake):
+def test_output_aliasing_an_input_keeps_eager_semantics(fake_graphs):
     def f(x):
         return x[1:], torch.sigmoid(x) * 2
     c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
@@ -149,7 +137,7 @@ def test_failed_capture_runs_as_it_is(monkeypatch):
     assert "capture failed" in entry.failed and g.captures == 0
 
 
-def test_outputs_keep_strides_and_aliasing_and_expanded_inputs_run_without_a_graph(fake):
+def test_outputs_keep_strides_and_aliasing_and_expanded_inputs_run_without_a_graph(fake_graphs):
     def f(x):
         y = torch.sigmoid(x) * 2
         return y[:, :3], y.t(), y.sum(0).expand(3, 5)
@@ -237,7 +225,7 @@ def test_static_inputs_the_graph_writes_are_written_once_per_call(monkeypatch, h
         torch.testing.assert_close(buf, dict(ref.named_buffers())[name], msg=name)
 
 
-def test_inputs_with_gaps_or_undecidable_overlap_are_replayed(fake):
+def test_inputs_with_gaps_or_undecidable_overlap_are_replayed(fake_graphs):
     """Only a certain self-overlap (an expanded axis) keeps a signature off the graph: a slice
     with a step, or an as_strided view the overlap check cannot decide, copies into a buffer of
     its strides with its values."""

@@ -11,24 +11,11 @@ import pytest
 import torch
 
 import pyfuser
-from fake_graphs import FakeGraphs
 from pyfuser.frontend.fx import cuda_graphs as CG
 from pyfuser.frontend.fx.cuda_graphs_training import GraphedTraining
 
 pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
 
-
-@pytest.fixture
-def no_graphed_calls():
-    CG._LIVE.clear()
-    yield
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    g = FakeGraphs()
-    monkeypatch.setattr(CG, "Backend", lambda: g)
-    return g
 
 
 def _model():
@@ -50,7 +37,7 @@ def _assert_same_params(m, ref):
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_training_steps_equal_eager_and_replay(fake, set_to_none):
+def test_training_steps_equal_eager_and_replay(fake_graphs, set_to_none):
     m = _model()
     ref = copy.deepcopy(m)
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
@@ -77,7 +64,7 @@ def test_training_steps_equal_eager_and_replay(fake, set_to_none):
         "a parameter saved for the backward is handed back as the parameter"
 
 
-def test_two_forwards_before_their_backwards(fake):
+def test_two_forwards_before_their_backwards(fake_graphs):
     m = _model()
     ref = copy.deepcopy(m)
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
@@ -91,7 +78,7 @@ def test_two_forwards_before_their_backwards(fake):
     assert fw.replays >= 2 and fw.busy >= 2     # the second forward of a step runs as it is
 
 
-def test_gradient_kept_across_steps_is_not_overwritten(fake):
+def test_gradient_kept_across_steps_is_not_overwritten(fake_graphs):
     m = _model()
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
     kept = []
@@ -105,7 +92,7 @@ def test_gradient_kept_across_steps_is_not_overwritten(fake):
     assert bw.busy >= 1 and bw.replays >= 1
 
 
-def test_retained_graph_backward_twice(fake):
+def test_retained_graph_backward_twice(fake_graphs):
     m = _model()
     ref = copy.deepcopy(m)
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
@@ -121,7 +108,7 @@ def test_retained_graph_backward_twice(fake):
     assert fw.replays >= 1 and bw.replays >= 1
 
 
-def test_view_of_a_gradient_kept_alive_counts(fake):
+def test_view_of_a_gradient_kept_alive_counts(fake_graphs):
     """A view the caller keeps of a handed-out tensor keeps its memory in use (the gradient
     itself is dropped by zero_grad)."""
     m = _model()
@@ -138,7 +125,7 @@ def test_view_of_a_gradient_kept_alive_counts(fake):
     assert bw.busy >= 1
 
 
-def test_user_outputs_are_copies(fake):
+def test_user_outputs_are_copies(fake_graphs):
     m = _model()
     c = torch.compile(lambda x: m(x).relu(), backend=pyfuser.backend, mode="reduce-overhead")
     outs = []
@@ -152,16 +139,16 @@ def test_user_outputs_are_copies(fake):
     assert fw.replays >= 2 and fw.busy == 0
 
 
-def test_dropout_keeps_the_training_graphs_off(fake):
+def test_dropout_keeps_the_training_graphs_off(fake_graphs):
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
     for _ in range(3):
         c(torch.randn(4, 8)).sum().backward()
     fw, _ = _graphed()
-    assert "random" in fw.why_not and fake.captures <= 1
+    assert "random" in fw.why_not and fake_graphs.captures <= 1
 
 
-def test_batch_norm_running_statistics_and_new_batch_sizes(fake):
+def test_batch_norm_running_statistics_and_new_batch_sizes(fake_graphs):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU())
     ref = copy.deepcopy(m)
