@@ -103,6 +103,8 @@ class GraphedTraining(GraphedInference):
         plan, held = [], {}
         for j, o in enumerate(out):
             if not isinstance(o, torch.Tensor):
+                if not isinstance(o, _SCALARS):
+                    return f"output {j} is a {type(o).__name__}"
                 plan.append(_VALUE)       # a size saved for the backward, a None gradient
                 continue
             st = o.untyped_storage()
