@@ -164,3 +164,32 @@ def test_batch_norm_running_statistics_and_new_batch_sizes(fake_graphs):
         assert m[1].num_batches_tracked == ref[1].num_batches_tracked
     fw, bw = _graphed()
     assert fw.captures == 2 and fw.replays >= 3 and bw.replays >= 2
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_hf_training_steps_equal_the_same_graphs_run_as_they_are(fake_graphs, name):
+    """A real model's forward and backward graphs (AOTAutograd's, with the tensors it saves,
+    the parameters it hands back and the gradients) through the stand-in graphs: step after
+    step the losses, gradients and parameters of the same compiled graphs without graphs."""
+    import train_corpus as TC
+    case = TC.TRAIN_CASES[name]("cpu")
+    runs = []
+    for graphs in (False, True):
+        model = copy.deepcopy(case.model)
+        fn = pyfuser.compile(model, cuda_graphs=graphs)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        steps = []
+        for _ in range(4):
+            opt.zero_grad(set_to_none=True)
+            loss = TC.step(TC.TrainCase(name, model, case.inputs, case.loss), fn, opt)
+            steps.append((loss, TC.grads(model)))
+        runs.append((steps, TC.params(model)))
+    fw, bw = _graphed()
+    assert fw.replays >= 2 and bw.replays >= 1 and fw.busy == bw.busy == 0
+    (s0, p0), (s1, p1) = runs
+    for (l0, g0), (l1, g1) in zip(s0, s1):
+        torch.testing.assert_close(l1, l0, rtol=0, atol=0)
+        for n in g0:
+            torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0, msg=n)
+    for n in p0:
+        torch.testing.assert_close(p1[n], p0[n], rtol=0, atol=0, msg=n)
