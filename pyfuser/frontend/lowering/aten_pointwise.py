@@ -297,10 +297,11 @@ def _into_contiguous_format(memory_format) -> bool:
         (type(memory_format) is int and memory_format == _TS_CONTIGUOUS_FORMAT)
 
 
-@lowers("aten::clone", n_args=(1, 2), const_args=(1,))
+@lowers("aten::clone", "aten::lift_fresh_copy", n_args=(1, 2), const_args=(1,))
 def _copy(x, memory_format=None):
     """A copy; into torch.contiguous_format (TorchScript's constant 0) it is laid out row-major
-    whatever x's layout, as eager's; other formats keep x's."""
+    whatever x's layout, as eager's; other formats keep x's. `lift_fresh_copy` (a graph's copy
+    of a constant tensor, `torch.tensor(0)` in a model) is such a copy."""
     return B.set_(x, contiguous=_into_contiguous_format(memory_format))
 
 
