@@ -72,6 +72,17 @@ def test_scatters_into_an_empty_tensor():
     assert not graph.unsupported, graph.unsupported
 
 
+def test_scatters_of_expanded_sources():
+    """A source expanded along the scattered axis (a broadcast axis padded) or another one."""
+    def f(x, s, r):
+        return (torch.slice_scatter(x * 2, s.expand(4, 3), 1, 1, 4),
+                torch.slice_scatter(x + 1, r.expand(2, 6), 0, 1, 3),
+                torch.select_scatter(x - 1, r[0, :1].expand(4), 1, 2),
+                torch.slice_scatter(x, (s * 1).expand(4, 3), 1, 0, 6, 2))
+    graph = _check(f, torch.randn(4, 6), torch.randn(4, 1), torch.randn(1, 6))
+    assert not graph.unsupported, graph.unsupported
+
+
 def test_in_place_writes_into_slices_of_a_computed_tensor_fuse():
     """`h[:, 1:4] = s` and `h[-1] = v` on a computed tensor: AOTAutograd's slice_scatter and
     select_scatter, one region with the ops around them."""
