@@ -9,7 +9,9 @@ it with one list of arguments). Steps:
 0. `rewrite_scan.cumsums_as_masked_sums` writes a cumsum of integers over a short axis as a
    masked sum (a reduction the schedulers fuse with its producers);
    `rewrite_index.index_by_aranges` turns advanced indexing by arange grids (HF's attention
-   masks) into views; `rewrites.skip_detach` lets fused ops read a detached tensor itself;
+   masks) into views, `rewrite_index_constants.index_by_constants` indexing (and index_put)
+   by a constant index tensor (`x[:, :, [-2]]`) into slices; `rewrites.skip_detach` lets fused
+   ops read a detached tensor itself;
    `sink_views` / `hoist_views` move dtype casts next to the compute they fuse with (above the
    views they read, or below a view of an unfused op's result); `sink_views_past_binary` moves
    an add of a fused value's view and an input below the view (and the casts after it),
@@ -61,6 +63,7 @@ from .lower import RegionLoweringError, lower_region, region_key, resolve_symint
 from .partition import Region, partition, unit_order
 from .region import FusedRegion
 from .rewrite_index import index_by_aranges
+from .rewrite_index_constants import index_by_constants
 from .rewrite_reduce import sum_through_views, unroll_small_sums
 from .rewrite_scan import cumsums_as_masked_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
@@ -149,7 +152,8 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
     graph_outputs = set(out_node.all_input_nodes)
     fusible = lambda n: is_compute(n) and node_support(n, graph_outputs)[0]   # noqa: E731
     if cumsums_as_masked_sums(graph, fusible) + index_by_aranges(graph, fusible) + \
-            skip_detach(graph, fusible) + sink_views(graph) + hoist_views(graph, fusible) + \
+            index_by_constants(graph, fusible) + skip_detach(graph, fusible) + \
+            sink_views(graph) + hoist_views(graph, fusible) + \
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):

@@ -13,7 +13,8 @@
   them, and SymInts (FX nodes or values): sizes known at run time under dynamic shapes;
 - what eager does differently from a kernel writing a fresh tensor in eager's layout stays out:
   `_to_copy` to another device, a copy into a memory format its input is not in (but for
-  `clone` into contiguous_format, which the kernel writes row-major), a random op
+  `clone` into contiguous_format, which the kernel writes row-major, and the `*_like`
+  factories, which read no value), a random op
   given its own generator, and a view op whose result the graph returns (a view stays a view);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
@@ -47,6 +48,10 @@ _SIZE_QUERIES = (torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
                  torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default)
 # copies whose lowering lays a contiguous_format result out row-major (a SetOp marked contiguous)
 _CONTIGUOUS_COPIES = (torch.ops.aten.clone.default,)
+# factories shaped like a tensor: a fresh row-major value in any memory format (the region hands
+# back eager's strides); their input is not read
+_FRESH_LIKE = (torch.ops.aten.zeros_like.default, torch.ops.aten.ones_like.default,
+               torch.ops.aten.full_like.default, torch.ops.aten.empty_like.default)
 
 
 def tensor_metas(value) -> list | None:
@@ -166,7 +171,8 @@ def _special(target, named, ins, outs) -> str:
             t.device != outs[0].device and (t.dim() > 0 or t.device.type != "cpu") for t in ins):
         return f"{target}: a copy to another device"
     fmt = named.get("memory_format")
-    contiguous_copy = fmt is torch.contiguous_format and target in _CONTIGUOUS_COPIES
+    contiguous_copy = (fmt is torch.contiguous_format and target in _CONTIGUOUS_COPIES) or \
+        target in _FRESH_LIKE
     if fmt is not None and fmt is not torch.preserve_format and ins and not contiguous_copy \
             and not has_format(ins[0], fmt):
         return f"{target}: a copy into {fmt}, which its input is not in"

@@ -297,27 +297,41 @@ def _into_contiguous_format(memory_format) -> bool:
         (type(memory_format) is int and memory_format == _TS_CONTIGUOUS_FORMAT)
 
 
-@lowers("aten::clone", n_args=(1, 2), const_args=(1,))
+@lowers("aten::clone", "aten::lift_fresh_copy", n_args=(1, 2), const_args=(1,))
 def _copy(x, memory_format=None):
     """A copy; into torch.contiguous_format (TorchScript's constant 0) it is laid out row-major
-    whatever x's layout, as eager's; other formats keep x's."""
+    whatever x's layout, as eager's; other formats keep x's. `lift_fresh_copy` (a graph's copy
+    of a constant tensor, `torch.tensor(0)` in a model) is such a copy."""
     return B.set_(x, contiguous=_into_contiguous_format(memory_format))
 
 
 @lowers("aten::copy", n_args=(2, 3), const_args=(2,))
 def _functional_copy(self_, src, non_blocking=False):
     """`aten.copy(self, src)`, AOTAutograd's functional form of `self.copy_(src)`: a new tensor
-    of src's values in self's dtype (cast as `.to()` casts) and shape. Only where no
-    broadcasting is needed (src's rank, no size-1 axis of src where self has more): an expanded
-    source is left to eager, which materialises it."""
+    of src's values in self's dtype (cast as `.to()` casts) and shape. A source that broadcasts
+    (fewer axes, a size-1 axis where self has more, an expanded view: DeepSeek's rotary key
+    copied into every head) is expanded to self's sizes and written out (eager materialises
+    it too); a broadcast axis of self takes src's size-1 axis as it is."""
     if not isinstance(self_, TensorView) or not isinstance(src, TensorView):
         raise UnsupportedOpError("aten::copy of other than two tensors")
+    if src.ndim > self_.ndim:
+        raise UnsupportedOpError("aten::copy of a source of more axes (eager raises)")
     if src.ndim != self_.ndim or any(
             a.is_broadcast != b.is_broadcast or a.expanded_extent is not None
             for a, b in zip(src.logical, self_.logical)):
-        raise UnsupportedOpError("aten::copy broadcasts its source")
+        src = _broadcast_to(src, self_)
+        return B.set_(_to_dtype(src, self_.dtype))
     y = _to_dtype(src, self_.dtype)
     return B.set_(y) if y is src else y
+
+
+def _broadcast_to(src: TensorView, like: TensorView) -> TensorView:
+    """src broadcast to like's sizes (leading axes added; its size-1 axes expanded)."""
+    if src.ndim < like.ndim:
+        src = B.broadcast(src, [True] * (like.ndim - src.ndim) + [False] * src.ndim)
+    sizes = [-1 if not a.is_broadcast or b.is_broadcast else b.full_extent
+             for a, b in zip(src.logical, like.logical)]
+    return B.expand(src, sizes)
 
 
 @lowers("aten::contiguous", n_args=(1, 2), const_args=(1,))
