@@ -96,8 +96,10 @@ def test_dropout_runs_without_a_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["llama", "resnet18"])
+@pytest.mark.parametrize("name,dtype", [("llama", torch.float32), ("llama", torch.bfloat16),
+                                        ("resnet18", torch.float32),
+                                        ("resnet18", torch.bfloat16), ("gpt2", torch.bfloat16),
+                                        ("bert", torch.bfloat16)])
 def test_training_steps_replayed_from_graphs(name, dtype):
     """Training steps (forward, loss, backward, SGD) through graphed forward and backward graphs
     give the losses, gradients and parameters of the same compiled graphs run without CUDA

@@ -49,6 +49,7 @@ from ..lowering.aten_overloads import entry_for, schema_args
 from ..lowering.device import lowering_device, mark_cpu_scalar, single_device_type
 from ..lowering.lower import by_value_input, tensor_input
 from ..lowering.slice_bounds import OPEN, clamped_bound
+from ..lowering.sink_views import sink_output_views
 from .meta import hint, meta, shape_hints, stride_hints
 from .mutations import CopyLoweringError, is_input_copy, lower_copy
 
@@ -201,6 +202,9 @@ def lower_region(region, plan=None) -> LoweredRegion:
                 fusion.add_output(val)
             outs.append(fusion.outputs.index(val))
     layouts = [_layout(meta(o)) for o in region.outputs]
+    # views move past the pointwise ops after them to outputs eager lays out row-major
+    sink_output_views(fusion, [fusion.outputs[k] for k, (order, dense) in zip(outs, layouts)
+                               if dense and list(order) == sorted(order)])
     return LoweredRegion(fusion, len(tensors), scalar_inputs, outs, layouts)
 
 
