@@ -193,3 +193,34 @@ def test_hf_training_steps_equal_the_same_graphs_run_as_they_are(fake_graphs, na
             torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0, msg=n)
     for n in p0:
         torch.testing.assert_close(p1[n], p0[n], rtol=0, atol=0, msg=n)
+
+
+class _TwoBiases(torch.nn.Module):
+    """x + a + b: the backward's gradients of a and b are one tensor (the tangent)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(4))
+        self.b = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x + self.a + self.b
+
+
+def test_one_gradient_for_two_parameters_is_not_shared_memory(fake_graphs):
+    """A backward returning one tensor as two gradients: a run returns it twice (autograd
+    keeps one and copies the other into .grad); two tensors on its memory would both become
+    .grad, and clipping one in place (clip_grad_norm_) would scale the other twice."""
+    m = _TwoBiases()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(4)
+        for mod, mm in ((c, m), (ref, ref)):
+            mm.zero_grad()
+            mod(x).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(mm.parameters(), 0.1)
+        _assert_same_params(m, ref)
+    _, bw = _graphed()
+    assert bw.replays >= 2

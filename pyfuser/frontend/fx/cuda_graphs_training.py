@@ -16,7 +16,10 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   still alive (two forwards before their backwards, a gradient kept across steps, a saved
   tensor kept by `retain_graph=True`), the call runs the graph as it is instead: new memory,
   the same results, logged once. A view of a held tensor keeps its storage in use, so it
-  counts as alive too.
+  counts as alive too. One tensor the graph returns twice (a gradient of two parameters) is
+  handed out twice as one tensor, as a run returns it: autograd makes a gradient nothing else
+  references `.grad` as it is and copies the others, so two tensors on its memory would both
+  become `.grad` and an in-place update of one (clip_grad_norm_) would change the other.
 - **User outputs** (the forward's first `num_forward`: its results and the new values of inputs
   it mutates) are copies, as inference results: a caller keeps the loss of the last step
   while calling the next.
@@ -42,7 +45,7 @@ from ...runtime.graph_capture import fresh_copies
 from .cuda_graphs import _SCALARS, GraphedInference
 
 log = logging.getLogger("pyfuser")
-_VALUE, _EMPTY, _HELD = "value", "empty", "held"
+_VALUE, _EMPTY, _HELD, _SAME = "value", "empty", "held", "same"
 
 
 def use_count(storage) -> int:
@@ -100,8 +103,13 @@ class GraphedTraining(GraphedInference):
         for i, a in enumerate(call_args):
             if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
                 inputs.setdefault(a.untyped_storage().data_ptr(), i)
-        plan, held = [], {}
+        plan, held, first = [], {}, {}
         for j, o in enumerate(out):
+            if j >= self.user_outputs and isinstance(o, torch.Tensor):
+                k = first.setdefault(id(o), j)
+                if k != j:                # one tensor twice (two equal gradients): the same
+                    plan.append((_SAME, k))    # tensor twice, as a run returns it
+                    continue
             if not isinstance(o, torch.Tensor):
                 if not isinstance(o, _SCALARS):
                     return f"output {j} is a {type(o).__name__}"
@@ -129,7 +137,10 @@ class GraphedTraining(GraphedInference):
         n = self.user_outputs
         users = fresh_copies(list(e.out[:n]))
         e.counts = [use_count(st) for st in e.held]   # before this call's tensors exist
-        res = users + [_hand_out(o, how, args) for o, how in zip(e.out[n:], e.plan[n:])]
+        res = users
+        for o, how in zip(e.out[n:], e.plan[n:]):
+            res.append(res[how[1]] if type(how) is tuple and how[0] is _SAME
+                       else _hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
 
 
