@@ -224,3 +224,29 @@ def test_one_gradient_for_two_parameters_is_not_shared_memory(fake_graphs):
         _assert_same_params(m, ref)
     _, bw = _graphed()
     assert bw.replays >= 2
+
+
+def test_effect_tokens_leave_the_results_copies(fake_graphs):
+    """linalg.inv's error check is an effectful op: the forward's outputs start with its effect
+    token, before the results: a result is a copy (kept across steps, the next forward still
+    replays), not the graph's memory."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 4) + 4 * torch.eye(4))
+    wr = w.detach().clone().requires_grad_()
+
+    def f(w, x):
+        return torch.tanh(x @ torch.linalg.inv(w))
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    kept = []
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        w.grad = wr.grad = None
+        y, yr = c(w, x), f(wr, x)
+        kept.append((y, yr))
+        y.square().sum().backward()
+        yr.square().sum().backward()
+        torch.testing.assert_close(w.grad, wr.grad)
+    for y, yr in kept:
+        torch.testing.assert_close(y, yr)
+    fw, _ = _graphed()
+    assert fw.replays >= 2 and fw.busy == 0

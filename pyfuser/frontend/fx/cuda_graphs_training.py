@@ -20,8 +20,8 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   handed out twice as one tensor, as a run returns it: autograd makes a gradient nothing else
   references `.grad` as it is and copies the others, so two tensors on its memory would both
   become `.grad` and an in-place update of one (clip_grad_norm_) would change the other.
-- **User outputs** (the forward's first `num_forward`: its results and the new values of inputs
-  it mutates) are copies, as inference results: a caller keeps the loss of the last step
+- **User outputs** (the forward's first `num_forward`, after the effect tokens an effectful op
+  adds: its results and the new values of inputs it mutates) are copies, as inference results: a caller keeps the loss of the last step
   while calling the next.
 - **Inputs read in place**: the forward's parameters and buffers (AOTAutograd's static inputs)
   and every backward input that is not a tangent (the saved tensors, parameters) are read
@@ -169,11 +169,17 @@ _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Me
 def user_output_count() -> int | None:
     """How many leading outputs of the forward AOTAutograd is compiling are the caller's (its
     `num_forward`: mutated inputs' new values, the results, intermediate bases, an RNG offset;
-    the rest are saved for the backward); None where its metadata is not at hand."""
+    the rest are saved for the backward), after the effect tokens that lead them where the graph
+    keeps its tokens (an effectful op: `linalg.inv`'s error check, a print; Note [Side-Effectful
+    Tokens in AOTAutograd]); None where its metadata is not at hand."""
     ctx = torch._guards.TracingContext.try_get()
     meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     n = getattr(meta, "num_forward", None)
-    return n if isinstance(n, int) else None
+    if not isinstance(n, int):
+        return None
+    if not torch._functorch.config.unlift_effect_tokens:
+        n += len(getattr(meta, "tokens", None) or ())
+    return n
 
 
 def backward_keyed_inputs(gm) -> tuple:
