@@ -250,3 +250,24 @@ def test_effect_tokens_leave_the_results_copies(fake_graphs):
         torch.testing.assert_close(y, yr)
     fw, _ = _graphed()
     assert fw.replays >= 2 and fw.busy == 0
+
+
+def test_parameters_on_one_storage_keep_their_version_counters(fake_graphs):
+    """Two parameters on one flat buffer (`p.data = flat[a:b]`, as contiguous-parameter
+    optimizers do): the saved weight is handed back as that parameter, not as a view of the
+    other, so updating it in place before the backward is the error it is in eager."""
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.b = torch.nn.Parameter(torch.randn(4))
+    m.w = torch.nn.Parameter(torch.randn(4, 4))
+    flat = torch.cat([m.b.detach(), m.w.detach().view(-1)])
+    m.b.data, m.w.data = flat[:4], flat[4:].view(4, 4)
+    c = torch.compile(lambda x: m.b + x @ m.w, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        loss = c(torch.randn(3, 4, requires_grad=True)).square().sum()
+        with torch.no_grad():
+            m.w.add_(1)
+        with pytest.raises(RuntimeError, match="inplace"):
+            loss.backward()
+    (fw,) = CG.graphed_calls()                  # no backward ran: none was compiled
+    assert fw.replays >= 2

@@ -30,7 +30,9 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   saved tensors lie elsewhere (their forward ran as it is) takes another signature, run as it
   is once and captured on its second sighting. Tangents and the forward's other inputs are
   copied into the graph's buffers. An output that is an input read in place is handed back
-  as that input (or a view of it), as a run returns it.
+  as that input (or a view of it), as a run returns it; where parameters share one storage
+  (views of one flat buffer), as the one it lies in, whose version counter it must carry (no
+  graph where no single one holds it).
 
 The graph holds no reference to its inputs (a capture drops its arguments), so the saved
 tensors it read are freed by autograd as they would be.
@@ -102,7 +104,7 @@ class GraphedTraining(GraphedInference):
         inputs = {}
         for i, a in enumerate(call_args):
             if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
-                inputs.setdefault(a.untyped_storage().data_ptr(), i)
+                inputs.setdefault(a.untyped_storage().data_ptr(), []).append(i)
         plan, held, first = [], {}, {}
         for j, o in enumerate(out):
             if j >= self.user_outputs and isinstance(o, torch.Tensor):
@@ -116,12 +118,16 @@ class GraphedTraining(GraphedInference):
                 plan.append(_VALUE)       # a size saved for the backward, a None gradient
                 continue
             st = o.untyped_storage()
-            i = inputs.get(st.data_ptr()) if st.nbytes() else None
+            ins = inputs.get(st.data_ptr()) if st.nbytes() else None
             if j < self.user_outputs:
-                if i is not None:
-                    return f"output {j} shares memory with input {i}"
+                if ins:
+                    return f"output {j} shares memory with input {ins[0]}"
                 plan.append(None)         # copied
-            elif not st.nbytes():
+                continue
+            i = _input_of(o, ins, call_args) if ins else None
+            if ins and i is None:
+                return f"output {j} lies on the memory of inputs {ins}, not in one of them"
+            if not st.nbytes():
                 plan.append(_EMPTY)
             elif i is not None and i in self.static_idx:
                 plan.append((i, o is call_args[i]))
@@ -142,6 +148,32 @@ class GraphedTraining(GraphedInference):
             res.append(res[how[1]] if type(how) is tuple and how[0] is _SAME
                        else _hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
+
+
+def _input_of(o, ins, args):
+    """Which of the inputs `ins` (those on output `o`'s storage) `o` is, or is a view within:
+    parameters may share one storage (views of one flat buffer, `p.data = flat[a:b]`), and the
+    one handed back carries that parameter's version counter (an in-place update before the
+    backward is the error it is in eager). None where no single one holds `o`."""
+    if len(ins) == 1:
+        return ins[0]
+    for i in ins:
+        if o is args[i]:
+            return i
+    inside = [i for i in ins if _within(o, args[i])]
+    return inside[0] if len(inside) == 1 else None
+
+
+def _within(o, a) -> bool:
+    """Whether the memory `o` spans lies in the memory `a` spans (both on one storage)."""
+    def span(t):
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        return t.storage_offset() * t.element_size(), \
+            (t.storage_offset() + last + 1) * t.element_size()
+    if not o.numel() or not a.numel():
+        return False
+    (lo, hi), (a_lo, a_hi) = span(o), span(a)
+    return a_lo <= lo and hi <= a_hi
 
 
 def _hand_out(o, how, args):
