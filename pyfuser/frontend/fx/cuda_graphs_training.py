@@ -21,8 +21,8 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   references `.grad` as it is and copies the others, so two tensors on its memory would both
   become `.grad` and an in-place update of one (clip_grad_norm_) would change the other.
 - **User outputs** (the forward's first `num_forward`, after the effect tokens an effectful op
-  adds: its results and the new values of inputs it mutates) are copies, as inference results: a caller keeps the loss of the last step
-  while calling the next.
+  adds: its results and the new values of inputs it mutates) are copies, as inference
+  results: a caller keeps the loss of the last step while calling the next.
 - **Inputs read in place**: the forward's parameters and buffers (AOTAutograd's static inputs)
   and every backward input that is not a tangent (the saved tensors, parameters) are read
   where they lie: their addresses are part of the signature, so the backward of a replayed
