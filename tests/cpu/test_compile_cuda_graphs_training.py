@@ -193,3 +193,81 @@ def test_hf_training_steps_equal_the_same_graphs_run_as_they_are(fake_graphs, na
             torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0, msg=n)
     for n in p0:
         torch.testing.assert_close(p1[n], p0[n], rtol=0, atol=0, msg=n)
+
+
+class _TwoBiases(torch.nn.Module):
+    """x + a + b: the backward's gradients of a and b are one tensor (the tangent)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Parameter(torch.randn(4))
+        self.b = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return x + self.a + self.b
+
+
+def test_one_gradient_for_two_parameters_is_not_shared_memory(fake_graphs):
+    """A backward returning one tensor as two gradients: a run returns it twice (autograd
+    keeps one and copies the other into .grad); two tensors on its memory would both become
+    .grad, and clipping one in place (clip_grad_norm_) would scale the other twice."""
+    m = _TwoBiases()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        x = torch.randn(4)
+        for mod, mm in ((c, m), (ref, ref)):
+            mm.zero_grad()
+            mod(x).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(mm.parameters(), 0.1)
+        _assert_same_params(m, ref)
+    _, bw = _graphed()
+    assert bw.replays >= 2
+
+
+def test_effect_tokens_leave_the_results_copies(fake_graphs):
+    """linalg.inv's error check is an effectful op: the forward's outputs start with its effect
+    token, before the results: a result is a copy (kept across steps, the next forward still
+    replays), not the graph's memory."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 4) + 4 * torch.eye(4))
+    wr = w.detach().clone().requires_grad_()
+
+    def f(w, x):
+        return torch.tanh(x @ torch.linalg.inv(w))
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    kept = []
+    for _ in range(4):
+        x = torch.randn(3, 4)
+        w.grad = wr.grad = None
+        y, yr = c(w, x), f(wr, x)
+        kept.append((y, yr))
+        y.square().sum().backward()
+        yr.square().sum().backward()
+        torch.testing.assert_close(w.grad, wr.grad)
+    for y, yr in kept:
+        torch.testing.assert_close(y, yr)
+    fw, _ = _graphed()
+    assert fw.replays >= 2 and fw.busy == 0
+
+
+def test_parameters_on_one_storage_keep_their_version_counters(fake_graphs):
+    """Two parameters on one flat buffer (`p.data = flat[a:b]`, as contiguous-parameter
+    optimizers do): the saved weight is handed back as that parameter, not as a view of the
+    other, so updating it in place before the backward is the error it is in eager."""
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.b = torch.nn.Parameter(torch.randn(4))
+    m.w = torch.nn.Parameter(torch.randn(4, 4))
+    flat = torch.cat([m.b.detach(), m.w.detach().view(-1)])
+    m.b.data, m.w.data = flat[:4], flat[4:].view(4, 4)
+    c = torch.compile(lambda x: m.b + x @ m.w, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(4):
+        loss = c(torch.randn(3, 4, requires_grad=True)).square().sum()
+        with torch.no_grad():
+            m.w.add_(1)
+        with pytest.raises(RuntimeError, match="inplace"):
+            loss.backward()
+    (fw,) = CG.graphed_calls()                  # no backward ran: none was compiled
+    assert fw.replays >= 2

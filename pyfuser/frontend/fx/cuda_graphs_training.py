@@ -16,10 +16,13 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   still alive (two forwards before their backwards, a gradient kept across steps, a saved
   tensor kept by `retain_graph=True`), the call runs the graph as it is instead: new memory,
   the same results, logged once. A view of a held tensor keeps its storage in use, so it
-  counts as alive too.
-- **User outputs** (the forward's first `num_forward`: its results and the new values of inputs
-  it mutates) are copies, as inference results: a caller keeps the loss of the last step
-  while calling the next.
+  counts as alive too. One tensor the graph returns twice (a gradient of two parameters) is
+  handed out twice as one tensor, as a run returns it: autograd makes a gradient nothing else
+  references `.grad` as it is and copies the others, so two tensors on its memory would both
+  become `.grad` and an in-place update of one (clip_grad_norm_) would change the other.
+- **User outputs** (the forward's first `num_forward`, after the effect tokens an effectful op
+  adds: its results and the new values of inputs it mutates) are copies, as inference
+  results: a caller keeps the loss of the last step while calling the next.
 - **Inputs read in place**: the forward's parameters and buffers (AOTAutograd's static inputs)
   and every backward input that is not a tangent (the saved tensors, parameters) are read
   where they lie: their addresses are part of the signature, so the backward of a replayed
@@ -27,7 +30,9 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
   saved tensors lie elsewhere (their forward ran as it is) takes another signature, run as it
   is once and captured on its second sighting. Tangents and the forward's other inputs are
   copied into the graph's buffers. An output that is an input read in place is handed back
-  as that input (or a view of it), as a run returns it.
+  as that input (or a view of it), as a run returns it; where parameters share one storage
+  (views of one flat buffer), as the one it lies in, whose version counter it must carry (no
+  graph where no single one holds it).
 
 The graph holds no reference to its inputs (a capture drops its arguments), so the saved
 tensors it read are freed by autograd as they would be.
@@ -42,7 +47,7 @@ from ...runtime.graph_capture import fresh_copies
 from .cuda_graphs import _SCALARS, GraphedInference
 
 log = logging.getLogger("pyfuser")
-_VALUE, _EMPTY, _HELD = "value", "empty", "held"
+_VALUE, _EMPTY, _HELD, _SAME = "value", "empty", "held", "same"
 
 
 def use_count(storage) -> int:
@@ -99,21 +104,30 @@ class GraphedTraining(GraphedInference):
         inputs = {}
         for i, a in enumerate(call_args):
             if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes():
-                inputs.setdefault(a.untyped_storage().data_ptr(), i)
-        plan, held = [], {}
+                inputs.setdefault(a.untyped_storage().data_ptr(), []).append(i)
+        plan, held, first = [], {}, {}
         for j, o in enumerate(out):
+            if j >= self.user_outputs and isinstance(o, torch.Tensor):
+                k = first.setdefault(id(o), j)
+                if k != j:                # one tensor twice (two equal gradients): the same
+                    plan.append((_SAME, k))    # tensor twice, as a run returns it
+                    continue
             if not isinstance(o, torch.Tensor):
                 if not isinstance(o, _SCALARS):
                     return f"output {j} is a {type(o).__name__}"
                 plan.append(_VALUE)       # a size saved for the backward, a None gradient
                 continue
             st = o.untyped_storage()
-            i = inputs.get(st.data_ptr()) if st.nbytes() else None
+            ins = inputs.get(st.data_ptr()) if st.nbytes() else None
             if j < self.user_outputs:
-                if i is not None:
-                    return f"output {j} shares memory with input {i}"
+                if ins:
+                    return f"output {j} shares memory with input {ins[0]}"
                 plan.append(None)         # copied
-            elif not st.nbytes():
+                continue
+            i = _input_of(o, ins, call_args) if ins else None
+            if ins and i is None:
+                return f"output {j} lies on the memory of inputs {ins}, not in one of them"
+            if not st.nbytes():
                 plan.append(_EMPTY)
             elif i is not None and i in self.static_idx:
                 plan.append((i, o is call_args[i]))
@@ -129,8 +143,37 @@ class GraphedTraining(GraphedInference):
         n = self.user_outputs
         users = fresh_copies(list(e.out[:n]))
         e.counts = [use_count(st) for st in e.held]   # before this call's tensors exist
-        res = users + [_hand_out(o, how, args) for o, how in zip(e.out[n:], e.plan[n:])]
+        res = users
+        for o, how in zip(e.out[n:], e.plan[n:]):
+            res.append(res[how[1]] if type(how) is tuple and how[0] is _SAME
+                       else _hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
+
+
+def _input_of(o, ins, args):
+    """Which of the inputs `ins` (those on output `o`'s storage) `o` is, or is a view within:
+    parameters may share one storage (views of one flat buffer, `p.data = flat[a:b]`), and the
+    one handed back carries that parameter's version counter (an in-place update before the
+    backward is the error it is in eager). None where no single one holds `o`."""
+    if len(ins) == 1:
+        return ins[0]
+    for i in ins:
+        if o is args[i]:
+            return i
+    inside = [i for i in ins if _within(o, args[i])]
+    return inside[0] if len(inside) == 1 else None
+
+
+def _within(o, a) -> bool:
+    """Whether the memory `o` spans lies in the memory `a` spans (both on one storage)."""
+    def span(t):
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+        return t.storage_offset() * t.element_size(), \
+            (t.storage_offset() + last + 1) * t.element_size()
+    if not o.numel() or not a.numel():
+        return False
+    (lo, hi), (a_lo, a_hi) = span(o), span(a)
+    return a_lo <= lo and hi <= a_hi
 
 
 def _hand_out(o, how, args):
@@ -158,11 +201,17 @@ _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Me
 def user_output_count() -> int | None:
     """How many leading outputs of the forward AOTAutograd is compiling are the caller's (its
     `num_forward`: mutated inputs' new values, the results, intermediate bases, an RNG offset;
-    the rest are saved for the backward); None where its metadata is not at hand."""
+    the rest are saved for the backward), after the effect tokens that lead them where the graph
+    keeps its tokens (an effectful op: `linalg.inv`'s error check, a print; Note [Side-Effectful
+    Tokens in AOTAutograd]); None where its metadata is not at hand."""
     ctx = torch._guards.TracingContext.try_get()
     meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
     n = getattr(meta, "num_forward", None)
-    return n if isinstance(n, int) else None
+    if not isinstance(n, int):
+        return None
+    if not torch._functorch.config.unlift_effect_tokens:
+        n += len(getattr(meta, "tokens", None) or ())
+    return n
 
 
 def backward_keyed_inputs(gm) -> tuple:
