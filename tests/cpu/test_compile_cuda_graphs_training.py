@@ -271,3 +271,16 @@ def test_parameters_on_one_storage_keep_their_version_counters(fake_graphs):
             loss.backward()
     (fw,) = CG.graphed_calls()                  # no backward ran: none was compiled
     assert fw.replays >= 2
+
+
+def test_distributed_runs_keep_the_training_graphs_off(fake_graphs, monkeypatch):
+    """DDP / FSDP read gradients on their own streams, which a replay would not wait for."""
+    from pyfuser.frontend.fx import backend
+    monkeypatch.setattr(backend, "_distributed", lambda: True)
+    m = _model()
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for _ in range(3):
+        c(torch.randn(5, 8)).sum().backward()
+    fw, bw = _graphed()
+    assert "distributed" in fw.why_not and "distributed" in bw.why_not
+    assert fake_graphs.captures == 0

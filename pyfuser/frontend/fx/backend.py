@@ -89,12 +89,21 @@ def _compiler(kind: str, cuda_graphs: bool = False):
         why_not = graph_wide_reason(gm, static, mutated)
         if kind == "forward" and users is None:
             why_not = why_not or "AOTAutograd's metadata (which outputs are saved) is missing"
+        if kind != "inference" and _distributed():
+            # DDP / FSDP read gradients on their own streams, which a replay does not wait for
+            why_not = why_not or ("torch.distributed is initialized: gradients handed out of "
+                                  "a graph's memory may be read on other streams")
         compiled = compile_graph(gm, example_inputs, kind)
         if kind == "inference":
             return GraphedInference(compiled, static, why_not, written=written)
         return GraphedTraining(compiled, static, users, why_not, written=written)
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
     return compile_fn
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized()
 
 
 def _static_and_mutated_inputs() -> tuple:

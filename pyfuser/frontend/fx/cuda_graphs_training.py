@@ -209,7 +209,7 @@ def user_output_count() -> int | None:
     n = getattr(meta, "num_forward", None)
     if not isinstance(n, int):
         return None
-    if not torch._functorch.config.unlift_effect_tokens:
+    if not getattr(torch._functorch.config, "unlift_effect_tokens", False):
         n += len(getattr(meta, "tokens", None) or ())
     return n
 
