@@ -66,7 +66,7 @@ from .rewrite_scan import cumsums_as_masked_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
-from .support import is_compute, is_getitem, is_size_arithmetic, node_support
+from .support import is_compute, is_getitem, is_size_arithmetic, node_support, returned_views
 
 log = logging.getLogger("pyfuser")
 _MAX_ROUNDS = 64
@@ -154,6 +154,7 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):
         gm.recompile()
+    graph_outputs = returned_views(out_node)
     nodes = list(graph.nodes)
     unsupported: dict = {}
     supported = set()

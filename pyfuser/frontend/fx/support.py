@@ -14,7 +14,8 @@
 - what eager does differently from a kernel writing a fresh tensor in eager's layout stays out:
   `_to_copy` to another device, a copy into a memory format its input is not in (but for
   `clone` into contiguous_format, which the kernel writes row-major), a random op
-  given its own generator, and a view op whose result the graph returns (a view stays a view);
+  given its own generator, and a view op whose result the graph returns (a view stays a view),
+  with the view ops between it and the graph input it views (`returned_views`);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
 `is_size_arithmetic(node)`: a SymInt (SymFloat, SymBool) computed on the host under dynamic
@@ -113,6 +114,32 @@ def _tensor_args(args) -> list:
             out += [meta(x) for x in a if isinstance(x, torch.fx.Node) and
                     isinstance(meta(x), torch.Tensor)]
     return out
+
+
+def returned_views(out_node) -> set:
+    """The nodes the graph returns and, for each returned view of a graph input, the view ops
+    between it and the input. AOTAutograd rebuilds an output that aliases an input from the
+    input and the view the compiled graph returned (its sizes, strides and storage offset, under
+    dynamic shapes, where it cannot replay the view ops), so the whole chain must be eager's
+    views: one a region computed as a copy (`x.view(n, 1, n)[..., :-1]`, read by a mul and
+    returned sliced again, `[..., 1:]`: the copy's strides and offset applied to x; FX dynamic
+    seed 918100) gave other values. A region reads such a view as an input (no kernel more). A
+    returned view of a computed value keeps the views a region reads inside it (one kernel;
+    the output then has the copy's strides, its values are right)."""
+    out = set(out_node.all_input_nodes)
+    for n in list(out):
+        chain = []
+        while _is_view(n) and n.args and isinstance(n.args[0], torch.fx.Node):
+            n = n.args[0]
+            chain.append(n)
+        if n.op == "placeholder":
+            out.update(chain)
+    return out
+
+
+def _is_view(node) -> bool:
+    return op_class(node) == METADATA or (node.op == "call_function" and
+                                          node.target is torch.ops.aten.alias.default)
 
 
 def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:
