@@ -127,7 +127,13 @@ def _reduction(b: _Builder) -> bool:
     elif kind == "std":
         line = f"{out} = torch.std({x}, {d}, correction={b.r.choice([0, 1])}, keepdim={keep})"
     elif kind in ("var_mean", "std_mean"):
-        line = f"{out} = torch.{kind}({x}, {d}, keepdim={keep})[{b.r.choice([0, 1])}]"
+        k = b.r.choice([0, 1])
+        if k == 1 and t.is_floating_point() and not bool(t.isfinite().all()):
+            # the mean of a Welford pass over a row holding an infinity depends on the order
+            # (eager's: -inf for [0, -inf], NaN for [-inf, 0]; pyfuser's chunks differ): seed
+            # 870670, an output neither right nor wrong
+            return False
+        line = f"{out} = torch.{kind}({x}, {d}, keepdim={keep})[{k}]"
     elif kind in ("max", "min"):
         line = f"{out} = torch.{kind}({x}, {d}, keepdim={keep})[0]"
     elif kind == "cumsum":
