@@ -75,6 +75,10 @@ def _binary(b: _Builder) -> bool:
         return b.try_line(f"{out} = {op}({x}, {c})", out, True)
     pred = (lambda u: _broadcastable(u.shape, t.shape)) if op not in DIVIDING else \
         (lambda u: _broadcastable(u.shape, t.shape) and _no_int_zero(u))
+    if op == "torch.atan2" and b.grad:
+        if not t.is_floating_point():    # its backward negates a bool operand: AOTAutograd
+            return False                 # raises at compile time, eager's backward too (870906)
+        pred = (lambda u: _broadcastable(u.shape, t.shape) and u.is_floating_point())
     y = b.pick(pred)
     if y is None:
         return False
