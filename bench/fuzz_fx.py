@@ -6,7 +6,7 @@ tensors, checked against eager.
 
     PYTHONPATH=. python3 bench/fuzz_fx.py --dynamic --n 300 --seed 910000
 
-`--more-ops` (static programs): each program with 1-4 more lines of the ops only
+`--more-ops` (static or dynamic programs): each program with 1-4 more lines of the ops only
 tests/cpu/fx_fuzz_more.py draws (trigonometric, rounding, activations, bitwise, remainders,
 logsumexp, std, var_mean, max over a dim, cumsum, rms_norm, group_norm, batch_norm, ...).
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=50, help="progress line every N programs")
     ap.add_argument("--dynamic", action="store_true", help="dynamic-shape programs")
     ap.add_argument("--more-ops", action="store_true",
-                    help="static programs with 1-4 more lines of tests/cpu/fx_fuzz_more.py's ops")
+                    help="programs with 1-4 more lines of tests/cpu/fx_fuzz_more.py's ops")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("pyfuser").setLevel(logging.WARNING)
