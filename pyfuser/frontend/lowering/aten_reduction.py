@@ -135,11 +135,14 @@ def _std_mean(x, *args):
 @lowers("aten::logsumexp", op_class=REDUCTION, n_args=(2, 3), const_args=(1, 2))
 def _logsumexp(x, dims, keepdim=False):
     """As eager: log(sum(exp(x - m))) + m with m = amax(x); where m is infinite, m itself
-    (eager shifts by 0 there: a row of -inf gives -inf, a row holding +inf gives +inf, not NaN).
-    Written with the plain max inside the exp, so the max and the sum are one online pair
+    (eager shifts by 0 there: a row of -inf gives -inf, a row holding +inf gives +inf, not NaN);
+    an integer or bool x in the default dtype, as eager computes it. Written with the plain max inside the exp, so the max and the sum are one online pair
     (reduction_graph): one pass over the row."""
-    if not x.dtype.is_floating:
+    if x.dtype.is_complex:
         raise UnsupportedOpError(f"logsumexp of a {x.dtype.name} tensor (left to eager)")
+    if not x.dtype.is_floating:      # eager: of x in the default dtype (ints and bools)
+        import torch
+        x = B.cast(x, DataType.from_torch(torch.get_default_dtype()))
     dims = _dims(dims, x)
     m = B.reduction("max", x, dims, keepdim=True)
     s = B.reduction("sum", ew("exp", ew("sub", x, m)), dims, True)
