@@ -81,6 +81,7 @@ def c_batch_norm_infer(x, m, v): return F.batch_norm(x, m, v, v, m, False, 0.1, 
 def c_batch_norm_train(x): return torch.batch_norm(x, None, None, None, None, True, 0.1, 1e-5, False)
 def c_half(x): return (x.half() * 2).float()
 def c_int_sum(a): return torch.sum(a, [1])
+def c_prod(x, a): return torch.prod(x, 1) + torch.prod(a, 0, True).sum() + torch.prod(x)
 def c_logsumexp_int(a, m): return torch.logsumexp(a, [1]) + torch.logsumexp(m, [0, 1], True)
 
 
@@ -98,6 +99,7 @@ CASES = [
     (c_mean_var, (X,)), (c_amax, (X,)), (c_softmax, (X,)), (c_layer_norm, (X, ROW)),
     (c_batch_norm_infer, (IMG, C3, C3)), (c_batch_norm_train, (IMG,)), (c_half, (X,)),
     (c_int_sum, (I32,)), (c_logsumexp_int, (I32, B_)),
+    (c_prod, (X, I32)),
 ]
 
 
