@@ -178,7 +178,7 @@ def _norm(b: _Builder) -> bool:
         if w is not None and b.r.random() < 0.5:
             line = line.replace(", eps=", f", {w}, eps=")
     elif kind == "group_norm":
-        if t.dim() < 2:
+        if t.dim() < 2 or t.shape[1] == 0:
             return False
         c = t.shape[1]
         groups = [g for g in range(1, c + 1) if c % g == 0]
