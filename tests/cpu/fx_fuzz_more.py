@@ -59,6 +59,13 @@ def _divisor_ok(b: _Builder, u: torch.Tensor) -> bool:
             or bool((u.abs() >= 1e-3).all()))
 
 
+def _input_divisor(b: _Builder, u: torch.Tensor) -> bool:
+    """u may be the divisor of a rounding division (floor / trunc, remainder, fmod): an integer
+    or an input. A computed float divisor one rounding apart moves a quotient near an integer
+    across it (dynamic seed 918710: `floor(x / mean(x) ** 2)`, 1.0 apart on one element)."""
+    return not u.is_floating_point() or any(u is v for n, v in b.env.items() if n[0] == "x")
+
+
 def _unary(b: _Builder) -> bool:
     x = b.pick()
     out = b.fresh()
@@ -86,7 +93,8 @@ def _binary(b: _Builder) -> bool:
             c = b.r.choice(["True", "3"]) if not t.is_floating_point() else "True"
         return b.try_line(f"{out} = {op}({x}, {c})", out, True)
     pred = (lambda u: _broadcastable(u.shape, t.shape)) if op not in DIVIDING + ("torch.atan2",) \
-        else (lambda u: _broadcastable(u.shape, t.shape) and _no_int_zero(u) and _divisor_ok(b, u))
+        else (lambda u: _broadcastable(u.shape, t.shape) and _no_int_zero(u) and
+              (_input_divisor(b, u) if op in DIVIDING else _divisor_ok(b, u)))
     if op == "torch.atan2" and b.grad:
         if not t.is_floating_point():    # its backward negates a bool operand: AOTAutograd
             return False                 # raises at compile time, eager's backward too (870906)
@@ -119,7 +127,7 @@ def _ternary(b: _Builder) -> bool:
         line = f"{out} = {x}.masked_fill({m or f'{x} > 0'}, {v})"
     else:
         y = b.pick(lambda u: _broadcastable(u.shape, t.shape) and _no_int_zero(u)
-                   and _divisor_ok(b, u))
+                   and _input_divisor(b, u))
         if y is None:
             return False
         mode = b.r.choice(["'floor'", "'trunc'"])
