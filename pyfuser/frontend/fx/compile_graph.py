@@ -154,7 +154,10 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):
         gm.recompile()
-    graph_outputs = returned_views(out_node)
+    chains, split = returned_views(graph, out_node)
+    graph_outputs |= chains
+    if split:
+        gm.recompile()
     nodes = list(graph.nodes)
     unsupported: dict = {}
     supported = set()
