@@ -165,6 +165,29 @@ def test_a_returned_view_of_a_view_a_region_reads_is_eagers_view(base, grad, dyn
     assert sum(len(g.regions) for g in fwd) == 1
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_output_beside_a_reduction_of_no_rows_is_written(dynamic):
+    """FX dynamic seed 918735 (--more-ops): `v = x * 2` of a [1, n] x returned beside
+    `v[1:].sum(-1)` (no rows: the slice of a broadcast axis is empty): the reduction kernel
+    iterates over the sum's rows and stored v in none of them, so v came back as whatever its
+    memory held (also a softmax, a std). The reduction schedulers now refuse a fusion whose
+    reduction has no rows while an output has elements (schedule/reduction.py
+    `rows_cover_outputs`), and the segment is cut: a pointwise kernel writes v."""
+    def f(x):
+        v = x * 2
+        return v[1:].sum(-1), torch.softmax(v[1:], -1), torch.std(v[1:] + 1, -1), v
+
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for m in (1, 3, 1, 4):
+        x = torch.randn(m, 13)
+        got, want = cf(x), f(x)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w, equal_nan=True, msg=f"m = {m}")
+    assert not any(r.eager_calls for g in compiled_graphs() for r in g.regions)
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):
