@@ -6,6 +6,10 @@ tensors, checked against eager.
 
     PYTHONPATH=. python3 bench/fuzz_fx.py --dynamic --n 300 --seed 910000
 
+`--more-ops` (static or dynamic programs): each program with 1-4 more lines of the ops only
+tests/cpu/fx_fuzz_more.py draws (trigonometric, rounding, activations, bitwise, remainders,
+logsumexp, std, var_mean, max over a dim, cumsum, rms_norm, group_norm, batch_norm, ...).
+
 `--dynamic`: the dynamic-shape programs (tests/cpu/fx_fuzz_dynamic.py: compiled once with
 dynamic=True or mark_dynamic, called at three sets of sizes, checked for recompiles too); the
 summary then also counts the region calls that ran eagerly by reason and the programs whose
@@ -50,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first program's seed")
     ap.add_argument("--every", type=int, default=50, help="progress line every N programs")
     ap.add_argument("--dynamic", action="store_true", help="dynamic-shape programs")
+    ap.add_argument("--more-ops", action="store_true",
+                    help="programs with 1-4 more lines of tests/cpu/fx_fuzz_more.py's ops")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("pyfuser").setLevel(logging.WARNING)
@@ -60,7 +66,7 @@ def main(argv=None) -> int:
     failed, fused, eager_calls, unfused, reasons, skipped = [], 0, 0, {}, {}, {}
     t0 = time.time()
     for i, s in enumerate(range(args.seed, args.seed + args.n), 1):
-        p = FZ.generate(s)
+        p = FZ.generate(s, more_ops=True) if args.more_ops else FZ.generate(s)
         try:
             f = FZ.check(p)
         except Exception as e:  # noqa: BLE001  (the checker itself broke: report, go on)

@@ -311,6 +311,10 @@ def _describe(s: InnerOuterSchedule) -> str:
 
 
 def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
+    from .reduction import rows_cover_outputs
+    ok, why = rows_cover_outputs(fusion, inputs, bindings)
+    if not ok:
+        return ok, why
     try:
         plan(fusion, inputs)
     except SchedulerError as e:

@@ -455,10 +455,38 @@ def _describe(s: ReductionSchedule) -> str:
     return "\n".join(lines)
 
 
+def rows_cover_outputs(fusion, inputs, bindings) -> tuple[bool, str]:
+    """A run check of every reduction-family scheduler: the kernel iterates over the kept axes
+    of the reduction's input (its rows), so where those are empty no output may have elements.
+    An output along a broadcast axis that a slice (or an expand) made empty for the reduction,
+    `v = x * 2` of a [1, n] x returned beside `v[0:0].sum(-1)`, was stored by no row: its
+    memory was never written (FX dynamic seed 918735). Refused, the segment is cut into kernels
+    of their own (segment/split.py): a pointwise one writes v."""
+    import math
+    red = RG.reductions(fusion)
+    if not red:
+        return True, ""
+    shape = bindings.shape(red[0].inputs[0])
+    if math.prod(int(n) for a, n in enumerate(shape) if a not in red[0].axes):
+        return True, ""
+    for o in fusion.outputs:
+        if isinstance(o, TensorView) and math.prod(int(n) for n in bindings.shape(o)):
+            return False, (f"the reduction has no rows and output {o.name} has elements "
+                           f"(its rows are not the reduction's)")
+    return True, ""
+
+
+def _both(check):
+    def run(fusion, inputs, bindings):
+        ok, why = rows_cover_outputs(fusion, inputs, bindings)
+        return (ok, why) if not ok or check is None else check(fusion, inputs, bindings)
+    return run
+
+
 def _entry(name, compile_check, run_check=None):
-    from .registry import Scheduler, _always
+    from .registry import Scheduler
     return Scheduler(name, compile_check, lambda f, i: schedule(f, i, name),
-                     run_check or _always,
+                     _both(run_check),
                      lambda f, i: schedule(f, i, name).params.size_class())
 
 

@@ -365,7 +365,8 @@ GENERATORS = [(_gen_binary, 25), (_gen_unary, 15), (_gen_new_input_binary, 8), (
               (_gen_resize, 8), (_gen_inplace, 6)]
 
 
-def generate(seed: int) -> Program:
+def generate(seed: int, more_ops: bool = False) -> Program:
+    """Program `seed`; `more_ops`: with 1-4 more lines of fx_fuzz_more's ops as extra outputs."""
     r = random.Random(seed)
     grad = r.random() < 0.2
     b = _Builder(seed, grad)
@@ -376,6 +377,9 @@ def generate(seed: int) -> Program:
         _gen_input(b, dtype=F32 if grad and i == 0 else None)
     produced = draw_ops(b, GENERATORS, r.randint(2, 12), 200, next(iter(b.env)))
     extra = _extra_gather(b, seed)
+    if more_ops:
+        from fx_fuzz_more import extra_ops
+        extra += extra_ops(b, seed)
     outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.25] + extra
     source, loosest = program_source(b, [f"x{i}" for i in range(len(b.inputs))], outs)
     return Program(seed, source, b.inputs, grad, input_seed=seed, loosest=loosest)

@@ -378,7 +378,9 @@ GENERATORS = [(FZ._gen_binary, 14), (FZ._gen_unary, 9), (_gen_new_input_binary, 
               (_gen_sym_norm, 10), (_gen_sym_view, 7), (_gen_roundtrip, 5)]
 
 
-def generate(seed: int) -> DynProgram:
+def generate(seed: int, more_ops: bool = False) -> DynProgram:
+    """Program `seed`; `more_ops`: with 1-4 more lines of fx_fuzz_more's ops as extra outputs
+    (a stream of their own: the program is otherwise the seed's usual one)."""
     r = random.Random(seed)
     grad = r.random() < 0.17
     b = _Builder(seed, grad)
@@ -390,6 +392,9 @@ def generate(seed: int) -> DynProgram:
         _input(b, dtype=F32 if grad and i == 0 else None)
     produced = FZ.draw_ops(b, GENERATORS, r.randint(2, 10), 300, "x0")
     outs = [produced[-1]] + [n for n in produced[:-1] if r.random() < 0.35]
+    if more_ops:
+        from fx_fuzz_more import extra_ops
+        outs += extra_ops(b, seed)
     # a float argument only dead code reads is specialised by Dynamo (a recompile per value):
     # the values computed with one are returned
     floated = [line.split(" = ")[0] for line in b.lines if re.search(r"\bs\d", line)]

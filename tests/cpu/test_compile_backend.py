@@ -291,3 +291,25 @@ def test_var_of_one_element_propagates_nan_and_inf_as_eager(value):
     x = torch.tensor(value)
     for g, w in zip(pyfuser.compile(f)(x), f(x)):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.bool])
+def test_prod_and_integer_logsumexp_fuse(dtype):
+    """Left to eager before the FX fuzzer's --more-ops run (seeds 870200-871499): `prod` (no
+    lowering) and `logsumexp` of an integer or bool tensor (eager's is of the tensor in the
+    default dtype). Both fuse now, through the reduction kernels, with eager's dtypes."""
+    from pyfuser.frontend.fx import compiled_graphs, reset_compiled
+
+    def f(x):
+        return (torch.prod(x * 1, -1), torch.prod(x.t() * 1, 0, keepdim=True), torch.prod(x + 0),
+                torch.logsumexp(x * 1 if dtype != torch.bool else x.logical_not(), (0, 1)))
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(5, 7, generator=g) + 0.5).to(dtype) if dtype.is_floating_point else \
+        torch.randint(-2, 3, (5, 7), generator=g).to(dtype)
+    reset_compiled()
+    got, want = pyfuser.compile(f)(x), f(x)
+    tol = {} if dtype != torch.float16 else {"rtol": 1e-2, "atol": 1e-2}
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, **tol)
+    assert not any(c.report()["unfused"] for c in compiled_graphs())

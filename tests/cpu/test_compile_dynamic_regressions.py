@@ -132,6 +132,62 @@ def test_a_reduction_the_backward_needs_is_saved_not_recomputed():
         torch.testing.assert_close(a.grad, b.grad, msg=f"n = {n}")
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("base", ["input", "computed"])
+def test_a_returned_view_of_a_view_a_region_reads_is_eagers_view(base, grad, dynamic):
+    """FX dynamic seed 918100: `v = x.view(n, 1, n)[..., :-1]`, read by a mul and returned
+    sliced again, `v[..., 1:]`: the region computed v (a slice of symbolic bounds) as a copy and
+    the returned slice was a view of that copy, whose strides (n - 1, n - 1, 1) and offset
+    AOTAutograd, which rebuilds an output aliasing an input from the input and the returned
+    view (it replays no view ops of symbolic sizes), applied to x: other values. The same of a
+    computed base (`x.exp()`) returned beside it gave other values in grad mode, and without
+    grad a copy in other strides that aliased nothing. The views a returned view is a view of
+    now stay out of regions, and the mul reads a copy of them (fx/support.py
+    `returned_views`): one region still."""
+    def f(x):
+        b = x if base == "input" else x.exp()
+        v = b.reshape(*x.shape[:-1], 1, x.shape[-1])[..., :-1]
+        return v * 2, v[..., 1:], b
+
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for n in (7, 5, 9):
+        x = torch.arange(n * n, dtype=torch.float32).reshape(n, n).div(n * n).requires_grad_(grad)
+        y = x.detach().clone().requires_grad_(grad)
+        got, want = cf(x), f(y)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, msg=f"n = {n}")
+        assert got[1].stride()[::2] == want[1].stride()[::2]    # (axis 1 has size 1)
+        assert got[1].untyped_storage().data_ptr() == got[2].untyped_storage().data_ptr()
+        if not dynamic:
+            break                                 # a recompile per size: one is enough
+    fwd = [g for g in compiled_graphs() if g.kind != "backward"]
+    assert sum(len(g.regions) for g in fwd) == 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_an_output_beside_a_reduction_of_no_rows_is_written(dynamic):
+    """FX dynamic seed 918735 (--more-ops): `v = x * 2` of a [1, n] x returned beside
+    `v[1:].sum(-1)` (no rows: the slice of a broadcast axis is empty): the reduction kernel
+    iterates over the sum's rows and stored v in none of them, so v came back as whatever its
+    memory held (also a softmax, a std). The reduction schedulers now refuse a fusion whose
+    reduction has no rows while an output has elements (schedule/reduction.py
+    `rows_cover_outputs`), and the segment is cut: a pointwise kernel writes v."""
+    def f(x):
+        v = x * 2
+        return v[1:].sum(-1), torch.softmax(v[1:], -1), torch.std(v[1:] + 1, -1), v
+
+    cf = torch.compile(f, backend=pyfuser.backend, dynamic=dynamic)
+    for m in (1, 3, 1, 4):
+        x = torch.randn(m, 13)
+        got, want = cf(x), f(x)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w, equal_nan=True, msg=f"m = {m}")
+    assert not any(r.eager_calls for g in compiled_graphs() for r in g.regions)
+
+
 # ---- regions that ran eagerly on every call --------------------------------------------------
 
 def _fused_every_call(regions):

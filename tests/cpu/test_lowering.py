@@ -38,6 +38,7 @@ def c_rsub(x): return 1.5 - x
 def c_mul_div(x, y): return (x + y) * x / (y + 4.0)
 def c_div_modes(a, b): return torch.div(a, b, rounding_mode="floor") + torch.div(a, b, rounding_mode="trunc")
 def c_int_div(a, b): return a / b
+def c_floor_divide(a, b, x, y): return torch.floor_divide(a - 4, b) + torch.floor_divide(x, y - 0.5).to(torch.int64)
 def c_pow(x): return torch.pow(x, 2.0) + torch.pow(2.0, x)
 def c_rem(a, b): return torch.remainder(a - 4, b) + torch.fmod(a - 4, b)
 def c_unary(x): return torch.exp(x) + torch.log(x) + torch.sqrt(x) + torch.rsqrt(x) + torch.log1p(x) + torch.expm1(x)
@@ -80,11 +81,13 @@ def c_batch_norm_infer(x, m, v): return F.batch_norm(x, m, v, v, m, False, 0.1, 
 def c_batch_norm_train(x): return torch.batch_norm(x, None, None, None, None, True, 0.1, 1e-5, False)
 def c_half(x): return (x.half() * 2).float()
 def c_int_sum(a): return torch.sum(a, [1])
+def c_prod(x, a): return torch.prod(x, 1) + torch.prod(a, 0, True).sum() + torch.prod(x)
+def c_logsumexp_int(a, m): return torch.logsumexp(a, [1]) + torch.logsumexp(m, [0, 1], True)
 
 
 CASES = [
     (c_add_alpha, (X, Y)), (c_sub, (X, Y)), (c_rsub, (X,)), (c_mul_div, (X, Y)),
-    (c_div_modes, (I64, I32)), (c_int_div, (I64, I32)), (c_pow, (X,)), (c_rem, (I64, I32)),
+    (c_div_modes, (I64, I32)), (c_int_div, (I64, I32)), (c_floor_divide, (I64, I32, X, Y)), (c_pow, (X,)), (c_rem, (I64, I32)),
     (c_unary, (P,)), (c_unary2, (X,)), (c_sign, (X, I64)), (c_act, (X,)), (c_gelu, (X,)), (c_silu_mish, (X,)),
     (c_hardtanh, (X,)), (c_softplus, (X,)), (c_elu, (X,)), (c_threshold, (X,)), (c_clamp, (X,)),
     (c_where, (X, Y)), (c_masked_fill, (X, B_)), (c_lerp, (X, Y)), (c_addcmul, (X, Y)),
@@ -95,7 +98,8 @@ CASES = [
     (c_expand, (ROW,)), (c_expand_as, (ROW, X)), (c_sum, (X,)), (c_sum_all, (X,)),
     (c_mean_var, (X,)), (c_amax, (X,)), (c_softmax, (X,)), (c_layer_norm, (X, ROW)),
     (c_batch_norm_infer, (IMG, C3, C3)), (c_batch_norm_train, (IMG,)), (c_half, (X,)),
-    (c_int_sum, (I32,)),
+    (c_int_sum, (I32,)), (c_logsumexp_int, (I32, B_)),
+    (c_prod, (X, I32)),
 ]
 
 

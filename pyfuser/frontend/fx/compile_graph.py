@@ -69,7 +69,7 @@ from .rewrite_scan import cumsums_as_masked_sums
 from .rewrites import (fast_calls, hoist_views, hoist_views_past_binary, sink_views,
                        sink_views_past_binary, skip_detach,
                        unfuse_bias)
-from .support import is_compute, is_getitem, is_size_arithmetic, node_support
+from .support import is_compute, is_getitem, is_size_arithmetic, node_support, returned_views
 
 log = logging.getLogger("pyfuser")
 _MAX_ROUNDS = 64
@@ -157,6 +157,10 @@ def compile_graph(gm, example_inputs=None, kind: str = "forward") -> CompiledGra
             sink_views_past_binary(graph, fusible) + hoist_views_past_binary(graph, fusible) + \
             unfuse_bias(graph, fusible) + sum_through_views(graph, fusible) + \
             unroll_small_sums(graph, fusible):
+        gm.recompile()
+    chains, split = returned_views(graph, out_node)
+    graph_outputs |= chains
+    if split:
         gm.recompile()
     nodes = list(graph.nodes)
     unsupported: dict = {}

@@ -15,7 +15,8 @@
   `_to_copy` to another device, a copy into a memory format its input is not in (but for
   `clone` into contiguous_format, which the kernel writes row-major, and the `*_like`
   factories, which read no value), a random op
-  given its own generator, and a view op whose result the graph returns (a view stays a view);
+  given its own generator, and a view op whose result the graph returns (a view stays a view),
+  and the view ops between a returned view and an input or output it views (`returned_views`);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
 `is_size_arithmetic(node)`: a SymInt (SymFloat, SymBool) computed on the host under dynamic
@@ -118,6 +119,52 @@ def _tensor_args(args) -> list:
             out += [meta(x) for x in a if isinstance(x, torch.fx.Node) and
                     isinstance(meta(x), torch.Tensor)]
     return out
+
+
+def returned_views(graph, out_node) -> tuple[set, bool]:
+    """(the returned views that alias a graph input or another output, with the view ops between
+    each and that base; whether the graph changed). AOTAutograd rebuilds such an output from
+    its base and the view the compiled graph returned (its sizes, strides and storage offset:
+    under dynamic shapes it cannot replay the view ops), so the chain must be eager's views, none
+    a region's copy: `v = x.view(n, 1, n)[..., :-1]`, read by a mul and returned sliced again
+    (`v[..., 1:]`), got the copy's strides and offset applied to x (FX dynamic seed 918100); of
+    `b = x.exp()` returned beside `b.view(...)[..., :-1][..., 1:]`, other values in grad mode,
+    else a copy that aliased nothing. Such views stay out of regions (`node_support`); a node
+    outside them that reads one (the mul) reads a copy of the chain instead, which a region may
+    take in (no kernel more). A returned view of a value nothing else returned keeps its views in
+    the region (a view at the region's end is a host view of the kernel's output)."""
+    returned = set(out_node.all_input_nodes)
+    chains = set()
+    for n in returned:
+        walk, m = [], n
+        while _is_view(m) and m.args and isinstance(m.args[0], torch.fx.Node):
+            m = m.args[0]
+            walk.append(m)
+        anchors = [i for i, a in enumerate(walk) if a in returned or a.op == "placeholder"]
+        if anchors:
+            chains.add(n)
+            chains.update(a for a in walk[:anchors[-1]])
+    copies: dict = {}
+
+    def copy_of(c):
+        if c not in chains:
+            return c
+        if c not in copies:
+            base, old = copy_of(c.args[0]), c.args[0]
+            with graph.inserting_after(c):
+                copies[c] = graph.node_copy(c, lambda a: base if a is old else a)
+        return copies[c]
+
+    for c in [n for n in graph.nodes if n in chains]:
+        for u in list(c.users):
+            if u is not out_node and u not in chains:
+                u.replace_input_with(c, copy_of(c))
+    return chains, bool(copies)
+
+
+def _is_view(node) -> bool:
+    return op_class(node) == METADATA or (node.op == "call_function" and
+                                          node.target is torch.ops.aten.alias.default)
 
 
 def node_support(node, graph_outputs=frozenset()) -> tuple[bool, str]:

@@ -121,6 +121,12 @@ def _div(a, b, rounding_mode=None):
     return _arith("div", a, b) if rounding_mode is None else ew(names[rounding_mode], a, b)
 
 
+@lowers("aten::floor_divide", n_args=(2,))
+def _floor_divide(a, b):
+    """`floor_divide(a, b)`: eager's `div(a, b, rounding_mode="floor")`."""
+    return ew("div_floor", a, b)
+
+
 # Ops whose aten arguments map one to one onto op-table operands.
 _DIRECT = {
     "remainder": "remainder", "fmod": "fmod", "neg": "neg",

@@ -1,5 +1,5 @@
 """Lowerings of reductions and normalizations: sum, mean, var, std, var_mean, std_mean, amax,
-amin, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
+amin, prod, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
 log_softmax, layer_norm / native_layer_norm, rms_norm, batch_norm / native_batch_norm, group_norm
 (the losses are in aten_loss.py).
 
@@ -48,6 +48,18 @@ def _sum(x, *args):
         return B.reduction("sum", x, None, False, _opt_dtype(args[0]))
     dims, keepdim, dtype = (list(args) + [None, False, None])[:3] if args else (None, False, None)
     return B.reduction("sum", x, _dims(dims, x), bool(keepdim), _opt_dtype(dtype))
+
+
+@lowers("aten::prod", op_class=REDUCTION, n_args=(2, 4), const_args=(1, 2, 3))
+def _prod(x, *args):
+    """prod(x, dtype) of every element, prod(x, dim, keepdim, dtype) over one dim (integers and
+    bools as int64, half / bfloat16 accumulated in float, as sum)."""
+    if len(args) == 1:
+        return B.reduction("prod", x, None, False, _opt_dtype(args[0]))
+    dim, keepdim, dtype = args
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise UnsupportedOpError(f"prod: dim must be a constant, got {dim!r}")
+    return B.reduction("prod", x, [dim], bool(keepdim), _opt_dtype(dtype))
 
 
 @lowers("aten::mean", op_class=REDUCTION, n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
@@ -135,11 +147,14 @@ def _std_mean(x, *args):
 @lowers("aten::logsumexp", op_class=REDUCTION, n_args=(2, 3), const_args=(1, 2))
 def _logsumexp(x, dims, keepdim=False):
     """As eager: log(sum(exp(x - m))) + m with m = amax(x); where m is infinite, m itself
-    (eager shifts by 0 there: a row of -inf gives -inf, a row holding +inf gives +inf, not NaN).
-    Written with the plain max inside the exp, so the max and the sum are one online pair
+    (eager shifts by 0 there: a row of -inf gives -inf, a row holding +inf gives +inf, not NaN);
+    an integer or bool x in the default dtype, as eager computes it. Written with the plain max inside the exp, so the max and the sum are one online pair
     (reduction_graph): one pass over the row."""
-    if not x.dtype.is_floating:
+    if x.dtype.is_complex:
         raise UnsupportedOpError(f"logsumexp of a {x.dtype.name} tensor (left to eager)")
+    if not x.dtype.is_floating:      # eager: of x in the default dtype (ints and bools)
+        import torch
+        x = B.cast(x, DataType.from_torch(torch.get_default_dtype()))
     dims = _dims(dims, x)
     m = B.reduction("max", x, dims, keepdim=True)
     s = B.reduction("sum", ew("exp", ew("sub", x, m)), dims, True)
