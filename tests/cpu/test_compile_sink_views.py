@@ -105,3 +105,19 @@ def test_the_rewrite_keeps_the_output_and_moves_the_view_last():
     after = evaluate(fusion, [x])[0]
     assert after.dtype == before.dtype and torch.equal(after, before)
     assert sink_output_views(fusion, [out]) == 0           # nothing left to move
+
+
+def test_a_view_whose_extents_other_ops_read_stays():
+    """`view(-1, 2)`'s first extent is bound by the view alone; a full_like / zeros_like /
+    rand_like of the view makes a tensor of that extent. The view stays where it is (moved after
+    its cone, the extent was read before anything bound it: an AssertionError at run time)."""
+    def f(x):
+        v = (x * 2).view(-1, 2)
+        return v.exp(), torch.full_like(v, 3.0), torch.zeros_like(v).sum(0)
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        got, want = pyfuser.compile(f)(x), f(x)
+    _close(got, want, 1e-5)
+    (graph,) = compiled_graphs()
+    assert not graph.unsupported
+    assert_ran_as_sm90_kernels(graph.regions)

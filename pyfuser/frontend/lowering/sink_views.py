@@ -7,8 +7,9 @@ silu(v) = v * sigmoid(v), cast(exp(2 * v))) whose values (v's too) are read only
 cone or returned as fusion outputs in `eligible`, the cone is rebuilt on `a` (same ops, same
 scalars, `a`'s shape) and each output it returns becomes the view of its new value (v, where
 returned, stays the view it is: a training forward returns the normalized value for the
-backward besides the SiLU). Elementwise ops read
-each element alone, and a view keeps the row-major order of the elements, so every element
+backward besides the SiLU). A view with an extent it alone binds (`view(-1, 2)`) that another
+expr reads (`full_like(v)`, `rand_like(v)`) stays: the rebuilt view comes last. Elementwise
+ops read each element alone, and a view keeps the row-major order of the elements, so every element
 gets the very bits it had.
 
 Why: a normalization lowered on a view of its input (group_norm over `[N, G, C/G, prod(*)]`,
@@ -41,7 +42,7 @@ def sink_output_views(fusion, eligible) -> int:
         if not any(e is view for e in order):
             continue
         cone = _cone(view, order, eligible, {id(o) for o in fusion.outputs})
-        if cone:
+        if cone and not _extents_read_elsewhere(fusion, view, cone):
             _rebuild(fusion, view, cone)
             moved += 1
     return moved
@@ -67,6 +68,33 @@ def _cone(view, order, eligible, outputs) -> list:
     if any(id(u) in live and id(u) not in ids for t in made for u in t.uses):
         return []                                # a value of the cone is read elsewhere
     return cone
+
+
+def _extents_read_elsewhere(fusion, view, cone) -> bool:
+    """Whether an extent that only the view binds (`view(-1, 2)`'s first) is read by an expr
+    other than the view and its cone, or by a scalar operand of the cone: a `full_like(v)`,
+    `rand_like(v)` makes a tensor of it. The rebuilt view comes after them, too late to bind it
+    (shapes.bind follows `fusion.exprs`): the view stays."""
+    k = next(i for i, e in enumerate(fusion.exprs) if e is view)
+    bound = {id(s) for t in fusion.inputs for s in _extents(t)}
+    bound |= {id(s) for e in fusion.exprs[:k] for o in e.outputs for s in _extents(o)}
+    own = {id(s) for s in _extents(view.outputs[0]) if not s.is_const and id(s) not in bound}
+    ids = {id(e) for e in cone}
+    for e in fusion.exprs:
+        if e is view:
+            continue
+        vals = [x for x in e.inputs if not isinstance(x, TensorView)] if id(e) in ids else \
+            list(e.inputs) + list(e.outputs)
+        if any(id(s) in own for x in vals for s in _extents(x)):
+            return True
+    return False
+
+
+def _extents(x) -> list:
+    """The Scalars a value's shape is made of (a Scalar: itself)."""
+    if not isinstance(x, TensorView):
+        return [x] if isinstance(x, Val) else []
+    return [s for d in x.root for s in (d.extent, d.expanded_extent) if s is not None]
 
 
 def _elementwise(e) -> bool:
