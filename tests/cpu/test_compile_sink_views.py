@@ -30,7 +30,8 @@ def _kernels():
 def _close(got, want, tol):
     for g, w in zip(got, want):
         assert (g.dtype, g.shape, strides(g)) == (w.dtype, w.shape, strides(w))
-        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+        t = max(tol, 2e-3) if g.dtype == torch.float16 else tol   # a half's rounding step
+        torch.testing.assert_close(g, w, rtol=t, atol=t)
 
 
 def _gn_silu(x, w, b):
@@ -45,6 +46,7 @@ def _gn_silu_cast(x, w, b):
 @pytest.mark.parametrize("f", [_gn_silu, _gn_silu_cast])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_group_norm_and_its_pointwise_consumers_are_one_kernel(f, dtype, tol):
+    torch.manual_seed(0)
     x = torch.randn(2, 8, 5, 3, dtype=dtype)
     w, b = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
     with torch.no_grad():
