@@ -74,11 +74,15 @@ def compile_summary(rows) -> str:
     return "\n".join(lines)
 
 
+SPEED_SERIES = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser",
+                "inductor-cg": "torch.compile (CUDA graphs)",
+                "pyfuser-cg": "pyfuser (CUDA graphs)"}     # mode -> the plot's series
+
+
 def speed_rows(rows) -> list:
     """Plot rows: per model, dtype and step, each mode's speed as % of eager's (eager = 100)."""
     by = {(r["model"], r["dtype"], r["mode"]): r for r in rows}
-    series = {"eager": "eager", "inductor": "torch.compile", "pyfuser": "pyfuser",
-              "inductor-cg": "torch.compile (CUDA graphs)", "pyfuser-cg": "pyfuser (CUDA graphs)"}
+    series = SPEED_SERIES
     out = []
     for (m, d, mode), r in by.items():
         if mode != "eager":
@@ -114,7 +118,7 @@ def write_outputs(out_dir: str, text: str, rows, facts: dict, with_plot: bool = 
             plot = _plot_module()
             written.append(plot.plot(
                 plot_rows, os.path.join(out_dir, "bench_models_speed.svg"),
-                f"bench/models.py on {facts['device']}",
+                f"bench/models.py on {facts['device']}", series=list(SPEED_SERIES.values()),
                 xlabel="speed as % of eager's (eager's time / the mode's time)"))
         except Exception as e:  # noqa: BLE001 - the table and JSON are the record
             print(f"bench/models.py: no plot: {type(e).__name__}: {e}")

@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass, field
 
 SERIES = ("eager", "torch.compile", "pyfuser")
-COLOURS = {"eager": "#9ca3af", "torch.compile": "#f59e0b", "pyfuser": "#2563eb"}
+COLOURS = {"eager": "#9ca3af", "torch.compile": "#f59e0b", "pyfuser": "#2563eb",
+           "torch.compile (CUDA graphs)": "#b45309", "pyfuser (CUDA graphs)": "#1e3a8a"}
 _PCT = re.compile(r"^\s*(?:[-+]?[\d.]+\s*)?\(\s*([\d.]+)\s*%\s*\)\s*$")
 _HEADING = re.compile(r"^(#+)\s+(.*\S)\s*$")
 
