@@ -16,22 +16,13 @@ import torch
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 
-from test_compile_factory_like import equal as _equal     # (strides of axes > 1 compared)
+from test_compile_factory_like import _check, equal as _equal  # (strides of axes > 1)
 from test_compile_training import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 SCATTERS = {"aten.slice_scatter.default", "aten.select_scatter.default"}
 
 
-
-
-def _check(f, *args, dynamic=False):
-    with torch.no_grad():
-        got, want = pyfuser.compile(f, dynamic=dynamic)(*args), f(*args)
-    _equal(got, want)
-    graph = compiled_graphs()[-1]
-    assert_ran_as_sm90_kernels(graph.regions)
-    return graph
 
 
 def _ops(graphs) -> set:
