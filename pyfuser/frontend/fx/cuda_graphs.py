@@ -96,6 +96,7 @@ class _Entry:
 
 class GraphedInference:
     """An inference CompiledGraph replayed from CUDA graphs (module docstring); boxed call."""
+    keyed_by_address = False
 
     def __init__(self, compiled, static_idx=(), why_not=None, backend=None, written=()):
         self._boxed_call = True
@@ -162,16 +163,22 @@ class GraphedInference:
         return None
 
     def key(self, args):
-        """The signature a graph is captured for, or None: this call runs without one."""
+        """The signature a graph is captured for, or None: this call runs without one. With
+        `keyed_by_address` the static inputs' addresses are part of it (GraphedTraining). One
+        pass over the arguments: a backward has a hundred or more, and this runs every call."""
         parts, device = [], None
+        any_device = getattr(self.backend, "any_device", False)
+        keyed = self.static_idx if self.keyed_by_address else ()
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
-                if a.device.type != "cuda" and not getattr(self.backend, "any_device", False):
+                d = a.get_device()                       # -1: not a CUDA tensor
+                if d < 0 and not any_device:
                     return self._skip(f"input {i} is on {a.device}, not a CUDA device")
-                if device is not None and a.device != device:
+                if device is not None and d != device:
                     return self._skip("tensor inputs on more than one device")
-                device = a.device
-                parts.append((tuple(a.shape), a.stride(), a.dtype, a.storage_offset()))
+                device = d
+                parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(),
+                              a.data_ptr() if i in keyed else None))
             elif isinstance(a, _SCALARS):
                 parts.append((type(a), a))
             else:

@@ -59,34 +59,13 @@ class GraphedTraining(GraphedInference):
     """A forward or backward CompiledGraph replayed from CUDA graphs (module docstring).
     `keyed_idx`: the inputs read in place; `user_outputs`: how many leading outputs the caller
     sees (copied); boxed call."""
+    keyed_by_address = True
 
     def __init__(self, compiled, keyed_idx, user_outputs: int, why_not=None, backend=None,
                  written=()):
         super().__init__(compiled, keyed_idx, why_not, backend, written)
         self.user_outputs = user_outputs
         self.busy = 0                     # calls run as they are: earlier results still in use
-
-    def key(self, args):
-        """GraphedInference.key's signature with the addresses of the inputs read in place,
-        in one pass (a backward has a hundred inputs or more: this runs on every call)."""
-        parts, device, keyed = [], None, self.static_idx
-        any_device = getattr(self.backend, "any_device", False)
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor):
-                d = a.get_device()
-                if device is None:
-                    if d < 0 and not any_device:
-                        return self._skip(f"input {i} is on {a.device}, not a CUDA device")
-                    device = d
-                elif d != device:
-                    return self._skip("tensor inputs on more than one device")
-                parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(),
-                              a.data_ptr() if i in keyed else None))
-            elif isinstance(a, _SCALARS):
-                parts.append((type(a), a))
-            else:
-                return self._skip(f"input {i} is a {type(a).__name__}")
-        return (device, tuple(parts))
 
     def _free(self, e) -> bool:
         if e.counts is None or all(use_count(st) == c for st, c in zip(e.held, e.counts)):

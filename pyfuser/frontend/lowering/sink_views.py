@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ...ir import exprs as E
 from ...ir.base import Val
-from ...ir.iterdomain import IterDomain
+from ...ir.builder import _new_tv
 from ...ir.tensor import TensorView
 
 
@@ -39,22 +39,23 @@ def sink_output_views(fusion, eligible) -> int:
     moved = 0
     for view in [e for e in fusion.used_exprs() if type(e) is E.ViewOp]:
         order = fusion.used_exprs()
-        if not any(e is view for e in order):
+        at = next((k for k, e in enumerate(order) if e is view), None)
+        if at is None:                           # an earlier rebuild dropped it
             continue
-        cone = _cone(view, order, eligible, {id(o) for o in fusion.outputs})
+        cone = _cone(view, order, at, eligible, {id(o) for o in fusion.outputs})
         if cone and not _extents_read_elsewhere(fusion, view, cone):
             _rebuild(fusion, view, cone)
             moved += 1
     return moved
 
 
-def _cone(view, order, eligible, outputs) -> list:
+def _cone(view, order, at, eligible, outputs) -> list:
     """The elementwise exprs computed from the view's result alone, in order, where every value
     they make (and the view's) is read only inside the cone or returned as an eligible output,
     and at least one of theirs is returned; [] where there are none."""
     v = view.outputs[0]
     inside, cone = {id(v)}, []
-    for e in order[order.index(view) + 1:]:
+    for e in order[at + 1:]:
         tensors = [x for x in e.inputs if isinstance(x, TensorView)]
         if tensors and all(id(x) in inside for x in tensors) and _elementwise(e):
             cone.append(e)
@@ -119,8 +120,7 @@ def _rebuild(fusion, view, cone) -> None:
     new = {id(v): a}
     with fusion:
         for e in cone:
-            out = TensorView([IterDomain(d.extent, d.iter_type, expanded_extent=d.expanded_extent)
-                              for d in a.logical], e.outputs[0].dtype, fusion)
+            out = _new_tv(a.logical, e.outputs[0].dtype)          # a's shape
             ins = [new.get(id(x), x) for x in e.inputs]
             if isinstance(e, E.CastOp):
                 E.CastOp(out, ins[0], e.dtype)
