@@ -18,7 +18,8 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   (about 0.05 s, the first time a program is recorded for CUDA tensors): nothing is compiled on
   a user's call. Without a build, one INFO line says how to make it and the Python path runs
   (the same calls, a few microseconds slower per call). `build()` builds (or loads) it
-  explicitly.
+  explicitly; processes that ask at once (DDP ranks, test shards) take turns on a lock file
+  beside the build directory, so one builds and the others load its build.
 - `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
   into the runner's plain data: the prepared buffer (CUlaunchConfig then the packed
   parameters), the parameter offsets and, per tensor pointer, its byte offset and slot
@@ -31,6 +32,7 @@ fixes the same things as call_keys.key_function's key, so a native hit is a Pyth
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -124,27 +126,36 @@ def build_or_import(directory: str, source: str):
     name = os.path.basename(directory)
     path = _so(directory)
     try:
-        if os.path.exists(path):
-            try:
-                return _import(name, path)
-            except ImportError as e:                 # a damaged or foreign build: build again
-                log.info("pyfuser: rebuilding the native runner (%s)", e)
-                os.remove(path)
-        log.warning("pyfuser: building the native cached-call runner in %s (once per machine, "
-                    "about 15-60 s; PYFUSER_NATIVE=0 skips it)", directory)
-        os.makedirs(directory, exist_ok=True)
-        if shutil.which("ninja") is None:      # the venv's ninja package, when not activated
-            os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
-                os.environ.get("PATH", "")
-        from torch.utils.cpp_extension import load
-        return load(name, [source], build_directory=directory, extra_cflags=["-O2"],
-                    verbose=False)
+        os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+        with open(directory + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)     # one process builds; the others wait, then load
+            return _build_or_import_locked(name, directory, source, path)
     except Exception as e:  # noqa: BLE001 - any build failure means "use the Python path"
         lines = [x.strip() for x in str(e).splitlines() if x.strip()]
         detail = next((x for x in lines if "error:" in x), lines[-1] if lines else "")
         log.warning("pyfuser: the native runner is unavailable, cached calls run in Python: "
                     "%s: %s", type(e).__name__, detail)
         return None
+
+
+def _build_or_import_locked(name: str, directory: str, source: str, path: str):
+    """build_or_import's work, under the build directory's lock (so no process reads a .so
+    another is still linking, or removes one another has just loaded)."""
+    if os.path.exists(path):
+        try:
+            return _import(name, path)
+        except ImportError as e:                 # a damaged or foreign build: build again
+            log.info("pyfuser: rebuilding the native runner (%s)", e)
+            os.remove(path)
+    log.warning("pyfuser: building the native cached-call runner in %s (once per machine, "
+                "about 15-60 s; PYFUSER_NATIVE=0 skips it)", directory)
+    os.makedirs(directory, exist_ok=True)
+    if shutil.which("ninja") is None:      # the venv's ninja package, when not activated
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
+            os.environ.get("PATH", "")
+    from torch.utils.cpp_extension import load
+    return load(name, [source], build_directory=directory, extra_cflags=["-O2"],
+                verbose=False)
 
 
 def _import(name: str, path: str):

@@ -240,19 +240,67 @@ def test_a_failed_build_warns_and_gives_none(tmp_path, caplog):
     assert "native runner is unavailable" in text and "broken.cpp:2" in text.split("unavailable")[1]
 
 
-def test_a_damaged_build_is_rebuilt(tmp_path):
-    d = tmp_path / "pyfuser_native_damaged"
-    d.mkdir()
-    (d / "pyfuser_native_damaged.so").write_bytes(b"not an ELF file")
+def _tiny_source(tmp_path, name):
     src = tmp_path / "tiny.cpp"
     src.write_text(                              # plain CPython: builds in about a second
         "#include <Python.h>\n"
         "static PyObject* answer(PyObject*, PyObject*) { return PyLong_FromLong(42); }\n"
         "static PyMethodDef M[] = {{\"answer\", answer, METH_NOARGS, nullptr}, {}};\n"
-        "static PyModuleDef D = {PyModuleDef_HEAD_INIT, \"pyfuser_native_damaged\", nullptr, -1, M};\n"
-        "PyMODINIT_FUNC PyInit_pyfuser_native_damaged() { return PyModule_Create(&D); }\n")
-    m = native.build_or_import(str(d), str(src))
+        f"static PyModuleDef D = {{PyModuleDef_HEAD_INIT, \"{name}\", nullptr, -1, M}};\n"
+        f"PyMODINIT_FUNC PyInit_{name}() {{ return PyModule_Create(&D); }}\n")
+    return src
+
+
+def test_a_damaged_build_is_rebuilt(tmp_path):
+    d = tmp_path / "pyfuser_native_damaged"
+    d.mkdir()
+    (d / "pyfuser_native_damaged.so").write_bytes(b"not an ELF file")
+    m = native.build_or_import(str(d), str(_tiny_source(tmp_path, "pyfuser_native_damaged")))
     assert m is not None and m.answer() == 42
+
+
+def test_processes_building_at_once_all_load_the_build(tmp_path):
+    """Several processes (test shards, DDP ranks running `make setup`) asking for the same build
+    at once: one builds, the others wait for it; none reads a half-linked .so or removes one."""
+    import subprocess
+    import sys
+    d = tmp_path / "pyfuser_native_shared"
+    src = _tiny_source(tmp_path, "pyfuser_native_shared")
+    code = ("import sys; from pyfuser.runtime import native; "
+            "m = native.build_or_import(sys.argv[1], sys.argv[2]); "
+            "print('answer', m.answer() if m is not None else None)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(d), str(src)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all("answer 42" in o for o in outs), outs
+
+
+def test_a_build_in_progress_is_left_alone(tmp_path):
+    """While one process holds the build's lock (it is linking the .so), another waits: it
+    neither loads the half-written file nor removes it as damaged."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+    d = tmp_path / "pyfuser_native_busy"
+    d.mkdir()
+    so = d / "pyfuser_native_busy.so"
+    src = _tiny_source(tmp_path, "pyfuser_native_busy")
+    code = ("import sys, torch; from pyfuser.runtime import native; "
+            "print('started', flush=True); "
+            "m = native.build_or_import(sys.argv[1], sys.argv[2]); "
+            "print('answer', m.answer() if m is not None else None)")
+    with open(str(d) + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        so.write_bytes(b"half a linked file")
+        p = subprocess.Popen([sys.executable, "-c", code, str(d), str(src)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert p.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        assert p.poll() is None and so.read_bytes() == b"half a linked file"
+    out = p.communicate(timeout=300)[0]               # the lock is free: it rebuilds and loads
+    assert "answer 42" in out, out
 
 
 def test_torch_errors_keep_their_type_and_skip_effects(mod):
