@@ -26,73 +26,29 @@ from ..errors import SchedulerError
 from ..ir.tensor import TensorView
 from ..schedule import layout as L
 from . import kernel_ir as K
+from .kernel_ir_rename import Rename
 from .cuda import full_source, kernel_body
 from .kernel import GeneratedKernel, KernelPlan, LaunchConfig, Param
 from .lowering import Lowering, kernel_name
 
-LANE_VAR = "v"
 MAX_GRID_X = 2 ** 31 - 1
 
 
 # ---- renaming a component's kernel IR --------------------------------------------------------
-class _Relocate:
+_POINTWISE_STATEMENTS = (K.Let, K.Alloc, K.Loop, K.If, K.Load, K.Store, K.Assign, K.Comment)
+
+
+class _Relocate(Rename):
+    """A component's body under prefix `prefix`, its special registers as `specials` says (any
+    other is refused), pointwise statements only."""
+
     def __init__(self, prefix: str, specials: dict):
-        self.prefix, self.specials = prefix, specials
-
-    def name(self, n: str) -> str:
-        return n if n == LANE_VAR else self.prefix + n
-
-    def e(self, x):
-        if isinstance(x, K.Var):
-            return K.Var(self.name(x.name))
-        if isinstance(x, K.Special):
-            if x.name not in self.specials:
-                raise SchedulerError(f"horizontal lowering: a component reads {x.name}")
-            return self.specials[x.name]
-        if isinstance(x, K.Bin):
-            return K.Bin(x.op, self.e(x.a), self.e(x.b))
-        if isinstance(x, K.ArrayRef):
-            return K.ArrayRef(self.name(x.name), tuple(self.e(i) for i in x.index))
-        if isinstance(x, K.Op):
-            return K.Op(x.name, tuple(self.e(a) for a in x.args), x.compute)
-        if isinstance(x, K.Convert):
-            return K.Convert(x.kind, self.e(x.arg), x.src, x.dst)
-        if isinstance(x, K.Shfl):
-            return K.Shfl(self.e(x.value), x.lane_xor, x.dtype)
-        if isinstance(x, K.RemoteRef):
-            return K.RemoteRef(self.name(x.name), tuple(self.e(i) for i in x.index), self.e(x.rank))
-        if isinstance(x, K.CheckedIndex):
-            return K.CheckedIndex(self.e(x.value), self.e(x.size), x.text)
-        if isinstance(x, K.Elem):
-            return K.Elem(self.name(x.ptr), self.e(x.offset))
-        return x                                      # Const, None
+        super().__init__(lambda n: prefix + n, specials, strict=True, what="horizontal lowering")
 
     def s(self, st):
-        R = dataclasses.replace
-        if isinstance(st, K.Let):
-            return R(st, name=self.name(st.name), expr=self.e(st.expr))
-        if isinstance(st, K.Alloc):
-            return R(st, name=self.name(st.name))
-        if isinstance(st, K.Loop):
-            return R(st, var=self.name(st.var), start=self.e(st.start), stop=self.e(st.stop),
-                     step=self.e(st.step), body=self.block(st.body))
-        if isinstance(st, K.If):
-            return R(st, cond=self.e(st.cond), body=self.block(st.body))
-        if isinstance(st, K.Load):
-            return R(st, dst=self.name(st.dst), index=tuple(self.e(i) for i in st.index),
-                     ptr=self.name(st.ptr), offset=self.e(st.offset), stride=self.e(st.stride))
-        if isinstance(st, K.Store):
-            return R(st, ptr=self.name(st.ptr), offset=self.e(st.offset), src=self.name(st.src),
-                     index=tuple(self.e(i) for i in st.index), stride=self.e(st.stride))
-        if isinstance(st, K.Assign):
-            return R(st, name=self.name(st.name), index=tuple(self.e(i) for i in st.index),
-                     expr=self.e(st.expr))
-        if isinstance(st, (K.Comment,)):
-            return st
-        raise SchedulerError(f"horizontal lowering: {type(st).__name__} in a pointwise body")
-
-    def block(self, stmts):
-        return [self.s(x) for x in stmts]
+        if not isinstance(st, _POINTWISE_STATEMENTS):
+            raise SchedulerError(f"horizontal lowering: {type(st).__name__} in a pointwise body")
+        return super().s(st)
 
 
 def _scalar_map(fusion, comp) -> dict:
