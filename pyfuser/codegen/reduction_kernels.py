@@ -12,6 +12,9 @@ rows too long for a block, a cluster of blocks per row):
       the cluster (distributed shared memory) combine; reduced outputs are written by
       threadIdx.x 0 of the row's team (of rank 0)
       __syncthreads / cluster barrier (shared memory is reused by the next row)
+With ReductionParams.prefetch (staged cluster rows, a capped grid) a row's staged copies are
+issued before the loop for the cluster's first row and, for each next row, at the end of the
+row before it (before its cluster barrier), so they are in flight across that barrier.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import os
 from ..ir import exprs as E
 from ..ir.dtypes import DataType
 from . import kernel_ir as K
+from .kernel_ir_rename import Rename, defined_names
 from .reduction_lowering import ReductionLowering, _and, _c, _guard
 
 TX, TY = K.Special("threadIdx.x"), K.Special("threadIdx.y")
@@ -51,6 +55,8 @@ class InnerKernel(ReductionLowering):
             self.row_ok = K.Var("row_ok")
         self.kidx = self.decompose(K.Var("row"), self.kg, rb)
         rb += self.resize_lets()
+        row_lets = list(rb)                   # the row's indices, computed from rb alone
+        self.prefetched = []                  # ReductionParams.prefetch: the staged copies
         known: dict = {}
         for a in self.loads:
             if self.lvl[id(a.node)] == "row":
@@ -60,18 +66,34 @@ class InnerKernel(ReductionLowering):
         known = self.row_values(0, known, rb)
         for q in range(len(self.plans)):
             known = self.one_pass(q, known, rb)
-        if p.cluster > 1:
-            rb.append(K.ClusterSync())            # the next row rewrites what others read
-        elif self.shared:
-            rb.append(K.Sync())                   # the next row block rewrites shared memory
         nrb = K.Bin("/", K.add(K.Var("rows"), _c(p.bdimy - 1)), _c(p.bdimy))
         start, step = K.Special("blockIdx.x"), K.Special("gridDim.x")
         if p.cluster > 1:                           # a cluster of blocks per row
             start, step = K.Bin("/", start, _c(p.cluster)), K.Bin("/", step, _c(p.cluster))
-        body += [K.Let("nrb", "nidx_t", nrb),
+        first: list = []
+        if self.prefetched:          # this row's copies were issued by the row before (or first)
+            first = self.copies_for("rb_first", start, row_lets)
+            rb += self.copies_for("rb_next", K.add(K.Var("rb"), step), row_lets)
+        if p.cluster > 1:
+            rb.append(K.ClusterSync())            # the next row rewrites what others read
+        elif self.shared:
+            rb.append(K.Sync())                   # the next row block rewrites shared memory
+        body += [K.Let("nrb", "nidx_t", nrb), *first,
                  K.Loop("rb", start, K.Var("nrb"), step, "grid", rb,
                         "row blocks" + (" (one per cluster)" if p.cluster > 1 else ""))]
         return body
+
+    def copies_for(self, var: str, rb_expr, row_lets) -> list:
+        """The staged copies of row block `rb_expr` (when it exists), under names of their own
+        (`var` for rb, `_<var>` after every name the row's lets and the copies define): issued
+        before the loop for a cluster's first row, at the end of each row for the next one.
+        Each thread's copies land in the slots it has just read for the last time (a thread
+        reads back only what it copied), and the next row waits for them (AsyncWait)."""
+        stmts = row_lets + self.prefetched
+        names = defined_names(stmts)
+        ren = Rename(lambda n: var if n == "rb" else (f"{n}_{var}" if n in names else n))
+        return [K.Let(var, "nidx_t", rb_expr),
+                K.If(K.Bin("<", K.Var(var), K.Var("nrb")), ren.block(stmts))]
 
     # ---- hooks of the pass driver ---------------------------------------------------------------
     def step_expr(self, step, streamed: bool):

@@ -9,7 +9,9 @@ Invariants:
   by `cp.async` copies all issued before one AsyncWait (pass_long_loads); a thread reads back only
   the vectors it copied, inside a step (at_step), with one vector read a step, so no barrier is
   needed and no element is read one at a time from shared memory;
-- a load a later pass of a streamed kernel reads again asks L2 to keep it (evict_last).
+- a load a later pass of a streamed kernel reads again asks L2 to keep it (evict_last);
+- with ReductionParams.prefetch the staged copies are not issued in their pass but collected
+  (`prefetched`) for the inner kernel, which issues them one row ahead.
 """
 from __future__ import annotations
 
@@ -162,16 +164,20 @@ class ReductionMemory:
         allocated: set = set()
         for a in self.loads:
             if self.pass_long.get(id(a.node)) == q:
+                copies = self.unroll("s", self.p.steps, self.at_step(
+                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))]))
                 if id(a.node) in self.staged:
                     staged = True
                     p = self.p
                     self.shared.append(K.Alloc(self.buf(a), a.tv.dtype,
                                                (p.steps, p.bdimy, p.bdimx, self.V), "shared"))
+                    if getattr(p, "prefetch", False):   # issued for this row at the end of the
+                        self.prefetched.append(copies)  # last one (InnerKernel.kernel_body)
+                        continue
                 elif self.buf(a) not in allocated:
                     allocated.add(self.buf(a))
                     out.append(self.buffer(a, self.p.steps))
-                out.append(self.unroll("s", self.p.steps, self.at_step(
-                    self.step_expr(s, False), lambda idx, a=a: [self.load_stmt(a, (s,), self.offset(a, idx))])))
+                out.append(copies)
         if staged:
             out.append(K.AsyncWait())      # every copy in flight at once, then this thread's landed
         for nid, (name, first) in self.kept.items():

@@ -88,6 +88,10 @@ class ReductionParams:
                                  # thread (0 < rlen): without a branch ptxas reads every staged
                                  # vector back at once and spills; a uniform branch costs less
                                  # than the bounds check
+    prefetch: bool = False       # ($PYFUSER_RED_PREFETCH=1) inner staged cluster rows whose
+                                 # grid is capped (each cluster loops over rows): the next row's
+                                 # staged copies are issued at the end of this row, into the
+                                 # slots each thread has just read for the last time
     reason: str = ""
 
     def as_dict(self) -> dict:
@@ -98,7 +102,8 @@ class ReductionParams:
         return (self.kind, self.persistent, self.vec, self.bdimx, self.bdimy, self.unroll,
                 self.steps, self.kept, self.splits, self.cluster, self.stage,
                 tuple(map(tuple, self.groups)),
-                tuple(self.dropped), self.online, self.full, self.whole, self.fence)
+                tuple(self.dropped), self.online, self.full, self.whole, self.fence,
+                self.prefetch, self.max_blocks if self.cluster > 1 else 0)
 
 
 @dataclass

@@ -43,7 +43,9 @@ reduction and persistent kernels planned here, not to the inner-outer ones (sche
 inner_outer.py); $PYFUSER_RED_FULL (0: every inner kernel checks its bounds; 1: none does
 where its rows are whole, also where the default keeps the checks); $PYFUSER_RED_FENCE=1 (staged
 rows of whole steps check no bounds but step under a uniform true condition:
-ReductionParams.fence; off by default);
+ReductionParams.fence; off by default); $PYFUSER_RED_GRID_BLOCKS=N (a row's cluster kernel
+launches at most N blocks, each cluster looping over rows) and $PYFUSER_RED_PREFETCH=1 (such a loop
+issues the next row's staged copies at the end of this row: ReductionParams.prefetch);
 $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
@@ -165,7 +167,8 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
                                                            "stage", "min_blocks", "full",
-                                                           "fence")}
+                                                           "fence", "prefetch",
+                                                           "grid_blocks")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
@@ -175,7 +178,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         if mb < 0 or mb > 32:
             raise ValueError(f"$PYFUSER_RED_MIN_BLOCKS={mb}: 0 to 32")
         p.min_blocks = mb
-    for k in ("stage", "full", "fence"):
+    for k in ("stage", "full", "fence", "prefetch"):
         if knobs[k] not in (None, 0, 1):
             raise ValueError(f"$PYFUSER_RED_{k.upper()}={knobs[k]}: 0 or 1")
     _stage(p, accesses, held, knobs, kept)
@@ -215,6 +218,16 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     # +10%). Outer: one wave, the kernel grid-strides over the column blocks.
     waves = (0 if p.kind == "inner" else 1) if w is None else w
     p.max_blocks = waves * sm_count() * max(1, 2048 // (p.bdimx * p.bdimy)) if waves > 0 else 0
+    # $PYFUSER_RED_GRID_BLOCKS=N: a row's cluster kernel launches at most N blocks (whole
+    # clusters, at least one), each cluster looping over rows; $PYFUSER_RED_PREFETCH=1: such a
+    # loop issues the next row's staged copies at the end of this row (experiments: neither is
+    # on by default)
+    gb = knobs["grid_blocks"]
+    if gb is not None and p.cluster > 1:
+        if gb < 1:
+            raise ValueError(f"$PYFUSER_RED_GRID_BLOCKS={gb}: at least 1")
+        p.max_blocks = max(1, gb // p.cluster) * p.cluster
+    p.prefetch = knobs["prefetch"] == 1 and p.cluster > 1 and p.stage and p.kind == "inner"
 
 
 def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:

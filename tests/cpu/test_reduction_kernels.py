@@ -203,6 +203,44 @@ def test_a_cluster_row_is_staged_in_shared_memory(builder, dt, monkeypatch):
     assert "cp_async" not in regs.kernel.source.split('extern "C"')[1]
 
 
+@pytest.mark.parametrize("rows", [1, 5, 7])
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("builder", STAGED_BUILDERS, ids=lambda b: b.__name__)
+def test_staged_copies_issued_a_row_ahead(builder, dt, rows, monkeypatch):
+    """$PYFUSER_RED_PREFETCH=1 with a capped grid ($PYFUSER_RED_GRID_BLOCKS=4: two clusters, each
+    looping over rows): a row's staged copies are issued before the loop for the cluster's first
+    row and at the end of each row for the next one (where a next row exists: 1, 5 and 7 rows
+    over 2 clusters), into the slots each thread has just read; equal to eager, and the
+    interpreter fails any read of a slot before its copy is waited for."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "2")
+    monkeypatch.setenv("PYFUSER_RED_GRID_BLOCKS", "4")
+    monkeypatch.setenv("PYFUSER_RED_PREFETCH", "1")
+    plan = run(builder, (rows, 2 * 256 * 8 * 2 - 20), [1], dt, "contiguous")
+    p = plan.params
+    if not p.stage:
+        assert not p.prefetch
+        return
+    assert p.prefetch and p.cluster == 2 and p.max_blocks == 4
+    f = plan.fusion
+    xs = RC.inputs_for(f, (rows, 2 * 256 * 8 * 2 - 20), dt, [1], "contiguous",
+                       torch.Generator().manual_seed(0))
+    b = bind(f, xs)
+    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
+    grid = plan.kernel.launch_config(b, plan.kernel_tensors(xs, outs)).grid
+    assert grid[0] == 2 * min(rows, 2)                 # whole clusters, at most two
+    src = plan.kernel.source
+    body = src[src.index('extern "C" __global__'):]
+    loop = body.index("for (nidx_t rb =")
+    # copies before the loop (the first row) and inside it (the next row), none in a pass
+    assert "pf_cp_async<" in body[:loop] and "rb_next" in body[loop:]
+    assert body.count("pf_cp_async_wait();") >= 1
+    per_copy = _async_loads(plan)
+    monkeypatch.delenv("PYFUSER_RED_PREFETCH")
+    plain = run(builder, (rows, 2 * 256 * 8 * 2 - 20), [1], dt, "contiguous")
+    assert not plain.params.prefetch and _async_loads(plain) * 2 == per_copy
+
+
 FULL_BUILDERS = [RC.softmax, RC.layer_norm, RC.rms_norm, RC.log_softmax, RC.welford, RC.mean]
 
 
