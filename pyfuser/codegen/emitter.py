@@ -99,12 +99,19 @@ class Emitter:
     def random_number(self, n_ops: int, k: int, digits: int, index, lane=None):
         """The op table's Philox number (ir/philox.py) of random op `k` of the launch's `n_ops`
         at element `index`, from the launch's seed and offset (kernel parameters; the launch
-        reserves 4 * n_ops of the offset). With `lane`: `index` is lane 0's, a multiple of 4,
+        reserves 4 * n_ops of the offset) combined with the two device words at `pf_rng`
+        (seed ^ pf_rng[0], offset + pf_rng[1]: runtime/rng.py). With `lane`: `index` is lane 0's, a multiple of 4,
         and the number is the lane's (philox_uniform_q): lanes 4q..4q+3 write one quad
         expression, whose Philox block the compiler computes once for the four."""
         seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
         offset = self._param(self.scalar_params, "pf_offset", "int64_t",
                              ("philox", "offset", 4 * n_ops))
+        # the device words a CUDA graph's replays refresh (zeros outside one: runtime/rng.py)
+        if "pf_rng" not in self.tensors:
+            self.tensors["pf_rng"] = K.TensorParam("pf_rng", DataType.Int, -1, False)
+            self._param(self.scalar_params, "pf_rng", "void*", ("philox", "state"))
+        seed = K.Bin("^", seed, K.Elem("pf_rng", K.Const(0, "int")))
+        offset = K.add(offset, K.Elem("pf_rng", K.Const(1, "int")))
         k, digits = K.Const(k, "int"), K.Const(digits, "int")
         if lane is None:
             return K.Op("philox_uniform", (seed, offset, k, index, digits), DataType.Int)

@@ -100,7 +100,10 @@ class Interpreter(SharedMemory):
         self.races = None
         for i, p in enumerate(self.k.params):
             src = p.source
-            if src[0] == "philox":
+            if src[0] == "philox" and src[1] == "state":     # the device words (runtime/rng.py)
+                from ..runtime.rng import state_tensor
+                self.values[p.name] = state_tensor("cpu")
+            elif src[0] == "philox":
                 assert params is not None, "random-number parameters come from the runtime"
                 self.values[p.name] = params[i]
             elif src[0] in ("ptr", "workspace"):

@@ -209,9 +209,9 @@ def _philox(e, env):
     of the launch state per evaluate, each random op numbered in expr order, as a kernel does."""
     from .philox import uniform
     if env.rng is None:
-        from ..runtime.rng import launch_state
+        from ..runtime.rng import host_draw
         ops = [x for x in env.used if isinstance(x, E.PhiloxUniformOp)]
-        env.rng = (launch_state(env.device, 4 * len(ops)), {id(x): k for k, x in enumerate(ops)})
+        env.rng = (host_draw(env.device, 4 * len(ops)), {id(x): k for k, x in enumerate(ops)})
     (seed, offset), number = env.rng
     shape = [int(env.b.value(s)) for s in e.shape]
     n = 1

@@ -8,6 +8,10 @@ outside the graph), then records a second run; `replay(graph)` launches what was
 Tests substitute a stand-in with the same two methods that replays by running the function
 again on the same buffers, which is what a graph does.
 
+Random numbers: the recorded run draws graph-safe states (runtime/rng.py's `capturing`): its
+kernels read two device words that a captured `torch.randint` refreshes on every replay, which
+the graph keeps alive (`graph.pyfuser_rng`).
+
 Invariants: a captured graph reads its inputs from, and writes its outputs to, the addresses of
 the capturing call, so its callers copy new inputs into those buffers and hand out copies of
 the outputs (`fresh_copies`), never the buffers a later replay overwrites.
@@ -15,6 +19,8 @@ the outputs (`fresh_copies`), never the buffers a later replay overwrites.
 from __future__ import annotations
 
 import torch
+
+from . import rng
 
 
 class Backend:
@@ -32,8 +38,9 @@ class Backend:
             finally:                         # a warm-up that raised may have queued writes: a
                 cur.wait_stream(side)        # caller's restore or plain run goes after them
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with rng.capturing(device) as cap, torch.cuda.graph(graph):
                 out = fn()
+            graph.pyfuser_rng = cap          # the device words its random kernels read
         return graph, out
 
     def replay(self, graph) -> None:

@@ -353,14 +353,16 @@ class Prepared:
 
 def _rng_slots(packer, device_index):
     """None, or for a kernel drawing random numbers (device, increment, [(param index, buffer
-    offset, 0 for the seed / 1 for the offset)]): every launch of the prepared call draws its
-    own seed and offset (runtime/rng.py), inside the call's lock, as the general path does."""
+    offset, 0 for the seed / 1 for the offset / 2 for the state pointer)]): every launch of the
+    prepared call draws its own seed and offset and reads the state pointer (runtime/rng.py),
+    inside the call's lock, as the general path does."""
     if not packer.has_philox:
         return None
     slots, inc = [], 0
+    which = {"seed": 0, "offset": 1, "state": 2}
     for k, p in enumerate(packer.params):
         if p.source[0] == "philox":
-            slots.append((k, _CFG + packer.offsets[k], 0 if p.source[1] == "seed" else 1))
+            slots.append((k, _CFG + packer.offsets[k], which[p.source[1]]))
             if p.source[1] == "offset":
                 inc = int(p.source[2])
     return (torch.device("cuda", device_index), inc, slots)
@@ -368,9 +370,9 @@ def _rng_slots(packer, device_index):
 
 def _draw_into(prep) -> None:
     """Write a fresh seed / offset into prep's buffer and tuple values (its lock held)."""
-    from .rng import launch_state
+    from .rng import launch_state, state_ptr
     dev, inc, slots = prep.rng
-    state = launch_state(dev, inc)
+    state = (*launch_state(dev, inc), state_ptr(dev))
     vals = list(prep.values)
     for k, off, which in slots:
         _INT64.pack_into(prep.buf, off, state[which])

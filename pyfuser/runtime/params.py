@@ -83,16 +83,18 @@ class ParamPacker:
             src = p.source
             kind = src[0]
             if kind == "philox":
-                # the launch's seed and offset, drawn once per call (runtime/rng.py)
+                # the launch's seed and offset, drawn once per call, and the device words the
+                # kernel adds to them (runtime/rng.py; after the draw, which may make them)
                 if not drawing:
                     draw = "    R = (0, 0)\n"
                 elif not draw:
                     from . import rng
-                    env.update(_draw=rng.launch_state, _dev=rng.device_of)
+                    env.update(_draw=rng.launch_state, _dev=rng.device_of, _sp=rng.state_ptr)
                     inc = next(q.source[2] for q in self.params
                                if q.source[0] == "philox" and q.source[1] == "offset")
                     draw = f"    R = _draw(_dev(t), {int(inc)})\n"
-                items.append("R[0]" if src[1] == "seed" else "R[1]")
+                items.append({"seed": "R[0]", "offset": "R[1]"}.get(
+                    src[1], "_sp(_dev(t))" if drawing else "0"))
                 continue
             if kind == "ptr":
                 expr = f"t[{int(src[1])}].data_ptr()"

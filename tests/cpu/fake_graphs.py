@@ -3,9 +3,14 @@ calls (pyfuser.jit(f, cuda_graphs=True), torch.compile's mode="reduce-overhead")
 runs the function twice (the warm-up, then the run whose outputs the graph owns) and returns
 (graph, outputs); `replay` runs it again and writes the results into those same output
 storages, which is what replaying a graph does. `any_device`: CPU tensors stand for CUDA ones.
-It cannot show stream or address effects of a real graph. tests/conftest.py's fixture
-`fake_graphs` makes torch.compile's graphed calls use one."""
+It cannot show stream or address effects of a real graph. Random numbers as a graph draws
+them: the recorded run and each replay run inside runtime/rng.py's `capturing`, a fresh one each
+time (a replay re-runs the captured `torch.randint`, so new device words, while the kernels'
+host seed and offsets are the capture's again). tests/conftest.py's fixture `fake_graphs` makes
+torch.compile's graphed calls use one."""
 import torch
+
+from pyfuser.runtime import rng
 
 
 class FakeGraphs:
@@ -19,15 +24,19 @@ class FakeGraphs:
         if self.fail:
             raise RuntimeError(self.fail)
         fn()                                # the warm-up
-        out = fn()
+        device = device if device is not None else "cpu"
+        with rng.capturing(device):
+            out = fn()
         self.captures += 1
         if hasattr(fn, "args"):             # a BoundCall: replays read its inputs by address
-            return (_by_address(fn), out), out
-        return (fn, out), out
+            return (_by_address(fn), out, device), out
+        return (fn, out, device), out
 
     def replay(self, graph):
-        fn, out = graph
-        for o, n in zip(flat(out), flat(fn())):      # the same layout: whole storages
+        fn, out, device = graph
+        with rng.capturing(device):
+            new = fn()
+        for o, n in zip(flat(out), flat(new)):      # the same layout: whole storages
             o.untyped_storage().copy_(n.untyped_storage())
         self.replays += 1
 

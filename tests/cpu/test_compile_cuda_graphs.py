@@ -85,16 +85,33 @@ def test_signatures_each_get_a_graph(fake_graphs):
     assert fake_graphs.captures == 2
 
 
-def test_random_ops_run_without_a_graph(fake_graphs):
+def test_random_ops_draw_anew_in_every_replay(fake_graphs):
+    """Dropout in a graphed call: captured once, and every replay draws new numbers (the
+    stand-in replays as a graph does: the kernels' host seed and offset are the capture's, only
+    the device words its captured randint refreshes differ), with dropout's values and rate."""
     def f(x):
         return torch.nn.functional.dropout(x * 2, 0.5, training=True) + 1
     c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
     with torch.no_grad():
-        outs = [c(torch.ones(64, 64)) for _ in range(4)]
-    assert fake_graphs.captures == 0
-    assert "random" in _graphed().why_not
-    assert not torch.equal(outs[2], outs[3])            # new draws every call
-    assert set(outs[3].unique().tolist()) <= {1.0, 5.0}
+        outs = [c(torch.ones(64, 64)) for _ in range(5)]
+    g = _graphed()
+    assert fake_graphs.captures == 1 and g.why_not is None and g.replays >= 3
+    assert all(not torch.equal(a, b) for a, b in zip(outs[2:], outs[3:]))
+    for o in outs:
+        assert set(o.unique().tolist()) <= {1.0, 5.0}
+        assert 0.45 < (o == 5.0).float().mean().item() < 0.55    # 4096 draws at p = 0.5
+
+
+def test_random_draws_seeded_on_the_host_fail_the_capture():
+    """Inside a capture, a draw only the host seeds (the evaluator's random ops) raises, so the
+    capture fails (and the call runs without a graph) instead of repeating its numbers."""
+    from pyfuser.runtime import rng
+    with rng.capturing("cpu"):
+        with pytest.raises(rng.HostDrawInCapture, match="CUDA-graph capture"):
+            rng.host_draw("cpu", 4)
+        seeds = [rng.launch_state("cpu", 4) for _ in range(2)]
+    assert seeds == [(0, 0), (0, 4)]            # kernels: the capture's seed and offsets
+    assert rng.state_tensor("cpu").tolist() == [0, 0]         # outside: zeros again
 
 
 def test_input_written_in_place_runs_without_a_graph(fake_graphs):

@@ -139,13 +139,29 @@ def test_user_outputs_are_copies(fake_graphs):
     assert fw.replays >= 2 and fw.busy == 0
 
 
-def test_dropout_keeps_the_training_graphs_off(fake_graphs):
-    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+def test_dropout_training_steps_replay_with_new_masks(fake_graphs):
+    """A training step with dropout is graphed (forward and backward) and each replayed
+    forward draws a new mask; the backward uses the mask its forward drew (the saved mask):
+    the gradients equal eager's for the mask seen in the output."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5))
     c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
-    for _ in range(3):
-        c(torch.randn(4, 8)).sum().backward()
-    fw, _ = _graphed()
-    assert "random" in fw.why_not and fake_graphs.captures <= 1
+    masks = []
+    for _ in range(5):
+        m.zero_grad()
+        x = torch.randn(8, 16)
+        y = c(x)
+        y.sum().backward()
+        lin = x @ m[0].weight.detach().T + m[0].bias.detach()
+        keep = y.detach() != 0
+        torch.testing.assert_close(y.detach(), torch.where(keep, lin * 2, 0.0))
+        d = keep.float() * 2                           # d(sum y) / d(lin)
+        torch.testing.assert_close(m[0].weight.grad, d.T @ x)
+        torch.testing.assert_close(m[0].bias.grad, d.sum(0))
+        masks.append(keep)
+    fw, bw = _graphed()
+    assert fw.why_not is None and fw.replays >= 2 and bw.replays >= 2
+    assert all(not torch.equal(a, b) for a, b in zip(masks[2:], masks[3:]))
 
 
 def test_batch_norm_running_statistics_and_new_batch_sizes(fake_graphs):

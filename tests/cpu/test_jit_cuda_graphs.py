@@ -219,3 +219,23 @@ def test_an_expanded_input_runs_the_plan(fake):
             x = torch.randn(1, 5).expand(3, 5)
             torch.testing.assert_close(f(x), _relu_plus_one(x))
     assert g.captures == 0
+
+
+def _drop(x):
+    return torch.nn.functional.dropout(x * 2.0, 0.5, True) + 1.0
+
+
+def test_random_ops_draw_anew_in_every_replay(fake):
+    """Dropout under pyfuser.jit(cuda_graphs=True) (eager's aten::dropout between two fused
+    groups here; graph-safe in a real graph): every replay draws a new mask, not the captured
+    run's mask again."""
+    g = FakeGraphs()
+    f = _graphed(torch.jit.script(_drop), g)
+    x = torch.ones(64, 64)
+    with torch.no_grad():
+        outs = [f(x) for _ in range(5)]
+    assert g.captures == 1 and g.replays == 4
+    assert all(not torch.equal(a, b) for a, b in zip(outs[1:], outs[2:]))
+    for o in outs:
+        assert set(o.unique().tolist()) <= {1.0, 5.0}
+        assert 0.45 < (o == 5.0).float().mean().item() < 0.55

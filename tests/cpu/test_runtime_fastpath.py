@@ -150,6 +150,10 @@ def fake(request, monkeypatch, tmp_path):
     monkeypatch.setattr(D, "_raw_stream_fn", lambda: (lambda idx: 777))
     monkeypatch.setattr(X.FusionExecutor, "_check_devices", lambda self, inputs: None)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    from pyfuser.runtime import rng                  # a random kernel's device words, on the CPU
+    zeros = torch.zeros(2, dtype=torch.int64)
+    monkeypatch.setattr(rng, "zero_state", lambda device: zeros)
+    drv.rng_state = zeros
     orig = L.KernelLauncher.function
 
     def function(self, device_index):
@@ -482,11 +486,46 @@ def test_a_cuda_drawer_reads_the_devices_generator_each_draw_and_yields_to_fixed
             return self.seed
     gen = Gen()
     monkeypatch.setattr(torch.cuda, "default_generators", (Gen(), gen))
+    zeros = torch.zeros(2, dtype=torch.int64)
+    monkeypatch.setattr(rng, "zero_state", lambda device: zeros)
+    z = zeros.data_ptr()
     draw = rng.drawer(torch.device("cuda", 1), 8)
-    assert [draw() for _ in range(3)] == [(7, 0), (7, 8), (7, 16)]
+    assert [draw() for _ in range(3)] == [(7, 0, z), (7, 8, z), (7, 16, z)]
     gen.seed, gen.offset = 2 ** 64 - 1, 4                  # a manual_seed: its state, not it
-    assert draw() == (-1, 4) == (rng.launch_state("cuda:1", 8)[0], 4)
+    assert draw() == (-1, 4, z) == (rng.launch_state("cuda:1", 8)[0], 4, z)
     assert gen.offset == 20
     with rng.fixed(99, 3):
-        assert [draw(), draw()] == [(99, 3), (99, 11)]
+        assert [draw(), draw()] == [(99, 3, z), (99, 11, z)]
     assert gen.offset == 20
+    # inside a CUDA-graph capture of that device: seed 0, the capture's own running offsets
+    # and device words (made by the first draw), the generator untouched
+    monkeypatch.setattr(torch, "randint", lambda lo, hi, size, dtype, device: torch.tensor(
+        [5, 6], dtype=dtype))
+    with rng.capturing(torch.device("cuda", 1)) as cap:
+        got = [draw(), draw()]
+        assert got == [(0, 0, cap.state.data_ptr()), (0, 8, cap.state.data_ptr())]
+        assert cap.state.tolist() == [5, 6]
+        with pytest.raises(rng.HostDrawInCapture):
+            rng.host_draw("cuda:1", 4)
+        assert rng.host_draw("cuda:0", 4) == (7, 0)       # another device: not captured
+    assert gen.offset == 20 and draw() == (-1, 20, z)
+
+
+def test_random_kernels_add_the_device_words_to_seed_and_offset():
+    """A random kernel draws from (seed ^ state[0], offset + state[1]) (runtime/rng.py): inside a
+    capture whose words are (s, o) its bits are those of host seed s at offset o, and outside
+    one (zero words) the host draw's alone; its CUDA source reads the words."""
+    from pyfuser.runtime import rng
+    f = _dropout_fusion()
+    x = torch.randn(3000)
+    with rng.capturing("cpu") as cap:
+        cap.state = torch.tensor([0x1234_5678_9ABC, 40], dtype=torch.int64)
+        got = dispatch.execute_fusion(f, [x])[0]
+    with rng.fixed(0x1234_5678_9ABC, 40):
+        want = dispatch.execute_fusion(f, [x])[0]
+    with rng.fixed(0x1234_5678_9ABC, 44):
+        other = dispatch.execute_fusion(f, [x])[0]
+    assert torch.equal(got, want) and not torch.equal(got, other)
+    from pyfuser.codegen import api
+    src = api.plan_kernel(f, [x]).kernel.source
+    assert "pf_rng[0]" in src and "pf_rng[1]" in src and "const int64_t* __restrict__ pf_rng" in src

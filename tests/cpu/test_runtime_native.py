@@ -197,10 +197,10 @@ def test_add_checks_its_arguments(mod):
         r.add(xs, [], [], [("poke", xs, "a")], 0)
     fail = lambda c, s: None                                  # noqa: E731
     with pytest.raises(ValueError, match="rng write"):
-        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2), [(4000, 0)])],
+        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2, 3), [(4000, 0)])],
               [], [], 0)
     with pytest.raises(ValueError, match="rng write"):
-        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2), [(72, 2)])],
+        r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, lambda: (1, 2, 3), [(72, 3)])],
               [], [], 0)
     with pytest.raises(TypeError, match="draw must be callable"):
         r.add(xs, [("launch", 1, 7, _buffer(), [56], [], fail, 3, [])], [], [], 0)
@@ -331,12 +331,13 @@ def test_a_program_dropped_during_its_replay_finishes(mod):
 
 
 def test_random_launches_draw_before_writing(mod):
-    """A launch with `draw` gets a fresh (seed, offset) per replay written at its rng offsets;
+    """A launch with `draw` gets a fresh (seed, offset, state) per replay written at its rng
+    offsets (each launch writes the values it takes);
     the program's draws are all made, in launch order, before any launch (no Python code runs
     between buffer writes); the seed keeps its bit pattern (a negative int64)."""
     drv = Driver(mod, 4)
     r = _runner(mod)
-    draws, order = iter([(-5, 8), (7, 12), (-9, 16), (11, 20)]), []
+    draws, order = iter([(-5, 8, 100), (7, 12, 200), (-9, 16, 300), (11, 20, 400)]), []
 
     def draw(name):
         def f():
@@ -348,7 +349,7 @@ def test_random_launches_draw_before_writing(mod):
              ("launch", 0x1234, 7, _buffer(), [56, 64, 72, 80], [(56, 0), (64, 2)], fail,
               draw("a"), [(72, 0), (80, 1)]),
              ("launch", 0x5678, 7, _buffer(), [56, 64, 72, 80], [(56, 2), (64, 1)], fail,
-              draw("b"), [(80, 0), (72, 1)])]
+              draw("b"), [(80, 0), (72, 2)])]
     xs = [torch.randn(6), torch.randn(6)]
     r.add(xs, steps, [2], [], 0)
     (out,) = r.run(xs)
@@ -356,11 +357,11 @@ def test_random_launches_draw_before_writing(mod):
     (_, fn_a, vals_a, _, _), (_, fn_b, vals_b, _, _) = drv.launches
     assert (fn_a, fn_b) == (0x1234, 0x5678)
     assert vals_a == [xs[0].data_ptr(), out.data_ptr(), (-5) % 2 ** 64, 8]
-    assert vals_b == [out.data_ptr(), xs[1].data_ptr(), 12, 7]
+    assert vals_b == [out.data_ptr(), xs[1].data_ptr(), 200, 7]
     r.run(xs)                                                  # a new state every replay
-    assert drv.launches[2][2][2:] == [(-9) % 2 ** 64, 16] and drv.launches[3][2][2:] == [20, 11]
+    assert drv.launches[2][2][2:] == [(-9) % 2 ** 64, 16] and drv.launches[3][2][2:] == [400, 11]
     draws = iter([("bad",)])
-    with pytest.raises(TypeError, match="seed, offset"):
+    with pytest.raises(TypeError, match="seed, offset, state"):
         r.run(xs)
     assert len(drv.launches) == 4                              # a failed draw launches nothing
 

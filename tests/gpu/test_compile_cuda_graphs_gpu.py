@@ -1,11 +1,12 @@
 """CUDA graphs for torch.compile on a GPU (frontend/fx/cuda_graphs.py, cuda_graphs_training.py):
 HF models' eval forwards replayed from real CUDA graphs give the bits of the same compiled
 forward run without them and stay within float rounding of eager, parameters updated in place
-are seen, graphs with random ops or eager-only inputs run without a graph, and training steps
-through graphed forwards and backwards match the same graphs run without them."""
+are seen, random ops draw new numbers in every replay, and training steps through graphed
+forwards and backwards match the same graphs run without them."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 
@@ -81,18 +82,88 @@ def test_parameters_updated_in_place_and_new_inputs():
 
 
 @pytest.mark.gpu
-def test_dropout_runs_without_a_graph():
+def test_dropout_replayed_from_a_graph_draws_new_masks():
+    """A graphed call with dropout draws a new mask in every replay (its kernels add device
+    words that a captured randint refreshes: runtime/rng.py), with dropout's values and rate,
+    and torch.manual_seed reproduces a sequence of replays."""
     def f(x):
         return torch.nn.functional.dropout(torch.tanh(x), 0.5, training=True)
     c = pyfuser.compile(f, cuda_graphs=True)
     x = torch.ones(256, 256, device="cuda")
     with torch.no_grad():
-        a, b = c(x), c(x)
-        c(x)
+        c(x), c(x)                                  # a plain run, then the capture
+        torch.manual_seed(1)
+        first = [c(x) for _ in range(3)]
+        torch.manual_seed(1)
+        again = [c(x) for _ in range(3)]
     torch.cuda.synchronize()
     (g,) = CG.graphed_calls()
-    assert g.captures == 0 and "random" in g.why_not
-    assert not torch.equal(a, b)
+    assert g.captures == 1 and g.replays >= 7 and g.why_not is None
+    kept = float(torch.tanh(torch.ones(())) / 0.5)
+    for o in first:
+        assert torch.all((o == 0) | ((o - kept).abs() < 1e-6))
+        assert 0.48 < (o != 0).float().mean().item() < 0.52          # 65536 draws at p = 0.5
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_dropout_training_steps_replayed_from_graphs():
+    """Training steps with dropout through graphed forward and backward graphs: each replayed
+    forward draws a new mask, and the backward's gradients are the ones of the mask seen in the
+    forward's output."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Dropout(0.3)).cuda()
+    c = pyfuser.compile(m, cuda_graphs=True)
+    masks = []
+    for _ in range(6):
+        m.zero_grad()
+        x = torch.randn(32, 64, device="cuda")
+        y = c(x)
+        y.sum().backward()
+        lin = x @ m[0].weight.detach().T + m[0].bias.detach()
+        keep = y.detach() != 0
+        torch.testing.assert_close(y.detach(), torch.where(keep, lin / 0.7, 0.0))
+        d = keep.float() / 0.7
+        torch.testing.assert_close(m[0].weight.grad, d.T @ x, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(m[0].bias.grad, d.sum(0), rtol=1e-4, atol=1e-4)
+        masks.append(keep)
+    torch.cuda.synchronize()
+    fw, bw = (next(g for g in CG.graphed_calls() if kind in g.__name__)
+              for kind in ("forward", "backward"))
+    assert fw.why_not is None and fw.replays >= 3 and bw.replays >= 3
+    assert all(not torch.equal(a, b) for a, b in zip(masks[2:], masks[3:]))
+    assert 0.67 < torch.stack(masks[2:]).float().mean().item() < 0.73
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_dropout_models_train_from_graphs(name):
+    """HF GPT-2 / BERT at dropout 0.1 (bfloat16 autocast): the training forward is graphed too;
+    runs of steps from one torch.manual_seed give the same losses, another seed other ones."""
+    import copy
+    case = TC.TRAIN_CASES[name]("cuda", SIZE, dropout=0.1)
+    runs = []
+    for seed in (7, 7, 8):
+        model = copy.deepcopy(case.model)
+        fn = pyfuser.compile(model, cuda_graphs=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        torch.manual_seed(seed)
+        losses = []
+        for _ in range(5):
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                losses.append(float(TC.step(TC.TrainCase(name, model, case.inputs, case.loss),
+                                            fn, opt)))
+        torch.cuda.synchronize()
+        fw = next(g for g in CG.graphed_calls() if "forward" in g.__name__ and g.replays)
+        assert fw.why_not is None and fw.replays >= 3
+        runs.append(losses)
+        CG._LIVE.clear()
+    assert all(math.isfinite(x) for x in runs[0])
+    assert runs[0] == pytest.approx(runs[1], rel=1e-3)
+    assert runs[2][2:] != runs[0][2:]                  # other masks in the replayed steps
 
 
 @pytest.mark.gpu

@@ -23,9 +23,12 @@ time on. What a caller sees:
 - **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls,
   with the strides, offsets and mutual aliasing the graph's own outputs have (each storage they
   view copied once; a model returning large logits pays that copy).
+- **Random numbers** (dropout) are drawn anew by every replay: pyfuser's kernels add two
+  device words to their seed and offset, which a captured `torch.randint` refreshes per replay
+  (runtime/rng.py), and PyTorch's own random ops are graph-safe; a random draw seeded on the
+  host alone (pyfuser's evaluator) fails the capture instead.
 - A graph is not used (the graph runs as it is, the reason logged once) where replaying could
-  differ from running: the graph draws random numbers (pyfuser's kernels take their seed on the
-  host at each launch, which a replay would repeat); it writes an input that is not static
+  differ from running: it writes an input that is not static
   (the write would land in the graph's copy); a tensor input is not on one CUDA device, or an
   argument is neither a tensor nor a bool / int / float / None; an input overlaps itself (an
   expanded tensor: no buffer of its strides takes a copy; a slice with gaps is copied); an
@@ -48,7 +51,6 @@ import torch
 
 from ...runtime.graph_capture import (Backend, fresh_copies, overlaps_itself, shares_storage,
                                       tensors_of)
-from .rng_order import consumes_rng
 
 log = logging.getLogger("pyfuser")
 MAX_GRAPHS = 8
@@ -73,10 +75,7 @@ def written_inputs(gm, mutated_idx=()) -> frozenset:
 
 def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
     """Why no call of this inference graph may be replayed from a CUDA graph (None: calls may):
-    it draws random numbers, or writes an input that is not static (written_inputs)."""
-    for n in gm.graph.nodes:
-        if consumes_rng(n):
-            return f"it draws random numbers ({n.target}): a replay would repeat them"
+    it writes an input that is not static (written_inputs)."""
     written = sorted(written_inputs(gm, mutated_idx) - set(static_idx))
     if written:
         return (f"it writes input {written[0]} in place, which is not static (a parameter, "

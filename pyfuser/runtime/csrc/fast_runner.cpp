@@ -12,9 +12,9 @@
 //     ("launch", fn, ctx, buffer, param_offsets, writes, fail[, draw, rng_writes])
 //         buffer = a CUlaunchConfig (stream at byte 32) then the packed kernel parameters;
 //         writes = [(byte offset, slot)]: that slot's data_ptr is written there each call;
-//         draw() -> (seed, offset): a random-number kernel's generator state for this launch
-//         (runtime/rng.py's launch_state), written as int64 at rng_writes = [(byte offset,
-//         0 seed / 1 offset)]; every draw of a replay is made before any buffer is written;
+//         draw() -> (seed, offset, state): a random-number kernel's generator state for this
+//         launch and the address of its device words (runtime/rng.py's drawer), written as
+//         int64 at rng_writes = [(byte offset, 0 seed / 1 offset / 2 state)]; every draw of a replay is made before any buffer is written;
 //         cuLaunchKernelEx(buffer, fn, &param pointers, NULL)
 //   then the `effects` (("setattr", obj, name, value), ("setitem", mapping, key, value),
 //   ("incr", obj, name)) keep the executors' counters and run reports as the Python path does,
@@ -96,6 +96,8 @@ struct View {
   std::vector<int64_t> sizes, strides;
 };
 
+constexpr Py_ssize_t kDrawn = 3;             // values a draw() returns
+
 struct Launch {
   std::vector<uint64_t> buffer;              // 8-byte aligned: config, then parameters
   std::vector<uint32_t> param_offsets;       // byte offsets of the parameters in `buffer`
@@ -104,8 +106,8 @@ struct Launch {
   void* fn = nullptr;
   void* ctx = nullptr;
   Ref fail;                                  // callable(code, call) -> raises
-  Ref draw;                                  // callable() -> (seed, offset), or null
-  std::vector<std::pair<uint32_t, uint8_t>> rng_writes;  // (byte offset, 0 seed / 1 offset)
+  Ref draw;                                  // callable() -> (seed, offset, state), or null
+  std::vector<std::pair<uint32_t, uint8_t>> rng_writes;  // (byte offset, kDrawn index)
 };
 
 enum class StepKind : uint8_t { kAlloc, kView, kConst, kLaunch };
@@ -299,7 +301,7 @@ bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream,
           int64_t v = states[drawn + w.second];
           std::memcpy(buf + w.first, &v, sizeof(int64_t));
         }
-        drawn += 2;
+        drawn += kDrawn;
       }
       for (const auto& w : l.writes) {
         void* ptr = slots[w.second].data_ptr();
@@ -312,18 +314,19 @@ bool run_steps(Program& p, std::vector<at::Tensor>& slots, void* stream,
   END_HANDLE_TH_ERRORS_RET(false)
 }
 
-// The generator states of the program's random-number launches, in launch order (seed, offset
-// per launch): drawn before the replay writes any buffer.
+// The generator states of the program's random-number launches, in launch order (seed, offset,
+// state per launch): drawn before the replay writes any buffer.
 bool draw_states(Program& p, std::vector<int64_t>& states) {
   for (auto& l : p.launches) {
     if (l.draw.p == nullptr) continue;
     Ref r = Ref::steal(PyObject_CallNoArgs(l.draw.p));
     if (r.p == nullptr) return false;
-    if (!PyTuple_Check(r.p) || PyTuple_GET_SIZE(r.p) != 2) {
-      PyErr_SetString(PyExc_TypeError, "pyfuser native runner: draw() must return (seed, offset)");
+    if (!PyTuple_Check(r.p) || PyTuple_GET_SIZE(r.p) != kDrawn) {
+      PyErr_SetString(PyExc_TypeError,
+                      "pyfuser native runner: draw() must return (seed, offset, state)");
       return false;
     }
-    for (Py_ssize_t k = 0; k < 2; ++k) {
+    for (Py_ssize_t k = 0; k < kDrawn; ++k) {
       long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(r.p, k));
       if (v == -1 && PyErr_Occurred()) return false;
       states.push_back(static_cast<int64_t>(v));
@@ -455,9 +458,9 @@ bool parse_launch(PyObject* t, size_t nslots, Launch& l) {
       long long o;
       int which;
       if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(rs.p, i), "Li", &o, &which)) return false;
-      if (o < 0 || o + 8 > size || (which != 0 && which != 1)) {
+      if (o < 0 || o + 8 > size || which < 0 || which >= kDrawn) {
         PyErr_Format(PyExc_ValueError, "rng write (%lld, %d) outside the %zd-byte buffer or not "
-                     "0 (seed) / 1 (offset)", o, which, size);
+                     "0 (seed) / 1 (offset) / 2 (state)", o, which, size);
         return false;
       }
       l.rng_writes.emplace_back(static_cast<uint32_t>(o), static_cast<uint8_t>(which));
