@@ -72,6 +72,7 @@ MAGIC = b"PFCUBIN2"
 _HEADER = struct.Struct("<8sHHQ32s")
 SUFFIX = ".bin"
 PLAN_SUFFIX = ".plan"          # plans of compiled graphs (runtime/plan_store.py), not CUBINs
+GRAPH_SUFFIX = ".graph"        # AOTAutograd's results (frontend/fx/graph_cache.py)
 LOCK_SUFFIX = ".lock"
 DEFAULT_LOCK_TIMEOUT_S = 120.0
 
@@ -207,7 +208,8 @@ def load(key: str, name: str = "", suffix: str = SUFFIX,
          counts: dict | None = None) -> bytes | None:
     """The cached payload for `key` and kernel `name`, or None (cache off or not private, miss,
     or a damaged or foreign entry, now deleted). `suffix`: the kind of entry (`SUFFIX` CUBINs,
-    `PLAN_SUFFIX` plans: runtime/plan_store.py); `counts`: the counters to bump (`stats`)."""
+    `PLAN_SUFFIX` plans: runtime/plan_store.py, `GRAPH_SUFFIX` AOTAutograd's results:
+    frontend/fx/graph_cache.py); `counts`: the counters to bump (`stats`)."""
     if not enabled() or not ensure_private(cache_dir(), create=False):
         return None
     path = entry_path(key, suffix)
@@ -290,7 +292,7 @@ def clear() -> int:
     except OSError:
         return 0
     for name in names:
-        if name.endswith((SUFFIX, PLAN_SUFFIX, ".tmp", LOCK_SUFFIX)):
+        if name.endswith((SUFFIX, PLAN_SUFFIX, GRAPH_SUFFIX, ".tmp", LOCK_SUFFIX)):
             try:
                 os.remove(os.path.join(d, name))
                 n += 1

@@ -57,7 +57,7 @@ _ENV_IGNORED = frozenset({
     "PYFUSER_CACHE_DIR", "PYFUSER_CACHE_LOCK_TIMEOUT", "PYFUSER_DISABLE_DISK_CACHE",
     "PYFUSER_DISABLE_PLAN_CACHE", "PYFUSER_COMPILE_THREADS", "PYFUSER_PROGRESS",
     "PYFUSER_DUMP_DIR", "PYFUSER_POISON_OUTPUTS", "PYFUSER_NATIVE", "PYFUSER_LAUNCH_MODE",
-    "PYFUSER_INTERP_RACECHECK"})
+    "PYFUSER_INTERP_RACECHECK", "PYFUSER_DISABLE_GRAPH_CACHE"})
 
 stats = {"hits": 0, "misses": 0, "stores": 0, "corrupt": 0, "foreign": 0, "errors": 0,
          "refused": 0, "unpicklable": 0, "restored_plans": 0}

@@ -71,34 +71,58 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     return torch.where(bad, float("nan"), torch.where(hit, -g, 0.0)).to(self.dtype)
 
 
-def _compiler(kind: str, cuda_graphs: bool = False):
+def compile_one(gm, example_inputs, kind: str, cuda_graphs: bool = False, static=(),
+                mutated=(), users=None):
+    """compile_graph, and for cuda_graphs a GraphedInference (inference graphs) or a
+    GraphedTraining (forward, backward) around it (`static`, `mutated`, `users`: the graph's
+    inputs read in place, its written inputs and a forward's user outputs: `_graph_facts`)."""
     from .compile_graph import compile_graph
+    if not cuda_graphs:
+        return compile_graph(gm, example_inputs, kind)
+    from .cuda_graphs import GraphedInference, graph_wide_reason, written_inputs
+    from .cuda_graphs_training import GraphedTraining
+    written = written_inputs(gm, mutated)              # before compile_graph rewrites gm
+    why_not = graph_wide_reason(gm, static, mutated)
+    if kind == "forward" and users is None:
+        why_not = why_not or "AOTAutograd's metadata (which outputs are saved) is missing"
+    if kind != "inference" and _distributed():
+        # DDP / FSDP read gradients on their own streams, which a replay does not wait for
+        why_not = why_not or ("torch.distributed is initialized: gradients handed out of "
+                              "a graph's memory may be read on other streams")
+    compiled = compile_graph(gm, example_inputs, kind)
+    if kind == "inference":
+        return GraphedInference(compiled, static, why_not, written=written)
+    return GraphedTraining(compiled, static, users, why_not, written=written)
 
+
+def _graph_facts(gm, kind: str, cuda_graphs: bool) -> dict:
+    """compile_one's arguments besides the graph and its kind, read from AOTAutograd's metadata
+    of the graph it is compiling (a backward's from the graph itself: the forward's metadata is
+    not its own)."""
+    if not cuda_graphs:
+        return {}
+    from .cuda_graphs_training import backward_keyed_inputs, user_output_count
+    if kind == "backward":
+        static, mutated, users = backward_keyed_inputs(gm), (), 0
+    else:
+        static, mutated = _static_and_mutated_inputs()
+        users = user_output_count() if kind == "forward" else None
+    return {"cuda_graphs": True, "static": static, "mutated": mutated, "users": users}
+
+
+def _compiler(kind: str, cuda_graphs: bool = False, wrap=None):
+    """AOTAutograd's compiler for `kind` graphs; `wrap(kind, fn)`: the graph cache's wrapping
+    (graph_cache.py), `fn(gm, example_inputs) -> (compiled, the arguments of compile_one besides
+    the graph and its kind)`."""
     def compile_fn(gm, example_inputs):
-        if not cuda_graphs:
-            return compile_graph(gm, example_inputs, kind)
-        from .cuda_graphs import GraphedInference, graph_wide_reason, written_inputs
-        from .cuda_graphs_training import (GraphedTraining, backward_keyed_inputs,
-                                           user_output_count)
-        if kind == "backward":               # the forward's metadata is not this graph's
-            static, mutated, users = backward_keyed_inputs(gm), (), 0
-        else:
-            static, mutated = _static_and_mutated_inputs()
-            users = user_output_count() if kind == "forward" else None
-        written = written_inputs(gm, mutated)              # before compile_graph rewrites gm
-        why_not = graph_wide_reason(gm, static, mutated)
-        if kind == "forward" and users is None:
-            why_not = why_not or "AOTAutograd's metadata (which outputs are saved) is missing"
-        if kind != "inference" and _distributed():
-            # DDP / FSDP read gradients on their own streams, which a replay does not wait for
-            why_not = why_not or ("torch.distributed is initialized: gradients handed out of "
-                                  "a graph's memory may be read on other streams")
-        compiled = compile_graph(gm, example_inputs, kind)
-        if kind == "inference":
-            return GraphedInference(compiled, static, why_not, written=written)
-        return GraphedTraining(compiled, static, users, why_not, written=written)
+        return compile_one(gm, example_inputs, kind, **_graph_facts(gm, kind, cuda_graphs))
+
+    def with_facts(gm, example_inputs):
+        facts = _graph_facts(gm, kind, cuda_graphs)
+        return compile_one(gm, example_inputs, kind, **facts), facts
+
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
-    return compile_fn
+    return compile_fn if wrap is None else wrap(kind, with_facts)
 
 
 def _distributed() -> bool:
@@ -149,12 +173,15 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
     if os.environ.get("PYFUSER_PARTITIONER", "mincut") != "default":
         extra["partition_fn"] = _recomputing_partition
     graphs = opts.get("cuda_graphs", False)
-    aot = aot_autograd(fw_compiler=_compiler("forward", graphs),
-                       bw_compiler=_compiler("backward", graphs),
-                       inference_compiler=_compiler("inference", graphs),
-                       decompositions=decompositions(), keep_inference_input_mutations=True,
-                       **extra)
-    return aot(gm, example_inputs)
+
+    def make_aot(wrap):
+        return aot_autograd(fw_compiler=_compiler("forward", graphs, wrap),
+                            bw_compiler=_compiler("backward", graphs, wrap),
+                            inference_compiler=_compiler("inference", graphs, wrap),
+                            decompositions=decompositions(), keep_inference_input_mutations=True,
+                            **extra)
+    from . import graph_cache
+    return graph_cache.compile(gm, example_inputs, make_aot, opts)
 
 
 def _recomputing_partition(joint_module, joint_inputs, **kwargs):
