@@ -427,3 +427,23 @@ def test_input_aliasing_is_keyed():
     k_apart, _ = graph_cache.key_for(gm, [torch.randn(4), torch.randn(4)], {})
     k_shared, _ = graph_cache.key_for(gm, [base[:4], base[4:]], {})
     assert k_apart is not None and k_shared is not None and k_apart != k_shared
+
+
+def test_a_hit_the_channels_last_pass_would_change_is_refused(monkeypatch):
+    """Graphs the channels-last pass changes are not stored; should a stored graph's pass
+    change it when rebuilt (here: the CUDA test stubbed after the store), the entry is refused
+    and the graph compiled as without the cache; only that compile's graphs are reported."""
+    import channels_last_cases as CL
+    from pyfuser.frontend.fx import compiled_graphs, layout_policy
+    monkeypatch.setenv("PYFUSER_CHANNELS_LAST", "auto")
+    torch.manual_seed(0)
+    model, x = CL.conv_net(), torch.randn(2, 3, 8, 8)
+    CL.step_beside_eager(copy.deepcopy(model), x, False)
+    assert _stats()["stores"] == 1
+    _fresh_process_state()
+    monkeypatch.setattr(layout_policy, "_on_cuda", lambda convs: True)
+    CL.step_beside_eager(copy.deepcopy(model), x, False)
+    s = _stats()
+    assert s["hits"] == 0 and s["refused"] == 1, s
+    (g,) = compiled_graphs()
+    assert g.layout is not None

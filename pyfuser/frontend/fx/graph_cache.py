@@ -42,7 +42,8 @@ does for Inductor, which serves Inductor only).
    is pickled into pyfuser's disk cache (runtime/disk_cache.py: atomic writes, checksums;
    `<key>.graph` files beside the CUBINs and region plans).
    Not stored: a compile during which AOTAutograd added guards of its own (duplicate or
-   overlapping inputs), a graph the channels-last pass changed, anything that does not pickle.
+   overlapping inputs), a graph the channels-last pass changed, a graph whose example inputs
+   are not its placeholders' values (a restrided backward), anything that does not pickle.
 
 A hit never gives another result than a compile: the key holds all the inputs of the compile
 (or there is no key); a damaged or foreign file fails the disk cache's checksum; an entry that
@@ -363,6 +364,25 @@ class GraphOutputCode(OutputCode):
 _KEPT_META = frozenset({"val"})    # what compile_graph reads of a node's metadata (meta.py)
 
 
+def _examples_differ(gm, example) -> bool:
+    """Whether AOTAutograd handed the compiler example inputs other than the placeholders'
+    example values (a backward whose saved tensors' strides the forward reported): a rebuilt
+    graph is compiled from the placeholders' values."""
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(places) != len(example):
+        return True
+    for n, x in zip(places, example):
+        v = n.meta.get("val")
+        if isinstance(x, torch.Tensor) != isinstance(v, torch.Tensor):
+            return True
+        if isinstance(x, torch.Tensor) and (
+                x.dtype != v.dtype or tuple(x.shape) != tuple(v.shape) or
+                tuple(x.stride()) != tuple(v.stride()) or
+                x.storage_offset() != v.storage_offset()):
+            return True
+    return False
+
+
 def _layout(compiled):
     """The channels-last pass' report of a compiled graph (a GraphedInference's inner one)."""
     inner = getattr(compiled, "compiled", compiled)
@@ -385,7 +405,10 @@ def _recompile(kind, data, extra):
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from .backend import compile_one
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    # the example values in the fake mode of the compile (Dynamo's, as AOTAutograd's graphs
+    # have it): passes that make values in the tracing context's mode can mix them
+    ctx = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(ctx, "fake_mode", None) or FakeTensorMode(shape_env=ShapeEnv())
     gm = GraphPickler.loads(data, fake_mode)
     example = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     with fake_mode:
@@ -459,6 +482,8 @@ def _load(key, parts) -> tuple:
         stats["misses"] += 1
         return None, False
     _, _, deserialize = parts
+    from . import compile_graph as CG
+    n_compiled = len(CG._COMPILED)
     try:
         with _no_modes():
             entry = pickle.loads(data)
@@ -470,6 +495,7 @@ def _load(key, parts) -> tuple:
         log.info("pyfuser graph cache: entry %s refused (%s: %s); compiled again", key,
                  type(e).__name__, e)
         _remove(key)
+        del CG._COMPILED[n_compiled:]           # what the failed rebuild compiled is not used
         return None, True
     stats["hits"] += 1
     return _disable(fn, "do not trace AOT-compiled graph"), False
@@ -503,6 +529,9 @@ def _compile_and_store(gm, example_inputs, make_aot, key, parts):
             except Exception as e:  # noqa: BLE001 - not picklable: compile, store nothing
                 unsafe.append(f"the {kind} graph does not pickle: {type(e).__name__}: {e}")
                 data = None
+            if _examples_differ(g, example):    # the rebuilt graph's examples would be its own
+                unsafe.append(f"the {kind} graph's example inputs are strided otherwise than its "
+                              "placeholders")
             compiled, extra = compile_fn(g, example)
             if data is not None and _layout(compiled) is not None:
                 unsafe.append(f"the channels-last pass changed the {kind} graph")
