@@ -20,7 +20,8 @@ does for Inductor, which serves Inductor only).
      functorch's config, Inductor's config (the partitioner reads some of it); torch's
      version and git commit;
    - pyfuser's environment (runtime/plan_store.environment: pyfuser's source hash, Python,
-     torch, the executor mode and target, the `PYFUSER_*` variables) and the backend's options.
+     torch, the executor mode and target, the `PYFUSER_*` variables), the backend's options and
+     which functions its decompositions are;
    No key (the graph is compiled as before): a user function kept in the graph
    (allow_in_graph), a custom op (its Python code is not in the key), a submodule call, an
    argument or metadata of another type, a graph module holding tensors (constants: its
@@ -291,6 +292,14 @@ def _target_env(example_inputs) -> tuple:
     return os.environ.get("PYFUSER_CPU_EXECUTOR") or "interpret", None
 
 
+def _decomposition_ids() -> tuple:
+    """Which functions the backend's decompositions are (a table entry replaced at run time by
+    other code is another key; pyfuser's own are pinned by its source hash)."""
+    from .backend import decompositions
+    return tuple(sorted((str(op), getattr(fn, "__module__", ""), getattr(fn, "__qualname__", ""))
+                        for op, fn in decompositions().items()))
+
+
 def key_for(gm, example_inputs, opts: dict, extra=()) -> tuple:
     """(key, '') or (None, why there is none)."""
     try:
@@ -450,7 +459,7 @@ def compile(gm, example_inputs, make_aot, opts: dict):  # noqa: A001
         last_bypass[0] = f"this torch lacks {e}"
         stats["bypass"] += 1
         return make_aot(None)(gm, example_inputs)
-    key, why = key_for(gm, example_inputs, opts)
+    key, why = key_for(gm, example_inputs, opts, _decomposition_ids())
     if key is None:
         last_bypass[0] = why
         stats["bypass"] += 1
