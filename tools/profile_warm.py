@@ -96,11 +96,11 @@ def install(t: CpuPhases, mode: str) -> None:
     from pyfuser.frontend.fx import backend, compile_graph as CG, plan_cache
     t.wrap(backend, "_recomputing_partition", "aot.partition")
     try:
-        from pyfuser.frontend.fx import graph_cache
+        from pyfuser.frontend.fx import graph_cache, graph_cache_entry
         t.wrap(graph_cache, "key_for", "cache.key")
         t.wrap(graph_cache, "_load", "cache.load")
-        t.wrap(graph_cache, "dump_graph", "cache.store")
-        t.wrap(graph_cache, "_recompile", "cache.load")
+        t.wrap(graph_cache_entry, "dump_graph", "cache.store")
+        t.wrap(graph_cache_entry, "recompile", "cache.load")
     except ImportError:                 # before the graph cache
         pass
     for attr, phase in (("node_support", "fx.support"), ("partition", "fx.partition"),

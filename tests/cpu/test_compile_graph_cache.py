@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compile_graph as CG
-from pyfuser.frontend.fx import graph_cache, reset_compiled
+from pyfuser.frontend.fx import graph_cache, graph_cache_entry, reset_compiled
 from pyfuser.runtime import disk_cache, dispatch, nvrtc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -296,7 +296,7 @@ def test_an_entry_that_does_not_rebuild_is_refused(monkeypatch):
 
     def broken(*a, **k):
         raise RuntimeError("simulated")
-    monkeypatch.setattr(graph_cache, "_recompile", broken)
+    monkeypatch.setattr(graph_cache_entry, "recompile", broken)
     warm = _train(copy.deepcopy(base), x, steps=1)
     s = _stats()
     assert s["hits"] == 0 and s["refused"] == 2, s
