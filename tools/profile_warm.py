@@ -1,14 +1,16 @@
 """Where a first compile's time goes, Dynamo and AOTAutograd included, for pyfuser, Inductor and
 aot_eager, cold (empty caches) and warm (a new process, the caches of the cold one).
 
-    PYTHONPATH=. python3 tools/profile_warm.py --models llama,gpt2 --modes pyfuser,inductor
+    PYTHONPATH=. python3 tools/profile_warm.py --models llama,gpt2 --modes pyfuser,pyfuser-gc
     PYTHONPATH=. python3 tools/profile_warm.py --models llama --reps 3     # medians of 3 pairs
 
 Each measurement is a fresh process (`--child`) timing the first inference forward and the first
 training step of a model of tests/cpu/train_corpus.py (what bench/models.py calls `cold_s` /
-`warm_s`). Phases are exclusive (time goes to the innermost phase running) and are measured in
-the main thread's CPU time (`time.thread_time`: on a shared machine far steadier than wall time;
-compile threads are not counted), the wall time of the whole is printed beside it:
+`warm_s`). Modes: `pyfuser` (its graph cache off, the default), `pyfuser-gc` (pyfuser with
+its graph cache: PYFUSER_GRAPH_CACHE=1), `inductor`, `aot_eager`. Phases are exclusive (time
+goes to the innermost phase running) and are measured in the main thread's CPU time
+(`time.thread_time`: on a shared machine far steadier than wall time; compile threads are not
+counted), the wall time of the whole is printed beside it:
 - dynamo: Dynamo's own frame conversion (bytecode analysis, guards, graph building);
 - aot.state: AOTAutograd's metadata pass (fakeified inputs, functionalized trace for metadata);
 - aot.trace: AOTAutograd's joint / inference graph capture; aot.partition: the fw/bw split;
@@ -33,6 +35,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PYFUSER_MODES = ("pyfuser", "pyfuser-gc")
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -90,7 +93,7 @@ def install(t: CpuPhases, mode: str) -> None:
         t.wrap(cfx, "min_cut_rematerialization_partition", "aot.partition")
         t.wrap(cfx, "compile_fx_inner", "inductor")
         return
-    if mode != "pyfuser":
+    if mode not in PYFUSER_MODES:
         return
     from pyfuser.codegen import api
     from pyfuser.frontend.fx import backend, compile_graph as CG, plan_cache
@@ -125,7 +128,7 @@ def child(args) -> dict:
     TC = load_corpus()
     mode = args.modes
     import pyfuser
-    backend = {"pyfuser": pyfuser.backend}.get(mode, mode)
+    backend = pyfuser.backend if mode in PYFUSER_MODES else mode
     x = torch.randn(16, 16, requires_grad=True)              # imports, first-use costs
     f = torch.compile(lambda v: torch.nn.functional.gelu(v * 2).sum(-1), backend=backend)
     f(x).sum().backward()
@@ -147,7 +150,8 @@ def child(args) -> dict:
 
 def run_child(model, mode, caches, args) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, PYFUSER_CACHE_DIR=caches + "/pyfuser",
-               TORCHINDUCTOR_CACHE_DIR=caches + "/inductor", TRITON_CACHE_DIR=caches + "/triton")
+               TORCHINDUCTOR_CACHE_DIR=caches + "/inductor", TRITON_CACHE_DIR=caches + "/triton",
+               PYFUSER_GRAPH_CACHE="1" if mode == "pyfuser-gc" else "0")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model, "--modes",
            mode, "--dtype", args.dtype]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -160,7 +164,7 @@ def run_child(model, mode, caches, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", default="llama")
-    p.add_argument("--modes", default="pyfuser,inductor")
+    p.add_argument("--modes", default="pyfuser,pyfuser-gc,inductor")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--reps", type=int, default=1, help="cold + warm pairs (medians printed)")
     p.add_argument("--warm-reps", type=int, default=1, help="warm processes per cold one")

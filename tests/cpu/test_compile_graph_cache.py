@@ -3,7 +3,8 @@ in-memory state, compiles a Dynamo graph it has compiled before without AOTAutog
 and partitioning, and gets eager's results and a cold compile's (forward, loss, gradients,
 optimizer step, random draws); a change of the model's code, shapes, dtypes, grad mode,
 autocast or options misses; what cannot be keyed safely (dynamic shapes) is not cached; a
-damaged entry is refused; the switch turns it off."""
+damaged entry is refused; it is off unless PYFUSER_GRAPH_CACHE=1 (each test sets it, with a
+cache directory of its own)."""
 from __future__ import annotations
 
 import copy
@@ -57,9 +58,9 @@ def _fresh_process_state():
 
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("PYFUSER_DISABLE_DISK_CACHE", "PYFUSER_DISABLE_PLAN_CACHE", "PYFUSER_DUMP",
-                "PYFUSER_DISABLE_GRAPH_CACHE"):
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))   # this test's own entries
+    monkeypatch.setenv("PYFUSER_GRAPH_CACHE", "1")
+    for var in ("PYFUSER_DISABLE_DISK_CACHE", "PYFUSER_DISABLE_PLAN_CACHE", "PYFUSER_DUMP"):
         monkeypatch.delenv(var, raising=False)
     _fresh_process_state()
     for k in graph_cache.stats:
@@ -315,15 +316,36 @@ def test_a_failure_through_the_cache_compiles_without_it(monkeypatch):
     _same(got, _eager(copy.deepcopy(base), x, steps=1))
 
 
-def test_the_switch_turns_it_off(monkeypatch):
-    monkeypatch.setenv("PYFUSER_DISABLE_GRAPH_CACHE", "1")
+@pytest.mark.parametrize("value", [None, "0"])
+def test_off_by_default_the_cache_is_not_entered(value, monkeypatch):
+    """Without PYFUSER_GRAPH_CACHE=1 the backend never enters the cache's code (no key, no
+    torch internals): what it compiles is AOTAutograd's compile as without this module."""
+    if value is None:
+        monkeypatch.delenv("PYFUSER_GRAPH_CACHE")
+    else:
+        monkeypatch.setenv("PYFUSER_GRAPH_CACHE", value)
+
+    def entered(*a, **k):
+        raise AssertionError("the graph cache was entered while off")
+    for name in ("compile", "_torch_parts", "key_for"):
+        monkeypatch.setattr(graph_cache, name, entered)
     base = _model()
     x = torch.randn(4, 16)
-    _train(copy.deepcopy(base), x, steps=1)
-    _fresh_process_state()
-    _train(copy.deepcopy(base), x, steps=1)
-    s = _stats()
-    assert s["stores"] == 0 and s["hits"] == 0, s
+    got = _train(copy.deepcopy(base), x, steps=1)
+    _same(got, _eager(copy.deepcopy(base), x, steps=1))
+    assert not graph_cache.enabled()
+    d = disk_cache.cache_dir()
+    assert not [n for n in (os.listdir(d) if os.path.isdir(d) else [])
+                if n.endswith(disk_cache.GRAPH_SUFFIX)]
+
+
+def test_the_switch_does_not_change_the_plan_cache_keys(monkeypatch):
+    """PYFUSER_GRAPH_CACHE only places AOTAutograd's results: regions' plans and CUBINs stored
+    with it on are found with it off."""
+    from pyfuser.runtime import plan_store
+    on = plan_store.environment("interpret")
+    monkeypatch.delenv("PYFUSER_GRAPH_CACHE")
+    assert plan_store.environment("interpret") == on
 
 
 def test_user_functions_in_the_graph_are_not_keyed():
@@ -366,8 +388,8 @@ def _process(env) -> dict:
 
 
 def test_a_new_process_hits_and_gives_the_same_training_results(tmp_path):
-    env = dict(os.environ, PYFUSER_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=ROOT)
-    env.pop("PYFUSER_DISABLE_GRAPH_CACHE", None)
+    env = dict(os.environ, PYFUSER_CACHE_DIR=str(tmp_path / "shared"), PYTHONPATH=ROOT,
+               PYFUSER_GRAPH_CACHE="1")
     cold = _process(env)
     warm = _process(env)
     assert cold["stats"]["stores"] == 2 and cold["stats"]["hits"] == 0, cold["stats"]

@@ -181,6 +181,8 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
                             decompositions=decompositions(), keep_inference_input_mutations=True,
                             **extra)
     from . import graph_cache
+    if not graph_cache.enabled():              # the default: AOTAutograd as it is
+        return make_aot(None)(gm, example_inputs)
     return graph_cache.compile(gm, example_inputs, make_aot, opts)
 
 

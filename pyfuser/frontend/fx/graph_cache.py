@@ -15,24 +15,29 @@ does for Inductor, which serves Inductor only).
    `compile_graph` compiles again (its regions come from the plan cache, plan_cache.py: the
    warm path of before minus the tracing).
 3. On a miss AOTAutograd runs as before, but the compilers' results are `GraphOutputCode`s
-   (graph_cache_entry.py; torch's bundled-cache protocol: the graph kept for storing), the backward is compiled with
-   the forward (not at the first backward), and torch's AOTAutogradCache is pointed away from
-   its own disk (a key of its own that never hits, its save captured): the entry torch builds
-   is pickled into pyfuser's disk cache (runtime/disk_cache.py: atomic writes, checksums;
-   `<key>.graph` files beside the CUBINs and region plans).
+   (graph_cache_entry.py; torch's bundled-cache protocol: the graph kept for storing), the
+   backward is compiled with the forward (not at the first backward), and torch's
+   AOTAutogradCache is pointed away from its own disk (a key of its own that never hits, its
+   save captured): the entry torch builds is pickled into pyfuser's disk cache
+   (runtime/disk_cache.py: atomic writes, checksums; `<key>.graph` files beside the CUBINs and
+   region plans).
    Not stored: a compile during which AOTAutograd added guards of its own (duplicate or
    overlapping inputs), a graph the channels-last pass changed, a graph whose example inputs
    are not its placeholders' values (a restrided backward), anything that does not pickle.
 
-A hit never gives another result than a compile: the key holds all the inputs of the compile
-(or there is no key); a damaged or foreign file fails the disk cache's checksum; an entry that
-does not unpickle or rebuild is deleted and the graph compiled as before, without storing
-(logged at INFO); a compile through the cache that raises (a torch whose bundled entries want
-Inductor's output, say) is done again without it. Where this torch lacks a piece the cache
-uses (`_torch_parts`), every graph is compiled as before.
-`PYFUSER_DISABLE_GRAPH_CACHE=1` switches this cache off (also off with the plan cache:
-`PYFUSER_DISABLE_PLAN_CACHE`, `PYFUSER_DISABLE_DISK_CACHE`, `PYFUSER_DUMP`). `stats` counts
-hits, misses, stores, bypasses (no key) and refused entries.
+Opt-in: `PYFUSER_GRAPH_CACHE=1` switches this cache on (off by default; also off, whatever
+that says, with the plan cache: `PYFUSER_DISABLE_PLAN_CACHE`, `PYFUSER_DISABLE_DISK_CACHE`,
+`PYFUSER_DUMP`, and with torch's `force_disable_caches`). Off, the backend compiles exactly as
+without this module: it asks `enabled()` (the environment) and nothing else, imports no torch
+internals, computes no key.
+
+Invariants: a hit never gives another result than a compile: the key holds all the inputs of
+the compile (or there is no key); a damaged or foreign file fails the disk cache's checksum (a
+miss, logged at INFO by runtime/disk_cache.py); an entry that does not unpickle or rebuild is
+deleted and the graph compiled as before, without storing (logged at INFO); a compile through
+the cache that raises (a torch whose bundled entries want Inductor's output, say) is done again
+without it. Where this torch lacks a piece the cache uses (`_torch_parts`), every graph is
+compiled as before. `stats` counts hits, misses, stores, bypasses (no key) and refused entries.
 """
 from __future__ import annotations
 
@@ -56,10 +61,12 @@ last_bypass = [""]          # the last reason a graph had no key (tests read it)
 
 
 def enabled() -> bool:
-    off = os.environ.get("PYFUSER_DISABLE_GRAPH_CACHE", "").strip().lower() in (
-        "1", "true", "yes", "on")
+    """Whether graphs go through this cache: `PYFUSER_GRAPH_CACHE=1` (the one switch; off by
+    default), unless torch's `force_disable_caches` or the plan cache's switches turn it off."""
+    if os.environ.get("PYFUSER_GRAPH_CACHE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
     forced = getattr(getattr(torch.compiler, "config", None), "force_disable_caches", False)
-    return not off and not forced and plan_store.enabled()
+    return not forced and plan_store.enabled()
 
 
 # ---- compiling through the cache -----------------------------------------------------------------
@@ -87,9 +94,8 @@ def _torch_parts():
 
 def compile(gm, example_inputs, make_aot, opts: dict):  # noqa: A001
     """The backend's compile of one Dynamo graph through the cache (module docstring).
-    `make_aot(wrap)` builds the AotAutograd callable, its compilers passed through `wrap`."""
-    if not enabled():
-        return make_aot(None)(gm, example_inputs)
+    `make_aot(wrap)` builds the AotAutograd callable, its compilers passed through `wrap`.
+    Called only where `enabled()`."""
     try:
         parts = _torch_parts()
     except (ImportError, AttributeError) as e:
@@ -168,7 +174,7 @@ def _compile_and_store(gm, example_inputs, make_aot, key, parts):
             except Exception as e:  # noqa: BLE001 - not picklable: compile, store nothing
                 unsafe.append(f"the {kind} graph does not pickle: {type(e).__name__}: {e}")
                 data = None
-            if entry_mod.examples_differ(g, example):    # the rebuilt graph's examples would be its own
+            if entry_mod.examples_differ(g, example):   # a rebuilt graph's would be its own
                 unsafe.append(f"the {kind} graph's example inputs are strided otherwise than its "
                               "placeholders")
             compiled, extra = compile_fn(g, example)
