@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def _fresh_process_state():
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))   # this test's own entries
     monkeypatch.setenv("PYFUSER_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "_PARTS", [])          # torch's pieces looked up anew
     for var in ("PYFUSER_DISABLE_DISK_CACHE", "PYFUSER_DISABLE_PLAN_CACHE", "PYFUSER_DUMP"):
         monkeypatch.delenv(var, raising=False)
     _fresh_process_state()
@@ -346,6 +348,42 @@ def test_the_switch_does_not_change_the_plan_cache_keys(monkeypatch):
     on = plan_store.environment("interpret")
     monkeypatch.delenv("PYFUSER_GRAPH_CACHE")
     assert plan_store.environment("interpret") == on
+
+
+def _lacks_lookup(monkeypatch):
+    from torch._functorch._aot_autograd import autograd_cache as ac
+    monkeypatch.delattr(ac.AOTAutogradCache, "_lookup")
+
+
+def _lacks_graph_pickler(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.fx._graph_pickler", None)    # ImportError
+
+
+def _lacks_metadata_filter(monkeypatch):
+    import dataclasses
+    import torch.fx._graph_pickler as gp
+
+    @dataclasses.dataclass
+    class OldOptions:                           # a torch whose Options has no such field
+        ops_filter: object = None
+    monkeypatch.setattr(gp, "Options", OldOptions)
+
+
+@pytest.mark.parametrize("lack", [_lacks_lookup, _lacks_graph_pickler, _lacks_metadata_filter])
+def test_a_torch_without_a_piece_compiles_without_the_cache(lack, monkeypatch, caplog):
+    """A torch lacking an internal the cache uses (an attribute, a module, a signature) turns
+    the cache off with one logged line; every graph compiles as without it, correctly."""
+    lack(monkeypatch)
+    base = _model()
+    x = torch.randn(4, 16)
+    with caplog.at_level(logging.INFO, logger="pyfuser"):
+        got = _train(copy.deepcopy(base), x, steps=1)
+    _same(got, _eager(copy.deepcopy(base), x, steps=1))
+    s = _stats()
+    assert s["bypass"] == 2 and s["stores"] == 0 and s["misses"] == 0, s
+    said = [r for r in caplog.records if "graph cache" in r.getMessage()]
+    assert len(said) == 1 and "lacks" in said[0].getMessage(), [r.getMessage() for r in said]
+    assert graph_cache.missing[0] and graph_cache._PARTS == [None]
 
 
 def test_user_functions_in_the_graph_are_not_keyed():

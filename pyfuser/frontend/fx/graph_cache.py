@@ -70,36 +70,73 @@ def enabled() -> bool:
 
 
 # ---- compiling through the cache -----------------------------------------------------------------
+_PARTS: list = []          # [the parts] once looked up, [None] where this torch lacks one
+missing = [""]             # what this torch lacks (tests read it)
+
+
 def _torch_parts():
-    """torch's pieces this cache uses (ImportError / AttributeError where this torch lacks
-    one: the cache is then off)."""
-    from . import graph_cache_entry
+    """torch's internal pieces this cache uses, looked up once per process (`_look_up`), or
+    None where this torch lacks one: the cache is then off, said in one logged line."""
+    if not _PARTS:
+        try:
+            _PARTS.append(_look_up())
+        except (ImportError, AttributeError, TypeError) as e:
+            _PARTS.append(None)
+            missing[0] = f"{type(e).__name__}: {e}"
+            log.warning("pyfuser graph cache: off: torch %s lacks a piece it uses (%s); graphs "
+                        "are compiled without it", torch.__version__, missing[0])
+    return _PARTS[0]
+
+
+def _look_up():
+    """Every torch internal the cache touches, imported or read here so that a torch without
+    one turns the cache off before any graph goes through it (ImportError, AttributeError,
+    TypeError: a changed signature)."""
+    import types
     from torch._functorch._aot_autograd import autograd_cache as ac
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
-    from torch.fx._graph_pickler import GraphPickler
-    GraphPickler.loads                                 # noqa: B018 - present
+    from torch._inductor import config as inductor_config
+    from torch._subclasses import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx._graph_pickler import GraphPickler, Options
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import _disable_current_modes
     try:
         from torch._functorch._aot_autograd.aot_autograd_result import \
             deserialize_bundled_cache_entry
     except ImportError:
         from torch._functorch._aot_autograd.autograd_cache import \
             deserialize_bundled_cache_entry
+    from . import graph_cache_entry
+    Options(ops_filter=None, node_metadata_key_filter=None)     # the filter dump_graph passes
     cfg = torch._functorch.config
     for name in ("bundled_autograd_cache", "force_non_lazy_backward_lowering",
-                 "enable_autograd_cache"):
+                 "enable_autograd_cache", "patch", "save_config"):
         getattr(cfg, name)
-    ac.AOTAutogradCache.save, ac.AOTAutogradCache._lookup, ac.autograd_cache_key  # noqa: B018
-    return ac, SerializableAOTDispatchCompiler, deserialize_bundled_cache_entry, graph_cache_entry
+    for owner, names in ((ac.AOTAutogradCache, ("save", "_lookup")),
+                         (ac, ("autograd_cache_key",)),
+                         (GraphPickler, ("dumps", "loads")),
+                         (inductor_config, ("save_config_portable",)),
+                         (torch._guards.TracingContext, ("try_get",)),
+                         (torch._ops, ("OpOverload", "OpOverloadPacket", "HigherOrderOperator")),
+                         (torch._dynamo, ("disable",))):
+        for name in names:
+            getattr(owner, name)
+    return types.SimpleNamespace(ac=ac, Serializable=SerializableAOTDispatchCompiler,
+                                 deserialize=deserialize_bundled_cache_entry,
+                                 entry=graph_cache_entry,
+                                 also=(FakeTensorMode, FakeTensor, ShapeEnv, StorageWeakRef,
+                                       _disable_current_modes))   # used by the key, the entry
 
 
 def compile(gm, example_inputs, make_aot, opts: dict):  # noqa: A001
     """The backend's compile of one Dynamo graph through the cache (module docstring).
     `make_aot(wrap)` builds the AotAutograd callable, its compilers passed through `wrap`.
     Called only where `enabled()`."""
-    try:
-        parts = _torch_parts()
-    except (ImportError, AttributeError) as e:
-        last_bypass[0] = f"this torch lacks {e}"
+    parts = _torch_parts()
+    if parts is None:
+        last_bypass[0] = f"this torch lacks {missing[0]}"
         stats["bypass"] += 1
         return make_aot(None)(gm, example_inputs)
     key, why = key_for(gm, example_inputs, opts, _decomposition_ids())
@@ -133,7 +170,6 @@ def _load(key, parts) -> tuple:
     if data is None:
         stats["misses"] += 1
         return None, False
-    _, _, deserialize, entry_mod = parts
     from . import compile_graph as CG
     n_compiled = len(CG._COMPILED)
     try:
@@ -141,7 +177,7 @@ def _load(key, parts) -> tuple:
             entry = pickle.loads(data)
         if not isinstance(entry, tuple) or len(entry) != 2 or entry[0] != FORMAT:
             raise ValueError("another format")
-        fn = deserialize(entry[1])
+        fn = parts.deserialize(entry[1])
     except Exception as e:  # noqa: BLE001 - a bad entry: compile as if it were absent
         stats["refused"] += 1
         log.info("pyfuser graph cache: entry %s refused (%s: %s); compiled again", key,
@@ -150,19 +186,16 @@ def _load(key, parts) -> tuple:
         del CG._COMPILED[n_compiled:]           # what the failed rebuild compiled is not used
         return None, True
     stats["hits"] += 1
-    return entry_mod.disable(fn, "do not trace AOT-compiled graph"), False
+    return parts.entry.disable(fn, "do not trace AOT-compiled graph"), False
 
 
 def _no_modes():
-    try:
-        from torch.utils._python_dispatch import _disable_current_modes
-        return _disable_current_modes()
-    except ImportError:  # pragma: no cover
-        return contextlib.nullcontext()
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
 
 
 def _compile_and_store(gm, example_inputs, make_aot, key, parts):
-    ac, Serializable, _, entry_mod = parts
+    ac, Serializable, entry_mod = parts.ac, parts.Serializable, parts.entry
     Out = entry_mod.GraphOutputCode
     captured: list = []
     unsafe: list = []
