@@ -50,7 +50,7 @@ import random
 import torch
 
 from ...runtime import disk_cache, plan_store
-from .graph_cache_key import _decomposition_ids, key_for
+from .graph_cache_key import key_for
 
 log = logging.getLogger("pyfuser")
 NAME = "fx-graph"
@@ -108,9 +108,11 @@ def _look_up():
     except ImportError:
         from torch._functorch._aot_autograd.autograd_cache import \
             deserialize_bundled_cache_entry
+    from torch import _guards
+    from torch._functorch import config as functorch_config
     from . import graph_cache_entry
     Options(ops_filter=None, node_metadata_key_filter=None)     # the filter dump_graph passes
-    cfg = torch._functorch.config
+    cfg = functorch_config
     for name in ("bundled_autograd_cache", "force_non_lazy_backward_lowering",
                  "enable_autograd_cache", "patch", "save_config"):
         getattr(cfg, name)
@@ -118,9 +120,11 @@ def _look_up():
                          (ac, ("autograd_cache_key",)),
                          (GraphPickler, ("dumps", "loads")),
                          (inductor_config, ("save_config_portable",)),
-                         (torch._guards.TracingContext, ("try_get",)),
+                         (_guards.TracingContext, ("try_get",)),
                          (torch._ops, ("OpOverload", "OpOverloadPacket", "HigherOrderOperator")),
-                         (torch._dynamo, ("disable",))):
+                         (torch._dynamo, ("disable",)),
+                         (torch._C, ("_len_torch_dispatch_stack",)),
+                         (torch._C._functorch, ("peek_interpreter_stack",))):
         for name in names:
             getattr(owner, name)
     return types.SimpleNamespace(ac=ac, Serializable=SerializableAOTDispatchCompiler,
@@ -139,7 +143,7 @@ def compile(gm, example_inputs, make_aot, opts: dict):  # noqa: A001
         last_bypass[0] = f"this torch lacks {missing[0]}"
         stats["bypass"] += 1
         return make_aot(None)(gm, example_inputs)
-    key, why = key_for(gm, example_inputs, opts, _decomposition_ids())
+    key, why = key_for(gm, example_inputs, opts)
     if key is None:
         last_bypass[0] = why
         stats["bypass"] += 1

@@ -9,25 +9,34 @@ cannot describe exactly is no key (the graph is compiled without the cache), nev
 - the Dynamo graph, node by node: op, target, arguments (other nodes, constants of known types:
   numbers, strings, dtypes, devices, memory formats, slices, Ellipsis), node names (placeholder
   names are Dynamo's sources), node metadata other than Dynamo's bookkeeping (example values,
-  stacks, sources) when it is plain data, nested GraphModules (the subgraphs of higher-order
-  ops) the same way. Call targets: torch functions (not closures), aten / prims ops,
-  higher-order ops, operator / math / builtins, tensor methods;
+  stacks, sources) when it is plain data; each GraphModule's own metadata but Dynamo's
+  bookkeeping (parameter names, compile id, backend id); nested GraphModules (the subgraphs of
+  higher-order ops) the same way, and child GraphModules no node names (the saved-tensors hooks
+  AOTAutograd inlines) by name. Call targets: torch functions (not closures), aten / prims
+  ops, higher-order ops, operator / math / builtins, tensor methods;
 - each input: Python numbers by value; tensors by type, dtype, device, layout, sizes, strides,
   storage offset, requires_grad, leafness, view-ness, which other inputs share its storage,
-  conjugate / negative bits, Dynamo's source and static-address mark;
+  conjugate / negative bits, inference-ness, Dynamo's source and static-address mark;
 - the state AOTAutograd traces under: grad mode, inference mode, autocast per device (enabled,
   dtype, cache), the default dtype and device, deterministic algorithms, the attention / cuDNN
-  / matmul backend flags (which attention kernel the graph records), functorch's config,
-  Inductor's config (the partitioner reads some of it); torch's version and git commit;
+  / matmul backend flags (which attention kernel the graph records); torch's configs:
+  functorch's (whole), Inductor's, Dynamo's, torch.compiler's (its cache_key_tag) and the
+  symbolic-shapes one (their portable settings, sets sorted); torch's version and git commit;
 - pyfuser's environment (runtime/plan_store.environment: pyfuser's source hash, Python, torch,
-  the executor mode and target, the `PYFUSER_*` variables), the backend's options and which
-  functions its decompositions are.
+  the executor mode and target, the `PYFUSER_*` variables: the partitioner and channels-last
+  choices among them), the backend's options (the CUDA-graph mode) and which functions its
+  decompositions are (module and name: a table entry replaced at run time is another key).
 No key: a user function kept in the graph (allow_in_graph), a custom op (its Python code is not
-in the key), a submodule call, an argument or metadata of another type, a graph module holding
-tensors (constants: its parameters and buffers, which AOTAutograd's wrapper passes first at each
-call and the rebuilt function does not), a symbolic size, stride or offset (dynamic shapes:
-AOTAutograd adds shape guards while it traces, which a hit could not give back to Dynamo), a
-SymInt / SymFloat input, a tensor subclass, an input of another type.
+in the key), a submodule call or a child module that is not a graph, an argument or metadata of
+another type (a selective-checkpointing policy: Python code on a subgraph's metadata), a graph
+module holding tensors (constants: its parameters and buffers, which AOTAutograd's wrapper
+passes first at each call and the rebuilt function does not), a symbolic size, stride or offset
+of an input (dynamic shapes: AOTAutograd adds shape guards while it traces, which a hit could
+not give back to Dynamo) or of a value inside the graph (an unbacked size: its ShapeEnv's facts
+are not in the key), a SymInt / SymFloat input, a tensor subclass, an input of another type;
+a dispatch mode or a functorch transform around the compile, a tracing context that fakifies
+its first call (DDP's optimizer), functorch settings that are code (`joint_custom_pass`, a
+callable memory-budget estimator or solver: save_config leaves them out).
 """
 from __future__ import annotations
 
@@ -55,7 +64,14 @@ _PLAIN = (int, float, bool, str, complex, type(None), torch.dtype, torch.device,
 _OP_NAMESPACES = frozenset({"aten", "prims"})
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
               types.WrapperDescriptorType, types.ClassMethodDescriptorType, type)
-
+# a GraphModule's own metadata that says nothing about what it computes (Dynamo's bookkeeping:
+# parameter names, the compile's id, the backend call's name, a fresh one per compile)
+_BENIGN_MODULE_META = frozenset({"dynamo_flat_name_to_original_fqn", "dynamo_compile_id",
+                                 "backend_id"})
+# functorch settings save_config leaves out (callables): set to one, AOTAutograd's result
+# depends on code the key cannot see
+_FUNCTORCH_CALLABLES = ("joint_custom_pass", "activation_memory_budget_runtime_estimator",
+                        "activation_memory_budget_solver")
 
 
 class _NoKey(Exception):
@@ -116,11 +132,14 @@ def _graph_desc(gm, out: list, depth: int = 0) -> None:
     if type(gm).forward is not torch.fx.GraphModule.forward and \
             not isinstance(gm, torch.fx.GraphModule):
         raise _NoKey("not a GraphModule")
-    nodes = {}
+    out.append(("module-meta",) + _module_meta(gm))
+    nodes, reached = {}, set()
     for i, n in enumerate(gm.graph.nodes):
         nodes[n] = i
+        _no_symbols(n.meta.get("example_value", n.meta.get("val")))
         if n.op == "get_attr":
             v = _attr(gm, n.target)
+            reached.add(n.target.split(".")[0])
             if isinstance(v, torch.fx.GraphModule):
                 sub: list = []
                 _graph_desc(v, sub, depth + 1)
@@ -137,6 +156,44 @@ def _graph_desc(gm, out: list, depth: int = 0) -> None:
             if k not in _BENIGN_META:
                 meta.append((k, _plain(n.meta[k], nodes)))
         out.append((n.name,) + desc + (tuple(meta),))
+    for name, child in sorted(gm.named_children()):
+        if name in reached:
+            continue
+        if not isinstance(child, torch.fx.GraphModule):
+            raise _NoKey(f"a submodule {name} of type {type(child).__name__}")
+        sub = []                     # a graph no node names (saved-tensors hooks AOTAutograd
+        _graph_desc(child, sub, depth + 1)           # inlines): keyed by its name
+        out.append(("child", name, tuple(sub)))
+
+
+def _module_meta(gm) -> tuple:
+    """A GraphModule's own metadata but Dynamo's bookkeeping, or _NoKey (a selective
+    checkpointing policy, `_checkpoint_context_fn`, is a Python function)."""
+    meta = getattr(gm, "meta", None) or {}
+    out = []
+    for k in sorted(meta):
+        if k not in _BENIGN_MODULE_META:
+            try:
+                out.append((k, _plain(meta[k], {})))
+            except _NoKey:
+                raise _NoKey(f"graph metadata {k} of type {type(meta[k]).__name__}") from None
+    return tuple(out)
+
+
+def _no_symbols(v) -> None:
+    """_NoKey where an example value holds a symbol (an unbacked size of a data-dependent op in
+    a graph whose inputs are static: its ShapeEnv's facts are not in the key)."""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise _NoKey("a symbolic value inside the graph")
+    if isinstance(v, torch.Tensor):
+        if not all(type(d) is int for d in (*v.shape, *v.stride(), v.storage_offset())):
+            raise _NoKey("a symbolic size, stride or offset inside the graph")
+    elif isinstance(v, (tuple, list)):
+        for x in v:
+            _no_symbols(x)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _no_symbols(x)
 
 
 def _attr(gm, target: str):
@@ -186,9 +243,59 @@ def _input_desc(x, ev, storages: dict):
             getattr(x, "_dynamo_static_input_type", None))
 
 
+def _context() -> None:
+    """_NoKey where what surrounds this compile is not in the key: a dispatch mode or a
+    functorch transform around it (they change what AOTAutograd traces), a tracing context
+    whose first call is fakeified (DDP's optimizer: its inputs are not the graph's values), a
+    functorch setting that is code."""
+    if torch._C._len_torch_dispatch_stack():
+        raise _NoKey("a dispatch mode is active")
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    if peek is not None and peek() is not None:
+        raise _NoKey("a functorch transform is active")
+    import torch._functorch.config as functorch_config
+    from torch._guards import TracingContext
+    ctx = TracingContext.try_get()
+    if getattr(ctx, "fakify_first_call", False):
+        raise _NoKey("the tracing context fakifies the first call")
+    cfg = functorch_config
+    for name in _FUNCTORCH_CALLABLES:
+        v = getattr(cfg, name, None)
+        if v is not None and not isinstance(v, str):
+            raise _NoKey(f"functorch's {name} is set to code ({type(v).__name__})")
+
+
+def _config_hash(cfg) -> str:
+    """sha256 of a torch config module's portable settings (sets sorted: their order differs
+    between processes)."""
+    save = getattr(cfg, "save_config_portable", None)
+    items = save() if save is not None else {}
+
+    def stable(v):
+        if isinstance(v, (set, frozenset)):
+            return repr(sorted(repr(x) for x in v))
+        return repr(v)
+    return hashlib.sha256(repr(sorted((k, stable(v)) for k, v in items.items())).encode()) \
+        .hexdigest()
+
+
+def _configs() -> tuple:
+    """torch's configs AOTAutograd and the compile read: functorch's (whole, as torch's own
+    cache keys it), Inductor's (the partitioner reads some), Dynamo's, torch.compiler's (its
+    cache_key_tag among them) and the symbolic-shapes one."""
+    import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
+    import torch.fx.experimental._config as fx_config
+    from torch._inductor import config as inductor_config
+    return (hashlib.sha256(functorch_config.save_config()).hexdigest(),
+            _config_hash(inductor_config), _config_hash(dynamo_config),
+            _config_hash(getattr(torch.compiler, "config", None)), _config_hash(fx_config))
+
+
 def _state() -> tuple:
     autocast = []
-    for dev in ("cpu", "cuda", "xpu", "mps", "hpu", "xla"):
+    devices = getattr(torch._C, "_autocast_supported_devices", None)
+    for dev in devices() if devices is not None else ("cpu", "cuda", "xpu", "mps", "hpu"):
         try:
             autocast.append((dev, torch.is_autocast_enabled(dev),
                              str(torch.get_autocast_dtype(dev))))
@@ -197,9 +304,8 @@ def _state() -> tuple:
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), tuple(autocast),
             str(torch.get_default_dtype()), str(_default_device()), _backend_flags(),
             torch.is_autocast_cache_enabled(), torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-            hashlib.sha256(torch._functorch.config.save_config()).hexdigest(),
-            _inductor_config(), torch.__version__, getattr(torch.version, "git_version", ""))
+            torch.is_deterministic_algorithms_warn_only_enabled(), _configs(),
+            torch.__version__, getattr(torch.version, "git_version", ""))
 
 
 def _default_device():
@@ -238,12 +344,6 @@ def _source_name(node) -> str:
     return f"{type(src).__name__}:{name}"
 
 
-def _inductor_config() -> str:
-    from torch._inductor import config as ic
-    cfg = ic.save_config_portable() if hasattr(ic, "save_config_portable") else {}
-    return hashlib.sha256(repr(sorted((k, repr(v)) for k, v in cfg.items())).encode()).hexdigest()
-
-
 def _target_env(example_inputs) -> tuple:
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type == "cuda":
@@ -259,9 +359,10 @@ def _decomposition_ids() -> tuple:
                         for op, fn in decompositions().items()))
 
 
-def key_for(gm, example_inputs, opts: dict, extra=()) -> tuple:
+def key_for(gm, example_inputs, opts: dict) -> tuple:
     """(key, '') or (None, why there is none)."""
     try:
+        _context()
         if list(gm.parameters()) or list(gm.buffers()):
             raise _NoKey("the graph module holds parameters or buffers")
         graph: list = []
@@ -275,7 +376,7 @@ def key_for(gm, example_inputs, opts: dict, extra=()) -> tuple:
         mode, device = _target_env(example_inputs)
         env = plan_store.environment(mode, device)
         desc = ("pyfuser-fx-graph", FORMAT, tuple(graph), inputs, _state(),
-                tuple(sorted(opts.items())), tuple(extra))
+                tuple(sorted(opts.items())), _decomposition_ids())
         key = hashlib.sha256(pickle.dumps((desc, env), protocol=4)).hexdigest()
         return key, ""
     except _NoKey as e:
