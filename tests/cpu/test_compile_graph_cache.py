@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -274,21 +275,55 @@ def test_input_mutations_and_aliased_outputs_survive_a_hit():
     assert o1[2].data_ptr() == x1.data_ptr()
 
 
-def test_a_damaged_entry_is_refused_and_compiled_again():
+def _damaged(how: str, data: bytes, key: str) -> bytes:
+    if how == "flipped byte":
+        out = bytearray(data)
+        out[len(out) // 2] ^= 0xFF
+        return bytes(out)
+    if how == "truncated":
+        return data[:len(data) // 2]
+    if how == "empty":
+        return b""
+    if how == "not a pickle":                   # a well-formed entry holding garbage
+        return disk_cache.encode(b"\x80\x04garbage", key, graph_cache.NAME)
+    if how == "another format":
+        return disk_cache.encode(pickle.dumps((graph_cache.FORMAT + 1, None)), key,
+                                 graph_cache.NAME)
+    raise AssertionError(how)
+
+
+# how -> what says why it was not used: the disk cache's checksum, or the entry's refusal
+_DAMAGE = {"flipped byte": "damaged entry", "truncated": "damaged entry",
+           "empty": "damaged entry", "not a pickle": "refused", "another format": "refused"}
+
+
+@pytest.mark.parametrize("how", sorted(_DAMAGE))
+def test_a_damaged_entry_is_compiled_again_with_a_logged_reason(how, caplog):
+    """A damaged, truncated or foreign entry is never used and never a crash: the graph is
+    compiled as without the cache (the cold compile's results), the reason logged at INFO."""
     base = _model()
     x = torch.randn(4, 16)
     cold = _train(copy.deepcopy(base), x, steps=1)
     d = disk_cache.cache_dir()
-    for name in os.listdir(d):
-        path = os.path.join(d, name)
-        if os.path.isfile(path) and name.endswith(disk_cache.GRAPH_SUFFIX):
-            data = bytearray(open(path, "rb").read())
-            data[len(data) // 2] ^= 0xFF
-            open(path, "wb").write(bytes(data))
+    paths = [os.path.join(d, n) for n in os.listdir(d) if n.endswith(disk_cache.GRAPH_SUFFIX)]
+    assert len(paths) == 2
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(_damaged(how, data, os.path.basename(path)[:-len(disk_cache.GRAPH_SUFFIX)]))
     _fresh_process_state()
-    warm = _train(copy.deepcopy(base), x, steps=1)
-    assert _stats()["hits"] == 0
-    _same(warm, cold)
+    with caplog.at_level(logging.INFO, logger="pyfuser"):
+        warm = _train(copy.deepcopy(base), x, steps=1)
+    s = _stats()
+    assert s["hits"] == 0, s
+    _same(warm, cold, exact=True)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert sum(_DAMAGE[how] in m for m in said) == 2, said
+    if _DAMAGE[how] == "refused":
+        assert s["refused"] == 2 and not any(os.path.exists(p) for p in paths), s
+    else:                                     # a miss: compiled and stored again
+        assert s["stores"] == 4 and all(os.path.exists(p) for p in paths), s
 
 
 def test_an_entry_that_does_not_rebuild_is_refused(monkeypatch):
