@@ -542,3 +542,44 @@ def test_a_hit_the_channels_last_pass_would_change_is_refused(monkeypatch):
     assert s["hits"] == 0 and s["refused"] == 1, s
     (g,) = compiled_graphs()
     assert g.layout is not None
+
+
+def test_cuda_graph_training_through_a_hit(fake_graphs, no_graphed_calls):
+    """mode="reduce-overhead" after a hit (the CPU stand-in graphs): the forward and backward
+    are GraphedTraining again, with the facts the cold compile read from AOTAutograd's metadata
+    (inputs read in place, written inputs, user outputs), stored in the entry; the steps equal
+    eager's and the graphs replay."""
+    from pyfuser.frontend.fx import cuda_graphs
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                               torch.nn.GELU(), torch.nn.Linear(16, 4))
+    xs = [torch.randn(5, 8) for _ in range(4)]
+
+    def steps(model, compiled):
+        fn = torch.compile(model, backend=pyfuser.backend, mode="reduce-overhead") \
+            if compiled else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in xs:
+            opt.zero_grad(set_to_none=True)
+            fn(x).square().mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    def facts():
+        got = {g.__name__.split("_")[1]: g for g in cuda_graphs.graphed_calls()}
+        assert sorted(got) == ["backward", "forward"], got
+        return {k: (type(g).__name__, g.static_idx, g.written, g.user_outputs, g.replays > 0)
+                for k, g in got.items()}
+
+    cold = steps(copy.deepcopy(base), True)
+    cold_facts = facts()
+    assert _stats()["stores"] == 1, _stats()
+    _fresh_process_state()
+    cuda_graphs._LIVE.clear()
+    warm = steps(copy.deepcopy(base), True)
+    assert _stats()["hits"] == 1, _stats()
+    assert facts() == cold_facts
+    assert cold_facts["forward"][0] == "GraphedTraining" and cold_facts["forward"][4]
+    for a, b, c in zip(warm, cold, steps(copy.deepcopy(base), False)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
