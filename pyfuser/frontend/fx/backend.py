@@ -102,7 +102,7 @@ def _graph_facts(gm, kind: str, cuda_graphs: bool) -> dict:
     if not cuda_graphs:
         return {}
     from .cuda_graphs_training import backward_keyed_inputs, user_output_count
-    if kind == "backward":
+    if kind == "backward":               # the forward's metadata is not this graph's
         static, mutated, users = backward_keyed_inputs(gm), (), 0
     else:
         static, mutated = _static_and_mutated_inputs()
