@@ -36,8 +36,8 @@ the compile (or there is no key); a damaged or foreign file fails the disk cache
 miss, logged at INFO by runtime/disk_cache.py); an entry that does not unpickle or rebuild is
 deleted and the graph compiled as before, without storing (logged at INFO); a compile through
 the cache that raises (a torch whose bundled entries want Inductor's output, say) is done again
-without it. Where this torch lacks a piece the cache uses (`_torch_parts`), every graph is
-compiled as before. `stats` counts hits, misses, stores, bypasses (no key) and refused entries.
+without it. Where this torch lacks a piece the cache uses (`_torch_parts`: looked up once per
+process), the cache is off with one logged warning and every graph is compiled as before. `stats` counts hits, misses, stores, bypasses (no key) and refused entries.
 """
 from __future__ import annotations
 
