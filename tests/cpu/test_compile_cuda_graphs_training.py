@@ -64,6 +64,35 @@ def test_training_steps_equal_eager_and_replay(fake_graphs, set_to_none):
         "a parameter saved for the backward is handed back as the parameter"
 
 
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_native_and_python_keys_and_hand_outs_agree(fake_graphs, monkeypatch, native_on):
+    """The signature key and the handed-out tensors come from the native runner (graph_key,
+    hand_out: one C++ call each) where it is built, else from Python: the same replays, the
+    same parameters after the same steps as eager."""
+    from pyfuser.runtime import native
+    monkeypatch.setenv("PYFUSER_NATIVE", native_on)
+    if native_on == "1":
+        assert native.build() is not None
+    m = _model()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    opt, opt_ref = (torch.optim.SGD(p.parameters(), lr=0.1) for p in (m, ref))
+    for _ in range(5):
+        x = torch.randn(5, 8)
+        for mod, o in ((c, opt), (ref, opt_ref)):
+            o.zero_grad()
+            mod(x).square().mean().backward()
+            o.step()
+        _assert_same_params(m, ref)
+    fw, bw = _graphed()
+    assert (fw.replays, bw.replays) == (4, 3)
+    kind = bytes if native_on == "1" else tuple
+    for g in (fw, bw):
+        assert g.entries and all(isinstance(k, kind) for k in g.entries)
+        assert all((e.made is not None) == (native_on == "1") for e in g.entries.values()
+                   if e.plan is not None)
+
+
 def test_two_forwards_before_their_backwards(fake_graphs):
     m = _model()
     ref = copy.deepcopy(m)

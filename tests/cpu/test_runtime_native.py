@@ -383,3 +383,43 @@ def test_const_slots_are_pinned_to_their_stream(mod):
     r2 = _runner(mod, slow=lambda inputs: "slow")
     r2.add(xs, [("const", sem, 0xABC0 + 4)] + steps[1:], [2], [], 3)   # recorded elsewhere
     assert r2.run(xs) == "slow" and len(drv.launches) == 1
+
+
+def test_graph_key_tells_apart_what_the_python_key_does(mod):
+    """graph_key (GraphedInference.key's C++ pass): two argument lists get equal keys exactly
+    when the Python key's tuples are equal (dtype, sizes, strides, storage offset, a keyed
+    input's address; scalars by type and value); what it does not take gives None."""
+    from pyfuser.frontend.fx.cuda_graphs import GraphedInference
+
+    class AnyDevice:
+        any_device = True
+    g = GraphedInference(lambda args: args, static_idx=(1,), backend=AnyDevice())
+    g.keyed_by_address = True
+    base = torch.randn(4, 6)
+    w = torch.randn(6)
+    variants = [
+        [base, w, 3, 1.5, None, True],
+        [base.clone(), w, 3, 1.5, None, True],           # another address, not keyed: same
+        [base, w.clone(), 3, 1.5, None, True],           # the keyed input moved
+        [base.t(), w, 3, 1.5, None, True],               # strides / sizes
+        [base[1:], w, 3, 1.5, None, True],               # sizes, storage offset
+        [base.double(), w, 3, 1.5, None, True],          # dtype
+        [base, w, 4, 1.5, None, True],
+        [base, w, 3.0, 1.5, None, True],                 # an int and a float of one value
+        [base, w, 3, 1.5, None, 1],                      # a bool and an int
+        [base, w, 3, -0.0, None, True], [base, w, 3, 0.0, None, True],
+        [base, w, 3, 1.5, None],                         # fewer arguments
+    ]
+    mask = bytes([0, 1, 0, 0, 0, 0])
+    nat = [mod.graph_key(v, mask[:len(v)], True) for v in variants]
+    py = [g.python_key(v) for v in variants]
+    assert all(isinstance(k, bytes) for k in nat)
+    for i in range(len(variants)):
+        for j in range(len(variants)):
+            assert (nat[i] == nat[j]) == (py[i] == py[j]), (i, j)
+    assert nat[0] == nat[1] and nat[0] != nat[2]
+    assert mod.graph_key([base, w], bytes(2), False) is None          # a CPU tensor, no any_device
+    assert mod.graph_key([base, object()], bytes(2), True) is None
+    assert mod.graph_key([base, 2 ** 70], bytes(2), True) is None
+    assert mod.graph_key([base.to_sparse()], bytes(1), True) is None
+    assert g.key([base, w, 2 ** 70]) is None and g.python_key([base, w, 2 ** 70]) is not None

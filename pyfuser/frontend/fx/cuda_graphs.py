@@ -85,12 +85,13 @@ def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
 
 class _Entry:
     """One signature's state: the call count before capture, then the captured graph."""
-    __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed", "plan", "held", "counts")
+    __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed", "plan", "held", "counts",
+                 "made")
 
     def __init__(self):
         self.runs = 0
         self.graph = self.inputs = self.ptrs = self.out = None
-        self.failed = self.plan = self.held = self.counts = None
+        self.failed = self.plan = self.held = self.counts = self.made = None
 
 
 class GraphedInference:
@@ -108,6 +109,8 @@ class GraphedInference:
         self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self.captures = self.replays = 0
         self._logged: set = set()
+        self._native_key = None               # the native graph_key, False without one
+        self._masks: dict = {}                # argument count -> keyed mask (graph_key's)
         _LIVE.add(self)
         if why_not:
             log.info("pyfuser: %s runs without CUDA graphs: %s", compiled.__name__, why_not)
@@ -164,7 +167,28 @@ class GraphedInference:
     def key(self, args):
         """The signature a graph is captured for, or None: this call runs without one. With
         `keyed_by_address` the static inputs' addresses are part of it (GraphedTraining). One
-        pass over the arguments: a backward has a hundred or more, and this runs every call."""
+        pass over the arguments (a backward has a hundred or more, and this runs every call):
+        in C++ where the native runner is built (its `graph_key`: the same facts, as bytes),
+        else in Python (`python_key`). One object uses one of the two for its life."""
+        fast = self._native_key
+        if fast is None:
+            from ...runtime import native
+            mod = native.runner_module()
+            fast = self._native_key = getattr(mod, "graph_key", None) or False
+        if not fast:
+            return self.python_key(args)
+        n = len(args)
+        mask = self._masks.get(n)
+        if mask is None:
+            keyed = self.static_idx if self.keyed_by_address else ()
+            mask = self._masks[n] = bytes(1 if i in keyed else 0 for i in range(n))
+        k = fast(args, mask, getattr(self.backend, "any_device", False))
+        if k is None and self.python_key(args) is not None:     # what only Python's key takes
+            return self._skip("an argument the native key does not take (an int past int64)")
+        return k
+
+    def python_key(self, args):
+        """key() in Python: a tuple, or None (the reason logged)."""
         parts, device = [], None
         any_device = getattr(self.backend, "any_device", False)
         keyed = self.static_idx if self.keyed_by_address else ()
@@ -178,8 +202,8 @@ class GraphedInference:
                 device = d
                 parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(),
                               a.data_ptr() if i in keyed else None))
-            elif isinstance(a, _SCALARS):
-                parts.append((type(a), a))
+            elif isinstance(a, _SCALARS):          # a float by its bits: -0.0 is not 0.0
+                parts.append((type(a), a.hex() if type(a) is float else a))
             else:
                 return self._skip(f"input {i} is a {type(a).__name__}")
         return (device, tuple(parts))

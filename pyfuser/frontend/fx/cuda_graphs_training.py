@@ -116,6 +116,11 @@ class GraphedTraining(GraphedInference):
                                          "device": o.device,
                                          "storage_offset": o.storage_offset()}))
         e.plan, e.held, e.counts = plan, list(held.values()), None
+        e.made = _native_hand_out()
+        if e.made is not None:       # the held outputs' (storage, dtype, sizes, strides, offset)
+            e.made = (e.made, [(h[1], h[2]["dtype"], tuple(h[2]["size"]), h[2]["stride"],
+                                h[2]["storage_offset"])
+                               for h in plan if type(h) is tuple and h[0] is _HELD])
         return None
 
     def _results(self, e, args):
@@ -123,9 +128,14 @@ class GraphedTraining(GraphedInference):
         users = fresh_copies(list(e.out[:n]))
         e.counts = [use_count(st) for st in e.held]   # before this call's tensors exist
         res = users
+        made = iter(e.made[0](e.made[1])) if e.made is not None else None   # in one C++ call
         for o, how in zip(e.out[n:], e.plan[n:]):
-            res.append(res[how[1]] if type(how) is tuple and how[0] is _SAME
-                       else _hand_out(o, how, args))
+            if type(how) is tuple and how[0] is _SAME:
+                res.append(res[how[1]])
+            elif made is not None and type(how) is tuple and how[0] is _HELD:
+                res.append(next(made))
+            else:
+                res.append(_hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
 
 
@@ -175,6 +185,13 @@ def _hand_out(o, how, args):
 
 
 _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def _native_hand_out():
+    """The native runner's `hand_out` (every held output of a replay built in one C++ call),
+    or None where it is not built (then _hand_out builds them one by one)."""
+    from ...runtime import native
+    return getattr(native.runner_module(), "hand_out", None)
 
 
 def user_output_count() -> int | None:

@@ -14,7 +14,8 @@
 //         writes = [(byte offset, slot)]: that slot's data_ptr is written there each call;
 //         draw() -> (seed, offset, state): a random-number kernel's generator state for this
 //         launch and the address of its device words (runtime/rng.py's drawer), written as
-//         int64 at rng_writes = [(byte offset, 0 seed / 1 offset / 2 state)]; every draw of a replay is made before any buffer is written;
+//         int64 at rng_writes = [(byte offset, 0 seed / 1 offset / 2 state)]; every draw of a
+//         replay is made before any buffer is written;
 //         cuLaunchKernelEx(buffer, fn, &param pointers, NULL)
 //   then the `effects` (("setattr", obj, name, value), ("setitem", mapping, key, value),
 //   ("incr", obj, name)) keep the executors' counters and run reports as the Python path does,
@@ -46,7 +47,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/as_strided.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Storage.h>
 
 #include <cstdint>
 #include <cstring>
@@ -763,7 +767,131 @@ PyObject* configure(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// graph_key(args, keyed, any_device) -> bytes, or None: the signature of a graphed call's
+// arguments (frontend/fx/cuda_graphs.py's GraphedInference.key, in one C++ pass). Per argument:
+// a tensor's dtype, rank, sizes, strides, storage offset and, where keyed[i] is nonzero (a
+// bytes mask), its data pointer; None, a bool, an int (that fits int64) or a float by type and
+// value; then the one CUDA device of the tensors. None where the Python key decides (another
+// kind of argument, a tensor not on CUDA unless any_device, tensors on several devices, a
+// tensor that is not strided): the caller then runs without a graph.
+PyObject* graph_key(PyObject*, PyObject* args) {
+  PyObject *seq, *keyed;
+  int any_device;
+  if (!PyArg_ParseTuple(args, "OSp", &seq, &keyed, &any_device)) return nullptr;
+  PyObject** items;
+  Py_ssize_t n;
+  if (!items_of(seq, &items, &n)) Py_RETURN_NONE;
+  const char* mask = PyBytes_AS_STRING(keyed);
+  Py_ssize_t n_mask = PyBytes_GET_SIZE(keyed);
+  std::vector<int64_t> key;
+  key.reserve(static_cast<size_t>(n) * 10 + 1);
+  int64_t device = -2;  // no tensor yet
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* a = items[i];
+      if (THPVariable_Check(a)) {
+        const at::Tensor& t = THPVariable_Unpack(a);
+        if (!t.defined() || t.layout() != at::kStrided) Py_RETURN_NONE;
+        int64_t d = t.is_cuda() ? static_cast<int64_t>(t.device().index()) : -1;
+        if ((d < 0 && !any_device) || (device != -2 && d != device)) Py_RETURN_NONE;
+        device = d;
+        auto sizes = t.sizes();
+        auto strides = t.strides();
+        key.push_back(1);
+        key.push_back(static_cast<int64_t>(t.scalar_type()));
+        key.push_back(static_cast<int64_t>(sizes.size()));
+        key.insert(key.end(), sizes.begin(), sizes.end());
+        key.insert(key.end(), strides.begin(), strides.end());
+        key.push_back(t.storage_offset());
+        key.push_back(i < n_mask && mask[i] ? static_cast<int64_t>(
+            reinterpret_cast<uintptr_t>(t.data_ptr())) : 0);
+      } else if (a == Py_None) {
+        key.push_back(2);
+      } else if (PyBool_Check(a)) {
+        key.push_back(3);
+        key.push_back(a == Py_True);
+      } else if (PyLong_CheckExact(a)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+          PyErr_Clear();
+          Py_RETURN_NONE;
+        }
+        key.push_back(4);
+        key.push_back(v);
+      } else if (PyFloat_CheckExact(a)) {
+        double v = PyFloat_AS_DOUBLE(a);
+        int64_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        key.push_back(5);
+        key.push_back(bits);
+      } else {
+        Py_RETURN_NONE;
+      }
+    }
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+  key.push_back(device);
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(key.data()),
+                                   static_cast<Py_ssize_t>(key.size() * sizeof(int64_t)));
+}
+
+// hand_out(items) -> [tensor]: per item (storage, dtype, sizes, strides, storage offset) a new
+// tensor on that storage (cuda_graphs_training.py hands a graph's saved tensors and gradients
+// out of its memory this way: a backward hands out a hundred a call).
+bool int_list(PyObject* seq, std::vector<int64_t>& out) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!items_of(seq, &items, &n)) return false;
+  out.resize(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(items[i]);
+    if (out[i] == -1 && PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+PyObject* hand_out(PyObject*, PyObject* seq) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!items_of(seq, &items, &n)) {
+    PyErr_SetString(PyExc_TypeError, "hand_out: a list or tuple of items");
+    return nullptr;
+  }
+  HANDLE_TH_ERRORS
+  Ref out = Ref::steal(PyList_New(n));
+  if (out.p == nullptr) return nullptr;
+  std::vector<int64_t> sizes, strides;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* it = items[i];
+    if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 5 ||
+        !THPStorage_Check(PyTuple_GET_ITEM(it, 0)) || !THPDtype_Check(PyTuple_GET_ITEM(it, 1))) {
+      PyErr_SetString(PyExc_TypeError,
+                      "hand_out: items are (storage, dtype, sizes, strides, storage offset)");
+      return nullptr;
+    }
+    const c10::Storage& st = THPStorage_Unpack(PyTuple_GET_ITEM(it, 0));
+    auto dtype = reinterpret_cast<THPDtype*>(PyTuple_GET_ITEM(it, 1))->scalar_type;
+    if (!int_list(PyTuple_GET_ITEM(it, 2), sizes) || !int_list(PyTuple_GET_ITEM(it, 3), strides))
+      return nullptr;
+    int64_t offset = PyLong_AsLongLong(PyTuple_GET_ITEM(it, 4));
+    if (offset == -1 && PyErr_Occurred()) return nullptr;
+    at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(st.device()));
+    t.set_(st, offset, sizes, strides);
+    PyList_SET_ITEM(out.p, i, THPVariable_Wrap(std::move(t)));
+  }
+  PyObject* list = out.p;
+  out.p = nullptr;
+  return list;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef module_methods[] = {
+    {"hand_out", hand_out, METH_O,
+     "hand_out([(storage, dtype, sizes, strides, offset)]) -> [tensor] (see fast_runner.cpp)"},
+    {"graph_key", graph_key, METH_VARARGS,
+     "graph_key(args, keyed mask bytes, any_device) -> bytes, or None (see fast_runner.cpp)"},
     {"configure", configure, METH_VARARGS,
      "configure(cuLaunchKernelEx, cuCtxGetCurrent, cuCtxPushCurrent, cuCtxPopCurrent addresses, "
      "stream(device) callable)"},
