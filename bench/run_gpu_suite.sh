@@ -28,7 +28,9 @@ start=$(date +%s)
 if [ "${SKIP_TESTS:-0}" = 1 ]; then
     echo "GPU tests skipped (SKIP_TESTS=1)" >"$OUT/gpu_tests.log"; tests_rc=0
 else
-    timeout ${TESTS_TIMEOUT:-400} $PY -m pytest tests -m gpu -rfEs -p no:cacheprovider --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
+    # in GPU_SHARDS (default 6) pytest processes at once on the one GPU (tools/gpu_suite.sh)
+    OUT="$OUT" timeout ${TESTS_TIMEOUT:-400} bash tools/gpu_suite.sh "${GPU_SHARDS:-6}" \
+        --maxfail=50 >"$OUT/gpu_tests.log" 2>&1
     tests_rc=$?
 fi
 tail -n 60 "$OUT/gpu_tests.log"
