@@ -100,9 +100,10 @@ class Emitter:
         """The op table's Philox number (ir/philox.py) of random op `k` of the launch's `n_ops`
         at element `index`, from the launch's seed and offset (kernel parameters; the launch
         reserves 4 * n_ops of the offset) combined with the two device words at `pf_rng`
-        (seed ^ pf_rng[0], offset + pf_rng[1]: runtime/rng.py). With `lane`: `index` is lane 0's, a multiple of 4,
-        and the number is the lane's (philox_uniform_q): lanes 4q..4q+3 write one quad
-        expression, whose Philox block the compiler computes once for the four."""
+        (seed ^ pf_rng[0], offset + pf_rng[1]: runtime/rng.py). With `lane`: `index` is lane
+        0's, a multiple of 4, and the number is the lane's (philox_uniform_q): lanes 4q..4q+3
+        write one quad expression, whose Philox block the compiler computes once for the
+        four."""
         seed = self._param(self.scalar_params, "pf_seed", "int64_t", ("philox", "seed"))
         offset = self._param(self.scalar_params, "pf_offset", "int64_t",
                              ("philox", "offset", 4 * n_ops))

@@ -20,8 +20,9 @@ The seed is passed to kernels as int64_t (its bit pattern: values of 2^63 and up
 **CUDA graphs.** A kernel also takes `state`, a pointer to two int64 words in device memory, and
 draws from (seed ^ state[0], offset + state[1]). Outside a capture it points at a per-device
 buffer of zeros (`zero_state`), so the numbers are the host draw's. While `capturing(device)` is
-active (runtime/graph_capture.py's Backend.capture, around the recorded run), a launch on that
-device draws no host state (the generator is not touched: the capture's host values are fixed
+active (runtime/graph_capture.py's Backend.capture, around the recorded run; per thread: a
+capture records its own thread's launches), a launch of that thread on that device draws no
+host state (the generator is not touched: the capture's host values are fixed
 for every replay anyway): its seed is 0 and its offset the capture's running count, and `state`
 points at the capture's own two words, which its first random launch fills with a captured
 `torch.randint` from PyTorch's CUDA generator (graph-safe: each replay draws new words, and
@@ -34,11 +35,12 @@ fails the capture (the graph then runs uncaptured).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
 _fixed: list = []          # stack of [seed, next offset]
-_captures: dict = {}       # device -> the active Capture of that device
+_local = threading.local()  # .captures: device -> this thread's active Capture of that device
 _zeros: dict = {}          # device -> its zero state (two int64 words)
 
 
@@ -62,6 +64,14 @@ class Capture:
         return 0, offset
 
 
+def _active() -> dict:
+    """This thread's active captures (a capture records the launches of its own thread)."""
+    caps = getattr(_local, "captures", None)
+    if caps is None:
+        caps = _local.captures = {}
+    return caps
+
+
 def _key(device) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
@@ -75,15 +85,16 @@ def capturing(device):
     docstring); yields the Capture, whose `state` the captured graph must keep alive."""
     key = _key(device)
     cap = Capture(key)
-    outer = _captures.get(key)
-    _captures[key] = cap
+    caps = _active()
+    outer = caps.get(key)
+    caps[key] = cap
     try:
         yield cap
     finally:
         if outer is None:
-            del _captures[key]
+            del caps[key]
         else:
-            _captures[key] = outer
+            caps[key] = outer
 
 
 def zero_state(device) -> torch.Tensor:
@@ -99,7 +110,7 @@ def zero_state(device) -> torch.Tensor:
 def state_tensor(device) -> torch.Tensor:
     """What a launch's `state` points at: the active capture's words, else zeros."""
     key = _key(device)
-    cap = _captures.get(key)
+    cap = _active().get(key)
     if cap is not None and cap.state is not None:
         return cap.state
     return zero_state(key)
@@ -112,7 +123,7 @@ def state_ptr(device) -> int:
 def host_draw(device, increment: int) -> tuple[int, int]:
     """launch_state for a computation seeded on the host alone (the evaluator's random ops):
     refused inside a capture."""
-    if _captures and _key(device) in _captures and not _fixed:
+    if _active() and _key(device) in _active() and not _fixed:
         raise HostDrawInCapture("random numbers seeded on the host inside a CUDA-graph capture "
                                 "(a replay would repeat them)")
     return launch_state(device, increment)
@@ -129,8 +140,9 @@ def launch_state(device, increment: int) -> tuple[int, int]:
         seed, offset = state
         state[1] = offset + increment
         return _signed64(seed), offset
-    if _captures:
-        cap = _captures.get(_key(device))
+    caps = _active()
+    if caps:
+        cap = caps.get(_key(device))
         if cap is not None:
             return cap.reserve(increment)
     device = torch.device(device)
@@ -159,7 +171,7 @@ def drawer(device, increment: int):
     gen: list = []              # looked up at the first draw outside `fixed`
 
     def draw():
-        if _fixed or _captures:
+        if _fixed or _active():
             return (*launch_state(device, increment), state_ptr(device))
         if not gen:
             index = device.index if device.index is not None else torch.cuda.current_device()

@@ -284,3 +284,24 @@ def test_backend_orders_a_failed_warm_up_before_what_follows(monkeypatch):
     with pytest.raises(RuntimeError, match="warm-up"):
         graph_capture.Backend().capture(warm_up_fails, None)
     assert waits == [("side", "current"), ("current", "side")]
+
+
+def test_a_capture_records_only_its_own_threads_draws():
+    """A capture in one thread leaves another thread's launches on the host draw (a capture
+    records its own thread's launches only)."""
+    import threading
+    from pyfuser.runtime import rng
+    seen = {}
+
+    def other():
+        with rng.fixed(77, 5):
+            seen["fixed"] = rng.launch_state("cpu", 4)
+        seen["host"] = rng.host_draw("cpu", 4)          # no HostDrawInCapture here
+        seen["words"] = rng.state_tensor("cpu").tolist()
+    with rng.capturing("cpu") as cap:
+        assert rng.launch_state("cpu", 4) == (0, 0) and cap.state is not None
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert seen["fixed"] == (77, 5) and seen["words"] == [0, 0]
+    assert isinstance(seen["host"][0], int) and seen["host"][1] == 0
