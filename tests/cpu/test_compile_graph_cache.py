@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 import pyfuser
 from pyfuser.frontend.fx import compile_graph as CG
-from pyfuser.frontend.fx import graph_cache, graph_cache_entry, reset_compiled
-from pyfuser.runtime import disk_cache, dispatch, nvrtc
+from pyfuser.frontend.fx import graph_cache, graph_cache_entry
+from pyfuser.runtime import disk_cache, nvrtc
+from test_compile_cache import _fresh_process_state  # noqa: E402 - tests/cpu is on the path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,13 +50,6 @@ class OtherBlock(Block):
         h = F.silu(self.up(x)) * self.scale           # another op: another graph
         y = self.norm(x + self.down(h))
         return torch.softmax(y * 2.0, dim=-1) + torch.tanh(y)
-
-
-def _fresh_process_state():
-    torch._dynamo.reset()
-    reset_compiled()
-    CG.clear_cache()
-    dispatch.clear_caches()
 
 
 @pytest.fixture(autouse=True)
