@@ -21,9 +21,9 @@ cuLaunchKernelEx with no Python frame; a miss falls through to the Python path.
   explicitly; processes that ask at once (DDP ranks, test shards) take turns on a lock file
   beside the build directory, so one builds and the others load its build.
 - The extension also serves the CUDA-graph calls (frontend/fx/cuda_graphs*.py): `graph_key`
-  (a call's signature in one C++ pass over its arguments, as bytes) and `hand_out` (a replay's
-  saved tensors and gradients built on the graph's storages in one call); without a build they
-  run in Python.
+  (a call's signature in one C++ pass over its arguments, as bytes), `hand_out` (a replay's
+  saved tensors and gradients built on the graph's storages in one call) and `use_counts` (the
+  held storages' use counts, the check before a replay); without a build they run in Python.
 - `launch_step(launcher, prep, ptr_slots)` turns an executor's prepared launch (launch.Prepared)
   into the runner's plain data: the prepared buffer (CUlaunchConfig then the packed
   parameters), the parameter offsets and, per tensor pointer, its byte offset and slot

@@ -423,3 +423,24 @@ def test_graph_key_tells_apart_what_the_python_key_does(mod):
     assert mod.graph_key([base, 2 ** 70], bytes(2), True) is None
     assert mod.graph_key([base.to_sparse()], bytes(1), True) is None
     assert g.key([base, w, 2 ** 70]) is None and g.python_key([base, w, 2 ** 70]) is not None
+
+
+def test_use_counts_and_hand_out(mod):
+    """use_counts gives torch's own storage use counts (views and new tensors on a storage raise
+    them); hand_out builds tensors on given storages with the given layout."""
+    from pyfuser.frontend.fx.cuda_graphs_training import use_count
+    a, b = torch.randn(12), torch.randn(3)
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    before = mod.use_counts([sa, sb])
+    assert before == (use_count(sa), use_count(sb))
+    made = mod.hand_out([(sa, torch.float32, (2, 3), (1, 2), 4), (sb, torch.float32, (3,), (1,), 0)])
+    assert torch.equal(made[0], a.as_strided((2, 3), (1, 2), 4)) and torch.equal(made[1], b)
+    assert made[0].untyped_storage().data_ptr() == sa.data_ptr()
+    assert mod.use_counts([sa, sb]) == (before[0] + 1, before[1] + 1) == (use_count(sa),
+                                                                         use_count(sb))
+    del made
+    assert mod.use_counts([sa, sb]) == before
+    with pytest.raises(TypeError, match="storages"):
+        mod.use_counts([a])
+    with pytest.raises(TypeError, match="items are"):
+        mod.hand_out([(a, torch.float32, (1,), (1,), 0)])

@@ -68,7 +68,7 @@ class GraphedTraining(GraphedInference):
         self.busy = 0                     # calls run as they are: earlier results still in use
 
     def _free(self, e) -> bool:
-        if e.counts is None or all(use_count(st) == c for st, c in zip(e.held, e.counts)):
+        if e.counts is None or _use_counts(e.held) == e.counts:
             return True
         self.busy += 1
         if self.busy == 1:
@@ -126,7 +126,7 @@ class GraphedTraining(GraphedInference):
     def _results(self, e, args):
         n = self.user_outputs
         users = fresh_copies(list(e.out[:n]))
-        e.counts = [use_count(st) for st in e.held]   # before this call's tensors exist
+        e.counts = _use_counts(e.held)               # before this call's tensors exist
         res = users
         made = iter(e.made[0](e.made[1])) if e.made is not None else None   # in one C++ call
         for o, how in zip(e.out[n:], e.plan[n:]):
@@ -185,6 +185,18 @@ def _hand_out(o, how, args):
 
 
 _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
+
+
+def _use_counts(storages) -> tuple:
+    """Each storage's use count (use_count), in one C++ call where the native runner is built."""
+    fn = _native_counts[0]
+    if fn is None:
+        from ...runtime import native
+        fn = _native_counts[0] = getattr(native.runner_module(), "use_counts", None) or False
+    return fn(storages) if fn else tuple(use_count(st) for st in storages)
+
+
+_native_counts: list = [None]         # the native use_counts, False without one (looked up once)
 
 
 def _native_hand_out():

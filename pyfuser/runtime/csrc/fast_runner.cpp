@@ -887,7 +887,36 @@ PyObject* hand_out(PyObject*, PyObject* seq) {
   END_HANDLE_TH_ERRORS
 }
 
+// use_counts(storages) -> tuple of ints: each storage's reference count (what
+// torch._C._storage_Use_Count gives), for the graphed training calls' check that nothing an
+// earlier replay handed out is still in use (cuda_graphs_training.py).
+PyObject* use_counts(PyObject*, PyObject* seq) {
+  PyObject** items;
+  Py_ssize_t n;
+  if (!items_of(seq, &items, &n)) {
+    PyErr_SetString(PyExc_TypeError, "use_counts: a list or tuple of storages");
+    return nullptr;
+  }
+  Ref out = Ref::steal(PyTuple_New(n));
+  if (out.p == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!THPStorage_Check(items[i])) {
+      PyErr_SetString(PyExc_TypeError, "use_counts: a list or tuple of storages");
+      return nullptr;
+    }
+    size_t c = THPStorage_Unpack(items[i]).use_count();
+    PyObject* v = PyLong_FromSize_t(c);
+    if (v == nullptr) return nullptr;
+    PyTuple_SET_ITEM(out.p, i, v);
+  }
+  PyObject* t = out.p;
+  out.p = nullptr;
+  return t;
+}
+
 PyMethodDef module_methods[] = {
+    {"use_counts", use_counts, METH_O,
+     "use_counts([storage]) -> (int, ...): each storage's reference count"},
     {"hand_out", hand_out, METH_O,
      "hand_out([(storage, dtype, sizes, strides, offset)]) -> [tensor] (see fast_runner.cpp)"},
     {"graph_key", graph_key, METH_VARARGS,
