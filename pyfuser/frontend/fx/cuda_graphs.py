@@ -44,6 +44,7 @@ before each replay that the previous replay's are no longer in use.
 from __future__ import annotations
 
 import logging
+import struct
 import weakref
 from collections import OrderedDict
 
@@ -55,6 +56,15 @@ from ...runtime.graph_capture import (Backend, fresh_copies, overlaps_itself, sh
 log = logging.getLogger("pyfuser")
 MAX_GRAPHS = 8
 _SCALARS = (bool, int, float, type(None))
+_DOUBLE = struct.Struct("<d")
+_INT64 = struct.Struct("<q")
+
+
+def _float_bits(v: float) -> int:
+    """A float's 64 bits as an int64 (the native graph_key's value of a float)."""
+    return _INT64.unpack(_DOUBLE.pack(v))[0]
+
+
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
 
 
@@ -202,8 +212,9 @@ class GraphedInference:
                 device = d
                 parts.append((a.shape, a.stride(), a.dtype, a.storage_offset(),
                               a.data_ptr() if i in keyed else None))
-            elif isinstance(a, _SCALARS):          # a float by its bits: -0.0 is not 0.0
-                parts.append((type(a), a.hex() if type(a) is float else a))
+            elif isinstance(a, _SCALARS):  # a float by its bits: -0.0 is not 0.0, NaNs of
+                # another sign or payload are not one NaN (float.hex gives 'nan' for all)
+                parts.append((type(a), _float_bits(a) if type(a) is float else a))
             else:
                 return self._skip(f"input {i} is a {type(a).__name__}")
         return (device, tuple(parts))
