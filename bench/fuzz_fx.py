@@ -16,6 +16,12 @@ summary then also counts the region calls that ran eagerly by reason and the pro
 guards Dynamo itself recompiles or rejects (skipped). It runs with PYFUSER_DISABLE_DISK_CACHE=1
 unless that is set (no region or kernel plans from earlier processes).
 
+`--random-ops`: the programs of tests/cpu/fx_fuzz_random.py (dropout, rand_like, bernoulli,
+uniform_, rand among fx_fuzz's lines), judged by the draws' laws, a replay of the compiled
+call's draws, reproducibility and independence; the summary adds the kept / one rate of every
+tested value summed over the run (`--dump DIR`: each program's reproducible outputs written
+there instead of checked, to compare two pyfuser versions bit for bit).
+
 Program i is `fx_fuzz.generate(seed + i)` (`fx_fuzz_dynamic.generate` with --dynamic), so a
 failure is reproduced by its seed alone (`--seed S --n 1`). A progress line every `--every` programs; each failure is printed with its
 program source and inputs, the failing seeds are listed at the end, and the exit status is 1
@@ -36,9 +42,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 
-def _load(dynamic=False):
+def _load(dynamic=False, random_ops=False):
     sys.path.insert(0, HERE)
     from common import load_test_module
+    if random_ops:
+        load_test_module("fx_fuzz")
+        return load_test_module("fx_fuzz_random"), None
     if not dynamic:
         return load_test_module("fx_fuzz"), None
     import types
@@ -56,13 +65,26 @@ def main(argv=None) -> int:
     ap.add_argument("--dynamic", action="store_true", help="dynamic-shape programs")
     ap.add_argument("--more-ops", action="store_true",
                     help="programs with 1-4 more lines of tests/cpu/fx_fuzz_more.py's ops")
+    ap.add_argument("--random-ops", action="store_true",
+                    help="programs with random ops (tests/cpu/fx_fuzz_random.py)")
+    ap.add_argument("--dump", default=None,
+                    help="with --random-ops: write each program's outputs to DIR/SEED.pt")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("pyfuser").setLevel(logging.WARNING)
     logging.getLogger("torch._guards").setLevel(logging.CRITICAL)  # Dynamo's own rejections
     if args.dynamic:   # no plans from other processes: a seed's result is its own
         os.environ.setdefault("PYFUSER_DISABLE_DISK_CACHE", "1")
-    FZ, _ = _load(args.dynamic)
+    if args.random_ops and (args.more_ops or args.dynamic):
+        raise SystemExit("--random-ops takes neither --more-ops nor --dynamic")
+    FZ, _ = _load(args.dynamic, args.random_ops)
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+        for s in range(args.seed, args.seed + args.n):
+            FZ.dump(FZ.generate(s), os.path.join(args.dump, f"{s}.pt"))
+        print(f"wrote {args.n} programs' outputs to {args.dump}")
+        return 0
+    tested = [0, 0.0, 0.0, 0.0]      # elements, ones, expected ones, variance
     failed, fused, eager_calls, unfused, reasons, skipped = [], 0, 0, {}, {}, {}
     t0 = time.time()
     for i, s in enumerate(range(args.seed, args.seed + args.n), 1):
@@ -80,6 +102,11 @@ def main(argv=None) -> int:
         for key in ("dynamo_skipped", "dynamo_recompiled"):
             if p.stats.get(key):
                 skipped.setdefault(key, []).append(s)
+        for n, ones, q in p.stats.get("tested", []):
+            tested[0] += n
+            tested[1] += ones
+            tested[2] += n * q
+            tested[3] += n * q * (1 - q)
         if f is not None:
             failed.append(s)
             print(f"FAIL {f}\n", flush=True)
@@ -93,6 +120,13 @@ def main(argv=None) -> int:
         print(f"  ran eagerly ({len(seeds)} programs, e.g. {seeds[:5]}): {reason}")
     for key, seeds in skipped.items():
         print(f"  {key}: {len(seeds)} programs, e.g. {seeds[:8]}")
+    if tested[0]:
+        z = (tested[1] - tested[2]) / max(tested[3], 1e-12) ** 0.5
+        print(f"random values: {tested[0]} elements tested, {tested[1]:.0f} ones against "
+              f"{tested[2]:.1f} expected (z = {z:.2f})")
+        if abs(z) > 6:
+            print("FAIL the run's rate is off by more than 6 standard deviations")
+            failed.append("rate")
     print(f"failing seeds: {failed}" if failed else "no failures")
     return 1 if failed else 0
 
