@@ -3,6 +3,7 @@ ctypes callbacks standing in for libcuda: keys and misses, allocations and views
 writes into its buffer, the context retry, failures, effects, argument checks and garbage
 collection. (test_runtime_fastpath.py runs every fast-path test through it as well.)"""
 import ctypes
+import enum
 import gc
 import struct
 import weakref
@@ -385,6 +386,14 @@ def test_const_slots_are_pinned_to_their_stream(mod):
     assert r2.run(xs) == "slow" and len(drv.launches) == 1
 
 
+class _Three(enum.IntEnum):
+    THREE = 3
+
+
+class _F(float):
+    pass
+
+
 def test_graph_key_tells_apart_what_the_python_key_does(mod):
     """graph_key (GraphedInference.key's C++ pass): two argument lists get equal keys exactly
     when the Python key's tuples are equal (dtype, sizes, strides, storage offset, a keyed
@@ -409,6 +418,9 @@ def test_graph_key_tells_apart_what_the_python_key_does(mod):
         [base, w, 3, 1.5, None, 1],                      # a bool and an int
         [base, w, 3, -0.0, None, True], [base, w, 3, 0.0, None, True],
         [base, w, 3, 1.5, None],                         # fewer arguments
+        [base, w, _Three.THREE, 1.5, None, True],        # an int subclass: its own type
+        [base, w, 3, _F(1.5), None, True],               # a float subclass
+        [base, w, 3, _F(-0.0), None, True], [base, w, 3, _F(0.0), None, True],
     ]
     mask = bytes([0, 1, 0, 0, 0, 0])
     nat = [mod.graph_key(v, mask[:len(v)], True) for v in variants]

@@ -214,7 +214,7 @@ class GraphedInference:
                               a.data_ptr() if i in keyed else None))
             elif isinstance(a, _SCALARS):  # a float by its bits: -0.0 is not 0.0, NaNs of
                 # another sign or payload are not one NaN (float.hex gives 'nan' for all)
-                parts.append((type(a), _float_bits(a) if type(a) is float else a))
+                parts.append((type(a), _float_bits(a) if isinstance(a, float) else a))
             else:
                 return self._skip(f"input {i} is a {type(a).__name__}")
         return (device, tuple(parts))

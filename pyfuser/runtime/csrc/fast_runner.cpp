@@ -770,8 +770,8 @@ PyObject* configure(PyObject*, PyObject* args) {
 // graph_key(args, keyed, any_device) -> bytes, or None: the signature of a graphed call's
 // arguments (frontend/fx/cuda_graphs.py's GraphedInference.key, in one C++ pass). Per argument:
 // a tensor's dtype, rank, sizes, strides, storage offset and, where keyed[i] is nonzero (a
-// bytes mask), its data pointer; None, a bool, an int (that fits int64) or a float by type and
-// value; then the one CUDA device of the tensors. None where the Python key decides (another
+// bytes mask), its data pointer; None, a bool, an int (that fits int64) by type and value, a
+// float by type and bits; then the one CUDA device of the tensors. None where the Python key decides (another
 // kind of argument, a tensor not on CUDA unless any_device, tensors on several devices, a
 // tensor that is not strided): the caller then runs without a graph.
 PyObject* graph_key(PyObject*, PyObject* args) {
@@ -810,7 +810,7 @@ PyObject* graph_key(PyObject*, PyObject* args) {
       } else if (PyBool_Check(a)) {
         key.push_back(3);
         key.push_back(a == Py_True);
-      } else if (PyLong_CheckExact(a)) {
+      } else if (PyLong_Check(a)) {         // an int, or a subclass (an IntEnum) by its type
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
         if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -818,12 +818,14 @@ PyObject* graph_key(PyObject*, PyObject* args) {
           Py_RETURN_NONE;
         }
         key.push_back(4);
+        key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(a))));
         key.push_back(v);
-      } else if (PyFloat_CheckExact(a)) {
+      } else if (PyFloat_Check(a)) {        // a float (or a subclass, by its type) by its bits
         double v = PyFloat_AS_DOUBLE(a);
         int64_t bits;
         std::memcpy(&bits, &v, sizeof bits);
         key.push_back(5);
+        key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(Py_TYPE(a))));
         key.push_back(bits);
       } else {
         Py_RETURN_NONE;
