@@ -30,7 +30,10 @@ points at the capture's own two words, which its first random launch fills with 
 launches of one graph use disjoint counters, and the capture's words live as long as its
 graph (`Capture.state`, held by the graph). A host-side draw that a graph cannot refresh (the
 evaluator's random ops, which compute on the host's seed) raises `HostDrawInCapture`, which
-fails the capture (the graph then runs uncaptured).
+fails the capture (the graph then runs uncaptured). A graph captured by other means (a user's
+own `torch.cuda.graph` around pyfuser's random kernels) fails at their first launch: PyTorch's
+generator refuses to advance its offset during a capture; that draw comes before anything is
+allocated, so no buffer of ours lands in that graph's memory pool.
 """
 from __future__ import annotations
 
@@ -176,8 +179,10 @@ def drawer(device, increment: int):
         if not gen:
             index = device.index if device.index is not None else torch.cuda.current_device()
             gen.append(torch.cuda.default_generators[index])
+        drawn = _cuda_draw(gen[0], increment)    # first: inside a capture not ours it raises,
+        if len(gen) == 1:                        # before zeros are made in that graph's pool
             gen.append(zero_state(device).data_ptr())
-        return (*_cuda_draw(gen[0], increment), gen[1])
+        return (*drawn, gen[1])
     return draw
 
 

@@ -509,6 +509,20 @@ def test_a_cuda_drawer_reads_the_devices_generator_each_draw_and_yields_to_fixed
             rng.host_draw("cuda:1", 4)
         assert rng.host_draw("cuda:0", 4) == (7, 0)       # another device: not captured
     assert gen.offset == 20 and draw() == (-1, 20, z)
+    # a capture not ours (the generator refuses a draw): the first draw raises before the zero
+    # words are made, so they never land in that graph's memory
+    made = []
+    monkeypatch.setattr(rng, "zero_state", lambda device: made.append(device) or zeros)
+    busy = Gen()
+
+    def refuse(v):
+        raise RuntimeError("Cannot call CUDAGeneratorImpl::set_offset")
+    busy.set_offset = refuse
+    monkeypatch.setattr(torch.cuda, "default_generators", (busy,))
+    first = rng.drawer(torch.device("cuda", 0), 4)
+    with pytest.raises(RuntimeError, match="set_offset"):
+        first()
+    assert made == []
 
 
 def test_random_kernels_add_the_device_words_to_seed_and_offset():
