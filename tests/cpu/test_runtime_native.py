@@ -456,3 +456,5 @@ def test_use_counts_and_hand_out(mod):
         mod.use_counts([a])
     with pytest.raises(TypeError, match="items are"):
         mod.hand_out([(a, torch.float32, (1,), (1,), 0)])
+    with pytest.raises(TypeError, match="lists or tuples of ints"):
+        mod.hand_out([(sa, torch.float32, 3, (1,), 0)])

@@ -88,6 +88,7 @@ struct Ref {
   Ref(Ref&& o) noexcept : p(o.p) { o.p = nullptr; }
   Ref& operator=(Ref o) noexcept { std::swap(p, o.p); return *this; }
   ~Ref() { Py_XDECREF(p); }
+  PyObject* release() { PyObject* r = p; p = nullptr; return r; }  // the reference, to return
 };
 
 struct Alloc {
@@ -372,9 +373,7 @@ PyObject* replay(Runner* self, Program& p, PyObject* inputs) {
     return only;
   }
   if (unpack == 2) return PyList_AsTuple(out.p);
-  PyObject* r = out.p;
-  out.p = nullptr;
-  return r;
+  return out.release();
 }
 
 // ---- building programs from Python specs ----------------------------------------------------
@@ -839,13 +838,14 @@ PyObject* graph_key(PyObject*, PyObject* args) {
                                    static_cast<Py_ssize_t>(key.size() * sizeof(int64_t)));
 }
 
-// hand_out(items) -> [tensor]: per item (storage, dtype, sizes, strides, storage offset) a new
-// tensor on that storage (cuda_graphs_training.py hands a graph's saved tensors and gradients
-// out of its memory this way: a backward hands out a hundred a call).
+// A list or tuple of ints into `out`; false with a Python error set otherwise.
 bool int_list(PyObject* seq, std::vector<int64_t>& out) {
   PyObject** items;
   Py_ssize_t n;
-  if (!items_of(seq, &items, &n)) return false;
+  if (!items_of(seq, &items, &n)) {
+    PyErr_SetString(PyExc_TypeError, "sizes and strides are lists or tuples of ints");
+    return false;
+  }
   out.resize(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     out[i] = PyLong_AsLongLong(items[i]);
@@ -854,6 +854,9 @@ bool int_list(PyObject* seq, std::vector<int64_t>& out) {
   return true;
 }
 
+// hand_out(items) -> [tensor]: per item (storage, dtype, sizes, strides, storage offset) a new
+// tensor on that storage (cuda_graphs_training.py hands a graph's saved tensors and gradients
+// out of its memory this way: a backward hands out a hundred a call).
 PyObject* hand_out(PyObject*, PyObject* seq) {
   PyObject** items;
   Py_ssize_t n;
@@ -883,9 +886,7 @@ PyObject* hand_out(PyObject*, PyObject* seq) {
     t.set_(st, offset, sizes, strides);
     PyList_SET_ITEM(out.p, i, THPVariable_Wrap(std::move(t)));
   }
-  PyObject* list = out.p;
-  out.p = nullptr;
-  return list;
+  return out.release();
   END_HANDLE_TH_ERRORS
 }
 
@@ -911,9 +912,7 @@ PyObject* use_counts(PyObject*, PyObject* seq) {
     if (v == nullptr) return nullptr;
     PyTuple_SET_ITEM(out.p, i, v);
   }
-  PyObject* t = out.p;
-  out.p = nullptr;
-  return t;
+  return out.release();
 }
 
 PyMethodDef module_methods[] = {
