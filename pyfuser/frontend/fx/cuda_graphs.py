@@ -119,7 +119,7 @@ class GraphedInference:
         self.entries: "OrderedDict[tuple, _Entry]" = OrderedDict()
         self.captures = self.replays = 0
         self._logged: set = set()
-        self._native_key = None               # the native graph_key, False without one
+        self._native = None                   # the native runner's module, False without one
         self._masks: dict = {}                # argument count -> keyed mask (graph_key's)
         _LIVE.add(self)
         if why_not:
@@ -180,12 +180,8 @@ class GraphedInference:
         pass over the arguments (a backward has a hundred or more, and this runs every call):
         in C++ where the native runner is built (its `graph_key`: the same facts, as bytes),
         else in Python (`python_key`). One object uses one of the two for its life."""
-        fast = self._native_key
+        fast = getattr(self.native(), "graph_key", None)
         if fast is None:
-            from ...runtime import native
-            mod = native.runner_module()
-            fast = self._native_key = getattr(mod, "graph_key", None) or False
-        if not fast:
             return self.python_key(args)
         n = len(args)
         mask = self._masks.get(n)
@@ -196,6 +192,14 @@ class GraphedInference:
         if k is None and self.python_key(args) is not None:     # what only Python's key takes
             return self._skip("an argument the native key does not take (an int past int64)")
         return k
+
+    def native(self):
+        """The native runner's module (graph_key; a training graph's hand_out and use_counts),
+        None where it is not built: looked up once, so one object uses one path for its life."""
+        if self._native is None:
+            from ...runtime import native
+            self._native = native.runner_module() or False
+        return self._native or None
 
     def python_key(self, args):
         """key() in Python: a tuple, or None (the reason logged)."""

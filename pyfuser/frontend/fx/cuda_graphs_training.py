@@ -68,7 +68,7 @@ class GraphedTraining(GraphedInference):
         self.busy = 0                     # calls run as they are: earlier results still in use
 
     def _free(self, e) -> bool:
-        if e.counts is None or _use_counts(e.held) == e.counts:
+        if e.counts is None or self._use_counts(e.held) == e.counts:
             return True
         self.busy += 1
         if self.busy == 1:
@@ -116,19 +116,24 @@ class GraphedTraining(GraphedInference):
                                          "device": o.device,
                                          "storage_offset": o.storage_offset()}))
         e.plan, e.held, e.counts = plan, list(held.values()), None
-        e.made = _native_hand_out()
-        if e.made is not None:       # the held outputs' (storage, dtype, sizes, strides, offset)
-            e.made = (e.made, [(h[1], h[2]["dtype"], tuple(h[2]["size"]), h[2]["stride"],
-                                h[2]["storage_offset"])
-                               for h in plan if type(h) is tuple and h[0] is _HELD])
+        # for the native hand_out: each held output's (storage, dtype, sizes, strides, offset)
+        e.made = None if self.native() is None else [
+            (h[1], h[2]["dtype"], tuple(h[2]["size"]), h[2]["stride"], h[2]["storage_offset"])
+            for h in plan if type(h) is tuple and h[0] is _HELD]
         return None
+
+    def _use_counts(self, storages) -> tuple:
+        """Each storage's use count (use_count), in one C++ call where the runner is built."""
+        mod = self.native()
+        return mod.use_counts(storages) if mod is not None else \
+            tuple(use_count(st) for st in storages)
 
     def _results(self, e, args):
         n = self.user_outputs
         users = fresh_copies(list(e.out[:n]))
-        e.counts = _use_counts(e.held)               # before this call's tensors exist
+        e.counts = self._use_counts(e.held)          # before this call's tensors exist
         res = users
-        made = iter(e.made[0](e.made[1])) if e.made is not None else None   # in one C++ call
+        made = iter(self.native().hand_out(e.made)) if e.made is not None else None  # one call
         for o, how in zip(e.out[n:], e.plan[n:]):
             if type(how) is tuple and how[0] is _SAME:
                 res.append(res[how[1]])
@@ -185,25 +190,6 @@ def _hand_out(o, how, args):
 
 
 _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
-
-
-def _use_counts(storages) -> tuple:
-    """Each storage's use count (use_count), in one C++ call where the native runner is built."""
-    fn = _native_counts[0]
-    if fn is None:
-        from ...runtime import native
-        fn = _native_counts[0] = getattr(native.runner_module(), "use_counts", None) or False
-    return fn(storages) if fn else tuple(use_count(st) for st in storages)
-
-
-_native_counts: list = [None]         # the native use_counts, False without one (looked up once)
-
-
-def _native_hand_out():
-    """The native runner's `hand_out` (every held output of a replay built in one C++ call),
-    or None where it is not built (then _hand_out builds them one by one)."""
-    from ...runtime import native
-    return getattr(native.runner_module(), "hand_out", None)
 
 
 def user_output_count() -> int | None:
