@@ -76,3 +76,23 @@ def plans(monkeypatch):
         return orig(*a, **k)
     monkeypatch.setattr(api, "plan_kernel", counting)
     return count
+
+
+@pytest.fixture
+def graph_cache_on(tmp_path, monkeypatch):
+    """The torch.compile backend's graph cache on (PYFUSER_GRAPH_CACHE=1) with a cache directory
+    of this test's own, its counters zeroed, a new process's state before and after."""
+    from pyfuser.frontend.fx import graph_cache
+    from pyfuser.runtime import nvrtc
+    from test_compile_cache import _fresh_process_state      # tests/cpu is on the path
+    monkeypatch.setenv("PYFUSER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYFUSER_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "_PARTS", [])          # torch's pieces looked up anew
+    for var in ("PYFUSER_DISABLE_DISK_CACHE", "PYFUSER_DISABLE_PLAN_CACHE", "PYFUSER_DUMP"):
+        monkeypatch.delenv(var, raising=False)
+    _fresh_process_state()
+    for k in graph_cache.stats:
+        graph_cache.stats[k] = 0
+    yield
+    nvrtc.wait_all()
+    _fresh_process_state()
