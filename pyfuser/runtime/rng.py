@@ -126,7 +126,8 @@ def state_ptr(device) -> int:
 def host_draw(device, increment: int) -> tuple[int, int]:
     """launch_state for a computation seeded on the host alone (the evaluator's random ops):
     refused inside a capture."""
-    if _active() and _key(device) in _active() and not _fixed:
+    caps = _active()
+    if caps and _key(device) in caps and not _fixed:
         raise HostDrawInCapture("random numbers seeded on the host inside a CUDA-graph capture "
                                 "(a replay would repeat them)")
     return launch_state(device, increment)
