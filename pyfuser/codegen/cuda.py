@@ -15,6 +15,7 @@ import math
 from ..ir.dtypes import DataType
 from ..ir.ops import kernel_op
 from . import kernel_ir as K
+from .kernel_shared import ALIGN, shared_layout
 from .prelude import PRELUDE
 
 
@@ -69,6 +70,7 @@ class Printer:
         self.async_dsts = {s.dst for s in k.walk() if isinstance(s, K.Load) and s.async_copy}
         self.packed: dict = {}           # packed array name -> its dtype
         self.rounded: dict = {}          # Let name -> (half/bf16, C expr before its rounding)
+        self.shared = shared_layout(k)   # static arrays, or slices of dynamic shared memory
 
     # ---- expressions ----------------------------------------------------------------------
     def e(self, x) -> str:
@@ -166,7 +168,14 @@ class Printer:
                     assert s.dtype.itemsize == 2 and dims and dims[-1] % 2 == 0, s
                     self.packed[s.name] = s.dtype
                     ctype, dims[-1] = "uint32_t", dims[-1] // 2
-                self.lines.append(f"{pad}{space}{ctype} {s.name}{''.join(f'[{d}]' for d in dims)};")
+                extents = ''.join(f'[{d}]' for d in dims)
+                if s.space == "shared" and self.shared.dynamic:
+                    # a slice of the launch's dynamic shared memory, indexed as the array
+                    off = self.shared.offsets[s.name]
+                    self.lines.append(f"{pad}{ctype} (&{s.name}){extents} = *reinterpret_cast<"
+                                      f"{ctype} (*){extents}>(pf_dyn_smem + {off});")
+                else:
+                    self.lines.append(f"{pad}{space}{ctype} {s.name}{extents};")
             elif isinstance(s, K.Loop):
                 self.loop(s, ind)
             elif isinstance(s, K.If):
@@ -299,7 +308,10 @@ class Printer:
         cluster = f" __cluster_dims__({self.k.cluster}, 1, 1)" if self.k.cluster > 1 else ""
         head = (f'extern "C" __global__ void __launch_bounds__({lb}){cluster} {self.k.name}(\n'
                 f"    {self.signature()}) {{")
-        return "\n".join([head, *self.lines, "}"])
+        dyn = ([f"  extern __shared__ __align__({ALIGN}) unsigned char pf_dyn_smem[];  "
+                f"// {self.shared.total} bytes a block, passed at launch"]
+               if self.shared.dynamic else [])
+        return "\n".join([head, *dyn, *self.lines, "}"])
 
 
 def _round(dst, a: str) -> str:

@@ -59,6 +59,15 @@ class GeneratedKernel:
     scheduler_params: dict = field(default_factory=dict)
 
 
+def _with_shared_mem(launch_config, nbytes: int):
+    """`launch_config` with `nbytes` of dynamic shared memory a block (kernel_shared.py)."""
+    def config(bindings, tensors) -> LaunchConfig:
+        cfg = launch_config(bindings, tensors)
+        cfg.shared_mem = max(cfg.shared_mem, nbytes)
+        return cfg
+    return config
+
+
 class KernelPlan:
     """What `codegen.api.plan_kernel` returns for every scheduler: the generated kernel, the
     kernel IR it was printed from, and how the runtime allocates its outputs.
@@ -79,6 +88,10 @@ class KernelPlan:
         self.params = params
         self.kernel = kernel
         self.kernel_ir = kernel_ir
+        from .kernel_shared import shared_layout
+        dynamic = shared_layout(kernel_ir).launch_bytes
+        if dynamic:         # shared arrays past the static 48 KB: the launch passes their bytes
+            kernel.launch_config = _with_shared_mem(kernel.launch_config, dynamic)
         self.index_type = kernel_ir.index_type
         self.body = body
         self._outputs = list(fusion.outputs)

@@ -36,7 +36,9 @@ Tuning knobs (speed only): $PYFUSER_RED_BDIMX, $PYFUSER_RED_BDIMY (powers of two
 $PYFUSER_RED_UNROLL, $PYFUSER_RED_STEPS (0 turns persistence off, any other value forces it),
 $PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cluster, a power
 of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in shared memory;
-1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_MIN_BLOCKS (blocks an
+1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_STAGE_BYTES (the
+bytes a block may stage, STAGE_BYTES by default; past 48 KB the kernel's shared arrays are
+dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_MIN_BLOCKS (blocks an
 SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
 costly values in each pass instead of keeping them in registers); the last two apply to the
 reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
@@ -63,6 +65,7 @@ CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
 STAGE_BYTES = 40 * 1024  # shared memory a block stages held loads in, at most (static: 48 KB)
+MAX_STAGE_BYTES = 200 * 1024  # ... past 48 KB in dynamic shared memory (codegen/kernel_shared.py)
 CLUSTER_MIN_BLOCKS = 6   # blocks an SM a staged cluster row asks registers for (launch bounds) ...
 CLUSTER_STAGE_BYTES = 36 * 1024  # ... when its staged bytes let that many share an SM's 228 KB
 
@@ -121,7 +124,10 @@ def _stage(p, accesses, held, knobs, kept=()) -> None:
     # even (within 2%). Rows that fit a block: even or slower (bfloat16 softmax 8192x3072
     # 33.7 -> 35.7 µs), so not by default
     nbytes = per_step * p.steps * p.bdimx * p.bdimy
-    if per_step == 0 or nbytes > STAGE_BYTES:
+    budget = STAGE_BYTES if knobs["stage_bytes"] is None else knobs["stage_bytes"]
+    if not 0 <= budget <= MAX_STAGE_BYTES:
+        raise ValueError(f"$PYFUSER_RED_STAGE_BYTES={budget}: 0 to {MAX_STAGE_BYTES}")
+    if per_step == 0 or nbytes > budget:
         p.stage = False
     elif p.cluster > 1 and knobs["min_blocks"] is None and nbytes <= CLUSTER_STAGE_BYTES \
             and not kept:
@@ -168,7 +174,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
                                                            "waves", "splits", "cluster",
                                                            "stage", "min_blocks", "full",
                                                            "fence", "prefetch",
-                                                           "grid_blocks")}
+                                                           "grid_blocks", "stage_bytes")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
