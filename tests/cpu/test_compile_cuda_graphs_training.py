@@ -36,6 +36,26 @@ def _assert_same_params(m, ref):
         torch.testing.assert_close(p.grad, q.grad, msg=f"{name}.grad")
 
 
+def test_a_replaced_parameter_is_a_new_signature(fake_graphs):
+    """A training graph's key holds its parameters' addresses (the replay does not check them
+    again): a parameter replaced by a new tensor is captured anew, and the steps before and
+    after equal eager's."""
+    m = _model()
+    ref = copy.deepcopy(m)
+    c = torch.compile(m, backend=pyfuser.backend, mode="reduce-overhead")
+    for step in range(8):
+        if step == 4:
+            w = torch.randn(4, 16)
+            m[3].weight, ref[3].weight = torch.nn.Parameter(w), torch.nn.Parameter(w.clone())
+        x = torch.randn(5, 8)
+        for mod in (c, ref):
+            mod.zero_grad()
+            mod(x).square().mean().backward()
+        _assert_same_params(m, ref)
+    fw, bw = _graphed()
+    assert fw.captures == 2 and fw.replays >= 4 and len(fw.entries) == 2
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_training_steps_equal_eager_and_replay(fake_graphs, set_to_none):
     m = _model()

@@ -458,3 +458,31 @@ def test_use_counts_and_hand_out(mod):
         mod.hand_out([(a, torch.float32, (1,), (1,), 0)])
     with pytest.raises(TypeError, match="lists or tuples of ints"):
         mod.hand_out([(sa, torch.float32, 3, (1,), 0)])
+
+
+def test_hand_out_tensors_behave_as_set_ones(mod):
+    """hand_out makes each tensor directly on its storage: the same layout, dtype, device and
+    storage as `torch.empty(0).set_(...)`, usable by autograd (requires_grad, a backward) and in
+    inference mode, empty views of any offset; a view reaching past its storage, a negative
+    offset or sizes and strides of different lengths are refused (ValueError), never made."""
+    base = torch.arange(24, dtype=torch.bfloat16)
+    st = base.untyped_storage()
+    items = [(st, torch.bfloat16, (3, 4), (8, 2), 1), (st, torch.bfloat16, (0, 5), (5, 1), 24),
+             (st, torch.bfloat16, (), (), 23), (st, torch.int16, (2,), (12,), 0)]
+    for (s, dt, size, stride, off), t in zip(items, mod.hand_out(items)):
+        want = torch.empty(0, dtype=dt).set_(s, off, size, stride)
+        assert (t.shape, t.stride(), t.storage_offset(), t.dtype, t.device) == \
+            (want.shape, want.stride(), want.storage_offset(), want.dtype, want.device)
+        assert t.untyped_storage().data_ptr() == st.data_ptr() and torch.equal(t, want)
+        assert not t.requires_grad and t.grad_fn is None
+    f = mod.hand_out([(torch.randn(6).untyped_storage(), torch.float32, (2, 3), (3, 1), 0)])[0]
+    f.requires_grad_(True)
+    (f * f).sum().backward()
+    assert torch.equal(f.grad, 2 * f.detach())
+    with torch.inference_mode():
+        g = mod.hand_out([(st, torch.bfloat16, (4,), (1,), 0)])[0]
+        assert g.is_inference() and torch.equal(g, base[:4])
+    for bad in [(st, torch.bfloat16, (3, 4), (8, 2), 2), (st, torch.float32, (13,), (1,), 0),
+                (st, torch.bfloat16, (2,), (1,), -1), (st, torch.bfloat16, (2, 2), (1,), 0)]:
+        with pytest.raises(ValueError, match="past its storage"):
+            mod.hand_out([bad])

@@ -232,15 +232,22 @@ class GraphedInference:
 
     def _bind(self, e, args) -> bool:
         """Point the captured graph at this call's arguments: copy each non-parameter tensor into
-        its buffer; False where a parameter moved (capture again)."""
-        for i, a in enumerate(args):
-            if i in self.static_idx and isinstance(a, torch.Tensor):
-                if a.data_ptr() != e.ptrs[i]:
+        its buffer (one foreach copy); False where a parameter moved (capture again). Keyed by
+        address (GraphedTraining), the key already held every parameter's address."""
+        if not self.keyed_by_address:
+            for i, ptr in e.ptrs.items():
+                if args[i].data_ptr() != ptr:
                     return False
-            elif isinstance(a, torch.Tensor):
-                buf = e.inputs[i]
-                if buf.data_ptr() != a.data_ptr():
-                    buf.copy_(a)
+        dst, src = [], []
+        for i, buf in e.inputs.items():
+            a = args[i]
+            if buf.data_ptr() != a.data_ptr():
+                dst.append(buf)
+                src.append(a)
+        if len(dst) > 1:
+            torch._foreach_copy_(dst, src)
+        elif dst:
+            dst[0].copy_(src[0])
         return True
 
     def _capture(self, e, args):

@@ -135,12 +135,18 @@ class GraphedTraining(GraphedInference):
         res = users
         made = iter(self.native().hand_out(e.made)) if e.made is not None else None  # one call
         for o, how in zip(e.out[n:], e.plan[n:]):
-            if type(how) is tuple and how[0] is _SAME:
-                res.append(res[how[1]])
-            elif made is not None and type(how) is tuple and how[0] is _HELD:
-                res.append(next(made))
-            else:
-                res.append(_hand_out(o, how, args))
+            if type(how) is tuple:            # the common kinds inline (a hundred a call)
+                kind = how[0]
+                if kind is _HELD and made is not None:
+                    res.append(next(made))
+                    continue
+                if kind is _SAME:
+                    res.append(res[how[1]])
+                    continue
+                if type(kind) is int and how[1]:      # an input itself (a saved parameter)
+                    res.append(args[kind])
+                    continue
+            res.append(_hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
 
 
