@@ -153,3 +153,20 @@ def test_softmax_quotient_by_the_rows_reciprocal_equals_the_division(dt, shape, 
     assert torch.equal(_bits(a)[normal], _bits(b)[normal])
     ulp = 2.0 ** (-149 if dt == torch.float32 else -133)
     assert ((a.float() - b.float()).abs()[~normal & ~b.isnan()] <= ulp).all()
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("fn", [softmax, layer_norm, rms_norm], ids=lambda f: f.__name__)
+def test_rows_staged_past_48_kb_a_block(fn, dt, monkeypatch):
+    """A row over a cluster of 2 blocks staging 64-128 KB each (dynamic shared memory past the
+    static 48 KB: codegen/kernel_shared.py; the launch raises the function's limit) equals
+    eager, special rows included."""
+    from pyfuser.runtime import dispatch
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STAGE_BYTES", str(128 * 1024))
+    dispatch.clear_caches()
+    x = torch.randn(264, 65536, device="cuda", dtype=dt)
+    x[:10] = RC.special_rows(10, 65536, dt).cuda()
+    _check(fn, [x], 1)
+    dispatch.clear_caches()
