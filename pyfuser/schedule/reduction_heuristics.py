@@ -125,8 +125,6 @@ def _stage(p, accesses, held, knobs, kept=()) -> None:
     # 33.7 -> 35.7 µs), so not by default
     nbytes = per_step * p.steps * p.bdimx * p.bdimy
     budget = STAGE_BYTES if knobs["stage_bytes"] is None else knobs["stage_bytes"]
-    if not 0 <= budget <= MAX_STAGE_BYTES:
-        raise ValueError(f"$PYFUSER_RED_STAGE_BYTES={budget}: 0 to {MAX_STAGE_BYTES}")
     if per_step == 0 or nbytes > budget:
         p.stage = False
     elif p.cluster > 1 and knobs["min_blocks"] is None and nbytes <= CLUSTER_STAGE_BYTES \
@@ -187,6 +185,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     for k in ("stage", "full", "fence", "prefetch"):
         if knobs[k] not in (None, 0, 1):
             raise ValueError(f"$PYFUSER_RED_{k.upper()}={knobs[k]}: 0 or 1")
+    sb = knobs["stage_bytes"]
+    if sb is not None and not 0 <= sb <= MAX_STAGE_BYTES:
+        raise ValueError(f"$PYFUSER_RED_STAGE_BYTES={sb}: 0 to {MAX_STAGE_BYTES}")
     _stage(p, accesses, held, knobs, kept)
     # no bounds checks where every team's positions are in bounds (`full`, set by _inner):
     # fewer instructions, and fewer registers where every full-size load is held (softmax
