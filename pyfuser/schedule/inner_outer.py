@@ -39,7 +39,8 @@ from .inner_outer_graph import NotInnerOuter, analyze
 from .pointwise import _known_extent_ids
 from .pointwise_access import make_access, vector_width
 from .pointwise_heuristics import sm_count
-from .reduction import ReductionParams, ReductionSchedule, _classify, _collapse, index_axes
+from .reduction import _classify, _collapse, index_axes
+from .reduction_params import ReductionParams, ReductionSchedule
 
 NAME = "inner_outer_persistent"
 REG_BUDGET = 96          # registers a thread for held row vectors, kept values, column partials

@@ -309,7 +309,7 @@ def test_rows_filling_a_whole_block_take_a_cluster(rlen, vec, per_step, cluster,
     (reduction_heuristics._inner): one row an SM at a time left its loads idle during its
     combine. Shorter rows keep their single block."""
     from pyfuser.schedule import reduction_heuristics as H
-    from pyfuser.schedule.reduction import ReductionParams
+    from pyfuser.schedule.reduction_params import ReductionParams
     monkeypatch.setattr(H, "cluster_capable", lambda: True)
     knobs = dict.fromkeys(("bdimx", "bdimy", "unroll", "steps", "waves", "splits", "cluster"))
     p = ReductionParams()
