@@ -43,11 +43,15 @@ if ROOT not in sys.path:
 
 class PhaseTimer:
     """Exclusive time per phase: wrapped functions push their phase; time goes to the innermost.
-    Threads other than the main one (the NVRTC pool) are summed per phase on their own."""
+    `clock`: time.perf_counter (wall) or time.thread_time (this thread's CPU time). Threads
+    other than the main one (the NVRTC pool) are summed per phase on their own, or, with
+    `main_only`, not counted (their calls pass through unwrapped)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter, main_only: bool = False):
         self.totals: dict = {}
         self.counts: dict = {}
+        self.clock = clock
+        self.main = threading.get_ident() if main_only else None
         self._local = threading.local()
         self._lock = threading.Lock()
         self.spans: list = []
@@ -59,15 +63,17 @@ class PhaseTimer:
         timer = self
 
         def wrapped(*a, **k):
+            if timer.main is not None and threading.get_ident() != timer.main:
+                return fn(*a, **k)
             stack = getattr(timer._local, "stack", None)
             if stack is None:
                 stack = timer._local.stack = []
-            t0 = time.perf_counter()
+            t0 = timer.clock()
             stack.append([phase, 0.0])
             try:
                 return fn(*a, **k)
             finally:
-                t1 = time.perf_counter()
+                t1 = timer.clock()
                 _, inner = stack.pop()
                 spent = t1 - t0
                 with timer._lock:

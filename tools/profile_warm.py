@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,41 +40,16 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 
-class CpuPhases:
-    """Exclusive main-thread CPU time per phase (other threads are not counted)."""
-
-    def __init__(self):
-        self.totals: dict = {}
-        self.counts: dict = {}
-        self.stack: list = []
-        self.main = threading.get_ident()
-
-    def wrap(self, owner, attr: str, phase: str) -> None:
-        fn = getattr(owner, attr, None)
-        if fn is None or getattr(fn, "_cpu_phase", False):
-            return
-        timer = self
-
-        def wrapped(*a, **k):
-            if threading.get_ident() != timer.main:
-                return fn(*a, **k)
-            t0 = time.thread_time()
-            timer.stack.append([phase, 0.0])
-            try:
-                return fn(*a, **k)
-            finally:
-                spent = time.thread_time() - t0
-                _, inner = timer.stack.pop()
-                timer.totals[phase] = timer.totals.get(phase, 0.0) + spent - inner
-                timer.counts[phase] = timer.counts.get(phase, 0) + 1
-                if timer.stack:
-                    timer.stack[-1][1] += spent
-        wrapped._cpu_phase = True
-        wrapped.__wrapped__ = fn
-        setattr(owner, attr, wrapped)
+def CpuPhases():
+    """Exclusive main-thread CPU time per phase (other threads are not counted):
+    tools/profile_compile.py's PhaseTimer on this thread's CPU clock."""
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    from profile_compile import PhaseTimer
+    return PhaseTimer(clock=time.thread_time, main_only=True)
 
 
-def install(t: CpuPhases, mode: str) -> None:
+def install(t, mode: str) -> None:
     import torch._dynamo.convert_frame as cf
     import torch._functorch._aot_autograd.graph_compile as gc
     import torch._functorch.aot_autograd as aa

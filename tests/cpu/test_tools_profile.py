@@ -50,3 +50,27 @@ def test_every_lazy_import_of_the_tools_names_something_that_exists():
                     except ImportError:
                         missing.append(f"{folder}/{fname}: from {module} import {name}")
     assert checked > 10 and not missing, missing
+
+
+def test_phase_timers_count_exclusive_time_and_main_only_skips_other_threads():
+    """tools/profile_compile.py's PhaseTimer (wall clock, every thread) and profile_warm.py's
+    CpuPhases (the same timer on the main thread's CPU clock): a wrapped call's time goes to its
+    innermost phase; CpuPhases leaves other threads' calls uncounted."""
+    import threading
+    import types
+    import profile_compile
+    import profile_warm
+    for timer, threads_counted in ((profile_compile.PhaseTimer(), True),
+                                   (profile_warm.CpuPhases(), False)):
+        m = types.SimpleNamespace()
+        m.inner = lambda: sum(i for i in range(200000))
+        m.outer = lambda: (m.inner(), sum(i * i for i in range(200000)))
+        timer.wrap(m, "outer", "out")
+        timer.wrap(m, "inner", "in")
+        timer.wrap(m, "inner", "again")          # wrapped once only
+        m.outer()
+        th = threading.Thread(target=m.inner)
+        th.start()
+        th.join()
+        assert timer.counts == {"in": 2 if threads_counted else 1, "out": 1}
+        assert timer.totals["out"] > 0 and timer.totals["in"] > 0
