@@ -43,6 +43,32 @@ def test_a_reset_hits_and_matches_eager_and_the_cold_compile():
     _same(warm, _eager(copy.deepcopy(base), x))
 
 
+def test_retain_graph_backwards_through_a_miss_and_a_hit():
+    """The cache compiles a backward with its forward, before a backward() says whether it
+    retains the graph; backward(retain_graph=True) then a second backward work as without
+    the cache (a backward compiled with donated saved tensors refused it), on a miss and on a
+    hit, with eager's gradients."""
+    base = _model()
+    x = torch.randn(4, 16)
+
+    def twice(model, fn):
+        model.zero_grad(set_to_none=True)
+        loss = (fn(x) ** 2).mean()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    eager = twice(*(lambda m: (m, m))(copy.deepcopy(base)))
+    for hits in (0, 1):
+        if hits:
+            _fresh_process_state()
+        m = copy.deepcopy(base)
+        got = twice(m, torch.compile(m, backend=pyfuser.backend))
+        assert _stats()["hits"] == hits and _stats()["stores"] == 1, _stats()
+        for g, w in zip(got, eager):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 def _names(graph) -> str:
     import re
     return re.sub(r"region_\d+", "region_N", str(graph))

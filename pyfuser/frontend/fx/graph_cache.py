@@ -214,6 +214,11 @@ def _compile_and_store(gm, example_inputs, make_aot, key, parts):
             if entry_mod.examples_differ(g, example):   # a rebuilt graph's would be its own
                 unsafe.append(f"the {kind} graph's example inputs are strided otherwise than its "
                               "placeholders")
+            meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+            if getattr(meta, "bw_donated_idxs", ()) is None:
+                # none donated (donated_buffer is patched off below), said as [] (the
+                # backward's retain_graph check takes None for "some")
+                meta.bw_donated_idxs = []
             compiled, extra = compile_fn(g, example)
             if data is not None and entry_mod.layout(compiled) is not None:
                 unsafe.append(f"the channels-last pass changed the {kind} graph")
@@ -230,8 +235,13 @@ def _compile_and_store(gm, example_inputs, make_aot, key, parts):
     guards = getattr(getattr(ctx, "guards_context", None), "aotautograd_guards", None)
     n_guards = len(guards) if guards is not None else 0
     cfg = torch._functorch.config
+    # no donated buffers: the backward is compiled here, before any backward() says whether it
+    # retains the graph, and one compiled with donated saved tensors refuses retain_graph=True
+    # (the lazy compile without this cache sees the flag and donates none then); pyfuser's
+    # backward reuses no saved tensor's memory, so nothing is lost
+    donate = {"donated_buffer": False} if hasattr(cfg, "donated_buffer") else {}
     with cfg.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True,
-                   enable_autograd_cache=True), \
+                   enable_autograd_cache=True, **donate), \
             _patched(ac.AOTAutogradCache, "save", staticmethod(save)), \
             _patched(ac.AOTAutogradCache, "_lookup", staticmethod(lambda *a, **k: None)), \
             _patched(ac, "autograd_cache_key", nonce_key):
