@@ -99,14 +99,23 @@ def test_a_failure_through_the_cache_compiles_without_it(monkeypatch):
     _same(got, _eager(copy.deepcopy(base), x, steps=1))
 
 
-@pytest.mark.parametrize("value", [None, "0"])
-def test_off_by_default_the_cache_is_not_entered(value, monkeypatch):
-    """Without PYFUSER_GRAPH_CACHE=1 the backend never enters the cache's code (no key, no
+def test_on_by_default():
+    import os
+    from unittest import mock
+    with mock.patch.dict(os.environ):
+        os.environ.pop("PYFUSER_GRAPH_CACHE", None)
+        assert graph_cache.enabled()
+        os.environ["PYFUSER_GRAPH_CACHE"] = "1"
+        assert graph_cache.enabled()
+        os.environ["PYFUSER_DISABLE_PLAN_CACHE"] = "1"       # the plan cache's switch too
+        assert not graph_cache.enabled()
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False"])
+def test_switched_off_the_cache_is_not_entered(value, monkeypatch):
+    """With PYFUSER_GRAPH_CACHE=0 the backend never enters the cache's code (no key, no
     torch internals): what it compiles is AOTAutograd's compile as without this module."""
-    if value is None:
-        monkeypatch.delenv("PYFUSER_GRAPH_CACHE")
-    else:
-        monkeypatch.setenv("PYFUSER_GRAPH_CACHE", value)
+    monkeypatch.setenv("PYFUSER_GRAPH_CACHE", value)
 
     def entered(*a, **k):
         raise AssertionError("the graph cache was entered while off")

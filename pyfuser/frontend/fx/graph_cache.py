@@ -25,9 +25,9 @@ does for Inductor, which serves Inductor only).
    overlapping inputs), a graph the channels-last pass changed, a graph whose example inputs
    are not its placeholders' values (a restrided backward), anything that does not pickle.
 
-Opt-in: `PYFUSER_GRAPH_CACHE=1` switches this cache on (off by default; also off, whatever
-that says, with the plan cache: `PYFUSER_DISABLE_PLAN_CACHE`, `PYFUSER_DISABLE_DISK_CACHE`,
-`PYFUSER_DUMP`, and with torch's `force_disable_caches`). Off, the backend compiles exactly as
+On by default; `PYFUSER_GRAPH_CACHE=0` (or false / no / off) switches it off, and so do the
+plan cache's switches (`PYFUSER_DISABLE_PLAN_CACHE`, `PYFUSER_DISABLE_DISK_CACHE`,
+`PYFUSER_DUMP`) and torch's `force_disable_caches`. Off, the backend compiles exactly as
 without this module: it asks `enabled()` (the environment) and nothing else, imports no torch
 internals, computes no key.
 
@@ -61,9 +61,9 @@ last_bypass = [""]          # the last reason a graph had no key (tests read it)
 
 
 def enabled() -> bool:
-    """Whether graphs go through this cache: `PYFUSER_GRAPH_CACHE=1` (the one switch; off by
-    default), unless torch's `force_disable_caches` or the plan cache's switches turn it off."""
-    if os.environ.get("PYFUSER_GRAPH_CACHE", "").strip().lower() not in ("1", "true", "yes", "on"):
+    """Whether graphs go through this cache: on unless `PYFUSER_GRAPH_CACHE=0` (false, no,
+    off), torch's `force_disable_caches` or the plan cache's switches turn it off."""
+    if os.environ.get("PYFUSER_GRAPH_CACHE", "").strip().lower() in ("0", "false", "no", "off"):
         return False
     forced = getattr(getattr(torch.compiler, "config", None), "force_disable_caches", False)
     return not forced and plan_store.enabled()
