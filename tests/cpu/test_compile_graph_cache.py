@@ -3,8 +3,8 @@ in-memory state, compiles a Dynamo graph it has compiled before without AOTAutog
 and partitioning, and gets eager's results and a cold compile's (forward, loss, gradients,
 optimizer step, random draws); a change of the model's code, shapes, dtypes, grad mode,
 autocast or options misses; what cannot be keyed safely (dynamic shapes) is not cached (its
-fallbacks: test_compile_graph_cache_fallbacks.py); each test sets PYFUSER_GRAPH_CACHE=1 (the default)
-with a cache directory of its own."""
+fallbacks: test_compile_graph_cache_fallbacks.py); each test runs with the cache on (the
+default) and a cache directory of its own."""
 from __future__ import annotations
 
 import copy

@@ -100,6 +100,7 @@ def test_a_failure_through_the_cache_compiles_without_it(monkeypatch):
 
 
 def test_on_by_default():
+    """Unset, PYFUSER_GRAPH_CACHE means on; the plan cache's switches still turn it off."""
     import os
     from unittest import mock
     with mock.patch.dict(os.environ):
