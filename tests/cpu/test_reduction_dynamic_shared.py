@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import reduction_cases as RC
-from codegen_cases import poison
-from pyfuser.codegen import api
+from codegen_cases import run_plan
 from pyfuser.codegen import kernel_ir as K
 from pyfuser.codegen.kernel_shared import SHARED_LIMIT, STATIC_LIMIT, shared_layout
 from pyfuser.ir import DataType
@@ -21,15 +20,10 @@ def _plan_and_check(builder, shape, dt):
     f = RC.fusion(builder, len(shape), dt, [1])
     gen = torch.Generator().manual_seed(7)
     xs = RC.inputs_for(f, shape, dt, [1], "contiguous", gen)
-    plan = api.plan_kernel(f, xs)
-    b = bind(f, xs)
-    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
-    for o in outs:
-        poison(o)
-    api.interpret(plan, xs, outs, b)
+    plan, outs = run_plan(f, xs)
     for i, (g, w) in enumerate(zip(outs, evaluate(f, xs))):
         RC.check_close(g, w, builder.__name__, shape[1], f"{builder.__name__} {dt} output {i}")
-    return plan, plan.kernel.launch_config(b, plan.kernel_tensors(xs, outs)), (xs, outs)
+    return plan, plan.kernel.launch_config(bind(f, xs), plan.kernel_tensors(xs, outs)), (xs, outs)
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])

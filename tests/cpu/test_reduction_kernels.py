@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import reduction_cases as RC
-from codegen_cases import compile_many, poison
+from codegen_cases import compile_many, run_plan
 from pyfuser.codegen import api
 from pyfuser.ir import DataType
 from pyfuser.ir import builder as B
@@ -30,12 +30,7 @@ def run(builder, shape, axes, dt, layout, monkeypatch=None):
     f = RC.fusion(builder, len(shape), dt, axes)
     gen = torch.Generator().manual_seed(hash((builder.__name__, shape, layout)) % 2 ** 31)
     xs = RC.inputs_for(f, shape, dt, axes, layout, gen)
-    plan = api.plan_kernel(f, xs)
-    b = bind(f, xs)
-    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
-    for o in outs:
-        poison(o)
-    api.interpret(plan, xs, outs, b)
+    plan, outs = run_plan(f, xs)
     want = evaluate(f, xs)
     n = 1
     for a in axes:

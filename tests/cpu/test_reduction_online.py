@@ -16,11 +16,10 @@ import torch
 
 import pyfuser
 import reduction_cases as RC
-from codegen_cases import compile_many, poison
+from codegen_cases import compile_many, run_plan
 from pyfuser.codegen import api
 from pyfuser.codegen import kernel_ir as K
 from pyfuser.ir.evaluator import evaluate
-from pyfuser.ir.shapes import bind
 from pyfuser.schedule import reduction_graph as RG
 
 F = torch.nn.functional
@@ -28,12 +27,7 @@ PLANS: list = []
 
 
 def run_fusion(f, xs):
-    plan = api.plan_kernel(f, xs)
-    b = bind(f, xs)
-    outs = plan.allocate_outputs(b, xs, torch.device("cpu"))
-    for o in outs:
-        poison(o)
-    api.interpret(plan, xs, outs, b)
+    plan, outs = run_plan(f, xs)
     PLANS.append(plan)
     return plan, outs
 
