@@ -6,9 +6,9 @@ aot_eager, cold (empty caches) and warm (a new process, the caches of the cold o
 
 Each measurement is a fresh process (`--child`) timing the first inference forward and the first
 training step of a model of tests/cpu/train_corpus.py (what bench/models.py calls `cold_s` /
-`warm_s`). Modes: `pyfuser` (its graph cache off: PYFUSER_GRAPH_CACHE=0), `pyfuser-gc` (pyfuser
-with its graph cache, the default since the seventeenth session), `inductor`, `aot_eager`. Phases are exclusive (time
-goes to the innermost phase running) and are measured in the main thread's CPU time
+`warm_s`). Modes: `pyfuser` (its graph cache off: PYFUSER_GRAPH_CACHE=0), `pyfuser-gc`
+(pyfuser with its graph cache, the default since the seventeenth session), `inductor`,
+`aot_eager`. Phases are exclusive (time goes to the innermost phase running) and are measured in the main thread's CPU time
 (`time.thread_time`: on a shared machine far steadier than wall time; compile threads are not
 counted), the wall time of the whole is printed beside it:
 - dynamo: Dynamo's own frame conversion (bytecode analysis, guards, graph building);
