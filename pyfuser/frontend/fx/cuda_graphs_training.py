@@ -47,7 +47,10 @@ from ...runtime.graph_capture import fresh_copies
 from .cuda_graphs import _SCALARS, GraphedInference
 
 log = logging.getLogger("pyfuser")
-_VALUE, _EMPTY, _HELD, _SAME = "value", "empty", "held", "same"
+# how a replay hands out each output past the user's (GraphedTraining's plan): _VALUE, _EMPTY,
+# (_SAME, k): output k again, (_INPUT, i): input i itself, (_VIEW, i): a view within input i,
+# (_HELD, (storage, dtype, sizes, strides, offset)): a new tensor on a held storage
+_VALUE, _EMPTY, _HELD, _SAME, _INPUT, _VIEW = "value", "empty", "held", "same", "input", "view"
 
 
 def use_count(storage) -> int:
@@ -109,17 +112,15 @@ class GraphedTraining(GraphedInference):
             if not st.nbytes():
                 plan.append(_EMPTY)
             elif i is not None and i in self.static_idx:
-                plan.append((i, o is call_args[i]))
+                plan.append((_INPUT if o is call_args[i] else _VIEW, i))
             else:
                 st = held.setdefault(st.data_ptr(), st)
-                plan.append((_HELD, st, {"size": o.shape, "stride": o.stride(), "dtype": o.dtype,
-                                         "device": o.device,
-                                         "storage_offset": o.storage_offset()}))
+                plan.append((_HELD, (st, o.dtype, tuple(o.shape), o.stride(),
+                                     o.storage_offset())))
         e.plan, e.held, e.counts = plan, list(held.values()), None
-        # for the native hand_out: each held output's (storage, dtype, sizes, strides, offset)
+        # the native hand_out's items: the held outputs' (storage, dtype, sizes, strides, offset)
         e.made = None if self.native() is None else [
-            (h[1], h[2]["dtype"], tuple(h[2]["size"]), h[2]["stride"], h[2]["storage_offset"])
-            for h in plan if type(h) is tuple and h[0] is _HELD]
+            h[1] for h in plan if type(h) is tuple and h[0] is _HELD]
         return None
 
     def _use_counts(self, storages) -> tuple:
@@ -135,18 +136,15 @@ class GraphedTraining(GraphedInference):
         res = users
         made = iter(self.native().hand_out(e.made)) if e.made is not None else None  # one call
         for o, how in zip(e.out[n:], e.plan[n:]):
-            if type(how) is tuple:            # the common kinds inline (a hundred a call)
-                kind = how[0]
-                if kind is _HELD and made is not None:
-                    res.append(next(made))
-                    continue
-                if kind is _SAME:
-                    res.append(res[how[1]])
-                    continue
-                if type(kind) is int and how[1]:      # an input itself (a saved parameter)
-                    res.append(args[kind])
-                    continue
-            res.append(_hand_out(o, how, args))
+            kind = how[0] if type(how) is tuple else how   # the common kinds inline (a
+            if kind is _HELD and made is not None:          # hundred a call)
+                res.append(next(made))
+            elif kind is _SAME:
+                res.append(res[how[1]])
+            elif kind is _INPUT:                            # a saved parameter
+                res.append(args[how[1]])
+            else:
+                res.append(_hand_out(o, how, args))
         return tuple(res) if isinstance(e.out, tuple) else res
 
 
@@ -184,15 +182,15 @@ def _hand_out(o, how, args):
         return o
     if how is _EMPTY:
         return torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
-    if how[0] is _HELD:
-        _, st, meta = how
+    kind, what = how
+    if kind is _HELD:
+        st, dtype, size, stride, offset = what
         if o.is_cuda and _on_cuda_storage is not None:
-            return _on_cuda_storage(meta, st)
-        return torch.empty(0, dtype=o.dtype, device=o.device).set_(
-            st, meta["storage_offset"], meta["size"], meta["stride"])
-    i, itself = how
-    a = args[i]
-    return a if itself else a.as_strided(o.shape, o.stride(), o.storage_offset())
+            return _on_cuda_storage({"size": size, "stride": stride, "dtype": dtype,
+                                     "device": o.device, "storage_offset": offset}, st)
+        return torch.empty(0, dtype=dtype, device=o.device).set_(st, offset, size, stride)
+    a = args[what]
+    return a if kind is _INPUT else a.as_strided(o.shape, o.stride(), o.storage_offset())
 
 
 _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
