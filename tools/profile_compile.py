@@ -88,12 +88,14 @@ class PhaseTimer:
         setattr(owner, attr, wrapped)
 
 
-def install(timer: PhaseTimer) -> None:
+def install_compile_graph(timer: PhaseTimer, prefix: str = "") -> None:
+    """Phases of pyfuser's compile_graph (fx.*: support, partition, lower, rewrite, plan cache,
+    prepare, the rest) and of the planning below it (`prefix` + segment / signature / plan),
+    with the kernels' runs on the interpreter as "run" (tools/profile_warm.py shares this)."""
     from pyfuser.codegen import api
-    from pyfuser.frontend.fx import backend, compile_graph as CG
-    from pyfuser.runtime import disk_cache, nvrtc
+    from pyfuser.frontend.fx import compile_graph as CG
+    from pyfuser.ir import evaluator
     from pyfuser.segment import segmenter
-    timer.wrap(backend, "pyfuser_backend", "aot")
     for attr, phase in (("node_support", "fx.support"), ("partition", "fx.partition"),
                         ("lower_region", "fx.lower"), ("resolve_symints", "fx.lower"),
                         ("region_key", "fx.lower"), ("_rewrite", "fx.rewrite"),
@@ -106,15 +108,21 @@ def install(timer: PhaseTimer) -> None:
         timer.wrap(CG, "_prepare", "fx.prepare")
     except ImportError:                 # before the plan cache
         pass
-    timer.wrap(segmenter, "segment", "segment")
-    timer.wrap(api, "signature", "signature")
-    timer.wrap(api, "plan_kernel", "plan")
+    timer.wrap(segmenter, "segment", prefix + "segment")
+    timer.wrap(api, "signature", prefix + "signature")
+    timer.wrap(api, "plan_kernel", prefix + "plan")
     timer.wrap(api, "interpret", "run")
+    timer.wrap(evaluator, "evaluate", "run")
+
+
+def install(timer: PhaseTimer) -> None:
+    from pyfuser.frontend.fx import backend
+    from pyfuser.runtime import disk_cache, nvrtc
+    timer.wrap(backend, "pyfuser_backend", "aot")
+    install_compile_graph(timer)
     timer.wrap(nvrtc, "_compile", "nvrtc")
     timer.wrap(disk_cache, "load", "disk")
     timer.wrap(disk_cache, "store", "disk")
-    from pyfuser.ir import evaluator
-    timer.wrap(evaluator, "evaluate", "run")
     from pyfuser.runtime import launch
     timer.wrap(launch.KernelLauncher, "__init__", "launcher")
     timer.wrap(launch.KernelLauncher, "launch", "run")

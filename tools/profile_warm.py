@@ -36,15 +36,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYFUSER_MODES = ("pyfuser", "pyfuser-gc")
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for _path in (ROOT, HERE):            # pyfuser and bench; profile_compile beside this file
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 
 def CpuPhases():
     """Exclusive main-thread CPU time per phase (other threads are not counted):
     tools/profile_compile.py's PhaseTimer on this thread's CPU clock."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
     from profile_compile import PhaseTimer
     return PhaseTimer(clock=time.thread_time, main_only=True)
 
@@ -69,8 +68,7 @@ def install(t, mode: str) -> None:
         return
     if mode not in PYFUSER_MODES:
         return
-    from pyfuser.codegen import api
-    from pyfuser.frontend.fx import backend, compile_graph as CG, plan_cache
+    from pyfuser.frontend.fx import backend
     t.wrap(backend, "_recomputing_partition", "aot.partition")
     try:
         from pyfuser.frontend.fx import graph_cache, graph_cache_entry
@@ -80,20 +78,8 @@ def install(t, mode: str) -> None:
         t.wrap(graph_cache_entry, "recompile", "cache.load")
     except ImportError:                 # before the graph cache
         pass
-    for attr, phase in (("node_support", "fx.support"), ("partition", "fx.partition"),
-                        ("lower_region", "fx.lower"), ("resolve_symints", "fx.lower"),
-                        ("region_key", "fx.lower"), ("_rewrite", "fx.rewrite"),
-                        ("_prepare", "fx.prepare"), ("compile_graph", "fx.other")):
-        t.wrap(CG, attr, phase)
-    for attr in ("load", "store"):
-        t.wrap(plan_cache, attr, "fx.plan_cache")
-    t.wrap(api, "interpret", "run")
-    t.wrap(api, "signature", "fx.signature")
-    t.wrap(api, "plan_kernel", "fx.plan")
-    from pyfuser.ir import evaluator
-    t.wrap(evaluator, "evaluate", "run")
-    from pyfuser.segment import segmenter
-    t.wrap(segmenter, "segment", "fx.segment")
+    from profile_compile import install_compile_graph
+    install_compile_graph(t, prefix="fx.")
 
 
 def child(args) -> dict:
