@@ -60,6 +60,7 @@ import weakref
 import torch
 
 from ..errors import PyfuserError
+from .rng import drawer
 from . import driver as D
 from .nvrtc import CompiledBinary
 from .params import ParamPacker
@@ -320,7 +321,7 @@ class Prepared:
     """
     __slots__ = ("fn", "fn_int", "dims", "device_index", "ctx", "ctx_int", "buf", "ptrs_arr",
                  "ptrs_addr", "size", "extra", "extra_addr", "extra_list", "write", "values",
-                 "ptr_slots", "runs", "go", "lock", "listeners", "rng", "__weakref__")
+                 "ptr_slots", "runs", "go", "lock", "listeners", "rng", "draw", "__weakref__")
 
     def __init__(self, launcher, fn, cfg, smem, device_index, tensors, bindings):
         packer = launcher.packer
@@ -347,6 +348,8 @@ class Prepared:
         self.runs = _pointer_runs(packer, self.ptr_slots)
         self.write = _pointer_writer(self.runs)
         self.rng = _rng_slots(packer, device_index)
+        # (seed, offset, state pointer) per launch: rng.drawer, shared with the native runner
+        self.draw = None if self.rng is None else drawer(*self.rng[:2])
         self.go = None
         self.listeners = []     # called after a mode switch rebinds `go` (the native runner's)
 
@@ -370,11 +373,9 @@ def _rng_slots(packer, device_index):
 
 def _draw_into(prep) -> None:
     """Write a fresh seed / offset into prep's buffer and tuple values (its lock held)."""
-    from .rng import launch_state, state_ptr
-    dev, inc, slots = prep.rng
-    state = (*launch_state(dev, inc), state_ptr(dev))
+    state = prep.draw()
     vals = list(prep.values)
-    for k, off, which in slots:
+    for k, off, which in prep.rng[2]:
         _INT64.pack_into(prep.buf, off, state[which])
         vals[k] = state[which]
     prep.values = tuple(vals)

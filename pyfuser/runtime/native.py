@@ -202,9 +202,9 @@ def configure(mod) -> bool:
 def launch_step(launcher, prep, ptr_slots):
     """The runner's ("launch", ...) step for Prepared `prep`, whose i-th tensor pointer comes from
     slot ptr_slots[i]; None when it is not a "ctypes" launch through cuLaunchKernelEx. A kernel
-    drawing random numbers gets `draw` (runtime/rng.py's `drawer`: launch_state for its device and
-    increment: the seed and offset the Python path would draw) and the byte offsets to write
-    them at."""
+    drawing random numbers gets the prepared call's `draw` (runtime/rng.py's `drawer`, which the
+    Python path draws from too: the seed, offset and state pointer) and the byte offsets to
+    write them at."""
     if launcher.mode != "ctypes" or launcher._raw is None or launcher._raw.launch_ex is None:
         return None
     from .launch import _CFG
@@ -218,10 +218,7 @@ def launch_step(launcher, prep, ptr_slots):
     step = ("launch", prep.fn_int, prep.ctx_int, bytes(prep.buf), offsets, writes, fail)
     if prep.rng is None:
         return step
-    from .rng import drawer
-    device, increment, slots = prep.rng
-    return step + (drawer(device, increment),
-                   [(off, which) for _, off, which in slots])
+    return step + (prep.draw, [(off, which) for _, off, which in prep.rng[2]])
 
 
 def main(argv=None) -> int:
