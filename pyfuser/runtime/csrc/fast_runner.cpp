@@ -47,8 +47,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/as_strided.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/TensorOptions.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Storage.h>
 
