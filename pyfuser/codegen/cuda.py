@@ -215,7 +215,7 @@ class Printer:
             elif isinstance(s, K.AsyncWait):
                 self.lines.append(f"{pad}pf_cp_async_wait();")
             elif isinstance(s, K.ClusterSync):
-                self.lines.append(f"{pad}pf_cluster_sync();")
+                self.lines.append(f"{pad}pf_cluster_{s.phase}();")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
         self.rounded = outer

@@ -166,8 +166,13 @@ class Interpreter(SharedMemory):
             env["cluster_rank"] = ((lin % gx) % C).repeat_interleave(T)
             self.arrays, self.shared = {}, {}
             self.P, self.T, self.nb = nb * T, T, nb
+            self.cluster_arrives = torch.zeros(-(-nb // C), dtype=torch.int64)  # split barriers
+            self.cluster_open = torch.zeros(-(-nb // C), dtype=torch.bool)
             self.block_of = torch.arange(nb, dtype=torch.int64).repeat_interleave(T)
             self.exec(self.k.body, _Scope(env, None))
+            if bool(self.cluster_open.any()):
+                raise KernelRaceError(f"{self.k.name}: a cluster barrier's arrive is never waited "
+                                      "for (a block may exit while another reads its shared memory)")
 
     # ---- statements -----------------------------------------------------------------------
     def exec(self, stmts, sc: _Scope) -> None:
@@ -198,9 +203,9 @@ class Interpreter(SharedMemory):
                 if self.races is not None:
                     self.races.sync(self._rows(sc))
             elif isinstance(s, K.ClusterSync):
-                self.cluster_sync(sc)
+                self.cluster_sync(sc, s.phase)
                 if self.races is not None:
-                    self.races.cluster_sync(self._rows(sc))
+                    self.races.cluster_sync(self._rows(sc), s.phase)
             elif isinstance(s, K.Fence):
                 if self.races is not None:
                     self.races.fence(self._rows(sc))

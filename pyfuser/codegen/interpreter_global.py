@@ -30,7 +30,9 @@ when c's block has acquired p's access (vector clocks `vc[block, block]`):
   interpreter reaches it only once every block has arrived); acquisition is per block (the
   kernels pass what the atomic thread learnt to the others through shared memory and a `Sync`,
   which interpreter_shared.py checks);
-- a `ClusterSync` orders everything before it in the cluster's blocks before everything after.
+- a `ClusterSync` orders everything before it in the cluster's blocks before everything after;
+  split, everything before the "arrive" before everything after the "wait" (what a block does
+  between the two is a new epoch, which the wait acquires for no other block).
 An atomic is ordered after the earlier atomics on its word (one modification order): a plain
 access ordered after the last `AtomicAdd` on a word is ordered after every earlier one.
 Flagged: two threads writing one element (also in one statement); a plain write or read
@@ -98,6 +100,7 @@ class GlobalRaces:
         self.ep = torch.zeros(nb, dtype=torch.int64)
         self.fenced = torch.zeros(nb, dtype=torch.int64)
         self.rel: dict = {}                        # (storage id, element) -> released clocks
+        self.arrived: dict = {}                    # cluster -> what its split barrier's arrive released
         cross = kernel.cluster > 1 or any(isinstance(s, (K.AtomicAdd, K.WaitCount)) for s in stmts)
         self.vc = torch.full((nb, nb), -1, dtype=torch.int64) if cross and nb <= VC_LIMIT else None
         self.off = cross and self.vc is None or not self.ptrs
@@ -297,16 +300,26 @@ class GlobalRaces:
             blk = self._blocks(rows)
             self.fenced[blk] = self.ep[blk] + 1
 
-    def cluster_sync(self, rows) -> None:
+    def cluster_sync(self, rows, phase: str = "sync") -> None:
+        """A cluster barrier, or its "arrive" / "wait" half (the interpreter checked whole
+        clusters and the halves' order): the release is taken at the arrive (or the barrier),
+        each member acquires it at the wait (or the barrier)."""
         if self.off:
             return
         blk = self._blocks(rows)
-        self.ep[blk] += 1
+        if phase != "wait":
+            self.ep[blk] += 1
         if self.vc is None:
             return
         C = self.k.cluster
         for c in torch.unique(torch.div(blk, C, rounding_mode="floor")).tolist():
             members = torch.arange(c * C, (c + 1) * C)
-            row = self.vc[members].amax(0)
-            row[members] = torch.maximum(row[members], 2 * self.ep[members])
-            self.vc[members] = torch.maximum(self.vc[members], row)
+            if phase == "wait":
+                row = self.arrived.pop(c)
+            else:
+                row = self.vc[members].amax(0)
+                row[members] = torch.maximum(row[members], 2 * self.ep[members])
+            if phase == "arrive":
+                self.arrived[c] = row
+            else:
+                self.vc[members] = torch.maximum(self.vc[members], row)

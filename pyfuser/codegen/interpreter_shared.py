@@ -7,7 +7,10 @@ block in the chunk), `P` / `T` / `nb` (threads in the chunk, threads a block, bl
 Checked: a shared element written by one thread and read or written by another with no `Sync`
 (or, across a cluster's blocks, no `ClusterSync`) between; two threads writing one element in one
 statement; a barrier reached by part of a block or cluster; an element an async copy writes read
-before its thread's `AsyncWait`.
+before its thread's `AsyncWait`. A split cluster barrier (`ClusterSync("arrive")`, later
+`ClusterSync("wait")`) orders only what came before the arrive before what comes after the wait:
+each record carries the cluster's arrive count when it was made (`wstamp` / `rstamp`), and the
+wait clears only records older than the last arrive; arrive and wait must alternate.
 """
 from __future__ import annotations
 
@@ -23,9 +26,10 @@ class _Shared:
     """One shared-memory array of every block of the chunk, with its race bookkeeping: per
     element the thread (row) that wrote it and the one that read it since the block's last Sync
     (-1 none, -2 several readers); and, for other blocks of a cluster, who wrote it and who read
-    it remotely since the last ClusterSync; and the thread whose async copy to it has not been
-    waited for (-1 none)."""
-    __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "pending")
+    it remotely since the last ClusterSync; the thread whose async copy to it has not been
+    waited for (-1 none); and the cluster's arrive count when the write / the reads were recorded
+    (split cluster barriers)."""
+    __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "pending", "wstamp", "rstamp")
 
     def __init__(self, nblocks, dims, dtype):
         self.data = torch.zeros((nblocks, *dims), dtype=dtype)
@@ -34,6 +38,8 @@ class _Shared:
         self.cwriter = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.rreader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.pending = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.wstamp = torch.zeros((nblocks, *dims), dtype=torch.int64)
+        self.rstamp = torch.zeros((nblocks, *dims), dtype=torch.int64)
 
 
 class SharedMemory:
@@ -66,7 +72,12 @@ class SharedMemory:
                                   f"{int(rid[bad][0])} after thread {int(w[bad][0])} wrote it, with "
                                   "no cluster barrier between")
         self._mark_readers(sh.rreader, key, rid)
+        sh.rstamp[key] = self._arrives(key)
         return sh.data[key]
+
+    def _arrives(self, key):
+        """The arrive count of the cluster of each element's block (key[0])."""
+        return self.cluster_arrives[key[0] // self.k.cluster]
 
     def _shared_read(self, name, index, sc):
         sh, key, rid = self._shared_key(name, index, sc)
@@ -79,6 +90,7 @@ class SharedMemory:
             raise KernelRaceError(f"{self.k.name}: shared {name} read by thread {int(rid[bad][0])} "
                                   f"after thread {int(w[bad][0])} wrote it, with no __syncthreads between")
         self._mark_readers(sh.reader, key, rid)
+        sh.rstamp[key] = self._arrives(key)
         return sh.data[key]
 
     @staticmethod
@@ -110,6 +122,7 @@ class SharedMemory:
         sh.writer[key] = rid
         sh.cwriter[key] = rid
         sh.pending[key] = rid if pending else -1
+        sh.wstamp[key] = self._arrives(key)
         if isinstance(value, torch.Tensor):
             value = value.to(sh.data.dtype).expand(key[0].shape) if value.dim() else value.item()
         sh.data[key] = value
@@ -133,13 +146,36 @@ class SharedMemory:
             if bool((sh.pending != -1).any()):
                 sh.pending[torch.isin(sh.pending, rows)] = -1
 
-    def cluster_sync(self, sc) -> None:
+    def cluster_sync(self, sc, phase: str = "sync") -> None:
+        """A cluster barrier (phase "sync"), or its "arrive" or "wait" half, reached by the
+        active threads: whole clusters only; arrive and wait alternate."""
         C = self.k.cluster
         rows = torch.arange(self.P) if sc.sel is None else sc.sel
         counts = torch.bincount(self.block_of[rows] // C, minlength=-(-self.nb // C))
         if bool(((counts != 0) & (counts != self.T * C)).any()):
             raise KernelRaceError(f"{self.k.name}: a cluster barrier reached by part of a cluster")
-        blocks = (counts == self.T * C).repeat_interleave(C)[:self.nb]
+        clusters = counts == self.T * C
+        open_ = self.cluster_open[clusters]
+        if bool(open_.any()) if phase != "wait" else not bool(open_.all()):
+            raise KernelRaceError(f"{self.k.name}: a cluster barrier's {phase} where "
+                                  + ("an arrive is still to be waited for" if phase != "wait"
+                                     else "no arrive came before"))
+        if phase == "arrive":
+            self.cluster_arrives[clusters] += 1
+            self.cluster_open[clusters] = True
+            return
+        blocks = clusters.repeat_interleave(C)[:self.nb]
+        if phase == "wait":          # only what came before the arrive is ordered before
+            self.cluster_open[clusters] = False
+            arrives = self.cluster_arrives.repeat_interleave(C)[:self.nb]
+            for sh in self.shared.values():
+                shape = (-1,) + (1,) * (sh.writer.dim() - 1)
+                old_w = blocks.view(shape) & (sh.wstamp < arrives.view(shape))
+                old_r = blocks.view(shape) & (sh.rstamp < arrives.view(shape))
+                for arr, old in ((sh.writer, old_w), (sh.cwriter, old_w), (sh.reader, old_r),
+                                 (sh.rreader, old_r)):
+                    arr[old] = -1
+            return
         for sh in self.shared.values():
             for arr in (sh.writer, sh.reader, sh.cwriter, sh.rreader):
                 arr[blocks] = -1

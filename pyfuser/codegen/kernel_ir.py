@@ -71,9 +71,14 @@ Statements:
                            lowering that emits it says why they can (inner_outer_lowering.py)
   AsyncWait()              `cp.async.wait_all`: this thread's async copies have landed and it
                            may read them (other threads only after a Sync as well)
-  ClusterSync()            a barrier of every thread of every block of the cluster (release /
+  ClusterSync(phase)       a barrier of every thread of every block of the cluster (release /
                            acquire): shared-memory writes before it are seen by remote reads
-                           after it, remote reads before it end before writes after it
+                           after it, remote reads before it end before writes after it.
+                           phase "sync" (both halves), or split: "arrive" (this thread's
+                           accesses so far are released; it runs on) and a later "wait" (it
+                           blocks until every thread of the cluster has arrived, and acquires
+                           what they released); arrive and wait alternate, and what a thread
+                           does between them is ordered with no other thread's accesses
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
@@ -306,9 +311,12 @@ class AsyncWait:
     pass
 
 
+CLUSTER_PHASES = ("sync", "arrive", "wait")
+
+
 @dataclass
 class ClusterSync:
-    pass
+    phase: str = "sync"            # CLUSTER_PHASES
 
 
 @dataclass
@@ -399,7 +407,7 @@ def format_kernel_ir(k: Kernel) -> str:
             elif isinstance(s, AsyncWait):
                 lines.append(f"{pad}ASYNC_WAIT")
             elif isinstance(s, ClusterSync):
-                lines.append(f"{pad}CLUSTER_SYNC")
+                lines.append(f"{pad}CLUSTER_{s.phase.upper()}")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 

@@ -124,12 +124,14 @@ template <> PF_D pf_half pf_to_storage<pf_half>(float f) {
 template <> PF_D pf_bf16 pf_to_storage<pf_bf16>(float f) {
   pf_bf16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
 PF_D float pf_round_half(float f) { return pf_to_reg(pf_to_storage<pf_half>(f)); }
-// thread-block clusters (sm_90): this block's rank, the cluster barrier, a load from the shared
-// memory of the block of rank `rank` (4- and 8-byte elements)
+// thread-block clusters (sm_90): this block's rank, the cluster barrier (whole, or its arrive and
+// wait halves), a load from the shared memory of the block of rank `rank` (4- and 8-byte elements)
 #if __CUDA_ARCH__ >= 900
 PF_D unsigned pf_cluster_rank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
 PF_D void pf_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+PF_D void pf_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+PF_D void pf_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 template <typename T> PF_D T pf_dsmem_load(const T* p, unsigned rank) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "distributed shared memory loads of 4 or 8 bytes");
   unsigned local, remote;

@@ -11,7 +11,8 @@ rows too long for a block, a cluster of blocks per row):
       after each pass the lanes, then the team (xor shuffles, shared memory past a warp), then
       the cluster (distributed shared memory) combine; reduced outputs are written by
       threadIdx.x 0 of the row's team (of rank 0)
-      __syncthreads / cluster barrier (shared memory is reused by the next row)
+      __syncthreads / cluster barrier (shared memory is reused by the next row; with
+      $PYFUSER_RED_SPLIT_CLUSTER=1 the wait half of a barrier whose arrive follows the combine)
 With ReductionParams.prefetch (staged cluster rows, a capped grid) a row's staged copies are
 issued before the loop for the cluster's first row and, for each next row, at the end of the
 row before it (before its cluster barrier), so they are in flight across that barrier.
@@ -32,6 +33,7 @@ WARP = 32
 
 class InnerKernel(ReductionLowering):
     LANE_WELFORD = False
+    cluster_arrived = False       # a combine's split cluster barrier has arrived, not yet waited
 
     def kernel_body(self) -> list:
         p, V = self.p, self.V
@@ -74,8 +76,9 @@ class InnerKernel(ReductionLowering):
         if self.prefetched:          # this row's copies were issued by the row before (or first)
             first = self.copies_for("rb_first", start, row_lets)
             rb += self.copies_for("rb_next", K.add(K.Var("rb"), step), row_lets)
-        if p.cluster > 1:
-            rb.append(K.ClusterSync())            # the next row rewrites what others read
+        if p.cluster > 1:            # the next row rewrites what others read (the wait half of
+            rb.append(K.ClusterSync("wait" if self.cluster_arrived else "sync"))  # the combine's)
+            self.cluster_arrived = False
         elif self.shared:
             rb.append(K.Sync())                   # the next row block rewrites shared memory
         body += [K.Let("nrb", "nidx_t", nrb), *first,
@@ -199,9 +202,14 @@ class InnerKernel(ReductionLowering):
         load in turn), xor shuffles from C / 2 down to 1 combine them (C a power of two: lanes
         below C pair among themselves), lane 0 writes the result to shared memory, and after a
         block barrier every thread reads it. Every block of the cluster runs the same tree on
-        the same partials: the same result. The cluster barrier at the end of the row orders
+        the same partials: the same result. A cluster barrier at the end of the row orders
         the remote reads before the next row's writes (and keeps a block from exiting while
-        another reads its shared memory)."""
+        another reads its shared memory). `$PYFUSER_RED_SPLIT_CLUSTER=1` splits it: each block
+        arrives once it has read the combined result and waits at the end of the row (or
+        before its next combine), so a block writes its share of the row without waiting for
+        the cluster's slowest block to finish writing. Measured and left off (H200, rows of
+        65536: softmax float32 5% faster, rms_norm float32 5% and softmax bfloat16 3% slower,
+        docs/reductions.md)."""
         p = self.p
         assert p.bdimx >= WARP and p.cluster <= WARP and p.cluster & (p.cluster - 1) == 0, \
             "a cluster combine needs a team of a warp or more and a power-of-two cluster"
@@ -210,7 +218,7 @@ class InnerKernel(ReductionLowering):
         for e in reds:
             names = self.partial_names(e)
             dts = self.comb.dtypes(e)
-            tmps, ress = [], []
+            tmps = []
             for n, dt in zip(names, dts):
                 sm, res, t = self.comb.fresh("cred"), self.comb.fresh("cres"), self.comb.fresh("crk")
                 self.shared += [K.Alloc(sm, dt, (), "shared"), K.Alloc(res, dt, (), "shared")]
@@ -226,8 +234,12 @@ class InnerKernel(ReductionLowering):
                 m //= 2
         warp0 = [K.If(K.Bin("<", TX, _c(p.cluster)), gather)] + tree + \
             [K.If(K.Bin("==", TX, _c(0)), results)]
-        out += [K.If(first, writes), K.ClusterSync()] + own + \
-            [K.If(K.Bin("<", TX, _c(WARP)), warp0), K.Sync()] + reads
+        wait = [K.ClusterSync("wait")] if self.cluster_arrived else []   # the last combine's
+        split = os.environ.get("PYFUSER_RED_SPLIT_CLUSTER") == "1"
+        out += wait + [K.If(first, writes), K.ClusterSync()] + own + \
+            [K.If(K.Bin("<", TX, _c(WARP)), warp0), K.Sync()] + reads + \
+            ([K.ClusterSync("arrive")] if split else [])
+        self.cluster_arrived = split
 
     def equal_counts(self) -> bool:
         """Every thread of a row holds as many elements (the plan's `whole`), so partials met

@@ -48,7 +48,9 @@ rows of whole steps check no bounds but step under a uniform true condition:
 ReductionParams.fence; off by default); $PYFUSER_RED_GRID_BLOCKS=N (a row's cluster kernel
 launches at most N blocks, each cluster looping over rows) and $PYFUSER_RED_PREFETCH=1 (such a loop
 issues the next row's staged copies at the end of this row: ReductionParams.prefetch);
-$PYFUSER_CLUSTERS=0 never uses clusters.
+$PYFUSER_RED_SPLIT_CLUSTER=1 (a cluster row's barrier at the end of the row split into an
+arrive after its combine and a wait at the row's end: codegen/reduction_kernels.py; off by
+default); $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 

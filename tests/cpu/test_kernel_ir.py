@@ -174,3 +174,65 @@ def test_cluster_distributed_shared_memory():
 def test_remote_read_without_cluster_barrier_is_a_race():
     with pytest.raises(KernelRaceError, match="cluster barrier"):
         interpret(cluster_sum_kernel(with_barriers=False), [torch.randn(4), torch.empty(4)], (4, 1, 1))
+
+
+def split_barrier_kernel(window=()):
+    """Blocks of a cluster of 2, two rounds: thread 0 puts x[2 b + r] in its shared memory, a
+    cluster barrier, every thread adds its partner block's value (distributed shared memory),
+    then a split barrier: `ClusterSync("arrive")`, the statements of `window` ("write": thread 0
+    rewrites its shared value; "read": every thread reads the partner's again), then
+    `ClusterSync("wait")`."""
+    rank = K.Special("cluster_rank")
+    other = K.Bin("-", C(1), rank)
+    body = [K.Alloc("sm", F, (), "shared"), K.Alloc("v", F, ()), K.Alloc("acc", F, ()),
+            K.Assign("acc", (), K.Const(0.0, "float", F))]
+    for r in range(2):
+        body += [K.If(K.Bin("==", tx, C(0)), [K.Load("v", (), "x", K.add(K.mul(bx, C(2)), C(r)), 1),
+                                               K.Assign("sm", (), K.ArrayRef("v", ()))]),
+                 K.ClusterSync(),
+                 K.Assign("acc", (), K.Op("add", (K.ArrayRef("acc", ()), K.RemoteRef("sm", (), other)), F))]
+        body.append(K.ClusterSync("arrive"))
+        if "write" in window:
+            body.append(K.If(K.Bin("==", tx, C(0)), [K.Assign("sm", (), K.Const(0.0, "float", F))]))
+        if "read" in window:
+            body.append(K.Assign("v", (), K.RemoteRef("sm", (), other)))
+        body.append(K.ClusterSync("wait"))
+    body.append(K.If(K.Bin("==", tx, C(0)), [K.Store("out", bx, "acc", (), 1)]))
+    k = kernel("pf_test_split_cluster", body, (32, 1, 1), [("x", F, False), ("out", F, True)])
+    k.cluster = 2
+    return k
+
+
+def test_split_cluster_barrier_orders_what_came_before_its_arrive():
+    """A remote read before the arrive, then the owner's rewrite after the wait: ordered (the
+    combine of a cluster row, whose next row rewrites the partial after the wait)."""
+    k = split_barrier_kernel()
+    x = torch.arange(8, dtype=torch.float32)
+    out = torch.full((4,), float("nan"))
+    interpret(k, [x, out], (4, 1, 1))
+    partner = torch.tensor([1, 0, 3, 2])
+    assert torch.equal(out, x.view(4, 2).sum(1)[partner])
+    src = full_source(k)
+    assert src.count("pf_cluster_arrive();") == 2 and src.count("pf_cluster_wait();") == 2
+    compiles(k)
+
+
+@pytest.mark.parametrize("window,match", [
+    ("write", "written by thread .* unordered"),          # a rewrite racing the partner's read
+    ("read", "written by thread .* unordered")])          # a read racing the next round's write
+def test_split_cluster_barrier_orders_nothing_between_its_halves(window, match):
+    with pytest.raises(KernelRaceError, match=match):
+        interpret(split_barrier_kernel(window=(window,)), [torch.randn(8), torch.empty(4)], (4, 1, 1))
+
+
+@pytest.mark.parametrize("phases,match", [
+    (["arrive", "arrive", "wait"], "an arrive is still to be waited for"),
+    (["arrive", "sync", "wait"], "an arrive is still to be waited for"),
+    (["wait"], "no arrive came before"),
+    (["arrive"], "arrive is never waited for")])
+def test_split_cluster_barrier_halves_alternate(phases, match):
+    k = kernel("pf_test_split_order", [K.ClusterSync(p) for p in phases], (32, 1, 1),
+               [("x", F, False)])
+    k.cluster = 2
+    with pytest.raises(KernelRaceError, match=match):
+        interpret(k, [torch.randn(4)], (4, 1, 1))

@@ -97,17 +97,25 @@ def test_special_rows_bfloat16():
 @pytest.mark.parametrize("builder", [RC.softmax, RC.log_softmax], ids=lambda b: b.__name__)
 def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     """A row over a cluster: -inf over whole ranks' shares, the same results, and one cluster
-    combine a row (a cluster barrier for the pair, one at the end of the row), not two."""
+    combine a row (a cluster barrier for the pair, one at the end of the row), not two; with
+    $PYFUSER_RED_SPLIT_CLUSTER=1 the second is split: its arrive after the combine, its wait at
+    the end of the row (the interpreter checks the halves' order and what they order)."""
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
     x = RC.special_rows(10, 2 * 256 * 4 * int(cluster) + 44, torch.float32)
     plan = check(builder, x, [1], f"{builder.__name__} cluster {cluster}")
     assert plan.params.cluster == int(cluster) and plan.params.passes == 1
-    assert count(plan.kernel_ir, K.ClusterSync) == 2
+    assert cluster_phases(plan) == ["sync", "sync"]
+    monkeypatch.setenv("PYFUSER_RED_SPLIT_CLUSTER", "1")
+    split = check(builder, x, [1], f"{builder.__name__} cluster {cluster}, split barrier")
+    assert cluster_phases(split) == ["sync", "arrive", "wait"]
     monkeypatch.setenv("PYFUSER_RED_ONLINE", "0")           # the two-pass form: two combines
     f = RC.fusion(builder, 2, torch.float32, [1])
     two, _ = run_fusion(f, [x])
-    assert two.params.passes == 2 and count(two.kernel_ir, K.ClusterSync) == 3
+    assert two.params.passes == 2 and cluster_phases(two) == ["sync", "arrive", "wait"] * 2
+    monkeypatch.delenv("PYFUSER_RED_SPLIT_CLUSTER")
+    two, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
+    assert two.params.passes == 2 and cluster_phases(two) == ["sync"] * 3
     monkeypatch.delenv("PYFUSER_RED_ONLINE")              # by default a cluster takes the pair
     dflt, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
     assert dflt.params.online and dflt.params.passes == 1 and dflt.params.cluster == int(cluster)
@@ -120,6 +128,11 @@ def count(kernel, cls) -> int:
         n += isinstance(s, cls)
         stack.extend(getattr(s, "body", []) if isinstance(s, (K.Loop, K.If)) else [])
     return n
+
+
+def cluster_phases(plan) -> list:
+    """The plan's cluster barriers in program order, by phase (sync / arrive / wait)."""
+    return [s.phase for s in plan.kernel_ir.walk() if isinstance(s, K.ClusterSync)]
 
 
 @pytest.mark.parametrize("builder", [RC.softmax, RC.log_softmax, RC.logsumexp],
