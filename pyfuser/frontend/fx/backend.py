@@ -76,6 +76,12 @@ def compile_one(gm, example_inputs, kind: str, cuda_graphs: bool = False, static
     """compile_graph, and for cuda_graphs a GraphedInference (inference graphs) or a
     GraphedTraining (forward, backward) around it (`static`, `mutated`, `users`: the graph's
     inputs read in place, its written inputs and a forward's user outputs: `_graph_facts`)."""
+    from ...runtime.gc_pause import paused
+    with paused():              # a backward compiled at its first call: not under the backend's
+        return _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users)
+
+
+def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users):
     from .compile_graph import compile_graph
     if not cuda_graphs:
         return compile_graph(gm, example_inputs, kind)
@@ -180,10 +186,12 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
                             inference_compiler=_compiler("inference", graphs, wrap),
                             decompositions=decompositions(), keep_inference_input_mutations=True,
                             **extra)
+    from ...runtime.gc_pause import paused
     from . import graph_cache
-    if not graph_cache.enabled():              # the default: AOTAutograd as it is
-        return make_aot(None)(gm, example_inputs)
-    return graph_cache.compile(gm, example_inputs, make_aot, opts)
+    with paused():                             # the collector's passes cost more than they free
+        if not graph_cache.enabled():          # the default: AOTAutograd as it is
+            return make_aot(None)(gm, example_inputs)
+        return graph_cache.compile(gm, example_inputs, make_aot, opts)
 
 
 def _recomputing_partition(joint_module, joint_inputs, **kwargs):

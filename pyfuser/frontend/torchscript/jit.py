@@ -231,7 +231,13 @@ class CompiledGraph:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _miss(self, variant, args, key):
-        """No plan for this key: run checked, and make the plan from that run."""
+        """No plan for this key: run checked, and make the plan from that run (with the cyclic
+        garbage collector paused: runtime/gc_pause.py)."""
+        from ...runtime.gc_pause import paused
+        with paused():
+            return self._miss_paused(variant, args, key)
+
+    def _miss_paused(self, variant, args, key):
         from ...runtime.call_keys import slow_env
         if key is None or slow_env():
             return self._checked(args)
