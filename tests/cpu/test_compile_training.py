@@ -111,6 +111,49 @@ def test_layer_norm_backward_fuses(affine):
         ["inner_outer_persistent" if affine else "inner_persistent"], report
 
 
+def test_layer_norm_of_a_transposed_input_plus_a_lookup_runs_as_kernels(monkeypatch):
+    """CLIP's and Whisper's embeddings: a convolution's output read transposed ([B, C, T] as
+    [B, T, C]) plus a position embedding, then a layer norm over C. inner_persistent refuses
+    the layout (C is not innermost in memory) and outer_persistent the lookup (its index
+    changes along T, the innermost axis), so the region ran on the reference evaluator; the
+    segment is now cut (segment/split.py) into the lookup's pointwise kernel and an
+    outer_persistent normalization, and forward and backward match eager."""
+    from pyfuser.runtime import dispatch
+    from pyfuser.schedule import registry
+    from pyfuser.segment import split
+    copies, chosen = [], []
+    runner, select = split.split_runner, registry.select
+
+    def recording(*a, **k):
+        r = runner(*a, **k)
+        if r is not None:
+            copies.append(r.fusion)
+        return r
+
+    def selecting(*a, **k):
+        s = select(*a, **k)
+        chosen.append(s.name)
+        return s
+    monkeypatch.setattr(split, "split_runner", recording)
+    monkeypatch.setattr(registry, "select", selecting)
+    ids = torch.tensor([0, 3, 1, 2, 4])
+
+    def f(conv_out, table, w, b):
+        x = conv_out.transpose(1, 2) + F.embedding(ids, table)
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+    _check_fn(f, (2, 32, 5), (5, 32), (32,), (32,), loss=lambda o: (o * o.detach().sin()).sum())
+    (region,) = [r for r in _graphs("forward")[0].regions
+                 if "aten.native_layer_norm.default" in r.ops]
+    assert "aten.embedding.default" in region.ops
+    assert_ran_as_sm90_kernels([region])
+    assert region.kernels() == 2
+    (copy,) = [c for c in copies if dispatch.last_report(c) is not None]
+    kernels = [s for s in dispatch.last_report(copy).segments if s.kind == "kernel"]
+    assert [s.scheduler for s in kernels][0] == "pointwise" and "welford" not in kernels[0].exprs
+    assert "index_select" in kernels[0].exprs and "index_select" not in kernels[1].exprs, kernels
+    assert "outer_persistent" in chosen and "welford" in kernels[1].exprs, (chosen, kernels)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_layer_norm_of_half_parameters_fuses_its_training_forward(dtype):
     """A model whose parameters are half / bfloat16 (no autocast): the training forward's
