@@ -2,9 +2,10 @@
 backward graphs fuse (activation derivatives, softmax / layer norm / batch norm backward, the
 broadcast-gradient sums), batch norm's running statistics are eager's (other mutations:
 test_compile_mutations.py), and a training step of small HF models (train_corpus.py: BERT,
-GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT; GPT-NeoX and BART, ~7 and ~15 s, in
-test_model_zoo.py) and a ResNet-18 matches eager within float tolerance (measured against
-eager in float64: pyfuser's error is at most a few times eager's own float32 error)."""
+GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT, Mistral, Qwen2, Gemma, Phi, DeBERTa-v2,
+ConvNeXt, Swin, CLIP, Wav2Vec2, Whisper's encoder, MobileBERT, ELECTRA; GPT-NeoX and BART, ~7
+and ~15 s, in test_model_zoo.py) and a ResNet-18 matches eager within float tolerance (measured
+against eager in float64: pyfuser's error is at most a few times eager's own float32 error)."""
 from __future__ import annotations
 
 import copy
@@ -260,7 +261,9 @@ def test_eval_batch_norm_fuses_with_its_relu_and_residual(dtype):
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18", "t5", "vit", "bloom", "opt",
-                                  "falcon", "distilbert"])
+                                  "falcon", "distilbert", "mistral", "qwen2", "gemma", "phi",
+                                  "deberta_v2", "convnext", "swin", "clip", "wav2vec2", "whisper",
+                                  "mobilebert", "electra"])
 def test_training_step_matches_eager(name):
     """forward, loss, backward and an SGD step: the loss, every gradient and every updated
     parameter as close to eager in float64 as eager in float32 is (within a factor 4)."""
