@@ -360,6 +360,27 @@ def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reductio
     assert_ran_as_sm90_kernels([r for g in _graphs("backward") for r in g.regions])
 
 
+@pytest.mark.parametrize("kw", [{}, {"weight": True}, {"pos_weight": True},
+                                {"reduction": "sum"}, {"reduction": "none"}], ids=str)
+def test_binary_cross_entropy_with_logits_fuses(kw):
+    """ELECTRA's discriminator loss: binary_cross_entropy_with_logits (left to eager: no
+    lowering) is the kernel of the logits' producers, with class weights, positive weights and
+    each reduction; forward and gradient as close to float64 as eager's."""
+    gen = torch.Generator().manual_seed(1)
+    target = (torch.rand(7, 5, generator=gen) > 0.6).float()
+    extra = {k: torch.rand(5, generator=gen) * 2 if v is True else v for k, v in kw.items()}
+
+    def f(x, b):
+        return F.binary_cross_entropy_with_logits(x * 3 + b, target, **extra)
+    _check_fn(f, (7, 5), (5,), loss=lambda out: (out * torch.arange(1.0, out.numel() + 1)
+                                                .reshape(out.shape)).sum())
+    (fw,) = _graphs("forward")
+    assert not fw.unsupported, fw.unsupported
+    (region,) = fw.regions
+    assert {"aten.binary_cross_entropy_with_logits.default", "aten.add.Tensor"} <= set(region.ops)
+    assert_ran_as_sm90_kernels(fw.regions + _graphs("backward")[0].regions)
+
+
 def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
     """The backend's nll_loss_backward decomposition (an iota compare, no read of the
     log-probabilities) is one pointwise kernel; the ignored row's gradient is 0."""
