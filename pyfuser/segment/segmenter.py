@@ -99,17 +99,35 @@ def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
     ex = extract(fusion, exprs, ins, outs, orders)
     what = (f"{', '.join(e.op_name for e in exprs)} "
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
-    name, why = registry.accepting(ex.fusion, what, excluded(fusion))
+    exclude = excluded(fusion)
+    if lookups_apart(fusion) and holds_lookup(exprs):
+        exclude = exclude + REDUCTION_SCHEDULERS
+    name, why = registry.accepting(ex.fusion, what, exclude)
     return (name, ex) if name is not None else (None, why)
 
 
 EXCLUDE_ATTR = "_pyfuser_exclude_schedulers"
+LOOKUPS_APART_ATTR = "_pyfuser_lookups_apart"
+REDUCTION_SCHEDULERS = ("reduction", "inner_persistent", "outer_persistent",
+                        "inner_outer_persistent")
 
 
 def excluded(fusion) -> tuple:
     """Schedulers this Fusion's segmentation must not use (split.py: a copy of a segment whose
     scheduler refused the segment's sizes at plan time)."""
     return fusion.__dict__.get(EXCLUDE_ATTR, ())
+
+
+def lookups_apart(fusion) -> bool:
+    """Whether no reduction scheduler may take a group of this Fusion that holds a lookup
+    (split.py: a copy of a reduction segment whose lookup the run check refused; the lookups
+    then run as pointwise kernels of their own)."""
+    return bool(fusion.__dict__.get(LOOKUPS_APART_ATTR))
+
+
+def holds_lookup(exprs) -> bool:
+    """Whether `exprs` hold a lookup (gather, index_select / embedding)."""
+    return any(isinstance(e, (E.GatherOp, E.IndexSelectOp)) for e in exprs)
 
 
 def _bytes(tv) -> int:

@@ -11,14 +11,24 @@ other schedulers want (a layer norm's backward: dx in one kernel, dweight and db
 and those run as usual (their own executors, cached calls included). The refusal is logged under
 `segmenter_logging`.
 
+A reduction segment that holds a lookup (gather, index_select / embedding) and that no
+scheduler takes at plan time is split the same way, with a copy whose reduction groups may hold
+no lookup (segmenter.LOOKUPS_APART_ATTR): the reduction schedulers' run checks refuse a lookup
+whose index changes along the innermost axis in memory (`_gather_layout`), and inner_persistent
+a kept innermost axis, so a layer norm of a transposed convolution output plus a position
+embedding (CLIP's and Whisper's embeddings) had no scheduler and ran on the reference
+evaluator; the copy runs the lookup as a pointwise kernel and the normalization as an
+outer_persistent one.
+
 Invariant: the copy computes the same outputs from the same inputs (a deep clone, without the
 original's cached reduction analyses, which name its nodes by id); a copy that excludes every
-scheduler that refused is never split again (no loop).
+scheduler that refused, or keeps its lookups apart, is never split again for that (no loop).
 """
 from __future__ import annotations
 
 from .. import dump as D
-from .segmenter import EXCLUDE_ATTR, excluded
+from .segmenter import (EXCLUDE_ATTR, LOOKUPS_APART_ATTR, REDUCTION_SCHEDULERS,
+                        excluded, holds_lookup, lookups_apart)
 
 
 # Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
@@ -37,17 +47,23 @@ def split_runner(fusion, mode: str, reason: str):
     from ..schedule.reduction import outer_split
     name = getattr(fusion, "kernel_scheduler", None)
     allowed = SPLIT_SCHEDULERS + (OUTER_SPLIT_SCHEDULERS if outer_split() else ())
-    if name not in allowed or name in excluded(fusion):
+    if name in allowed and name not in excluded(fusion):
+        attr, value = EXCLUDE_ATTR, tuple(excluded(fusion)) + (name,)
+        how = "the segment runs as the other schedulers' segments"
+    elif name in REDUCTION_SCHEDULERS and not lookups_apart(fusion) and \
+            holds_lookup(fusion.used_exprs()):
+        attr, value = LOOKUPS_APART_ATTR, True
+        how = "the segment runs with its lookups in kernels of their own"
+    else:
         return None
     from ..schedule.pointwise import _clone
     copy, _ = _clone(fusion)
     for key in [k for k in copy.__dict__ if k.startswith("_pyfuser_reduction_graph")]:
         del copy.__dict__[key]     # analyses of the original's nodes (keyed by their ids)
-    copy.__dict__[EXCLUDE_ATTR] = tuple(excluded(fusion)) + (name,)
+    copy.__dict__[attr] = value
     copy.__dict__.pop("kernel_scheduler", None)
     D.dump("segmenter_logging", f"{name} scheduler",
-           lambda: f"refused at run time: {reason}\n  the segment runs as the other schedulers' "
-                   "segments")
+           lambda: f"refused at run time: {reason}\n  {how}")
     from ..runtime import dispatch
     sub_mode = "interpret" if mode == "interpret" else None
 

@@ -274,3 +274,41 @@ def test_views_of_stepped_slices_read_the_stepped_elements(k, dynamic):
         got, want = cf(x), fn(x)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)   # (a sum: its order)
+
+
+def _rolls(x):
+    """Swin's shifted windows (a roll by -1 along two axes) and rolls by shifts past the size,
+    negative, zero, along one axis, of a computed value (so they stay inside the region)."""
+    h = x * 2 + 1
+    return (torch.roll(h, (-1, -1), (1, 2)).sin(), torch.roll(h, 7, 1) * 3,
+            torch.roll(h, (-9, 0), (2, 0)) - 1, torch.roll(h, 2, -1) + torch.roll(h, -2, -1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_roll_fuses_as_slices_and_a_cat_on_every_size(dynamic):
+    """aten::roll (Swin's shifted windows and, with the opposite shifts, their gradient) ran
+    eagerly: no lowering. It is a cat of two slices per rolled axis, the cut a scalar of the
+    axis' size under dynamic shapes: eager's values on three sizes (shifts past the size,
+    negative, zero), one graph, and the gradient (rolls back) fused too."""
+    cf = pyfuser.compile(_rolls, dynamic=dynamic)
+    for n in (4, 5, 9):
+        gen = torch.Generator().manual_seed(n)
+        x = torch.randn(2, n, n + 1, 3, generator=gen)
+        xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = cf(xs), _rolls(xr)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert g.shape == w.shape and torch.equal(g, w), (n, k)
+        weights = [torch.randn(w.shape, generator=gen) for w in want]
+        for outs in (got, want):
+            sum((o * w).sum() for o, w in zip(outs, weights)).backward()
+        torch.testing.assert_close(xs.grad, xr.grad)
+    graphs = compiled_graphs()
+    assert not [n for g in graphs for n in g.unsupported if n.startswith("roll")], \
+        [g.unsupported for g in graphs]
+    assert any("aten.roll.default" in r.ops for g in graphs if g.kind == "forward"
+               for r in g.regions)
+    assert any("aten.roll.default" in r.ops for g in graphs if g.kind == "backward"
+               for r in g.regions)
+    if dynamic:
+        assert len([g for g in graphs if g.kind == "forward"]) <= 2   # static first, then one
+    assert all(r.eager_calls == 0 for g in graphs for r in g.regions)

@@ -2,9 +2,10 @@
 backward graphs fuse (activation derivatives, softmax / layer norm / batch norm backward, the
 broadcast-gradient sums), batch norm's running statistics are eager's (other mutations:
 test_compile_mutations.py), and a training step of small HF models (train_corpus.py: BERT,
-GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT; GPT-NeoX and BART, ~7 and ~15 s, in
-test_model_zoo.py) and a ResNet-18 matches eager within float tolerance (measured against
-eager in float64: pyfuser's error is at most a few times eager's own float32 error)."""
+GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT, Mistral, Qwen2, Gemma, Phi, DeBERTa-v2,
+ConvNeXt, Swin, CLIP, Wav2Vec2, Whisper's encoder, MobileBERT, ELECTRA; GPT-NeoX and BART, ~7
+and ~15 s, in test_model_zoo.py) and a ResNet-18 matches eager within float tolerance (measured
+against eager in float64: pyfuser's error is at most a few times eager's own float32 error)."""
 from __future__ import annotations
 
 import copy
@@ -109,6 +110,49 @@ def test_layer_norm_backward_fuses(affine):
     report = pyfuser.runtime.dispatch.last_report(region.fusion)
     assert [s.scheduler for s in report.segments if s.kind == "kernel"] == \
         ["inner_outer_persistent" if affine else "inner_persistent"], report
+
+
+def test_layer_norm_of_a_transposed_input_plus_a_lookup_runs_as_kernels(monkeypatch):
+    """CLIP's and Whisper's embeddings: a convolution's output read transposed ([B, C, T] as
+    [B, T, C]) plus a position embedding, then a layer norm over C. inner_persistent refuses
+    the layout (C is not innermost in memory) and outer_persistent the lookup (its index
+    changes along T, the innermost axis), so the region ran on the reference evaluator; the
+    segment is now cut (segment/split.py) into the lookup's pointwise kernel and an
+    outer_persistent normalization, and forward and backward match eager."""
+    from pyfuser.runtime import dispatch
+    from pyfuser.schedule import registry
+    from pyfuser.segment import split
+    copies, chosen = [], []
+    runner, select = split.split_runner, registry.select
+
+    def recording(*a, **k):
+        r = runner(*a, **k)
+        if r is not None:
+            copies.append(r.fusion)
+        return r
+
+    def selecting(*a, **k):
+        s = select(*a, **k)
+        chosen.append(s.name)
+        return s
+    monkeypatch.setattr(split, "split_runner", recording)
+    monkeypatch.setattr(registry, "select", selecting)
+    ids = torch.tensor([0, 3, 1, 2, 4])
+
+    def f(conv_out, table, w, b):
+        x = conv_out.transpose(1, 2) + F.embedding(ids, table)
+        return F.layer_norm(x, (x.shape[-1],), w, b)
+    _check_fn(f, (2, 32, 5), (5, 32), (32,), (32,), loss=lambda o: (o * o.detach().sin()).sum())
+    (region,) = [r for r in _graphs("forward")[0].regions
+                 if "aten.native_layer_norm.default" in r.ops]
+    assert "aten.embedding.default" in region.ops
+    assert_ran_as_sm90_kernels([region])
+    assert region.kernels() == 2
+    (copy,) = [c for c in copies if dispatch.last_report(c) is not None]
+    kernels = [s for s in dispatch.last_report(copy).segments if s.kind == "kernel"]
+    assert [s.scheduler for s in kernels][0] == "pointwise" and "welford" not in kernels[0].exprs
+    assert "index_select" in kernels[0].exprs and "index_select" not in kernels[1].exprs, kernels
+    assert "outer_persistent" in chosen and "welford" in kernels[1].exprs, (chosen, kernels)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -217,7 +261,9 @@ def test_eval_batch_norm_fuses_with_its_relu_and_residual(dtype):
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "resnet18", "t5", "vit", "bloom", "opt",
-                                  "falcon", "distilbert"])
+                                  "falcon", "distilbert", "mistral", "qwen2", "gemma", "phi",
+                                  "deberta_v2", "convnext", "swin", "clip", "wav2vec2", "whisper",
+                                  "mobilebert", "electra"])
 def test_training_step_matches_eager(name):
     """forward, loss, backward and an SGD step: the loss, every gradient and every updated
     parameter as close to eager in float64 as eager in float32 is (within a factor 4)."""
@@ -312,6 +358,27 @@ def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reductio
     left = [n for g in _graphs("backward") for n in g.unsupported]
     assert not any(n.startswith("nll_loss_backward") for n in left), left
     assert_ran_as_sm90_kernels([r for g in _graphs("backward") for r in g.regions])
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight": True}, {"pos_weight": True},
+                                {"reduction": "sum"}, {"reduction": "none"}], ids=str)
+def test_binary_cross_entropy_with_logits_fuses(kw):
+    """ELECTRA's discriminator loss: binary_cross_entropy_with_logits (left to eager: no
+    lowering) is the kernel of the logits' producers, with class weights, positive weights and
+    each reduction; forward and gradient as close to float64 as eager's."""
+    gen = torch.Generator().manual_seed(1)
+    target = (torch.rand(7, 5, generator=gen) > 0.6).float()
+    extra = {k: torch.rand(5, generator=gen) * 2 if v is True else v for k, v in kw.items()}
+
+    def f(x, b):
+        return F.binary_cross_entropy_with_logits(x * 3 + b, target, **extra)
+    _check_fn(f, (7, 5), (5,), loss=lambda out: (out * torch.arange(1.0, out.numel() + 1)
+                                                .reshape(out.shape)).sum())
+    (fw,) = _graphs("forward")
+    assert not fw.unsupported, fw.unsupported
+    (region,) = fw.regions
+    assert {"aten.binary_cross_entropy_with_logits.default", "aten.add.Tensor"} <= set(region.ops)
+    assert_ran_as_sm90_kernels(fw.regions + _graphs("backward")[0].regions)
 
 
 def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():

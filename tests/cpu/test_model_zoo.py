@@ -66,11 +66,7 @@ MODELS = {
     "gemma2": _lm("Gemma2Config", "Gemma2ForCausalLM", head_dim=16, sliding_window=4,
                   attn_implementation="eager", **_LLAMA),
     # DeBERTa-v2: disentangled relative attention (gathers of the position scores)
-    "deberta_v2": _lm("DebertaV2Config", "DebertaV2ForMaskedLM", padded=True,
-                      relative_attention=True, position_buckets=8, max_relative_positions=16,
-                      pos_att_type=["p2c", "c2p"], hidden_size=S.hidden, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "deberta_v2": None,
     # Mamba: the selective scan's Python loop (no CUDA kernels), depthwise conv1d, softplus
     "mamba": _lm("MambaConfig", "MambaForCausalLM", hidden_size=S.hidden, state_size=8,
                  num_hidden_layers=2, expand=2, conv_kernel=4, use_cache=False, bos_token_id=1,

@@ -1,5 +1,6 @@
 """Lowerings of the classification losses: `nll_loss_forward` and `cross_entropy_loss` (log_softmax
-and the picked target's negative log-likelihood in the pass that reads the row).
+and the picked target's negative log-likelihood in the pass that reads the row), and
+`binary_cross_entropy_with_logits` (pointwise, then its mean or sum).
 
 Written, as aten_reduction's normalizations are, with the builder's reductions and elementwise
 ops in the order of PyTorch's own kernels: half / bfloat16 logits are computed in float and the
@@ -116,3 +117,30 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
         return B.cast(loss, x.dtype)
     s = B.reduction("sum", loss, [0])
     return B.cast(s if reduction == 2 else ew("div", s, total), x.dtype)
+
+
+@lowers("aten::binary_cross_entropy_with_logits", op_class=NORMALIZATION, n_args=(2, 3, 4, 5),
+        const_args=(4,))
+def _bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
+    """As eager's kernel, op by op: log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), times
+    (pos_weight - 1) * target + 1 with a pos_weight; the loss (1 - target) * x - that, times the
+    weight, then reduction none / mean (over every element) / sum. float32 and float64 only
+    (eager rounds each step of a half / bfloat16 loss: left to eager)."""
+    if not isinstance(x, TensorView) or not isinstance(target, TensorView):
+        raise UnsupportedOpError("binary_cross_entropy_with_logits of a non-tensor (left to eager)")
+    dtypes = {v.dtype for v in (x, target, weight, pos_weight) if isinstance(v, TensorView)}
+    if len(dtypes) != 1 or x.dtype not in (DataType.Float, DataType.Double):
+        raise UnsupportedOpError("binary_cross_entropy_with_logits of other than float32 / "
+                                 "float64 tensors of one dtype (left to eager)")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"binary_cross_entropy_with_logits: reduction {reduction!r}")
+    log_sigmoid = ew("sub", ew("minimum", x, 0.0), ew("log1p", ew("exp", ew("neg", ew("abs", x)))))
+    if pos_weight is not None:
+        log_sigmoid = ew("mul", log_sigmoid, ew("add", ew("mul", ew("sub", pos_weight, 1.0),
+                                                          target), 1.0))
+    loss = ew("sub", ew("mul", ew("sub", B.constant(1.0), target), x), log_sigmoid)
+    if weight is not None:
+        loss = ew("mul", loss, weight)
+    if reduction == 0:
+        return loss
+    return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)

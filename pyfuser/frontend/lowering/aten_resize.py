@@ -3,7 +3,7 @@
 `aten::slice` and `aten::select` (views: metadata class, so a slice of a region's input stays a
 free eager view at the region's edge and a slice between compute ops is an index shift in the
 kernel), `aten::cat`
-(and `aten::stack`, a cat of unsqueezed views),
+(and `aten::stack`, a cat of unsqueezed views; `aten::roll`, a cat of two slices per dim),
 `aten::constant_pad_nd`, `aten::slice_backward` (a slice's gradient: zeros around the slice,
 a pad) and `aten::select_backward` (a select's gradient: the same pad of the unsqueezed
 gradient, one element wide: ViT's class-token gradient). In the Fusion they are SliceOp / CatOp
@@ -157,6 +157,37 @@ def _cat(tensors, dim=0):
     if not kept or any(t.ndim != rank for t in kept) or rank == 0:
         raise UnsupportedOpError("aten::cat of tensors of different ranks")
     return B.cat(kept, _dim(dim, rank, "aten::cat"))
+
+
+@lowers("aten::roll", n_args=(2, 3), const_args=(1, 2))
+def _roll(x, shifts, dims=()):
+    """torch.roll along given dims (Swin's shifted windows and their gradient): per dim, the
+    last shift % n elements then the first ones, a cat of two slices (the kernel indexes both).
+    Constant shifts; on an axis of symbolic size n the cut n - shift % max(n, 1) is a scalar
+    the host computes when the sizes are bound. A roll of the flattened tensor (no dims) is
+    left to eager."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("aten::roll of a 0-dim or non-tensor value")
+    shifts = list(shifts) if isinstance(shifts, (list, tuple)) else [shifts]
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    if not dims:
+        raise UnsupportedOpError("aten::roll of the flattened tensor (no dims)")
+    if len(shifts) != len(dims):
+        raise UnsupportedOpError("aten::roll: shifts and dims of different lengths (eager raises)")
+    out = x
+    for shift, dim in zip(shifts, dims):
+        d = _dim(dim, x.ndim, "aten::roll")
+        shift = _const_int(shift, "aten::roll shift")
+        n = x.logical[d].known_size()
+        if n is None:
+            size = x.logical[d].full_extent
+            cut = B.elementwise("sub", size, B.elementwise(
+                "remainder", shift, B.elementwise("maximum", size, 1)))
+            out = B.cat([B.slice_axis(out, d, cut, None), B.slice_axis(out, d, 0, cut)], d)
+        elif n and shift % n:
+            k = shift % n
+            out = B.cat([B.slice_axis(out, d, n - k, n), B.slice_axis(out, d, 0, n - k)], d)
+    return B.set_(out) if out is x else out
 
 
 @lowers("aten::stack", n_args=(2,), const_args=(1,))
