@@ -1,6 +1,6 @@
 """Lowerings of the aten ops backward graphs call (AOTAutograd's derivatives of the forward ops):
 gelu / tanh / sigmoid / silu / threshold / hardtanh (relu6) / softplus / dropout backward, softmax and log_softmax backward,
-layer_norm and batch_norm backward, and `_safe_softmax` (softmax whose all -inf rows are 0).
+layer_norm, group_norm and batch_norm backward, and `_safe_softmax` (softmax whose all -inf rows are 0).
 (Batch norm in training mode, its running statistics in place or as new tensors, is
 aten_reduction.py's `_batch_norm_training`.)
 
@@ -185,6 +185,51 @@ def _layer_norm_backward(dy, x, shape, mean, rstd, w, b, mask):
         dw = _out(B.reduction("sum", dw, lead) if lead else dw, w)
     if mask[2] and b is not None:
         db = _out(B.reduction("sum", dyc, lead) if lead else dyc, b)
+    return dx, dw, db
+
+
+# ---- group norm -----------------------------------------------------------------------------------
+@lowers("aten::native_group_norm_backward", op_class=NORMALIZATION, n_args=(10,),
+        const_args=(8, 9))
+def _group_norm_backward(dy, x, mean, rstd, w, n, c, hw, groups, mask):
+    """(dx, dweight, dbias) of native_group_norm: x and dy seen as [N, G, C / G, prod(*)] as
+    the forward sees x, mean / rstd [N, G]; per (n, g) group of M = C / G * prod(*) elements,
+    x_hat = (x - mean) * rstd, g = dy * w (per channel), dx = rstd / M * (M * g - sum(g) -
+    x_hat * sum(g * x_hat)) (a layer norm's backward over the group); per channel over N and
+    the spatial axes, dweight = sum(dy * x_hat), dbias = sum(dy). In float for half / bfloat16,
+    rounded to x's / the weight's dtype."""
+    _floating("group_norm backward", dy, x, mean, rstd)
+    if x.ndim < 2:
+        raise UnsupportedOpError(f"group_norm backward of a rank-{x.ndim} input")
+    G = int(groups)
+    ch = x.logical[1].known_size()
+    if G <= 0 or (ch is not None and ch % G):
+        raise UnsupportedOpError(f"group_norm backward: {G} groups do not divide the channels")
+    if w is None and (mask[1] or mask[2]):
+        raise UnsupportedOpError("group_norm backward of a parameter without a weight (left to "
+                                 "eager)")
+    shape = [d.full_extent for d in x.logical]
+    spatial = B.num_elements(x, range(2, x.ndim))
+    x4 = _float_compute(B.reshape(x, [shape[0], G, -1, spatial]))
+    dy4 = _float_compute(B.reshape(dy, [shape[0], G, -1, spatial]))
+    rows = [False, False, True, True]
+    m4 = B.broadcast(_float_compute(mean), rows)
+    r4 = B.broadcast(_float_compute(rstd), rows)
+    x_hat = ew("mul", ew("sub", x4, m4), r4)
+    w4 = None if w is None else B.broadcast(_float_compute(B.reshape(w, [G, -1])),
+                                            [True, False, False, True])
+    dx = dw = db = None
+    if mask[0]:
+        g = dy4 if w4 is None else ew("mul", dy4, w4)
+        m = B.num_elements(x4, [2, 3])
+        sum_g = B.reduction("sum", g, [2, 3], keepdim=True)
+        sum_gx = B.reduction("sum", ew("mul", g, x_hat), [2, 3], keepdim=True)
+        inner = ew("sub", ew("sub", ew("mul", g, m), sum_g), ew("mul", x_hat, sum_gx))
+        dx = _out(B.reshape(ew("mul", ew("div", r4, m), inner), shape), x)
+    if mask[1]:
+        dw = _out(B.reshape(B.reduction("sum", ew("mul", dy4, x_hat), [0, 3]), [shape[1]]), w)
+    if mask[2]:
+        db = _out(B.reshape(B.reduction("sum", dy4, [0, 3]), [shape[1]]), w)
     return dx, dw, db
 
 
