@@ -1,7 +1,8 @@
-"""The cyclic garbage collector paused while pyfuser compiles (runtime/gc_pause.py): the pause
-restores the collector's state, nests, respects a collector the program turned off and
-`PYFUSER_GC_PAUSE=0`; the torch.compile backend (forward, and a backward compiled at its first
-call) and the TorchScript jit's first call compile with it paused, and leave it on after."""
+"""The cyclic garbage collector paused while pyfuser compiles (runtime/gc_pause.py, with
+`PYFUSER_GC_PAUSE=1`): the pause restores the collector's state, nests, respects a collector the
+program turned off, and does nothing by default; the torch.compile backend (forward, and a
+backward compiled at its first call) and the TorchScript jit's first call compile with it
+paused, and leave it on after."""
 from __future__ import annotations
 
 import gc
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 @pytest.fixture
-def collector_on():
+def collector_on(monkeypatch):
+    monkeypatch.setenv("PYFUSER_GC_PAUSE", "1")
     was = gc.isenabled()
     gc.enable()
     yield
@@ -37,15 +39,19 @@ def test_paused_restores_and_nests(collector_on):
     assert gc.isenabled()
 
 
-def test_paused_leaves_an_off_collector_off_and_obeys_the_switch(collector_on, monkeypatch):
+def test_paused_leaves_an_off_collector_off_and_is_off_by_default(collector_on, monkeypatch):
     gc.disable()
     with paused():
         assert not gc.isenabled()
     assert not gc.isenabled()
     gc.enable()
-    monkeypatch.setenv("PYFUSER_GC_PAUSE", "0")
-    with paused():
-        assert gc.isenabled()
+    for value in ("0", None):
+        if value is None:
+            monkeypatch.delenv("PYFUSER_GC_PAUSE")
+        else:
+            monkeypatch.setenv("PYFUSER_GC_PAUSE", value)
+        with paused():
+            assert gc.isenabled()
 
 
 def test_the_backend_compiles_forward_and_backward_with_the_collector_paused(collector_on,

@@ -77,7 +77,7 @@ def compile_one(gm, example_inputs, kind: str, cuda_graphs: bool = False, static
     GraphedTraining (forward, backward) around it (`static`, `mutated`, `users`: the graph's
     inputs read in place, its written inputs and a forward's user outputs: `_graph_facts`)."""
     from ...runtime.gc_pause import paused
-    with paused():              # a backward compiled at its first call: not under the backend's
+    with paused():              # a backward compiled at its first call is not under the backend's
         return _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users)
 
 
@@ -188,7 +188,7 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
                             **extra)
     from ...runtime.gc_pause import paused
     from . import graph_cache
-    with paused():                             # the collector's passes cost more than they free
+    with paused():                             # $PYFUSER_GC_PAUSE=1: no collector passes
         if not graph_cache.enabled():          # the default: AOTAutograd as it is
             return make_aot(None)(gm, example_inputs)
         return graph_cache.compile(gm, example_inputs, make_aot, opts)

@@ -231,8 +231,8 @@ class CompiledGraph:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _miss(self, variant, args, key):
-        """No plan for this key: run checked, and make the plan from that run (with the cyclic
-        garbage collector paused: runtime/gc_pause.py)."""
+        """No plan for this key: run checked, and make the plan from that run (with
+        $PYFUSER_GC_PAUSE=1 the cyclic garbage collector paused: runtime/gc_pause.py)."""
         from ...runtime.gc_pause import paused
         with paused():
             return self._miss_paused(variant, args, key)
