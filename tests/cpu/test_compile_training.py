@@ -147,6 +147,33 @@ def test_group_norm_backward_fuses(shape, groups, affine, dtype):
         (["inner_persistent", "reduction"] if affine else ["inner_persistent"]), report
 
 
+@pytest.mark.parametrize("dim,shape", [(0, (8, 4, 3)), (2, (8, 4, 3)), (0, (6, 5)), (1, (5, 7))],
+                         ids=str)
+def test_weight_norm_forward_and_backward_fuse(dim, shape):
+    """torch._weight_norm (_weight_norm_interface and its backward: Wav2Vec2's positional
+    convolution; they ran eagerly) runs as kernels: w, grad_v and grad_g as close to float64
+    eager as float32 eager is."""
+    torch.manual_seed(0)
+    v = torch.randn(*shape)
+    gshape = [1] * len(shape)
+    gshape[dim] = shape[dim]
+    g = torch.randn(*gshape)
+
+    def f(v, g):
+        return torch._weight_norm(v, g, dim) * 2.0
+    ins = [[v.clone().requires_grad_(), g.clone().requires_grad_()] for _ in range(2)] + \
+        [[v.double().requires_grad_(), g.double().requires_grad_()]]
+    outs = [pyfuser.compile(f)(*ins[0]), f(*ins[1]), f(*ins[2])]
+    assert_as_close_as_eager(*outs, "w")
+    for o in outs:
+        (o * o.detach().cos()).sum().backward()
+    for i, name in enumerate(("grad_v", "grad_g")):
+        assert_as_close_as_eager(*(x[i].grad for x in ins), name)
+    assert "aten._weight_norm_interface.default" in _fused_ops("forward")
+    assert "aten._weight_norm_interface_backward.default" in _fused_ops("backward")
+    assert not any(g.unsupported for g in compiled_graphs()), [g.report() for g in compiled_graphs()]
+
+
 def test_layer_norm_of_a_transposed_input_plus_a_lookup_runs_as_kernels(monkeypatch):
     """CLIP's and Whisper's embeddings: a convolution's output read transposed ([B, C, T] as
     [B, T, C]) plus a position embedding, then a layer norm over C. inner_persistent refuses
