@@ -270,15 +270,19 @@ def test_in_place_per_block_update_needs_a_barrier_after_the_block_reads():
     assert torch.equal(out, torch.tensor([1.0, 2.0]).repeat_interleave(32))
 
 
-def cluster_handoff_kernel(with_barrier):
-    """Blocks of a cluster of 2: rank 0 writes its cluster's global element, rank 1 reads it
-    after the cluster barrier (ordered), or with none (a race)."""
+def cluster_handoff_kernel(barrier):
+    """Blocks of a cluster of 2: rank 0 writes its cluster's global element, rank 1 reads it.
+    `barrier`: None (nothing between: a race), "sync" (a cluster barrier between: ordered),
+    "split" (the write before a split barrier's arrive, the read after its wait: ordered),
+    "late" (the write between the arrive and the wait: a race)."""
     rank = K.Special("cluster_rank")
     cl = K.Bin("/", bx, C(2))
-    body = [K.Alloc("v", F, ()),
-            K.If(_and(first, K.Bin("==", rank, C(0))),
-                 [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
-    body += [K.ClusterSync()] if with_barrier else []
+    write = [K.If(_and(first, K.Bin("==", rank, C(0))),
+                  [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
+    arrive, wait = K.ClusterSync("arrive"), K.ClusterSync("wait")
+    body = [K.Alloc("v", F, ())] + {None: write, "sync": write + [K.ClusterSync()],
+                                    "split": write + [arrive, wait],
+                                    "late": [arrive] + write + [wait]}[barrier]
     body += [K.If(_and(first, K.Bin("==", rank, C(1))),
                   [K.Load("v", (), "mid", cl, 1), K.Store("out", cl, "v", (), 1)])]
     k = kernel("pf_race_cluster", body, (32, 1, 1), [("x", F, False), ("mid", F, True), ("out", F, True)])
@@ -286,40 +290,14 @@ def cluster_handoff_kernel(with_barrier):
     return k
 
 
-def test_cluster_barrier_orders_global_memory_between_its_blocks():
+@pytest.mark.parametrize("racy,ordered", [(None, "sync"), ("late", "split")])
+def test_cluster_barrier_orders_global_memory_between_its_blocks(racy, ordered):
+    """A whole cluster barrier orders the write before the read; a split one only a write
+    before its arrive."""
     x = torch.arange(1.0, 4.0)
     with pytest.raises(KernelRaceError, match=r"mid\[0\]: written by block \(0,0,0\) thread \(0,0,0\) "
                        r"and read by block \(1,0,0\) thread \(0,0,0\)"):
-        interpret(cluster_handoff_kernel(False), [x, torch.zeros(3), torch.zeros(3)], (6, 1, 1))
+        interpret(cluster_handoff_kernel(racy), [x, torch.zeros(3), torch.zeros(3)], (6, 1, 1))
     out = torch.zeros(3)
-    interpret(cluster_handoff_kernel(True), [x, torch.zeros(3), out], (6, 1, 1))
-    assert torch.equal(out, x)
-
-
-def split_handoff_kernel(store_between):
-    """Blocks of a cluster of 2 and a split barrier: rank 0 stores its cluster's global element
-    before the arrive (ordered before rank 1's read after the wait) or between the arrive and
-    the wait (a race)."""
-    rank = K.Special("cluster_rank")
-    cl = K.Bin("/", bx, C(2))
-    store = [K.If(_and(first, K.Bin("==", rank, C(0))),
-                  [K.Load("v", (), "x", cl, 1), K.Store("mid", cl, "v", (), 1)])]
-    body = [K.Alloc("v", F, ())]
-    body += ([K.ClusterSync("arrive")] + store) if store_between else (store + [K.ClusterSync("arrive")])
-    body += [K.ClusterSync("wait"),
-             K.If(_and(first, K.Bin("==", rank, C(1))),
-                  [K.Load("v", (), "mid", cl, 1), K.Store("out", cl, "v", (), 1)])]
-    k = kernel("pf_race_split_cluster", body, (32, 1, 1),
-               [("x", F, False), ("mid", F, True), ("out", F, True)])
-    k.cluster = 2
-    return k
-
-
-def test_split_cluster_barrier_orders_global_memory_before_its_arrive_only():
-    x = torch.arange(1.0, 4.0)
-    with pytest.raises(KernelRaceError, match=r"mid\[0\]: written by block \(0,0,0\) thread \(0,0,0\) "
-                       r"and read by block \(1,0,0\) thread \(0,0,0\)"):
-        interpret(split_handoff_kernel(True), [x, torch.zeros(3), torch.zeros(3)], (6, 1, 1))
-    out = torch.zeros(3)
-    interpret(split_handoff_kernel(False), [x, torch.zeros(3), out], (6, 1, 1))
+    interpret(cluster_handoff_kernel(ordered), [x, torch.zeros(3), out], (6, 1, 1))
     assert torch.equal(out, x)

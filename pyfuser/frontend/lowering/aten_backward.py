@@ -22,7 +22,7 @@ from ...ir import builder as B
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
 from .aten_loss import _target_masks
-from .aten_reduction import _channel_param, _float_compute
+from .aten_reduction import _channel_param, _float_compute, group_count
 from .registry import NORMALIZATION, lowers
 
 ew = B.elementwise
@@ -199,12 +199,7 @@ def _group_norm_backward(dy, x, mean, rstd, w, n, c, hw, groups, mask):
     the spatial axes, dweight = sum(dy * x_hat), dbias = sum(dy). In float for half / bfloat16,
     rounded to x's / the weight's dtype."""
     _floating("group_norm backward", dy, x, mean, rstd)
-    if x.ndim < 2:
-        raise UnsupportedOpError(f"group_norm backward of a rank-{x.ndim} input")
-    G = int(groups)
-    ch = x.logical[1].known_size()
-    if G <= 0 or (ch is not None and ch % G):
-        raise UnsupportedOpError(f"group_norm backward: {G} groups do not divide the channels")
+    G = group_count(x, groups, "group_norm backward")
     if w is None and (mask[1] or mask[2]):
         raise UnsupportedOpError("group_norm backward of a parameter without a weight (left to "
                                  "eager)")

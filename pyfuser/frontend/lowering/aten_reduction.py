@@ -371,12 +371,7 @@ def _native_group_norm(x, w, b, n, c, hw, groups, eps):
     per-channel weight and bias seen as [1, G, C / G, 1]. (out, mean [N, G], rstd [N, G])."""
     if not x.dtype.is_floating:
         raise UnsupportedOpError(f"group_norm of a {x.dtype.name} input (eager raises)")
-    if x.ndim < 2:
-        raise UnsupportedOpError(f"group_norm of a rank-{x.ndim} input (eager raises)")
-    G = int(groups)
-    ch = x.logical[1].known_size()
-    if G <= 0 or (ch is not None and ch % G):
-        raise UnsupportedOpError(f"group_norm: {G} groups do not divide the channels (eager raises)")
+    G = group_count(x, groups, "group_norm")
     out_dtype = _inference_dtypes(x, (w, b))
     shape = [d.full_extent for d in x.logical]
     spatial = B.num_elements(x, range(2, x.ndim))
@@ -393,6 +388,18 @@ def _native_group_norm(x, w, b, n, c, hw, groups, eps):
             y = ew(op, y, p4)
     y = B.reshape(B.cast(y, out_dtype), shape)
     return y, B.cast(avg, x.dtype), B.cast(rstd, x.dtype)
+
+
+def group_count(x: TensorView, groups, what: str) -> int:
+    """The groups of a group norm (forward or backward) over x [N, C, *], checked: a rank of 2
+    or more, a count that divides the channels (eager raises otherwise)."""
+    if x.ndim < 2:
+        raise UnsupportedOpError(f"{what} of a rank-{x.ndim} input (eager raises)")
+    G = int(groups)
+    ch = x.logical[1].known_size()
+    if G <= 0 or (ch is not None and ch % G):
+        raise UnsupportedOpError(f"{what}: {G} groups do not divide the channels (eager raises)")
+    return G
 
 
 def _inference_dtypes(x: TensorView, params) -> DataType:
