@@ -318,6 +318,10 @@ CLUSTER_PHASES = ("sync", "arrive", "wait")
 class ClusterSync:
     phase: str = "sync"            # CLUSTER_PHASES
 
+    def __post_init__(self):
+        if self.phase not in CLUSTER_PHASES:
+            raise ValueError(f"ClusterSync: phase {self.phase!r} is none of {CLUSTER_PHASES}")
+
 
 @dataclass
 class Comment:

@@ -236,3 +236,8 @@ def test_split_cluster_barrier_halves_alternate(phases, match):
     k.cluster = 2
     with pytest.raises(KernelRaceError, match=match):
         interpret(k, [torch.randn(4)], (4, 1, 1))
+
+
+def test_cluster_sync_phase_is_checked():
+    with pytest.raises(ValueError, match="phase 'half'"):
+        K.ClusterSync("half")
