@@ -9,8 +9,9 @@ graph cache, the cache load and compile of its graphs took 0.89-0.99 s of the ma
 the collector on, 0.33-0.38 s paused. But the passes move rather than go: the first calls'
 whole time (bench/models.py's cold_s / warm_s, three runs each way, alternating) fell for Llama
 (cold 8.51 -> 8.05 s, warm 2.53 -> 2.29 s) and not for GPT-2 (cold 8.72 -> 9.44 s, warm 5.38 ->
-5.40 s; its Dynamo graph breaks trace more frames after each pause); on an H200 (one run each)
-Llama 3.37 -> 3.38 s and GPT-2 5.38 -> 6.27 s warm. So the collector is left alone unless asked.
+5.40 s; three Dynamo graphs; why was not looked into); on an H200 (bench/models.py, one run
+each) Llama 3.37 -> 3.38 s and GPT-2 5.38 -> 6.27 s warm. So the collector is left alone unless
+asked.
 
 `paused()` disables the collector for the `with` block when `PYFUSER_GC_PAUSE=1` and restores
 its state after (nested blocks: only the outermost turns it back on; a collector the program
