@@ -61,13 +61,15 @@ def _embedding_backward():
     return Scheduler(EB.NAME, EB.can_schedule, EB.schedule, EB.run_check, EB.size_class)
 
 
-def _build() -> list:
+def _build() -> tuple:
+    """(every scheduler in priority order, the names of those that schedule reductions)."""
     from . import inner_outer, reduction
-    return [_transpose(), *reduction.schedulers(), inner_outer.scheduler(), _pointwise(),
-            _horizontal(), _embedding_backward()]
+    reductions = [*reduction.schedulers(), inner_outer.scheduler()]
+    return ([_transpose(), *reductions, _pointwise(), _horizontal(), _embedding_backward()],
+            tuple(s.name for s in reductions))
 
 
-SCHEDULERS: list = _build()
+SCHEDULERS, REDUCTION_NAMES = _build()
 
 
 def names() -> list[str]:

@@ -101,15 +101,13 @@ def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
     exclude = excluded(fusion)
     if lookups_apart(fusion) and holds_lookup(exprs):
-        exclude = exclude + REDUCTION_SCHEDULERS
+        exclude = exclude + registry.REDUCTION_NAMES
     name, why = registry.accepting(ex.fusion, what, exclude)
     return (name, ex) if name is not None else (None, why)
 
 
 EXCLUDE_ATTR = "_pyfuser_exclude_schedulers"
 LOOKUPS_APART_ATTR = "_pyfuser_lookups_apart"
-REDUCTION_SCHEDULERS = ("reduction", "inner_persistent", "outer_persistent",
-                        "inner_outer_persistent")
 
 
 def excluded(fusion) -> tuple:

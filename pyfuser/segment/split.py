@@ -27,8 +27,7 @@ scheduler that refused, or keeps its lookups apart, is never split again for tha
 from __future__ import annotations
 
 from .. import dump as D
-from .segmenter import (EXCLUDE_ATTR, LOOKUPS_APART_ATTR, REDUCTION_SCHEDULERS,
-                        excluded, holds_lookup, lookups_apart)
+from .segmenter import EXCLUDE_ATTR, LOOKUPS_APART_ATTR, excluded, holds_lookup, lookups_apart
 
 
 # Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
@@ -44,13 +43,14 @@ def split_runner(fusion, mode: str, reason: str):
     """(inputs) -> (outputs, kernels launched, kernel segments run) running `fusion` as the
     segments of the schedulers other than the one that refused it (`reason`); None when that
     scheduler is not one of SPLIT_SCHEDULERS or was excluded already."""
+    from ..schedule import registry
     from ..schedule.reduction import outer_split
     name = getattr(fusion, "kernel_scheduler", None)
     allowed = SPLIT_SCHEDULERS + (OUTER_SPLIT_SCHEDULERS if outer_split() else ())
     if name in allowed and name not in excluded(fusion):
         attr, value = EXCLUDE_ATTR, tuple(excluded(fusion)) + (name,)
         how = "the segment runs as the other schedulers' segments"
-    elif name in REDUCTION_SCHEDULERS and not lookups_apart(fusion) and \
+    elif name in registry.REDUCTION_NAMES and not lookups_apart(fusion) and \
             holds_lookup(fusion.used_exprs()):
         attr, value = LOOKUPS_APART_ATTR, True
         how = "the segment runs with its lookups in kernels of their own"
