@@ -81,35 +81,40 @@ def test_softmax_backward_fuses(fn, ops):
     assert not [n for g in _graphs("backward") for n in g.unsupported]
 
 
-@pytest.mark.parametrize("affine", [True, False])
-def test_layer_norm_backward_fuses(affine):
-    torch.manual_seed(0)
-    ln = torch.nn.LayerNorm(24, elementwise_affine=affine)
-    if affine:
-        with torch.no_grad():
-            ln.weight.normal_()
-            ln.bias.normal_()
-    ln64 = copy.deepcopy(ln).double()
-    ln32 = copy.deepcopy(ln)
-    x = torch.randn(5, 7, 24)
+def _norm_beside_eager(norm, x):
+    """A normalization module (its affine parameters drawn at random) through pyfuser, in eager
+    and in float64 eager on `x`, then backward of sum(out * sin(out)): the forward, dx and the
+    parameters' gradients as close to float64 eager as eager is."""
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.normal_()
+    m32, m64 = copy.deepcopy(norm), copy.deepcopy(norm).double()
     xs = [x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()]
-    outs = [pyfuser.compile(ln)(xs[0]), ln32(xs[1]), ln64(xs[2])]
+    outs = [pyfuser.compile(norm)(xs[0]), m32(xs[1]), m64(xs[2])]
     assert_as_close_as_eager(*outs, "forward")
     for o in outs:
         (o * o.detach().sin()).sum().backward()
     assert_as_close_as_eager(xs[0].grad, xs[1].grad, xs[2].grad, "dx")
-    if affine:
-        for name in ("weight", "bias"):
-            assert_as_close_as_eager(getattr(ln, name).grad, getattr(ln32, name).grad,
-                                     getattr(ln64, name).grad, name)
-    bw = _graphs("backward")[0]
-    region = next(r for r in bw.regions if "aten.native_layer_norm_backward.default" in r.ops)
+    for (name, p), p32, p64 in zip(norm.named_parameters(), m32.parameters(), m64.parameters()):
+        assert_as_close_as_eager(p.grad, p32.grad, p64.grad, name)
+
+
+def _kernel_schedulers(op: str) -> tuple:
+    """(the first backward graph's region holding `op`, its kernels' schedulers in order)."""
+    region = next(r for r in _graphs("backward")[0].regions if op in r.ops)
+    report = pyfuser.runtime.dispatch.last_report(region.fusion)
+    return region, [s.scheduler for s in report.segments if s.kind == "kernel"]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_backward_fuses(affine):
+    torch.manual_seed(0)
+    _norm_beside_eager(torch.nn.LayerNorm(24, elementwise_affine=affine), torch.randn(5, 7, 24))
+    region, schedulers = _kernel_schedulers("aten.native_layer_norm_backward.default")
     # dx (two row sums) and dweight / dbias (sums over the rows) in one inner-outer persistent
     # kernel; without affine parameters dx alone, one inner persistent kernel
     assert region.kernels() == 1
-    report = pyfuser.runtime.dispatch.last_report(region.fusion)
-    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == \
-        ["inner_outer_persistent" if affine else "inner_persistent"], report
+    assert schedulers == ["inner_outer_persistent" if affine else "inner_persistent"]
 
 
 @pytest.mark.parametrize("shape,groups,affine,dtype", [
@@ -121,30 +126,15 @@ def test_group_norm_backward_fuses(shape, groups, affine, dtype):
     spatial axes) runs as kernels (it ran eagerly: Wav2Vec2's feature encoder): the gradients
     as close to float64 eager as eager's own."""
     torch.manual_seed(0)
-    gn = torch.nn.GroupNorm(groups, shape[1], affine=affine).to(dtype)
-    if affine:
-        with torch.no_grad():
-            gn.weight.normal_()
-            gn.bias.normal_()
-    g32, g64 = copy.deepcopy(gn), copy.deepcopy(gn).double()
-    x = torch.randn(*shape).to(dtype)
-    xs = [x.clone().requires_grad_(), x.clone().requires_grad_(), x.double().requires_grad_()]
-    outs = [pyfuser.compile(gn)(xs[0]), g32(xs[1]), g64(xs[2])]
-    for o in outs:
-        (o * o.detach().sin()).sum().backward()
-    assert_as_close_as_eager(xs[0].grad, xs[1].grad, xs[2].grad, "dx")
-    if affine:
-        for name in ("weight", "bias"):
-            assert_as_close_as_eager(getattr(gn, name).grad, getattr(g32, name).grad,
-                                     getattr(g64, name).grad, name)
+    _norm_beside_eager(torch.nn.GroupNorm(groups, shape[1], affine=affine).to(dtype),
+                       torch.randn(*shape).to(dtype))
     (bw,) = _graphs("backward")
     assert not bw.unsupported, bw.report()
-    region = next(r for r in bw.regions if "aten.native_group_norm_backward.default" in r.ops)
-    report = pyfuser.runtime.dispatch.last_report(region.fusion)
+    _, schedulers = _kernel_schedulers("aten.native_group_norm_backward.default")
     # dx: two sums over each group (one kernel); dweight / dbias: sums over N and the spatial
     # axes (another)
-    assert sorted(s.scheduler for s in report.segments if s.kind == "kernel") == \
-        (["inner_persistent", "reduction"] if affine else ["inner_persistent"]), report
+    assert sorted(schedulers) == (["inner_persistent", "reduction"] if affine
+                                  else ["inner_persistent"])
 
 
 @pytest.mark.parametrize("dim,shape", [(0, (8, 4, 3)), (2, (8, 4, 3)), (0, (6, 5)), (1, (5, 7))],
