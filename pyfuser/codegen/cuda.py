@@ -216,6 +216,16 @@ class Printer:
                 self.lines.append(f"{pad}pf_cp_async_wait();")
             elif isinstance(s, K.ClusterSync):
                 self.lines.append(f"{pad}pf_cluster_{s.phase}();")
+            elif isinstance(s, K.MbarInit):
+                self.lines.append(f"{pad}pf_mbar_init(&{s.name}, {s.count}u);")
+            elif isinstance(s, K.MbarExpect):
+                self.lines.append(f"{pad}pf_mbar_expect(&{s.name}, {s.nbytes}u);")
+            elif isinstance(s, K.MbarWait):
+                self.lines.append(f"{pad}pf_mbar_wait(&{s.name}, (unsigned)({self.e(s.parity)}));")
+            elif isinstance(s, K.PushRemote):
+                ct = K.STORAGE_CTYPE[s.dtype]
+                self.lines.append(f"{pad}pf_push<{ct}>(&{self._dst(s.dst, s.index)}, ({ct})({self.e(s.value)}), "
+                                  f"(unsigned)({self.e(s.rank)}), &{s.mbar});")
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
         self.rounded = outer

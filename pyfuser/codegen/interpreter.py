@@ -20,6 +20,7 @@ shared memory and barriers: interpreter_shared.py):
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses;
 - an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`;
+- mbarriers and pushes into other blocks' shared memory: interpreter_mbarrier.py;
 - with `racecheck` (PYFUSER_INTERP_RACECHECK=1, on in the tests): a global element written by one
   thread and read or written by another, over the whole launch (all chunks), unless a `Sync`, or
   a fence and an atomic ticket or count, orders them (interpreter_global.py). Without it, the
@@ -36,6 +37,7 @@ import torch
 
 from . import kernel_ir as K
 from . import interpreter_global
+from .interpreter_mbarrier import Mbarriers
 from .interpreter_shared import KernelRaceError, SharedMemory, _Shared
 from .interpreter_values import _garbage, apply_op, convert_value
 
@@ -89,7 +91,7 @@ def _row_lanes(sc, width: int):
             sc.env["v"] = outer
 
 
-class Interpreter(SharedMemory):
+class Interpreter(SharedMemory, Mbarriers):
     def __init__(self, plan, tensors, bindings, params=None, racecheck=None):
         """`racecheck`: check global memory for data races (interpreter_global.py); None: as
         PYFUSER_INTERP_RACECHECK says."""
@@ -164,12 +166,13 @@ class Interpreter(SharedMemory):
             for axis, g, b in (("x", gx, bx), ("y", gy, by), ("z", gz, bz)):
                 env[f"gridDim.{axis}"], env[f"blockDim.{axis}"] = g, b
             env["cluster_rank"] = ((lin % gx) % C).repeat_interleave(T)
-            self.arrays, self.shared = {}, {}
+            self.arrays, self.shared, self.mbars = {}, {}, {}
             self.P, self.T, self.nb = nb * T, T, nb
             self.cluster_arrives = torch.zeros(-(-nb // C), dtype=torch.int64)  # split barriers
             self.cluster_open = torch.zeros(-(-nb // C), dtype=torch.bool)
             self.block_of = torch.arange(nb, dtype=torch.int64).repeat_interleave(T)
             self.exec(self.k.body, _Scope(env, None))
+            self.check_pushes_landed()
             if bool(self.cluster_open.any()):
                 raise KernelRaceError(f"{self.k.name}: a cluster barrier's arrive is never waited "
                                       "for (a block may exit while another reads its shared memory)")
@@ -204,6 +207,8 @@ class Interpreter(SharedMemory):
                     self.races.sync(self._rows(sc))
             elif isinstance(s, K.ClusterSync):
                 self.cluster_sync(sc, s.phase)
+                if s.phase != "arrive":
+                    self.mbar_publish(sc)
                 if self.races is not None:
                     self.races.cluster_sync(self._rows(sc), s.phase)
             elif isinstance(s, K.Fence):
@@ -217,6 +222,14 @@ class Interpreter(SharedMemory):
                 self.atomic_add(s, sc)
             elif isinstance(s, K.WaitCount):
                 self.wait_count(s, sc)
+            elif isinstance(s, K.PushRemote):
+                self.push(s, sc)
+            elif isinstance(s, K.MbarWait):
+                self.mbar_wait(s, sc)
+            elif isinstance(s, K.MbarExpect):
+                self.mbar_expect(s, sc)
+            elif isinstance(s, K.MbarInit):
+                self.mbar_init(s, sc)
 
     def alloc(self, s: K.Alloc) -> None:
         dtype = s.dtype.torch

@@ -83,7 +83,7 @@ class SharedMemory:
         sh, key, rid = self._shared_key(name, index, sc)
         if bool((sh.pending[key] != -1).any()):
             raise KernelRaceError(f"{self.k.name}: shared {name} read before the async copy "
-                                  "writing it was waited for (no AsyncWait)")
+                                  "or push writing it was waited for (no AsyncWait / MbarWait)")
         w = sh.writer[key]
         bad = (w != -1) & (w != rid)
         if bool(bad.any()):

@@ -79,6 +79,22 @@ Statements:
                            blocks until every thread of the cluster has arrived, and acquires
                            what they released); arrive and wait alternate, and what a thread
                            does between them is ordered with no other thread's accesses
+  MbarInit(name, count)    thread 0 of a block initialises mbarrier `name` (a shared Int scalar)
+                           for `count` arrivals a phase, fenced for the cluster (sm_90); the other
+                           blocks of the cluster may push to it only after a ClusterSync (whole or
+                           the wait half) that follows the init
+  MbarExpect(name, nbytes) this thread arrives on its block's mbarrier `name` and adds `nbytes`
+                           to the bytes the current phase waits for
+  PushRemote(dst, index, rank, value, dtype, mbar)   `value` (4 or 8 bytes of storage `dtype`) into
+                           element dst[index] of the shared memory of the block of rank `rank`
+                           in the cluster (`st.async`), counted on that block's mbarrier `mbar`:
+                           the thread runs on; the receiver reads the element only after its
+                           wait for the phase that counted it. An element is pushed at most once
+                           between two ClusterSyncs
+  MbarWait(name, parity)   spin until the phase of parity `parity` (0 / 1) of this block's
+                           mbarrier `name` has completed (every arrival, every byte expected);
+                           the pushes it counted are then visible to the waiting thread. Reached
+                           by whole blocks, after the pushes it counts in program order
   Comment(text)
 
 Invariants: a Let's name is assigned once per scope iteration; a "lanes" loop is innermost and
@@ -324,6 +340,38 @@ class ClusterSync:
 
 
 @dataclass
+class MbarInit:
+    name: str
+    count: int
+
+
+@dataclass
+class MbarExpect:
+    name: str
+    nbytes: int
+
+
+@dataclass
+class PushRemote:
+    dst: str
+    index: tuple
+    rank: Any
+    value: Any
+    dtype: DataType
+    mbar: str
+
+    def __post_init__(self):
+        if self.dtype.itemsize not in (4, 8):
+            raise ValueError(f"PushRemote: {self.dtype.name} elements are not 4 or 8 bytes")
+
+
+@dataclass
+class MbarWait:
+    name: str
+    parity: Any
+
+
+@dataclass
 class Comment:
     text: str
 
@@ -412,6 +460,15 @@ def format_kernel_ir(k: Kernel) -> str:
                 lines.append(f"{pad}ASYNC_WAIT")
             elif isinstance(s, ClusterSync):
                 lines.append(f"{pad}CLUSTER_{s.phase.upper()}")
+            elif isinstance(s, MbarInit):
+                lines.append(f"{pad}MBAR_INIT {s.name} arrivals {s.count}")
+            elif isinstance(s, MbarExpect):
+                lines.append(f"{pad}MBAR_EXPECT {s.name} += {s.nbytes} bytes")
+            elif isinstance(s, PushRemote):
+                lines.append(f"{pad}{s.dst}{list(map(fmt, s.index))}@rank({fmt(s.rank)}) = "
+                             f"PUSH {fmt(s.value)} on {s.mbar}")
+            elif isinstance(s, MbarWait):
+                lines.append(f"{pad}MBAR_WAIT {s.name} parity {fmt(s.parity)}")
             elif isinstance(s, Comment):
                 lines.append(f"{pad}// {s.text}")
 

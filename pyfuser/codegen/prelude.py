@@ -132,11 +132,14 @@ PF_D void pf_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 PF_D void pf_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 PF_D void pf_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// the 32-bit shared-memory address of a shared variable
+PF_D unsigned pf_smem_addr(const void* p) {
+  unsigned a; asm volatile("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a; }
 template <typename T> PF_D T pf_dsmem_load(const T* p, unsigned rank) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "distributed shared memory loads of 4 or 8 bytes");
-  unsigned local, remote;
-  asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(local) : "l"(p));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(pf_smem_addr(p)), "r"(rank));
   union { T t; unsigned u4; unsigned long long u8; } v;
   if constexpr (sizeof(T) == 8) {
     asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v.u8) : "r"(remote) : "memory");
@@ -144,6 +147,35 @@ template <typename T> PF_D T pf_dsmem_load(const T* p, unsigned rank) {
     asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v.u4) : "r"(remote) : "memory");
   }
   return v.t;
+}
+// mbarriers (sm_90): a block's barrier counting arrivals and the bytes other blocks of its cluster
+// push into its shared memory (st.async ... complete_tx); a thread waits for a phase by parity
+PF_D void pf_mbar_init(int64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(pf_smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+PF_D void pf_mbar_expect(int64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(pf_smem_addr(bar)), "r"(bytes) : "memory"); }
+PF_D void pf_mbar_wait(int64_t* bar, unsigned parity) {
+  const unsigned a = pf_smem_addr(bar);
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done); }
+template <typename T> PF_D void pf_push(T* dst, T value, unsigned rank, int64_t* bar) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "pushes of 4 or 8 bytes");
+  unsigned d, b;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(pf_smem_addr(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(pf_smem_addr(bar)), "r"(rank));
+  union { T t; unsigned u4; unsigned long long u8; } v;
+  v.t = value;
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 :: "r"(d), "l"(v.u8), "r"(b) : "memory");
+  } else {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 :: "r"(d), "r"(v.u4), "r"(b) : "memory");
+  }
 }
 #endif
 // one of the two 2-byte elements of a 32-bit word (packed register arrays), as a float
