@@ -12,7 +12,8 @@ rows too long for a block, a cluster of blocks per row):
       the cluster (distributed shared memory) combine; reduced outputs are written by
       threadIdx.x 0 of the row's team (of rank 0)
       __syncthreads / cluster barrier (shared memory is reused by the next row; with
-      $PYFUSER_RED_SPLIT_CLUSTER=1 the wait half of a barrier whose arrive follows the combine)
+      $PYFUSER_RED_SPLIT_CLUSTER=1 the wait half of a barrier whose arrive follows the combine;
+      with ReductionParams.push, pushed partials and mbarriers: reduction_cluster_push.py)
 With ReductionParams.prefetch (staged cluster rows, a capped grid) a row's staged copies are
 issued before the loop for the cluster's first row and, for each next row, at the end of the
 row before it (before its cluster barrier), so they are in flight across that barrier.
@@ -25,13 +26,14 @@ from ..ir import exprs as E
 from ..ir.dtypes import DataType
 from . import kernel_ir as K
 from .kernel_ir_rename import Rename, defined_names
+from .reduction_cluster_push import ClusterPush, pushable
 from .reduction_lowering import ReductionLowering, _and, _c, _guard
 
 TX, TY = K.Special("threadIdx.x"), K.Special("threadIdx.y")
 WARP = 32
 
 
-class InnerKernel(ReductionLowering):
+class InnerKernel(ClusterPush, ReductionLowering):
     LANE_WELFORD = False
     cluster_arrived = False       # a combine's split cluster barrier has arrived, not yet waited
 
@@ -42,6 +44,8 @@ class InnerKernel(ReductionLowering):
         body = [K.Let("rows", "nidx_t", self._prod(self.kg)),
                 K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1))]
         self.rtot = K.Var("rlen")
+        self.push = p.cluster > 1 and getattr(p, "push", False) and \
+            all(pushable(self.comb.dtypes(e)) for plan in self.plans for e in plan[0])
         if self.rout:                # outer reduced groups: one linear index over all of them
             body += [K.Let("nro", "nidx_t", self._prod(self.rout)),
                      K.Let("rtot", "nidx_t", K.mul(K.Var("rlen"), K.Var("nro")))]
@@ -76,7 +80,10 @@ class InnerKernel(ReductionLowering):
         if self.prefetched:          # this row's copies were issued by the row before (or first)
             first = self.copies_for("rb_first", start, row_lets)
             rb += self.copies_for("rb_next", K.add(K.Var("rb"), step), row_lets)
-        if p.cluster > 1:            # the next row rewrites what others read (the wait half of
+        if self.push and self.push_bars:      # pushed combines: no cluster barrier in the row
+            rb += self.push_row_end(K.Bin("<", K.add(K.Var("rb"), step), K.Var("nrb")))
+            first = self.push_prologue() + first
+        elif p.cluster > 1:          # the next row rewrites what others read (the wait half of
             rb.append(K.ClusterSync("wait" if self.cluster_arrived else "sync"))  # the combine's)
             self.cluster_arrived = False
         elif self.shared:
@@ -190,7 +197,9 @@ class InnerKernel(ReductionLowering):
         if not reds:
             return partials, out
         self.combine_threads(reds, out)
-        if p.cluster > 1:
+        if p.cluster > 1 and self.push:
+            self.combine_cluster_push(reds, out)
+        elif p.cluster > 1:
             self.combine_cluster(reds, out)
         return partials, out
 

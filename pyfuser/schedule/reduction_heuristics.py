@@ -50,7 +50,9 @@ launches at most N blocks, each cluster looping over rows) and $PYFUSER_RED_PREF
 issues the next row's staged copies at the end of this row: ReductionParams.prefetch);
 $PYFUSER_RED_SPLIT_CLUSTER=1 (a cluster row's barrier at the end of the row split into an
 arrive after its combine and a wait at the row's end: codegen/reduction_kernels.py; off by
-default); $PYFUSER_CLUSTERS=0 never uses clusters.
+default); $PYFUSER_RED_CLUSTER_PUSH=0 (a cluster row's partials read through cluster barriers
+instead of pushed to every rank and counted on mbarriers: ReductionParams.push, on by default);
+$PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 
@@ -173,7 +175,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
                                                            "stage", "min_blocks", "full",
-                                                           "fence", "prefetch",
+                                                           "fence", "prefetch", "cluster_push",
                                                            "grid_blocks", "stage_bytes")}
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
@@ -184,7 +186,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
         if mb < 0 or mb > 32:
             raise ValueError(f"$PYFUSER_RED_MIN_BLOCKS={mb}: 0 to 32")
         p.min_blocks = mb
-    for k in ("stage", "full", "fence", "prefetch"):
+    for k in ("stage", "full", "fence", "prefetch", "cluster_push"):
         if knobs[k] not in (None, 0, 1):
             raise ValueError(f"$PYFUSER_RED_{k.upper()}={knobs[k]}: 0 or 1")
     sb = knobs["stage_bytes"]
@@ -237,6 +239,12 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
             raise ValueError(f"$PYFUSER_RED_GRID_BLOCKS={gb}: at least 1")
         p.max_blocks = max(1, gb // p.cluster) * p.cluster
     p.prefetch = knobs["prefetch"] == 1 and p.cluster > 1 and p.stage and p.kind == "inner"
+    # a row's cluster combines by pushes counted on mbarriers (codegen/reduction_cluster_push.py)
+    # instead of two cluster barriers a row. H200, rows of 65536, three runs each way (µs,
+    # barriers -> pushes): layer_norm float32 158 -> 150, bfloat16 87 -> 83, softmax 152 -> 140
+    # and 81 -> 79, rms_norm bfloat16 83 -> 78, but rms_norm float32 144 -> 152 (not explained:
+    # docs/reductions.md). $PYFUSER_RED_CLUSTER_PUSH=0: the barriers
+    p.push = knobs["cluster_push"] != 0 and p.cluster > 1 and p.kind == "inner" and p.bdimy == 1
 
 
 def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:

@@ -54,6 +54,10 @@ class ReductionParams:
                                  # grid is capped (each cluster loops over rows): the next row's
                                  # staged copies are issued at the end of this row, into the
                                  # slots each thread has just read for the last time
+    push: bool = False           # inner cluster rows: the ranks' partials pushed into every
+                                 # rank's shared memory, counted on mbarriers, with no cluster
+                                 # barrier in the row (codegen/reduction_cluster_push.py; off
+                                 # with $PYFUSER_RED_CLUSTER_PUSH=0)
     reason: str = ""
 
     def as_dict(self) -> dict:
@@ -65,7 +69,7 @@ class ReductionParams:
                 self.steps, self.kept, self.splits, self.cluster, self.stage,
                 tuple(map(tuple, self.groups)),
                 tuple(self.dropped), self.online, self.full, self.whole, self.fence,
-                self.prefetch, self.max_blocks if self.cluster > 1 else 0)
+                self.prefetch, self.push, self.max_blocks if self.cluster > 1 else 0)
 
 
 @dataclass

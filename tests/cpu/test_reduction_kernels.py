@@ -116,17 +116,22 @@ def test_schedule_knobs(builder, shape, axes, knobs, monkeypatch):
         assert not plan.params.persistent
 
 
-# remote loads of a cluster row's combine: one per accumulator field (a lane per rank reads it)
+# remote accesses of a cluster row's combine: one per accumulator field (a lane per rank reads
+# it, or pushes it)
 CLUSTER_FIELDS = {"softmax": 2, "layer_norm": 3, "rms_norm": 1, "log_softmax": 2}
 
 
+@pytest.mark.parametrize("push", ["0", "1"])
 @pytest.mark.parametrize("cluster", ["2", "4", "8"])
 @pytest.mark.parametrize("builder", [RC.softmax, RC.layer_norm, RC.rms_norm, RC.welford,
                                      RC.log_softmax], ids=lambda b: b.__name__)
-def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
+def test_row_split_over_a_cluster(builder, cluster, push, monkeypatch):
     """A row held by a cluster of blocks (each its share in registers, partials combined through
-    distributed shared memory by a tree in warp 0: one remote load per field, whatever the
-    cluster's size): the same results; long rows pick clusters by themselves."""
+    distributed shared memory by a tree: one remote access per field, whatever the cluster's
+    size: a load by a lane per rank after a cluster barrier ($PYFUSER_RED_CLUSTER_PUSH=0), or a
+    push by a lane per rank, by default): the same results; long rows pick clusters by
+    themselves."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER_PUSH", push)
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")            # a normalization is persistent then
     shape = (3, 2 * 256 * 4 * int(cluster) + 44)
@@ -136,7 +141,10 @@ def test_row_split_over_a_cluster(builder, cluster, monkeypatch):
     if builder is not RC.welford:
         assert plan.params.cluster == int(cluster) and "__cluster_dims__" in plan.kernel.source
         body = plan.kernel.source[plan.kernel.source.index('extern "C" __global__'):]
-        assert body.count("pf_dsmem_load(") == CLUSTER_FIELDS[builder.__name__]
+        remote = "pf_push<" if push == "1" else "pf_dsmem_load("
+        assert body.count(remote) == CLUSTER_FIELDS[builder.__name__]
+        assert plan.params.push == (push == "1")
+        assert body.count("pf_dsmem_load(") + body.count("pf_push<") == CLUSTER_FIELDS[builder.__name__]
     monkeypatch.delenv("PYFUSER_RED_CLUSTER")
     monkeypatch.delenv("PYFUSER_RED_STEPS", raising=False)
     if builder is not RC.welford:

@@ -99,7 +99,11 @@ def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     """A row over a cluster: -inf over whole ranks' shares, the same results, and one cluster
     combine a row (a cluster barrier for the pair, one at the end of the row), not two; with
     $PYFUSER_RED_SPLIT_CLUSTER=1 the second is split: its arrive after the combine, its wait at
-    the end of the row (the interpreter checks the halves' order and what they order)."""
+    the end of the row (the interpreter checks the halves' order and what they order). By
+    default the combine is pushed (codegen/reduction_cluster_push.py): one mbarrier wait a
+    combine, no cluster barrier in the row (an arrive before the row loop, its wait before the
+    first push, an arrive at the row's end where the cluster has another row)."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER_PUSH", "0")
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", cluster)
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
     x = RC.special_rows(10, 2 * 256 * 4 * int(cluster) + 44, torch.float32)
@@ -116,9 +120,15 @@ def test_cluster_row_combines_once(builder, cluster, monkeypatch):
     monkeypatch.delenv("PYFUSER_RED_SPLIT_CLUSTER")
     two, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
     assert two.params.passes == 2 and cluster_phases(two) == ["sync"] * 3
+    monkeypatch.delenv("PYFUSER_RED_CLUSTER_PUSH")
+    pushed, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
+    assert pushed.params.push and pushed.params.passes == 2
+    assert cluster_phases(pushed) == ["arrive", "wait", "arrive"] and count(pushed.kernel_ir, K.MbarWait) == 2
     monkeypatch.delenv("PYFUSER_RED_ONLINE")              # by default a cluster takes the pair
-    dflt, _ = run_fusion(RC.fusion(builder, 2, torch.float32, [1]), [x])
+    dflt = check(builder, x, [1], f"{builder.__name__} cluster {cluster}, pushed")
     assert dflt.params.online and dflt.params.passes == 1 and dflt.params.cluster == int(cluster)
+    assert dflt.params.push and count(dflt.kernel_ir, K.MbarWait) == 1
+    assert cluster_phases(dflt) == ["arrive", "wait", "arrive"]
 
 
 def count(kernel, cls) -> int:
