@@ -58,6 +58,19 @@ def test_pushed_combine_equals_the_barrier_combine(builder, cluster, dt, monkeyp
         assert torch.equal(g, w), f"{builder.__name__}: pushed and barrier combines differ"
 
 
+@pytest.mark.parametrize("builder", [RC.layer_norm, RC.softmax], ids=lambda b: b.__name__)
+def test_pushed_float64_partials(builder, monkeypatch):
+    """Double partials are pushed as 8-byte elements (`st.async ... .b64`), bit-equal too."""
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
+    shape = (3, 2 * 256 * 2 * 2 + 12)
+    pushed, got = run(builder, shape, torch.float64, "1", monkeypatch)
+    _, want = run(builder, shape, torch.float64, "0", monkeypatch)
+    assert pushed.params.push and "pf_push<double>" in pushed.kernel.source
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 @pytest.mark.parametrize("rows", [1, 5, 7])
 @pytest.mark.parametrize("builder", [RC.layer_norm, RC.softmax], ids=lambda b: b.__name__)
 def test_pushed_combine_in_a_capped_grid(builder, rows, monkeypatch):
