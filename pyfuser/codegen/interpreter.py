@@ -207,8 +207,7 @@ class Interpreter(SharedMemory, Mbarriers):
                     self.races.sync(self._rows(sc))
             elif isinstance(s, K.ClusterSync):
                 self.cluster_sync(sc, s.phase)
-                if s.phase != "arrive":
-                    self.mbar_publish(sc)
+                self.mbar_cluster_sync(sc, s.phase)
                 if self.races is not None:
                     self.races.cluster_sync(self._rows(sc), s.phase)
             elif isinstance(s, K.Fence):

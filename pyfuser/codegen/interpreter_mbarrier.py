@@ -4,8 +4,8 @@ Interpreter, beside interpreter_shared.SharedMemory, whose arrays and race recor
 Model, per block and mbarrier: the arrivals a phase (`count`, 0 before its MbarInit), the
 arrivals still due in the current phase, the bytes still due (expected by MbarExpect, less those
 pushed; below zero while pushes run ahead of the expectation, as on the GPU), the phases
-completed, and whether the init has been published to the cluster (a ClusterSync, whole or its
-wait half, after it). Threads run in lockstep, so a phase is complete when a wait finds no
+completed, and whether the init has been published to the cluster (a whole ClusterSync after
+it, or the wait half of one whose arrive came after it). Threads run in lockstep, so a phase is complete when a wait finds no
 arrival and no byte due; a wait for a phase that is not complete then would spin forever
 (every push it counts comes before it in program order: kernel_ir.MbarWait).
 
@@ -28,7 +28,7 @@ PUSHED = -3           # _Shared.pending of a pushed element: PUSHED - the mbarri
 
 
 class _Mbar:
-    __slots__ = ("code", "count", "due", "bytes_due", "phases", "published")
+    __slots__ = ("code", "count", "due", "bytes_due", "phases", "released", "published")
 
     def __init__(self, code: int, nblocks: int):
         self.code = code
@@ -36,6 +36,7 @@ class _Mbar:
         self.due = torch.zeros(nblocks, dtype=torch.int64)
         self.bytes_due = torch.zeros(nblocks, dtype=torch.int64)
         self.phases = torch.zeros(nblocks, dtype=torch.int64)
+        self.released = torch.zeros(nblocks, dtype=torch.bool)    # initialised before an arrive
         self.published = torch.zeros(nblocks, dtype=torch.bool)
 
 
@@ -60,14 +61,20 @@ class Mbarriers:
         m.due[blocks] = s.count
         m.bytes_due[blocks] = 0
         m.phases[blocks] = 0
+        m.released[blocks] = False
         m.published[blocks] = False
 
-    def mbar_publish(self, sc) -> None:
-        """A ClusterSync (whole or wait) by the active threads: initialised mbarriers of their
-        clusters' blocks may now take pushes."""
+    def mbar_cluster_sync(self, sc, phase: str) -> None:
+        """A ClusterSync by the active threads: mbarriers their blocks initialised before it
+        (before its arrive, for a split one) may now take pushes from the cluster."""
         blocks = self._blocks(sc).unique()
         for m in self.mbars.values():
-            m.published[blocks] |= m.count[blocks] > 0
+            if phase == "arrive":
+                m.released[blocks] = m.count[blocks] > 0
+            elif phase == "wait":
+                m.published[blocks] |= m.released[blocks]
+            else:
+                m.published[blocks] |= m.count[blocks] > 0
 
     def _initialised(self, m: _Mbar, name: str, blocks) -> None:
         if bool((m.count[blocks] == 0).any()):

@@ -81,8 +81,8 @@ Statements:
                            does between them is ordered with no other thread's accesses
   MbarInit(name, count)    thread 0 of a block initialises mbarrier `name` (a shared Int scalar)
                            for `count` arrivals a phase, fenced for the cluster (sm_90); the other
-                           blocks of the cluster may push to it only after a ClusterSync (whole or
-                           the wait half) that follows the init
+                           blocks of the cluster may push to it only after a whole ClusterSync
+                           that follows the init, or the wait of a split one whose arrive does
   MbarExpect(name, nbytes) this thread arrives on its block's mbarrier `name` and adds `nbytes`
                            to the bytes the current phase waits for
   PushRemote(dst, index, rank, value, dtype, mbar)   `value` (4 or 8 bytes of storage `dtype`) into

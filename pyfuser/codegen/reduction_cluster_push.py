@@ -7,7 +7,8 @@ the row, each block has an mbarrier (one arrival a phase: thread 0's MbarExpect 
 partial's bytes) and a slot per rank for each partial value. Once the block's threads hold its
 partial, lane r < C of warp 0 pushes it into slot [own rank] of the block of rank r; every
 thread waits on its own block's mbarrier, then every warp merges the C slots as a tree (lane l
-reads slot l % C, xor shuffles from C / 2 down to 1, both lanes of a pair in rank order): every
+reads slot l % C, xor shuffles from C / 2 down to 1; both lanes of a pair merge in rank order,
+or each its own partial first where the merge is commutative in its bits: `symmetric`): every
 thread of every block ends with the same bits, the barrier combine's lane 0 result
 (reduction_kernels.combine_cluster), with no block barrier after it.
 
@@ -45,6 +46,7 @@ def pushable(dtypes) -> bool:
 
 
 class ClusterPush:
+    push = False                  # the kernel's cluster combines are pushed (set by its body)
     push_bars: list = ()          # the row's mbarriers, one per combine, in order
 
     def push_prologue(self) -> list:

@@ -90,3 +90,17 @@ def test_broken_protocols_are_caught(fault, rounds, match):
 def test_pushes_are_four_or_eight_bytes():
     with pytest.raises(ValueError, match="not 4 or 8 bytes"):
         K.PushRemote("slot", (C(0),), C(0), C(0), DataType.Half, "bar")
+
+
+def test_an_init_after_the_arrive_is_not_published():
+    """A split cluster barrier publishes only the inits made before its arrive."""
+    k = push_kernel(1, "unpublished")
+    k.body[5:5] = [K.ClusterSync("arrive")]          # before the init ...
+    k.body.insert(7, K.ClusterSync("wait"))           # ... its wait after it
+    assert isinstance(k.body[6], K.If) and isinstance(k.body[6].body[0], K.MbarInit)
+    with pytest.raises(KernelRaceError, match="before its init was published"):
+        interpret(k, [torch.arange(12.0), torch.empty(6)], (6, 1, 1))
+    k.body[5], k.body[6] = k.body[6], k.body[5]     # init, arrive, wait: published
+    out = torch.empty(6)
+    interpret(k, [torch.arange(6.0), out], (6, 1, 1))
+    assert torch.equal(out, torch.arange(6.0).view(3, 2).sum(1).repeat_interleave(2))
