@@ -341,6 +341,10 @@ def test_training_step_matches_eager(name):
     if name == "resnet18":      # 20 batch norms: running mean and var, num_batches_tracked
         (g,) = fw
         assert_input_copies_fused(g, 60)
+    if name == "swin":          # the relative-position bias table's lookup and its gradient
+        fused = {op for g in fw + bw for r in g.regions for op in r.ops}
+        assert {"aten.index.Tensor", "aten.index_put.default"} <= fused
+        assert not [k for g in fw + bw for k in g.unsupported if k.startswith("index")]
     regions = [r for g in fw + bw for r in g.regions]
     assert sum(len(g.regions) for g in bw) >= 5
     assert all(r.eager_calls == 0 for r in regions)     # every region ran fused

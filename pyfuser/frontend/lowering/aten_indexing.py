@@ -16,6 +16,14 @@ whose rows are read are checked, as in Inductor's kernels: an index whose row no
 element reads (a slice of the lookup drops it, or the table's rows are empty) gives no error
 where eager's lookup, which reads every index, raises.
 
+`aten::index(x, [i])` (advanced indexing of the first axis by one integer tensor: Swin's
+relative-position bias table) is the same lookup, `x[i]` with i's axes then x's others, after
+eager's wrap of negative indices (`i + n` where `i < 0`, n the first extent; what stays outside
+[0, n) is the lookup's error); `aten::index_put(x, [i], values, accumulate=True)` (that
+indexing's gradient) is `x + embedding_dense_backward(values, i, n)` for a 1-D or 2-D x of a
+constant first extent: each row the sum of the values indexed to it, in a fixed order. Indices of
+several axes, `None` entries, boolean masks and `accumulate=False` stay eager.
+
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
 UnsupportedOpError: the node stays an eager op, whose own error eager then gives.
 """
@@ -25,8 +33,9 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
-from .registry import lowers
-from . import aten_embedding_backward  # noqa: F401  (the lookup's backward: its table entry)
+from .aten_embedding_backward import _embedding_dense_backward
+from .aten_pointwise import ew
+from .registry import SCATTER, lowers
 
 _INDEX_DTYPES = (DataType.Int, DataType.Int32)
 
@@ -70,3 +79,40 @@ def _index_select(x, dim, index):
     if not -x.ndim <= dim < x.ndim:
         raise UnsupportedOpError(f"index_select: dim {dim} out of range")
     return B.index_select(x, index, dim % x.ndim)
+
+
+def _first_axis_index(x, indices, what: str) -> TensorView:
+    """The one integer index of x's first axis in `indices`, negative entries wrapped as eager
+    does (i + n)."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError(f"{what}: the input must be a tensor of rank 1 or more")
+    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or indices[0] is None:
+        raise UnsupportedOpError(f"{what}: only one index tensor, of the first axis, is lowered")
+    i = _index(indices[0], what)
+    n = x.logical[0].extent
+    return ew("where", ew("lt", i, 0), ew("add", i, n), i)
+
+
+@lowers("aten::index", n_args=(2,))
+def _index_tensor(x, indices):
+    """x[i] for one integer tensor i of x's first axis (module docstring)."""
+    return B.embedding(x, _first_axis_index(x, indices, "index"))
+
+
+@lowers("aten::index_put", op_class=SCATTER, n_args=(4,), const_args=(3,))
+def _index_put(x, indices, values, accumulate=False):
+    """x with values added at rows i (accumulate=True, module docstring)."""
+    if not accumulate:
+        raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
+                                 "wins in no fixed order) is left to eager")
+    i = _first_axis_index(x, indices, "index_put")
+    n = x.logical[0].extent.value if x.ndim <= 2 else None
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise UnsupportedOpError("index_put: only a 1-D or 2-D input of a constant first extent "
+                                 "is lowered")
+    if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
+        raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
+    if x.ndim == 1:                  # a vector: rows of one element
+        rows = _embedding_dense_backward(B.unsqueeze(values, values.ndim), i, n, -1, False)
+        return ew("add", x, B.squeeze(rows, [1]))
+    return ew("add", x, _embedding_dense_backward(values, i, n, -1, False))
