@@ -100,3 +100,26 @@ def test_other_index_forms_keep_the_aten_call():
     (graph,) = compiled_graphs()
     reasons = " | ".join(graph.unsupported.values())
     assert "only one index tensor, of the first axis" in reasons and "accumulate" in reasons
+
+
+def test_symbolic_table_sizes():
+    """dynamic=True: the lookup fuses at a symbolic first extent (the wrap adds it as a size);
+    the gradient's index_put needs a constant one (the embedding gradient's row count) and
+    keeps the aten call, with its reason; both sizes match eager."""
+    def f(t, i):
+        return (t[i] * 2).sin()
+    c = torch.compile(f, backend="pyfuser", dynamic=True)
+    for n, m in ((13, 3), (17, 5)):
+        gen = torch.Generator().manual_seed(n)
+        t = torch.randn(n, 4, generator=gen, requires_grad=True)
+        i = torch.randint(-n, n, (m, 2), generator=gen)
+        out, want = c(t, i), f(t, i)
+        assert torch.equal(out, want)
+        (g,) = torch.autograd.grad(out.sum(), t)
+        (gw,) = torch.autograd.grad(want.sum(), t)
+        torch.testing.assert_close(g, gw, rtol=1e-6, atol=1e-6)
+    graphs = compiled_graphs()
+    assert INDEX in _fused([g for g in graphs if g.kind == "forward"])
+    reasons = [r for g in graphs if g.kind == "backward" for k, r in g.unsupported.items()
+               if k.startswith("index_put")]
+    assert reasons and all("constant first extent" in r for r in reasons)
