@@ -123,3 +123,19 @@ def test_symbolic_table_sizes():
     reasons = [r for g in graphs if g.kind == "backward" for k, r in g.unsupported.items()
                if k.startswith("index_put")]
     assert reasons and all("constant first extent" in r for r in reasons)
+
+
+def test_broadcast_values_keep_the_aten_call():
+    """index_put_(accumulate) of values broadcast to the indexed rows: eager's (a table of
+    constant rows, as a gradient's zeros are: a table from an input has a symbolic row count,
+    which the embedding gradient cannot take, and stays eager's for that)."""
+    def f(x, i, v):
+        y = torch.zeros(6, 4)
+        y.index_put_((i,), v, accumulate=True)
+        return y + x
+    x, i, v = torch.randn(6, 4), torch.tensor([1, 1, -1]), torch.randn(4)
+    with torch.no_grad():
+        got, want = pyfuser.compile(f)(x, i, v), f(x, i, v)
+    torch.testing.assert_close(got, want)
+    (graph,) = compiled_graphs()
+    assert any("broadcast" in r for r in graph.unsupported.values()), graph.unsupported

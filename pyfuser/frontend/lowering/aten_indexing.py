@@ -112,7 +112,20 @@ def _index_put(x, indices, values, accumulate=False):
                                  "is lowered")
     if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
         raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
+    want = [a.extent for a in i.logical] + [a.extent for a in x.logical[1:]]
+    if values.ndim != len(want) or not all(_same(a.extent, b)
+                                           for a, b in zip(values.logical, want)):
+        raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
     if x.ndim == 1:                  # a vector: rows of one element
         rows = _embedding_dense_backward(B.unsqueeze(values, values.ndim), i, n, -1, False)
         return ew("add", x, B.squeeze(rows, [1]))
     return ew("add", x, _embedding_dense_backward(values, i, n, -1, False))
+
+
+def _same(a, b) -> bool:
+    """A values extent `a` that is the indexed rows' extent `b`, not broadcast to it: equal
+    constants, or one of them a symbol (a symbolic size is never 1: Dynamo specializes sizes
+    0 and 1, and the graph's own check makes a constant and a symbol agree)."""
+    if a.value is not None and b.value is not None:
+        return a.value == b.value
+    return a.value != 1 and b.value != 1
