@@ -11,7 +11,9 @@ arrival and no byte due; a wait for a phase that is not complete then would spin
 
 Checked (KernelRaceError): a push to a block whose mbarrier is not initialised or not yet
 published; an element pushed twice with no ClusterSync between (its receiver may not have read
-it), or pushed while another thread's access since the last barrier is unordered with it; a
+it), or pushed while another thread's access since the last barrier is unordered with it (a
+local read counts until a ClusterSync, or the wait of a split one whose arrive followed it: a
+block's own __syncthreads does not order another block's push); a
 pushed element read before the receiving block's wait for the phase that counted it (the
 element is `pending` until then, as an async copy's); more bytes pushed than expected; a wait
 that would never return, reached by part of a block; and, at the kernel's end, a push never
@@ -108,7 +110,9 @@ class Mbarriers:
             raise KernelRaceError(f"{self.k.name}: shared {s.dst} pushed to after another write "
                                   "with no cluster barrier between (its receiver may not have "
                                   "read it)")
-        bad = ((w != -1) & (w != rid)) | ((r != -1) & (r != rid)) | ((rr != -1) & (rr != rid))
+        cr = sh.creader[key]
+        bad = ((w != -1) & (w != rid)) | ((r != -1) & (r != rid)) | ((rr != -1) & (rr != rid)) | \
+            ((cr != -1) & (cr != rid))
         if bool(bad.any()):
             raise KernelRaceError(f"{self.k.name}: shared {s.dst} pushed to while another "
                                   "thread's access since the last barrier is unordered with it")
@@ -118,7 +122,8 @@ class Mbarriers:
         sh.data[key] = val
         sh.writer[key] = rid
         sh.cwriter[key] = rid
-        sh.pending[key] = PUSHED - m.code
+        sh.wstamp[key] = self._arrives(key)      # a split barrier's wait orders it only if
+        sh.pending[key] = PUSHED - m.code        # it came before the arrive
         m.bytes_due -= torch.bincount(dest, minlength=self.nb) * s.dtype.itemsize
         done = (m.due == 0) & (m.bytes_due < 0)
         if bool(done.any()):

@@ -26,10 +26,13 @@ class _Shared:
     """One shared-memory array of every block of the chunk, with its race bookkeeping: per
     element the thread (row) that wrote it and the one that read it since the block's last Sync
     (-1 none, -2 several readers); and, for other blocks of a cluster, who wrote it and who read
-    it remotely since the last ClusterSync; the thread whose async copy to it has not been
+    it remotely since the last ClusterSync, and who read it locally since then (a push, a
+    remote write, is ordered after a local read by a cluster barrier only); the thread whose
+    async copy to it has not been
     waited for (-1 none); and the cluster's arrive count when the write / the reads were recorded
     (split cluster barriers)."""
-    __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "pending", "wstamp", "rstamp")
+    __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "creader", "pending", "wstamp",
+                 "rstamp")
 
     def __init__(self, nblocks, dims, dtype):
         self.data = torch.zeros((nblocks, *dims), dtype=dtype)
@@ -37,6 +40,8 @@ class _Shared:
         self.reader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.cwriter = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.rreader = torch.full((nblocks, *dims), -1, dtype=torch.int64)
+        self.creader = torch.full((nblocks, *dims), -1, dtype=torch.int64)   # local reads since
+        #                                     the last ClusterSync (a push must come after one)
         self.pending = torch.full((nblocks, *dims), -1, dtype=torch.int64)
         self.wstamp = torch.zeros((nblocks, *dims), dtype=torch.int64)
         self.rstamp = torch.zeros((nblocks, *dims), dtype=torch.int64)
@@ -90,6 +95,7 @@ class SharedMemory:
             raise KernelRaceError(f"{self.k.name}: shared {name} read by thread {int(rid[bad][0])} "
                                   f"after thread {int(w[bad][0])} wrote it, with no __syncthreads between")
         self._mark_readers(sh.reader, key, rid)
+        self._mark_readers(sh.creader, key, rid)
         sh.rstamp[key] = self._arrives(key)
         return sh.data[key]
 
@@ -173,9 +179,9 @@ class SharedMemory:
                 old_w = blocks.view(shape) & (sh.wstamp < arrives.view(shape))
                 old_r = blocks.view(shape) & (sh.rstamp < arrives.view(shape))
                 for arr, old in ((sh.writer, old_w), (sh.cwriter, old_w), (sh.reader, old_r),
-                                 (sh.rreader, old_r)):
+                                 (sh.rreader, old_r), (sh.creader, old_r)):
                     arr[old] = -1
             return
         for sh in self.shared.values():
-            for arr in (sh.writer, sh.reader, sh.cwriter, sh.rreader):
+            for arr in (sh.writer, sh.reader, sh.cwriter, sh.rreader, sh.creader):
                 arr[blocks] = -1

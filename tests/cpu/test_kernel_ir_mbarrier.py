@@ -104,3 +104,43 @@ def test_an_init_after_the_arrive_is_not_published():
     out = torch.empty(6)
     interpret(k, [torch.arange(6.0), out], (6, 1, 1))
     assert torch.equal(out, torch.arange(6.0).view(3, 2).sum(1).repeat_interleave(2))
+
+
+def split_reuse_kernel(early: bool):
+    """Two rounds into the same slots, ordered by a split cluster barrier: the arrive after
+    round 0's reads and a block barrier (correct), or `early`, before them (the next round's
+    pushes may then land while a block still reads: a race the GPU would have)."""
+    k = push_kernel(2)
+    body = k.body
+    between = next(n for n, s in enumerate(body) if isinstance(s, K.ClusterSync) and n > 6)
+    reads = between - 1                                    # round 0's Assign of acc
+    assert isinstance(body[reads], K.Assign) and body[reads].name == "acc"
+    if early:
+        body[between:between + 1] = [K.Sync(), K.ClusterSync("wait")]
+        body.insert(reads - 1, K.ClusterSync("arrive"))    # before round 0's wait and reads
+    else:
+        body[between:between + 1] = [K.Sync(), K.ClusterSync("arrive"), K.ClusterSync("wait")]
+    return k
+
+
+def test_a_split_barrier_orders_pushes_only_after_its_arrive():
+    x = torch.arange(12.0) ** 2
+    out = torch.empty(6)
+    interpret(split_reuse_kernel(False), [x, out], (6, 1, 1))
+    assert torch.equal(out, x.view(3, 2, 2).sum((1, 2)).repeat_interleave(2))
+    with pytest.raises(KernelRaceError, match="pushed to while another thread's access"):
+        interpret(split_reuse_kernel(True), [x, torch.empty(6)], (6, 1, 1))
+
+
+def test_a_push_before_the_arrive_is_ordered_but_not_one_after():
+    """The first round's push after an early arrive (init, sync, arrive, round 0, Sync, wait,
+    round 1): its record is younger than the arrive, so the wait does not order it before the
+    next round's push."""
+    k = push_kernel(2)
+    body = k.body
+    between = next(n for n, s in enumerate(body) if isinstance(s, K.ClusterSync) and n > 6)
+    body[between:between + 1] = [K.Sync(), K.ClusterSync("wait")]
+    first_load = next(n for n, s in enumerate(body) if isinstance(s, K.Load))
+    body.insert(first_load, K.ClusterSync("arrive"))
+    with pytest.raises(KernelRaceError, match="pushed to after another write"):
+        interpret(k, [torch.arange(12.0), torch.empty(6)], (6, 1, 1))
