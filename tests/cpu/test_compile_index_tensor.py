@@ -84,6 +84,7 @@ def test_an_index_out_of_range_raises_as_eager(bad):
     with pytest.raises(IndexError):
         with torch.no_grad():
             pyfuser.compile(_bias)(t, i)
+    assert INDEX in _fused(compiled_graphs())            # the fused lookup raised
 
 
 def test_other_index_forms_keep_the_aten_call():
@@ -139,3 +140,23 @@ def test_broadcast_values_keep_the_aten_call():
     torch.testing.assert_close(got, want)
     (graph,) = compiled_graphs()
     assert any("broadcast" in r for r in graph.unsupported.values()), graph.unsupported
+
+
+@pytest.mark.parametrize("rows,bad", [(3, [0, 3]), (3, [0, -4]), (13, [2, 13])])
+def test_an_accumulating_index_put_out_of_range_raises_as_eager(rows, bad):
+    """Small tables too (embedding's small-table sum would drop an index outside the table;
+    index_put has no forward lookup that trapped on it first)."""
+    def f(x, i, v):
+        y = torch.zeros(rows, 4)
+        y.index_put_((i,), v, accumulate=True)
+        return y + x
+    x, i, v = torch.randn(rows, 4), torch.tensor(bad), torch.randn(2, 4)
+    with pytest.raises(IndexError):
+        f(x, i, v)
+    with pytest.raises(IndexError):
+        with torch.no_grad():
+            pyfuser.compile(f)(x, i, v)
+    ok = torch.tensor([0, -1])
+    with torch.no_grad():
+        torch.testing.assert_close(pyfuser.compile(f)(x, ok, v), f(x, ok, v))
+    assert INDEX_PUT in _fused(compiled_graphs())

@@ -20,8 +20,9 @@ where eager's lookup, which reads every index, raises.
 relative-position bias table) is the same lookup, `x[i]` with i's axes then x's others, after
 eager's wrap of negative indices (`i + n` where `i < 0`, n the first extent; what stays outside
 [0, n) is the lookup's error); `aten::index_put(x, [i], values, accumulate=True)` (that
-indexing's gradient) is `x + embedding_dense_backward(values, i, n)` for a 1-D or 2-D x of a
-constant first extent: each row the sum of the values indexed to it, in a fixed order. Indices of
+indexing's gradient) is `x + embedding_backward(values, i, n)` (the scatter kernel, for every
+table size: it traps on an index outside the table) for a 1-D or 2-D x of a constant first
+extent: each row the sum of the values indexed to it, in a fixed order. Indices of
 several axes, `None` entries, boolean masks and `accumulate=False` stay eager.
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
@@ -33,7 +34,7 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
-from .aten_embedding_backward import _embedding_dense_backward
+from . import aten_embedding_backward  # noqa: F401  (the lookup's backward: its table entry)
 from .aten_pointwise import ew
 from .registry import SCATTER, lowers
 
@@ -116,10 +117,12 @@ def _index_put(x, indices, values, accumulate=False):
     if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
+    # the scatter kernel, whatever the table's size: it traps on an index outside the table
+    # (embedding's small-table sum would drop it, trusting a forward lookup index_put lacks)
     if x.ndim == 1:                  # a vector: rows of one element
-        rows = _embedding_dense_backward(B.unsqueeze(values, values.ndim), i, n, -1, False)
+        rows = B.embedding_backward(B.unsqueeze(values, values.ndim), i, n)
         return ew("add", x, B.squeeze(rows, [1]))
-    return ew("add", x, _embedding_dense_backward(values, i, n, -1, False))
+    return ew("add", x, B.embedding_backward(values, i, n))
 
 
 def _same(a, b) -> bool:
