@@ -155,11 +155,12 @@ PF_D void pf_mbar_init(int64_t* bar, unsigned count) {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 PF_D void pf_mbar_expect(int64_t* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(pf_smem_addr(bar)), "r"(bytes) : "memory"); }
+// (the wait acquires at cluster scope: the pushes it counts are other blocks' releases)
 PF_D void pf_mbar_wait(int64_t* bar, unsigned parity) {
   const unsigned a = pf_smem_addr(bar);
   unsigned done;
   do {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                  : "=r"(done) : "r"(a), "r"(parity) : "memory");
   } while (!done); }
 template <typename T> PF_D void pf_push(T* dst, T value, unsigned rank, int64_t* bar) {

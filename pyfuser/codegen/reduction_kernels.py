@@ -44,7 +44,10 @@ class InnerKernel(ClusterPush, ReductionLowering):
         body = [K.Let("rows", "nidx_t", self._prod(self.kg)),
                 K.Let("rlen", "nidx_t", K.Var(f"e{self.rin}") if self.rin is not None else _c(1))]
         self.rtot = K.Var("rlen")
-        self.push = p.cluster > 1 and getattr(p, "push", False) and \
+        # pushed, unless a per-row input is written in place (a training batch norm's running
+        # statistics): the cluster barrier orders every block's read of it before rank 0's
+        # write; the pushes order them only through the mbarrier's CTA-scope acquire
+        self.push = p.cluster > 1 and getattr(p, "push", False) and not self.inplace and \
             all(pushable(self.comb.dtypes(e)) for plan in self.plans for e in plan[0])
         if self.rout:                # outer reduced groups: one linear index over all of them
             body += [K.Let("nro", "nidx_t", self._prod(self.rout)),

@@ -57,7 +57,8 @@ class ReductionParams:
     push: bool = False           # inner cluster rows: the ranks' partials pushed into every
                                  # rank's shared memory, counted on mbarriers, with no cluster
                                  # barrier in the row (codegen/reduction_cluster_push.py; off
-                                 # with $PYFUSER_RED_CLUSTER_PUSH=0)
+                                 # with $PYFUSER_RED_CLUSTER_PUSH=0; the lowering keeps the
+                                 # barriers where a per-row input is written in place)
     reason: str = ""
 
     def as_dict(self) -> dict:

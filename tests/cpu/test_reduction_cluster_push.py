@@ -51,7 +51,10 @@ def test_pushed_combine_equals_the_barrier_combine(builder, cluster, dt, monkeyp
     assert pushed.params.cluster == int(cluster) and pushed.params.push and not barrier.params.push
     combines = n_stmts(pushed, K.MbarWait)
     assert combines >= 1 and n_stmts(pushed, K.MbarInit) == combines
-    assert n_stmts(barrier, K.RemoteRef) == 0 and n_stmts(pushed, K.PushRemote) >= combines
+    assert n_stmts(pushed, K.PushRemote) >= combines and n_stmts(barrier, K.PushRemote) == 0
+    body = pushed.kernel.source[pushed.kernel.source.index('extern "C"'):]
+    barrier_body = barrier.kernel.source[barrier.kernel.source.index('extern "C"'):]
+    assert "pf_dsmem_load(" not in body and "pf_dsmem_load(" in barrier_body
     phases = [s.phase for s in pushed.kernel_ir.walk() if isinstance(s, K.ClusterSync)]
     assert phases == ["arrive", "wait", "arrive"]       # no whole cluster barrier at all
     for g, w in zip(got, want):
@@ -116,3 +119,29 @@ def test_generated_kernels_compile_for_sm90(monkeypatch):
             run(RC.layer_norm, (2, 2 * 256 * 4 * 2 + 44), dt, "1", monkeypatch)
     assert any(p.params.push for p in PLANS)
     compile_many(PLANS)
+
+
+def test_rows_written_in_place_keep_the_barrier_combine(monkeypatch):
+    """A training batch norm's running statistics are read by every block of a row's cluster
+    and written in place by rank 0: the cluster barrier orders those reads before the write,
+    so such a kernel keeps the barrier combine (no push) though its plan allows one."""
+    from pyfuser.codegen import api
+    from pyfuser.frontend.lowering import lower_graph
+    from pyfuser.frontend.torchscript import parse_ir
+    monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
+    monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
+    x, w, b = torch.randn(2, 6, 32, 64), torch.randn(6), torch.randn(6)
+    rm, rv = torch.zeros(6), torch.ones(6)
+    graph = parse_ir("""graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor):
+  %t : bool = prim::Constant[value=1]()
+  %m : float = prim::Constant[value=0.1]()
+  %e : float = prim::Constant[value=1.0000000000000001e-05]()
+  %y : Tensor = aten::batch_norm(%x, %w, %b, %rm, %rv, %t, %m, %e, %t)
+  return (%y)""")
+    fusion = lower_graph(graph, [x, w, b, rm, rv]).fusion
+    plan = api.plan_kernel(fusion, [x, w, b, rm, rv])
+    assert plan.params.cluster == 2 and plan.params.push and sorted(plan.inplace.values()) == [3, 4]
+    body = plan.kernel.source[plan.kernel.source.index('extern "C"'):]
+    assert n_stmts(plan, K.PushRemote) == 0 and "pf_dsmem_load(" in body
+    assert "pf_cluster_sync();" in body
+    PLANS.append(plan)
