@@ -21,6 +21,7 @@ class OuterKernel(ReductionLowering):
     def kernel_body(self) -> list:
         p, V = self.p, self.V
         self.tree_arrays = {}             # id(reduction) -> its block tree's shared arrays
+        self.in_last = False              # lowering inside the last split block's branch
         self.kin = self.kg[-1]
         kout = self.kg[:-1]
         body = [K.Let("cols", "nidx_t", K.Var(f"e{self.kin}")),
@@ -80,7 +81,9 @@ class OuterKernel(ReductionLowering):
 
     def row_values(self, q, known, out) -> dict:
         """Per-column values (lanes) existing from pass q on, kept in [V] arrays, and the
-        reduced outputs among them (written by threadIdx.y 0)."""
+        reduced outputs among them (written by threadIdx.y 0; split over blockIdx.z, by block
+        0 of the splits before the grid combine, by the last block after it: every block
+        computes them alike, and two blocks storing one element race)."""
         nodes = self.row_nodes(q)
         known = dict(known)
         computed = [n for n in nodes if n.kind not in ("set", "alias")]
@@ -105,7 +108,10 @@ class OuterKernel(ReductionLowering):
                 value = value(None, None) if callable(value) else value
                 inside, after = self.store_stmts(a, value, self.offset(a, self.kidx), True)
                 st = [K.Alloc(f"T{a.tv.number}_w", a.tv.dtype, (self.V,)), self.lanes(inside)] + after
-                out += _guard(_and(self.col_ok, K.Bin("==", TY, _c(0)), self.owner(a, self.kidx)), st)
+                z0 = K.Bin("==", K.Special("blockIdx.z"), _c(0)) \
+                    if self.p.splits > 1 and not self.in_last else None
+                out += _guard(_and(self.col_ok, K.Bin("==", TY, _c(0)), z0,
+                                   self.owner(a, self.kidx)), st)
         return known
 
     def bind_results(self, e, partial, out) -> dict:
@@ -234,4 +240,5 @@ class OuterKernel(ReductionLowering):
         branch += _guard(_and(self.col_ok, K.Bin("==", TY, zero)), rest)
         branch.append(K.If(first, reset))  # the semaphore is left zero for the next launch
         out.append(K.If(K.ArrayRef(last, ()), branch))
+        self.in_last = True
         return final, rest                     # the pass goes on in the last block

@@ -339,6 +339,39 @@ def test_grid_combine_of_bfloat16_welford_fits_shared_memory(monkeypatch):
     assert nvrtc.compile_cuda(p.kernel.source, p.kernel.name, "sm_90") is not None
 
 
+@pytest.mark.parametrize("splits", [None, 4])
+def test_grid_split_stores_per_column_values_once(splits, monkeypatch):
+    """A per-column value computed before the grid combine (`t * 3 + 1`, a cross-entropy's
+    targets of a transposed input) was stored by every block of blockIdx.z: the same element
+    written by several blocks, which the interpreter's race check flags. Block 0 of the splits
+    stores it now (the last block, values after the combine); equal to eager, with and without
+    $PYFUSER_RED_SPLITS (the default splits 2100 x 7 too)."""
+    from pyfuser.codegen import api
+    from pyfuser.frontend.fx.compile_graph import clear_cache
+    from pyfuser.runtime import dispatch
+    monkeypatch.setenv("PYFUSER_DISABLE_DISK_CACHE", "1")
+    monkeypatch.setenv("PYFUSER_INTERP_RACECHECK", "1")
+    if splits:
+        monkeypatch.setenv("PYFUSER_RED_SPLITS", str(splits))
+    clear_cache()
+    dispatch.clear_caches()
+    plans = []
+    real = api.plan_kernel
+    monkeypatch.setattr(api, "plan_kernel", lambda g, i: plans.append(real(g, i)) or plans[-1])
+
+    def f(x, t):
+        y = t * 3 + 1
+        s = (x * y).sum(0)
+        return y, s, s * y
+    x, t = torch.randn(2100, 7), torch.arange(7.0)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x, t)
+    for g, w in zip(got, f(x, t)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-4)
+    (p,) = [p for p in plans if getattr(p.params, "splits", 1) > 1]
+    assert "(((nidx_t)blockIdx.z) == 0)" in p.kernel.source
+
+
 @pytest.mark.parametrize("device,want", [("cuda", torch.float32), ("cpu", torch.bfloat16),
                                          (None, None)], ids=str)
 def test_native_layer_norm_statistics_follow_the_device(device, want):
