@@ -46,7 +46,8 @@ class InnerKernel(ClusterPush, ReductionLowering):
         self.rtot = K.Var("rlen")
         # pushed, unless a per-row input is written in place (a training batch norm's running
         # statistics): the cluster barrier orders every block's read of it before rank 0's
-        # write; the pushes order them only through the mbarrier's CTA-scope acquire
+        # write; pushes would order them only through the chain of mbarrier waits, which the
+        # interpreter's global race check does not follow
         self.push = p.cluster > 1 and getattr(p, "push", False) and not self.inplace and \
             all(pushable(self.comb.dtypes(e)) for plan in self.plans for e in plan[0])
         if self.rout:                # outer reduced groups: one linear index over all of them
