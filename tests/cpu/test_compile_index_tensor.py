@@ -160,3 +160,39 @@ def test_an_accumulating_index_put_out_of_range_raises_as_eager(rows, bad):
     with torch.no_grad():
         torch.testing.assert_close(pyfuser.compile(f)(x, ok, v), f(x, ok, v))
     assert INDEX_PUT in _fused(compiled_graphs())
+
+
+def _pick_first(x, i):
+    return x[i].sin() * 2
+
+
+def _pick_third(x, i):                  # Falcon's key/value selection: x[:, :, i]
+    return x[:, :, i].sin() * 2
+
+
+def _pick_mask(x, m):
+    return x[m].sin() * 2
+
+
+@pytest.mark.parametrize("fn,how,index_in_group", [
+    (_pick_first, "int", True), (_pick_third, "int", False), (_pick_mask, "mask", False)],
+    ids=["first-axis", "third-axis", "bool-mask"])
+def test_traced_graph_groups_only_the_index_it_lowers(fn, how, index_in_group):
+    """The TorchScript graph fuser asks the lowering's check of `aten::index`: an index of
+    another axis (None entries) or a mask stays out of the groups, so the groups around it
+    still fuse; the falcon-trace regression, where such an index failed its group's lowering
+    and ran that group eagerly."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 3, 5, 4, generator=gen)
+    i = torch.tensor([4, 0, -1, 4]) if how == "int" else torch.rand(6, 3, 5, 4, generator=gen) > .5
+    f = pyfuser.jit(torch.jit.trace(fn, (x, i)), cpu_executor="interpret")
+    with torch.no_grad():
+        got, want = f(x, i), fn(x, i)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+    run = f.last_run
+    assert run.eager_groups == 0, run.fallbacks
+    grouped = [n.kind for n in f.graph.nodes() if n.kind == "prim::PyfuserGroup"]
+    assert grouped
+    left = [fb for fb in run.fallbacks if fb["kind"] == "aten::index"]
+    assert bool(left) != index_in_group, run.fallbacks

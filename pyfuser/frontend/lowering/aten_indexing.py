@@ -30,6 +30,8 @@ UnsupportedOpError: the node stays an eager op, whose own error eager then gives
 """
 from __future__ import annotations
 
+import torch
+
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
@@ -94,7 +96,23 @@ def _first_axis_index(x, indices, what: str) -> TensorView:
     return ew("where", ew("lt", i, 0), ew("add", i, n), i)
 
 
-@lowers("aten::index", n_args=(2,))
+def _one_first_axis_index(node) -> str | None:
+    """The graph fuser's check of a TorchScript `aten::index` node: its index list is built
+    in the graph from one tensor (not None; an integer one where its dtype is known). Falcon's
+    `x[:, :, i]` (None, None, i) and a boolean mask stay out of the fusion groups."""
+    lst = node.inputs[1]
+    if lst.node.kind != "prim::ListConstruct" or len(lst.node.inputs) != 1:
+        return "only one index tensor, of the first axis, is lowered"
+    t = lst.node.inputs[0].type
+    dtype = getattr(t, "dtype", False)
+    if dtype is False:
+        return "only one index tensor, of the first axis, is lowered"
+    if dtype is not None and dtype not in (torch.int64, torch.int32):
+        return f"the index must be an int64 or int32 tensor, not {dtype}"
+    return None
+
+
+@lowers("aten::index", n_args=(2,), check=_one_first_axis_index)
 def _index_tensor(x, indices):
     """x[i] for one integer tensor i of x's first axis (module docstring)."""
     return B.embedding(x, _first_axis_index(x, indices, "index"))

@@ -99,6 +99,9 @@ def node_support(node) -> tuple[bool, str]:
     for i, v in enumerate(node.inputs):
         if i not in entry.const_args and not _is_value_arg(v):
             return False, f"{node.kind}: argument {i} of type {v.type} is not a tensor or number"
+    why = entry.check(node) if entry.check is not None else None
+    if why is not None:
+        return False, f"{node.kind}: {why}"
     return True, ""
 
 
@@ -152,10 +155,13 @@ def _is_value_arg(v) -> bool:
 
 
 def is_tensor_list(v) -> bool:
-    """A `prim::ListConstruct` of tensors (cat's and stack's operands): a group takes the
-    tensors and builds the list inside (passes/groups.absorb)."""
-    return v.node.kind == "prim::ListConstruct" and isinstance(v.type, ListType) and \
-        isinstance(v.type.elem, TensorType) and bool(v.node.inputs) and \
+    """A `prim::ListConstruct` of tensors (cat's and stack's operands; `aten::index`'s
+    `Tensor?[]` when every entry is a tensor): a group takes the tensors and builds the list
+    inside (passes/groups.absorb)."""
+    if v.node.kind != "prim::ListConstruct" or not isinstance(v.type, ListType):
+        return False
+    elem = v.type.elem.elem if isinstance(v.type.elem, OptionalType) else v.type.elem
+    return isinstance(elem, TensorType) and bool(v.node.inputs) and \
         all(isinstance(i.type, TensorType) for i in v.node.inputs)
 
 

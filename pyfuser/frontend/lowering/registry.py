@@ -36,6 +36,10 @@ class Lowering:
     # node -> op class, for ops whose class depends on constant arguments (batch_norm in
     # inference mode is pointwise); None: always `op_class`.
     classify: Callable | None = None
+    # node -> None, or why this node's arguments (their structure, as the graph holds it)
+    # cannot be lowered: the graph fuser then leaves the node out of its groups rather than
+    # letting the whole group fall back when the handler refuses. None: no such check.
+    check: Callable | None = None
 
     def class_of(self, node) -> str:
         return self.classify(node) if self.classify is not None else self.op_class
@@ -44,10 +48,12 @@ class Lowering:
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def lowers(*kinds: str, op_class: str = POINTWISE, const_args=(), n_args=(), classify=None):
+def lowers(*kinds: str, op_class: str = POINTWISE, const_args=(), n_args=(), classify=None,
+           check=None):
     def register(fn):
         for k in kinds:
             assert k not in LOWERINGS, k
-            LOWERINGS[k] = Lowering(k, fn, op_class, tuple(const_args), tuple(n_args), classify)
+            LOWERINGS[k] = Lowering(k, fn, op_class, tuple(const_args), tuple(n_args), classify,
+                                    check)
         return fn
     return register
