@@ -16,14 +16,19 @@ whose rows are read are checked, as in Inductor's kernels: an index whose row no
 element reads (a slice of the lookup drops it, or the table's rows are empty) gives no error
 where eager's lookup, which reads every index, raises.
 
-`aten::index(x, [i])` (advanced indexing of the first axis by one integer tensor: Swin's
-relative-position bias table) is the same lookup, `x[i]` with i's axes then x's others, after
-eager's wrap of negative indices (`i + n` where `i < 0`, n the first extent; what stays outside
-[0, n) is the lookup's error); `aten::index_put(x, [i], values, accumulate=True)` (that
-indexing's gradient) is `x + embedding_backward(values, i, n)` (the scatter kernel, for every
-table size: it traps on an index outside the table) for a 1-D or 2-D x of a constant first
-extent: each row the sum of the values indexed to it, in a fixed order. Indices of
-several axes, `None` entries, boolean masks and `accumulate=False` stay eager.
+`aten::index(x, [i0, ..., ik-1])` (advanced indexing of x's k leading axes by integer tensors,
+broadcast together: Swin's relative-position bias table `t[i]`, CLIP's pooling
+`h[arange(b), ends]`) is the same lookup: for k = 1, `x[i]` after eager's wrap of negative
+indices (`i + n` where `i < 0`, n the first extent; what stays outside [0, n) is the lookup's
+error); for k > 1, of x viewed with its k leading axes as one (the view's -1 where they are
+symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the lookup's error) where any index is
+outside its own axis: eager raises there, and a flat row of another axis' overflow would
+exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
+`x + embedding_backward(values, flat, rows)` (the scatter kernel, for every table size: it
+traps on an index outside the table) where the flattened table has at most one more axis and
+a constant row count: each row the sum of the values indexed to it, in a fixed order. `None`
+entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
+TorchScript graph fuser groups only the one-index form (its node check).
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
 UnsupportedOpError: the node stays an eager op, whose own error eager then gives.
@@ -84,63 +89,91 @@ def _index_select(x, dim, index):
     return B.index_select(x, index, dim % x.ndim)
 
 
-def _first_axis_index(x, indices, what: str) -> TensorView:
-    """The one integer index of x's first axis in `indices`, negative entries wrapped as eager
-    does (i + n)."""
+def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
+    """(table, flat): `x[i0, ..., ik-1]` is `embedding(table, flat)` for k integer index
+    tensors of x's first k axes (broadcast together). For k = 1 the table is x and flat is i0
+    with negative entries wrapped as eager does (i + n). For k > 1 the first k axes (constant
+    extents) are flattened into the table's rows and flat = sum of the wrapped indices times
+    their row-major strides, or -1 where any index is outside its own axis (so that the lookup
+    raises as eager does, never reading a row another axis' overflow lands on)."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError(f"{what}: the input must be a tensor of rank 1 or more")
-    if not isinstance(indices, (list, tuple)) or len(indices) != 1 or indices[0] is None:
-        raise UnsupportedOpError(f"{what}: only one index tensor, of the first axis, is lowered")
-    i = _index(indices[0], what)
-    n = x.logical[0].extent
-    return ew("where", ew("lt", i, 0), ew("add", i, n), i)
+    if not isinstance(indices, (list, tuple)) or not 1 <= len(indices) <= x.ndim or \
+            any(i is None for i in indices):
+        raise UnsupportedOpError(f"{what}: only index tensors of the leading axes (no None "
+                                 f"entries) are lowered")
+    idx = [_index(i, what) for i in indices]
+    if len(idx) == 1:
+        n = x.logical[0].extent
+        return x, ew("where", ew("lt", idx[0], 0), ew("add", idx[0], n), idx[0])
+    flat, ok, stride = None, None, 1
+    for i, axis in reversed(list(zip(idx, x.logical))):
+        n = _extent(axis)
+        i = B.cast(i, DataType.Int)
+        w = ew("where", ew("lt", i, 0), ew("add", i, n), i)
+        inside = ew("logical_and", ew("ge", w, 0), ew("lt", w, n))
+        term = w if isinstance(stride, int) and stride == 1 else ew("mul", w, stride)
+        flat = term if flat is None else ew("add", term, flat)
+        ok = inside if ok is None else ew("logical_and", inside, ok)
+        stride = stride * n if isinstance(stride, int) and isinstance(n, int) else ew("mul", n, stride)
+    rest = [_extent(a) for a in x.logical[len(idx):]]
+    rows = stride if isinstance(stride, int) else -1      # a symbolic count: the view's -1
+    return B.reshape(x, [rows] + rest), ew("where", ok, flat, -1)
 
 
 def _one_first_axis_index(node) -> str | None:
     """The graph fuser's check of a TorchScript `aten::index` node: its index list is built
     in the graph from one tensor (not None; an integer one where its dtype is known). Falcon's
-    `x[:, :, i]` (None, None, i) and a boolean mask stay out of the fusion groups."""
+    constant lists of three index tensors, `x[:, :, i]` (None entries) and a boolean mask stay
+    out of the fusion groups."""
     lst = node.inputs[1]
     if lst.node.kind != "prim::ListConstruct" or len(lst.node.inputs) != 1:
-        return "only one index tensor, of the first axis, is lowered"
-    t = lst.node.inputs[0].type
-    dtype = getattr(t, "dtype", False)
+        return "only one index tensor, of the first axis, is grouped"
+    dtype = getattr(lst.node.inputs[0].type, "dtype", False)
     if dtype is False:
-        return "only one index tensor, of the first axis, is lowered"
+        return "only one index tensor, of the first axis, is grouped"
     if dtype is not None and dtype not in (torch.int64, torch.int32):
         return f"the index must be an int64 or int32 tensor, not {dtype}"
     return None
 
 
+def _extent(axis):
+    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar."""
+    return axis.extent.value if isinstance(axis.extent.value, int) else axis.extent
+
+
 @lowers("aten::index", n_args=(2,), check=_one_first_axis_index)
 def _index_tensor(x, indices):
-    """x[i] for one integer tensor i of x's first axis (module docstring)."""
-    return B.embedding(x, _first_axis_index(x, indices, "index"))
+    """x[i0, ..., ik-1] for integer tensors of x's leading axes (module docstring)."""
+    return B.embedding(*_leading_index(x, indices, "index"))
 
 
 @lowers("aten::index_put", op_class=SCATTER, n_args=(4,), const_args=(3,))
 def _index_put(x, indices, values, accumulate=False):
-    """x with values added at rows i (accumulate=True, module docstring)."""
+    """x with values added at the indexed rows (accumulate=True, module docstring)."""
     if not accumulate:
         raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
                                  "wins in no fixed order) is left to eager")
-    i = _first_axis_index(x, indices, "index_put")
-    n = x.logical[0].extent.value if x.ndim <= 2 else None
+    table, flat = _leading_index(x, indices, "index_put")
+    n = table.logical[0].extent.value if table.ndim <= 2 else None
     if not isinstance(n, int) or isinstance(n, bool):
-        raise UnsupportedOpError("index_put: only a 1-D or 2-D input of a constant first extent "
-                                 "is lowered")
+        raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
+                                 "count, are lowered")
     if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
         raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
-    want = [a.extent for a in i.logical] + [a.extent for a in x.logical[1:]]
+    want = [a.extent for a in flat.logical] + [a.extent for a in table.logical[1:]]
     if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
     # the scatter kernel, whatever the table's size: it traps on an index outside the table
     # (embedding's small-table sum would drop it, trusting a forward lookup index_put lacks)
-    if x.ndim == 1:                  # a vector: rows of one element
-        rows = B.embedding_backward(B.unsqueeze(values, values.ndim), i, n)
-        return ew("add", x, B.squeeze(rows, [1]))
-    return ew("add", x, B.embedding_backward(values, i, n))
+    if table.ndim == 1:                  # a vector: rows of one element
+        rows = B.squeeze(B.embedding_backward(B.unsqueeze(values, values.ndim), flat, n), [1])
+    else:
+        rows = B.embedding_backward(values, flat, n)
+    if table is not x:
+        rows = B.reshape(rows, [_extent(a) for a in x.logical])
+    return ew("add", x, rows)
 
 
 def _same(a, b) -> bool:
