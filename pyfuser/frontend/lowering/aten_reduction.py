@@ -1,5 +1,5 @@
 """Lowerings of reductions and normalizations: sum, mean, var, std, var_mean, std_mean, amax,
-amin, prod, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
+amin, argmax, argmin, prod, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
 log_softmax, layer_norm / native_layer_norm, rms_norm, batch_norm / native_batch_norm, group_norm
 (the losses are in aten_loss.py).
 
@@ -104,6 +104,49 @@ _lowers_max = lowers("aten::max", op_class=REDUCTION, n_args=(1, 2, 3), const_ar
                      classify=_max_min_class)(_max_min("max", "maximum"))
 _lowers_min = lowers("aten::min", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(2,),
                      classify=_max_min_class)(_max_min("min", "minimum"))
+
+
+def _arg_extreme(op: str, x, dim=None, keepdim=False):
+    """argmax / argmin as two reductions: the row's extreme m (NaN-propagating), then the least
+    position where x equals m or is NaN (a row holding a NaN has m NaN and no other element
+    equal to it, so its first NaN wins, as in eager; elsewhere the first of equal extremes,
+    -0.0 equal to 0.0). The second reads the first's result broadcast back over the row: one
+    persistent kernel. dim None: over every axis, positions counted row-major."""
+    if not isinstance(x, TensorView) or x.ndim == 0 or \
+            not (x.dtype.is_floating or x.dtype.is_integral):
+        raise UnsupportedOpError(f"arg{op}: the input must be a real, non-bool tensor of rank >= 1")
+    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
+        raise UnsupportedOpError(f"arg{op}: dim must be a constant, got {dim!r}")
+    if dim is None:                          # every axis: positions counted row-major
+        dims = list(range(x.ndim))
+    elif not -x.ndim <= dim < x.ndim:
+        raise UnsupportedOpError(f"arg{op}: dim {dim} out of range")
+    else:
+        dims = [dim % x.ndim]
+    pos, stride = None, None                 # stride: the count of the axes after d (None: 1)
+    for d in reversed(dims):
+        n = x.logical[d].extent
+        p = B.iota(n)
+        if x.ndim > 1:
+            p = B.broadcast(p, [i != d for i in range(x.ndim)])
+        p = p if stride is None else ew("mul", p, stride)
+        pos = p if pos is None else ew("add", p, pos)
+        stride = n if stride is None else ew("mul", n, stride)
+    m = B.reduction(op, x, dims, True)
+    hit = ew("eq", x, m)
+    if x.dtype.is_floating:
+        hit = ew("logical_or", hit, ew("isnan", x))
+    return B.reduction("min", ew("where", hit, pos, stride), dims, bool(keepdim))
+
+
+@lowers("aten::argmax", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))
+def _argmax(x, dim=None, keepdim=False):
+    return _arg_extreme("max", x, dim, keepdim)
+
+
+@lowers("aten::argmin", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))
+def _argmin(x, dim=None, keepdim=False):
+    return _arg_extreme("min", x, dim, keepdim)
 
 
 def _correction(args) -> tuple:
