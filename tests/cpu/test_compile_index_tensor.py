@@ -276,3 +276,26 @@ def test_traced_graph_groups_only_the_index_it_lowers(fn, how, index_in_group):
     assert grouped
     left = [fb for fb in run.fallbacks if fb["kind"] == "aten::index"]
     assert bool(left) != index_in_group, run.fallbacks
+
+
+def test_an_index_put_of_a_large_table_stays_eager(monkeypatch):
+    """index_put into more rows than MAX_SCATTER_ROWS (the scatter kernel reads every index
+    in every block; lowered to 8 here, for the interpreter's time): the aten call with the
+    reason; a table at the limit fuses."""
+    from pyfuser.frontend.lowering import aten_indexing
+    monkeypatch.setattr(aten_indexing, "MAX_SCATTER_ROWS", 8)
+
+    def f(x, i, v, rows):
+        y = torch.zeros(rows, 2)
+        y.index_put_((i,), v, accumulate=True)
+        return y[:4] + x
+    x, i, v = torch.randn(4, 2), torch.tensor([1, 1, 3]), torch.randn(3, 2)
+    for rows, fused in ((8, True), (9, False)):
+        torch._dynamo.reset()                # rows a constant again, not an automatic SymInt
+        with torch.no_grad():
+            got = pyfuser.compile(lambda x, i, v: f(x, i, v, rows))(x, i, v)
+        torch.testing.assert_close(got, f(x, i, v, rows))
+        graph = compiled_graphs()[-1]
+        assert (INDEX_PUT in _fused([graph])) == fused, graph.unsupported
+        assert fused or any("9 rows (more than 8)" in r for r in graph.unsupported.values()), \
+            graph.unsupported

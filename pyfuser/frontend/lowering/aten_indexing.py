@@ -26,7 +26,7 @@ outside its own axis: eager raises there, and a flat row of another axis' overfl
 exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
 `x + embedding_backward(values, flat, rows)` (the scatter kernel, for every table size: it
 traps on an index outside the table) where the flattened table has at most one more axis and
-a constant row count: each row the sum of the values indexed to it, in a fixed order. `None`
+a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to it, in a fixed order. `None`
 entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
 TorchScript graph fuser groups only the one-index form (its node check).
 
@@ -46,6 +46,11 @@ from .aten_pointwise import ew
 from .registry import SCATTER, lowers
 
 _INDEX_DTYPES = (DataType.Int, DataType.Int32)
+# the scatter kernel (schedule/embedding_backward.py) gives each block ~96 rows of a table of
+# narrow rows and has every block read every index: index_put's tables (its rows are the
+# indexed positions, often of one element) are lowered up to two waves of such blocks on an
+# H200 (each index read at most 264 times); larger ones stay eager's (docs/compile_backend.md)
+MAX_SCATTER_ROWS = 96 * 264
 
 
 def _index(index, what: str) -> TensorView:
@@ -159,6 +164,10 @@ def _index_put(x, indices, values, accumulate=False):
     if not isinstance(n, int) or isinstance(n, bool):
         raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
                                  "count, are lowered")
+    if n > MAX_SCATTER_ROWS:
+        raise UnsupportedOpError(f"index_put: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
+                                 f"is left to eager: every block of the scatter kernel reads "
+                                 f"every index")
     if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
         raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
     want = [a.extent for a in flat.logical] + [a.extent for a in table.logical[1:]]
