@@ -276,3 +276,34 @@ def test_traced_graph_groups_only_the_index_it_lowers(fn, how, index_in_group):
     assert grouped
     left = [fb for fb in run.fallbacks if fb["kind"] == "aten::index"]
     assert bool(left) != index_in_group, run.fallbacks
+
+
+def _expanded_rows(t, i):              # the table's first axis a broadcast made real in-kernel
+    return (t + 1).expand(4, 3)[i] * 2
+
+
+def _expanded_columns(t, i, j):
+    return (t + 1).expand(4, 3, 2)[i, j] * 2
+
+
+@pytest.mark.parametrize("fn,args", [
+    (_expanded_rows, (torch.randn(1, 3), torch.tensor([-1, 2, -4]))),
+    (_expanded_columns, (torch.randn(4, 1, 2), torch.tensor([0, -1, 3]), torch.tensor([2, -3, 1])))],
+    ids=["first-axis", "second-axis"])
+def test_an_expanded_table_axis_wraps_and_checks_at_its_expanded_size(fn, args):
+    """An axis that `expand` made of a broadcast has extent 1 and its size as the expanded
+    extent: the wrap of negative indices and the flattened strides take the expanded size
+    (fuzz seed 2067: `-4` wrapped by 1, an IndexError where eager reads row 0)."""
+    want = fn(*args)
+    with torch.no_grad():
+        assert torch.equal(pyfuser.compile(fn)(*args), want)
+    assert INDEX in _fused(compiled_graphs())
+    traced = pyfuser.jit(torch.jit.trace(fn, args), cpu_executor="interpret")
+    assert torch.equal(traced(*args), want)
+    bad = list(args)
+    bad[-1] = torch.tensor([0, 3, 1]) if fn is _expanded_columns else torch.tensor([0, -5, 1])
+    with pytest.raises(IndexError):
+        fn(*bad)
+    with pytest.raises(IndexError):
+        with torch.no_grad():
+            pyfuser.compile(fn)(*bad)

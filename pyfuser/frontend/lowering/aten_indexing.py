@@ -19,8 +19,8 @@ where eager's lookup, which reads every index, raises.
 `aten::index(x, [i0, ..., ik-1])` (advanced indexing of x's k leading axes by integer tensors,
 broadcast together: Swin's relative-position bias table `t[i]`, CLIP's pooling
 `h[arange(b), ends]`) is the same lookup: for k = 1, `x[i]` after eager's wrap of negative
-indices (`i + n` where `i < 0`, n the first extent; what stays outside [0, n) is the lookup's
-error); for k > 1, of x viewed with its k leading axes as one (the view's -1 where they are
+indices (`i + n` where `i < 0`, n the first extent, an expanded one's expanded size; what
+stays outside [0, n) is the lookup's error); for k > 1, of x viewed with its k leading axes as one (the view's -1 where they are
 symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the lookup's error) where any index is
 outside its own axis: eager raises there, and a flat row of another axis' overflow would
 exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
@@ -104,7 +104,7 @@ def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
                                  f"entries) are lowered")
     idx = [_index(i, what) for i in indices]
     if len(idx) == 1:
-        n = x.logical[0].extent
+        n = x.logical[0].full_extent
         return x, ew("where", ew("lt", idx[0], 0), ew("add", idx[0], n), idx[0])
     flat, ok, stride = None, None, 1
     for i, axis in reversed(list(zip(idx, x.logical))):
@@ -138,8 +138,10 @@ def _one_first_axis_index(node) -> str | None:
 
 
 def _extent(axis):
-    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar."""
-    return axis.extent.value if isinstance(axis.extent.value, int) else axis.extent
+    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar (an expanded
+    broadcast axis' expanded extent: its `extent` is 1)."""
+    ext = axis.full_extent
+    return ext.value if isinstance(ext.value, int) else ext
 
 
 @lowers("aten::index", n_args=(2,), check=_one_first_axis_index)
@@ -155,7 +157,7 @@ def _index_put(x, indices, values, accumulate=False):
         raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
                                  "wins in no fixed order) is left to eager")
     table, flat = _leading_index(x, indices, "index_put")
-    n = table.logical[0].extent.value if table.ndim <= 2 else None
+    n = table.logical[0].full_extent.value if table.ndim <= 2 else None
     if not isinstance(n, int) or isinstance(n, bool):
         raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
                                  "count, are lowered")
