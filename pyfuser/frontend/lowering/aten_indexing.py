@@ -14,7 +14,8 @@ the rows. An index outside the gathered axis is an error, as in eager: the kerne
 index before its load (a device-side trap on the GPU, an IndexError on the CPU). Only indices
 whose rows are read are checked, as in Inductor's kernels: an index whose row no output
 element reads (a slice of the lookup drops it, or the table's rows are empty) gives no error
-where eager's lookup, which reads every index, raises.
+where eager's lookup, which reads every index, raises. A lookup in an axis of size 0 by an
+index with elements raises on the host (ir/shapes.py), as eager does for any index there.
 
 `aten::index(x, [i0, ..., ik-1])` (advanced indexing of x's k leading axes by integer tensors,
 broadcast together: Swin's relative-position bias table `t[i]`, CLIP's pooling
@@ -25,7 +26,8 @@ symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the lookup's error) where 
 outside its own axis: eager raises there, and a flat row of another axis' overflow would
 exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
 `x + embedding_backward(values, flat, rows)` (the scatter kernel, for every table size: it
-traps on an index outside the table) where the flattened table has at most one more axis and
+traps on an index outside the table; a table of no rows stays eager's, which raises for any
+index) where the flattened table has at most one more axis and
 a constant row count: each row the sum of the values indexed to it, in a fixed order. `None`
 entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
 TorchScript graph fuser groups only the one-index form (its node check).
@@ -161,6 +163,9 @@ def _index_put(x, indices, values, accumulate=False):
     if not isinstance(n, int) or isinstance(n, bool):
         raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
                                  "count, are lowered")
+    if n == 0:      # eager raises for any index of an empty axis; the scatter, with no rows, checks none
+        raise UnsupportedOpError("index_put: a table of no rows is left to eager (its error for "
+                                 "any index)")
     if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
         raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
     want = [a.extent for a in flat.logical] + [a.extent for a in table.logical[1:]]
