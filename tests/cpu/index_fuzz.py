@@ -8,14 +8,18 @@ taken outside the compiled function or inside it), k = 1..rank index tensors of 
 broadcast together (size-1 axes; int64 or int32, mixed too; negative entries), a pointwise op
 on the table before the lookup, one on the result after it, sometimes an index computed in the
 graph (`i - n`: the negatives made by a kernel; `arange(n)` as the first of `rank` indices, the
-arange rewrite's form). Some cases put one index outside its axis (eager's IndexError), give an
-index or the table an empty axis (a zero-size trailing axis, an empty index), run the gradient
+arange rewrite's form), index inputs with an expanded (stride 0) or a transposed layout, a sum
+or a softmax after the lookup; a fifth of the cases accumulate values at the indices instead
+(`t.index_put(idx, v, accumulate=True)`, or `index_put_` into zeros, then t added). Some cases
+put one index outside its axis (eager's IndexError), give the table or an index an empty axis
+(a zero-size trailing axis, an empty indexed axis, an empty index), run the gradient
 with respect to the table's leaf, compile with dynamic=True and run two sizes, or trace the
 function for the TorchScript graph fuser (`pyfuser.jit(torch.jit.trace(...))`, interpreted).
 
 `check(c)` returns None or the failure's description. The forward must be eager's bit for bit
-(a lookup, then ops eager rounds as the kernel does), of eager's shape and dtype; the gradient
-as close to float64 eager's as float32 / bfloat16 eager's is (train_corpus's
+(a lookup, then ops eager rounds as the kernel does), of eager's shape and dtype; sums (the
+gradient, index_put's forward, a reduction after the lookup) as close to float64 eager's as
+float32 / bfloat16 eager's is (train_corpus's
 assert_as_close_as_eager); where eager raises, pyfuser must raise (an IndexError where eager's
 is one), never return a result; where eager returns, pyfuser must return the same (an exception
 there is a failure too, for the reader to judge). A traced graph whose one index is of the first
