@@ -177,7 +177,17 @@ def _check_embedding_backward(b: Bindings, e) -> None:
                            f"shape {grad} with {rows} indices ({e.inputs[1].name})")
 
 
-_CHECKS = {E.SliceOp: _check_slice, E.EmbeddingBackwardOp: _check_embedding_backward, E.PadOp: _bind_pad, E.CatOp: _bind_cat,
+def _check_index_select(b: Bindings, e) -> None:
+    """A lookup in an axis of size 0 by an index that has elements raises, as eager's index,
+    index_select and embedding do, even where no output element reads a row (its other axes
+    empty): the kernels check the indices of the elements they write, and there are none."""
+    axes = e.inputs[0].logical                # (none: index_select of a 0-dim input)
+    if e.dim < len(axes) and b.extent(axes[e.dim]) == 0 and math.prod(b.shape(e.inputs[1])):
+        raise IndexError(f"index is out of bounds for dimension with size 0 (axis {e.dim} of "
+                         f"{e.inputs[0].name})")
+
+
+_CHECKS = {E.SliceOp: _check_slice, E.IndexSelectOp: _check_index_select, E.EmbeddingBackwardOp: _check_embedding_backward, E.PadOp: _bind_pad, E.CatOp: _bind_cat,
            E.GatherOp: _check_gather,
            E.ExpandOp: lambda b, e: _check_expand(b, e)}
 

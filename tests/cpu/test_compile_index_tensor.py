@@ -299,3 +299,67 @@ def test_an_index_put_of_a_large_table_stays_eager(monkeypatch):
         assert (INDEX_PUT in _fused([graph])) == fused, graph.unsupported
         assert fused or any("9 rows (more than 8)" in r for r in graph.unsupported.values()), \
             graph.unsupported
+
+
+def _expanded_rows(t, i):              # the table's first axis a broadcast made real in-kernel
+    return (t + 1).expand(4, 3)[i] * 2
+
+
+def _expanded_columns(t, i, j):
+    return (t + 1).expand(4, 3, 2)[i, j] * 2
+
+
+@pytest.mark.parametrize("fn,args", [
+    (_expanded_rows, (torch.randn(1, 3), torch.tensor([-1, 2, -4]))),
+    (_expanded_columns, (torch.randn(4, 1, 2), torch.tensor([0, -1, 3]), torch.tensor([2, -3, 1])))],
+    ids=["first-axis", "second-axis"])
+def test_an_expanded_table_axis_wraps_and_checks_at_its_expanded_size(fn, args):
+    """An axis that `expand` made of a broadcast has extent 1 and its size as the expanded
+    extent: the wrap of negative indices and the flattened strides take the expanded size
+    (fuzz seed 2067: `-4` wrapped by 1, an IndexError where eager reads row 0)."""
+    want = fn(*args)
+    with torch.no_grad():
+        assert torch.equal(pyfuser.compile(fn)(*args), want)
+    assert INDEX in _fused(compiled_graphs())
+    traced = pyfuser.jit(torch.jit.trace(fn, args), cpu_executor="interpret")
+    assert torch.equal(traced(*args), want)
+    bad = list(args)
+    bad[-1] = torch.tensor([0, 3, 1]) if fn is _expanded_columns else torch.tensor([0, -5, 1])
+    with pytest.raises(IndexError):
+        fn(*bad)
+    with pytest.raises(IndexError):
+        with torch.no_grad():
+            pyfuser.compile(fn)(*bad)
+
+
+def _put_into_empty(x, i, v):
+    y = torch.zeros(x.shape)
+    y.index_put_((i,), v, accumulate=True)
+    return y + x
+
+
+@pytest.mark.parametrize("form", ["lookup", "lookup-2", "index_put"])
+def test_an_index_of_an_empty_axis_raises_as_eager(form):
+    """Eager raises for an index with elements of an axis of size 0, though no element reads
+    a row: the lookup's output of a (0, 0) table and the accumulation into a (0, 4) table have
+    no elements, so no kernel checks an index (fuzz seed 7574: an empty result, silently).
+    The lookup checks it on the host (ir/shapes.py), index_put of no rows stays eager's; an
+    empty index is eager's empty result."""
+    fn, x, i, v = {
+        "lookup": (_pick_first, torch.randn(0, 0), torch.tensor([0]), None),
+        "lookup-2": (_pool, torch.randn(3, 0, 0), torch.tensor([1]), torch.tensor([0])),
+        "index_put": (_put_into_empty, torch.randn(0, 4), torch.tensor([0]), torch.randn(1, 4))}[form]
+    args = (x, i) if v is None else (x, i, v)
+    with pytest.raises(IndexError):
+        fn(*args)
+    with pytest.raises(IndexError):
+        with torch.no_grad():
+            pyfuser.compile(fn)(*args)
+    empty = torch.zeros(0, dtype=torch.int64)
+    args = (x, empty) if v is None else \
+        (x, empty, empty) if form == "lookup-2" else (x, empty, v[:0])
+    with torch.no_grad():
+        got, want = pyfuser.compile(fn)(*args), fn(*args)
+    assert got.shape == want.shape and torch.equal(got, want)
+    if form != "index_put":
+        assert INDEX in _fused(compiled_graphs())

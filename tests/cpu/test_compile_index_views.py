@@ -78,7 +78,9 @@ def test_what_the_rewrite_cannot_prove_keeps_the_index(case):
             pyfuser.compile(f)(x)
         return
     graph = _check(f, x)
-    assert INDEX in str(graph.gm.graph)
+    # still an index, not views: the aten call, or (since the leading-axis lookup is lowered,
+    # aten_indexing.py) that lookup in a region
+    assert INDEX in str(graph.gm.graph) or INDEX in [op for r in graph.regions for op in r.ops]
     if case == "output":
         with torch.no_grad():
             assert pyfuser.compile(f)(x).is_contiguous()

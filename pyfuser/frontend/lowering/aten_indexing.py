@@ -14,19 +14,21 @@ the rows. An index outside the gathered axis is an error, as in eager: the kerne
 index before its load (a device-side trap on the GPU, an IndexError on the CPU). Only indices
 whose rows are read are checked, as in Inductor's kernels: an index whose row no output
 element reads (a slice of the lookup drops it, or the table's rows are empty) gives no error
-where eager's lookup, which reads every index, raises.
+where eager's lookup, which reads every index, raises. A lookup in an axis of size 0 by an
+index with elements raises on the host (ir/shapes.py), as eager does for any index there.
 
 `aten::index(x, [i0, ..., ik-1])` (advanced indexing of x's k leading axes by integer tensors,
 broadcast together: Swin's relative-position bias table `t[i]`, CLIP's pooling
 `h[arange(b), ends]`) is the same lookup: for k = 1, `x[i]` after eager's wrap of negative
-indices (`i + n` where `i < 0`, n the first extent; what stays outside [0, n) is the lookup's
-error); for k > 1, of x viewed with its k leading axes as one (the view's -1 where they are
-symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the lookup's error) where any index is
-outside its own axis: eager raises there, and a flat row of another axis' overflow would
-exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
-`x + embedding_backward(values, flat, rows)` (the scatter kernel, for every table size: it
-traps on an index outside the table) where the flattened table has at most one more axis and
-a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to it, in a fixed order. `None`
+indices (`i + n` where `i < 0`, n the first extent, an expanded one's expanded size; what
+stays outside [0, n) is the lookup's error); for k > 1, of x viewed with its k leading axes
+as one (the view's -1 where they are symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the
+lookup's error) where any index is outside its own axis: eager raises there, and a flat row of
+another axis' overflow would exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
+`x + embedding_backward(values, flat, rows)` (the scatter kernel, small tables too: it
+traps on an index outside the table; a table of no rows stays eager's, which raises for any
+index) where the flattened table has at most one more axis and a constant row count of at
+most MAX_SCATTER_ROWS: each row the sum of the values indexed to it, in a fixed order. `None`
 entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
 TorchScript graph fuser groups only the one-index form (its node check).
 
@@ -109,7 +111,7 @@ def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
                                  f"entries) are lowered")
     idx = [_index(i, what) for i in indices]
     if len(idx) == 1:
-        n = x.logical[0].extent
+        n = x.logical[0].full_extent
         return x, ew("where", ew("lt", idx[0], 0), ew("add", idx[0], n), idx[0])
     flat, ok, stride = None, None, 1
     for i, axis in reversed(list(zip(idx, x.logical))):
@@ -143,8 +145,10 @@ def _one_first_axis_index(node) -> str | None:
 
 
 def _extent(axis):
-    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar."""
-    return axis.extent.value if isinstance(axis.extent.value, int) else axis.extent
+    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar (an expanded
+    broadcast axis' expanded extent: its `extent` is 1)."""
+    ext = axis.full_extent
+    return ext.value if isinstance(ext.value, int) else ext
 
 
 @lowers("aten::index", n_args=(2,), check=_one_first_axis_index)
@@ -160,10 +164,13 @@ def _index_put(x, indices, values, accumulate=False):
         raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
                                  "wins in no fixed order) is left to eager")
     table, flat = _leading_index(x, indices, "index_put")
-    n = table.logical[0].extent.value if table.ndim <= 2 else None
+    n = table.logical[0].full_extent.value if table.ndim <= 2 else None
     if not isinstance(n, int) or isinstance(n, bool):
         raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
                                  "count, are lowered")
+    if n == 0:      # eager raises for any index of an empty axis; the scatter, with no rows, checks none
+        raise UnsupportedOpError("index_put: a table of no rows is left to eager (its error for "
+                                 "any index)")
     if n > MAX_SCATTER_ROWS:
         raise UnsupportedOpError(f"index_put: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
                                  f"is left to eager: every block of the scatter kernel reads "
@@ -174,7 +181,7 @@ def _index_put(x, indices, values, accumulate=False):
     if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
-    # the scatter kernel, whatever the table's size: it traps on an index outside the table
+    # the scatter kernel, even for small tables: it traps on an index outside the table
     # (embedding's small-table sum would drop it, trusting a forward lookup index_put lacks)
     if table.ndim == 1:                  # a vector: rows of one element
         rows = B.squeeze(B.embedding_backward(B.unsqueeze(values, values.ndim), flat, n), [1])
