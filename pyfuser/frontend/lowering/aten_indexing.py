@@ -24,12 +24,12 @@ indices (`i + n` where `i < 0`, n the first extent, an expanded one's expanded s
 stays outside [0, n) is the lookup's error); for k > 1, of x viewed with its k leading axes
 as one (the view's -1 where they are symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the
 lookup's error) where any index is outside its own axis: eager raises there, and a flat row of
-another axis' overflow would exist. `aten::index_put(x, indices, values, accumulate=True)` (that indexing's gradient) is
-`x + embedding_backward(values, flat, rows)` (the scatter kernel, small tables too: it
-traps on an index outside the table; a table of no rows stays eager's, which raises for any
-index) where the flattened table has at most one more axis and a constant row count of at
-most MAX_SCATTER_ROWS: each row the sum of the values indexed to it, in a fixed order. `None`
-entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
+another axis' overflow would exist. `aten::index_put(x, indices, values, accumulate=True)`
+(that indexing's gradient) is `x + embedding_backward(values, flat, rows)` (the scatter
+kernel, small tables too: it traps on an index outside the table; a table of no rows stays
+eager's, which raises for any index) where the flattened table has at most one more axis and
+a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to
+it, in a fixed order. `None` entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
 TorchScript graph fuser groups only the one-index form (its node check).
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
@@ -122,7 +122,8 @@ def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
         term = w if isinstance(stride, int) and stride == 1 else ew("mul", w, stride)
         flat = term if flat is None else ew("add", term, flat)
         ok = inside if ok is None else ew("logical_and", inside, ok)
-        stride = stride * n if isinstance(stride, int) and isinstance(n, int) else ew("mul", n, stride)
+        both_known = isinstance(stride, int) and isinstance(n, int)
+        stride = stride * n if both_known else ew("mul", n, stride)
     rest = [_extent(a) for a in x.logical[len(idx):]]
     rows = stride if isinstance(stride, int) else -1      # a symbolic count: the view's -1
     return B.reshape(x, [rows] + rest), ew("where", ok, flat, -1)
@@ -168,7 +169,7 @@ def _index_put(x, indices, values, accumulate=False):
     if not isinstance(n, int) or isinstance(n, bool):
         raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
                                  "count, are lowered")
-    if n == 0:      # eager raises for any index of an empty axis; the scatter, with no rows, checks none
+    if n == 0:              # eager raises for any index of an empty axis; no rows: no checks
         raise UnsupportedOpError("index_put: a table of no rows is left to eager (its error for "
                                  "any index)")
     if n > MAX_SCATTER_ROWS:
