@@ -133,3 +133,19 @@ def test_bool_and_zero_dim_inputs_stay_eager():
         assert torch.equal(pyfuser.compile(lambda x: x.argmax() + 1)(x), torch.tensor(1))
     (graph,) = compiled_graphs()
     assert any("rank >= 1" in r for r in graph.unsupported.values()), graph.unsupported
+
+
+@pytest.mark.parametrize("dim", [None, 0, 1, -1], ids=str)
+def test_expanded_inputs_count_positions_at_their_expanded_sizes(dim):
+    """An axis made by expand has extent 1 in the IR and its size elsewhere: positions and
+    strides along it use the expanded size (row-major positions of dim=None too)."""
+    t = torch.tensor([[3.0], [-1.0], [7.0], [7.0]])            # [4, 1] -> [4, 3]
+    u = torch.tensor([[0.5, 9.0, 9.0, -2.0]])                   # [1, 4] -> [3, 4]
+
+    def f(t, u):
+        return ((t + 1).expand(4, 3).argmax(dim), (u * 2).expand(3, 4).argmin(dim),
+                (u * 2).expand(3, 4).argmax(dim))
+    with torch.no_grad():
+        got, want = pyfuser.compile(f)(t, u), f(t, u)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g, w), (g, w)

@@ -29,8 +29,9 @@ another axis' overflow would exist. `aten::index_put(x, indices, values, accumul
 kernel, small tables too: it traps on an index outside the table; a table of no rows stays
 eager's, which raises for any index) where the flattened table has at most one more axis and
 a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to
-it, in a fixed order. `None` entries (an index of a later axis), boolean masks and `accumulate=False` stay eager. The
-TorchScript graph fuser groups only the one-index form (its node check).
+it, in a fixed order. `None` entries (an index of a later axis), boolean masks and
+`accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
+node check).
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
 UnsupportedOpError: the node stays an eager op, whose own error eager then gives.

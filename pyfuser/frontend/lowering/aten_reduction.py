@@ -125,7 +125,7 @@ def _arg_extreme(op: str, x, dim=None, keepdim=False):
         dims = [dim % x.ndim]
     pos, stride = None, None                 # stride: the count of the axes after d (None: 1)
     for d in reversed(dims):
-        n = x.logical[d].extent
+        n = x.logical[d].full_extent         # an expanded axis counts at its expanded size
         p = B.iota(n)
         if x.ndim > 1:
             p = B.broadcast(p, [i != d for i in range(x.ndim)])
