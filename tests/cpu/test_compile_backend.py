@@ -119,11 +119,11 @@ def test_unknown_backend_options_are_an_error():
 
 
 def test_lowering_refusal_leaves_the_node_to_fx_and_partitions_again():
-    """max.dim's indices have no lowering: the node the graph reads them from stays an aten call
-    (the reason recorded) and the rest still fuses."""
+    """max.dim's indices of a bool tensor have no lowering: the node the graph reads them
+    from stays an aten call (the reason recorded) and the rest still fuses."""
     def f(x):
-        v, i = (x * 2).max(dim=1)
-        return v + 1, i
+        v, i = (x * 2 > 1).max(dim=1)
+        return v.int() + 1, i
     x = torch.randn(4, 6)
     got = pyfuser.compile(f)(x)
     want = f(x)

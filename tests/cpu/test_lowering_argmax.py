@@ -149,3 +149,39 @@ def test_expanded_inputs_count_positions_at_their_expanded_sizes(dim):
         got, want = pyfuser.compile(f)(t, u), f(t, u)
     for g, w in zip(got, want):
         assert g.shape == w.shape and torch.equal(g, w), (g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_and_min_over_a_dim_give_their_indices(dtype, keepdim):
+    """max.dim / min.dim: (values, indices), the indices argmax's / argmin's (a classifier's
+    `_, pred = out.max(1)`); values as before."""
+    gen = torch.Generator().manual_seed(21)
+    x = _hard((7, 40), dtype, gen)
+
+    def f(x):
+        v, i = x.max(1, keepdim=keepdim)
+        w, j = torch.min(x * 2, 0, keepdim=keepdim)
+        return v, i + 1, w, j
+    with torch.no_grad():
+        got, want = pyfuser.compile(f)(x), f(x)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g, w) or torch.equal(g.nan_to_num(), w.nan_to_num()), (g, w)
+    ops = {op for r in _regions() for op in r.ops}
+    assert {"aten.max.dim", "aten.min.dim"} <= ops, compiled_graphs()[0].unsupported
+    assert_ran_as_sm90_kernels(_regions())
+
+
+def test_max_values_alone_leave_the_indices_out_of_the_kernel():
+    """A graph reading only max.dim's values: the index reduction is in the Fusion but no
+    expression an output uses reaches it, so the kernel is the plain max's (one pass)."""
+    x = torch.randn(6, 50)
+    with torch.no_grad():
+        got = pyfuser.compile(lambda x: x.max(1).values * 2)(x)
+    assert torch.equal(got, x.max(1).values * 2)
+    (region,) = _regions()
+    used = region.fusion.used_exprs()
+    assert not any(getattr(e, "op_name", "") == "min" for e in used), used
+    report = dispatch.last_report(region.fusion)
+    assert [s.kind for s in report.segments] == ["kernel"], report

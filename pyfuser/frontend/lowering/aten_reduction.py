@@ -95,8 +95,16 @@ def _max_min(op, binary):
             return B.reduction(op, x, None, False)
         if not isinstance(other, int) or isinstance(other, bool):
             raise UnsupportedOpError(f"{op}.dim: dim must be a constant, got {other!r}")
-        # max.dim / min.dim: (values, indices); indices are not computed (a use falls back)
-        return B.reduction(op, x, [other], bool(keepdim)), None
+        # max.dim / min.dim: (values, indices), the indices argmax's (a graph that reads only
+        # the values leaves them out of every kernel: the schedulers take the exprs an output
+        # uses). A bool x: its values only (a use of its indices keeps the aten call).
+        if x.ndim == 0 or not (x.dtype.is_floating or x.dtype.is_integral):
+            return B.reduction(op, x, [other], bool(keepdim)), None
+        if not -x.ndim <= other < x.ndim:
+            raise UnsupportedOpError(f"{op}.dim: dim {other} out of range")
+        d = other % x.ndim                   # the values as before; the indices' own extreme
+        values = B.reduction(op, x, [d], bool(keepdim))
+        return values, _arg_positions(x, [d], B.reduction(op, x, [d], True), bool(keepdim))
     return lower
 
 
@@ -123,6 +131,12 @@ def _arg_extreme(op: str, x, dim=None, keepdim=False):
         raise UnsupportedOpError(f"arg{op}: dim {dim} out of range")
     else:
         dims = [dim % x.ndim]
+    return _arg_positions(x, dims, B.reduction(op, x, dims, True), bool(keepdim))
+
+
+def _arg_positions(x, dims, m, keepdim: bool):
+    """The least row-major position over `dims` where x equals m (x's extreme over them, kept
+    as size-1 axes) or is NaN (_arg_extreme)."""
     pos, stride = None, None                 # stride: the count of the axes after d (None: 1)
     for d in reversed(dims):
         n = x.logical[d].full_extent         # an expanded axis counts at its expanded size
@@ -132,11 +146,10 @@ def _arg_extreme(op: str, x, dim=None, keepdim=False):
         p = p if stride is None else ew("mul", p, stride)
         pos = p if pos is None else ew("add", p, pos)
         stride = n if stride is None else ew("mul", n, stride)
-    m = B.reduction(op, x, dims, True)
     hit = ew("eq", x, m)
     if x.dtype.is_floating:
         hit = ew("logical_or", hit, ew("isnan", x))
-    return B.reduction("min", ew("where", hit, pos, stride), dims, bool(keepdim))
+    return B.reduction("min", ew("where", hit, pos, stride), dims, keepdim)
 
 
 @lowers("aten::argmax", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))
