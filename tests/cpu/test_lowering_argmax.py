@@ -3,8 +3,8 @@
 NaN. Against eager: values (exact: positions), shape, dtype (int64), for float32 / bfloat16 /
 float64 / integer inputs, ties (the first wins), NaN rows (the first NaN), -0.0 beside 0.0,
 infinities, dims, keepdim and dim=None (row-major positions over every axis), rows short and
-long, inner and outer; through torch.compile (CLIP's pooling position) and a TorchScript graph;
-each kernel compiled with NVRTC for sm_90 by the interpreter's executor."""
+long, inner and outer; max.dim / min.dim's indices; through torch.compile (CLIP's pooling
+position) and a TorchScript graph; each kernel compiled with NVRTC for sm_90 by the interpreter's executor."""
 from __future__ import annotations
 
 import zlib
