@@ -44,8 +44,10 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
+from ..torchscript.types import TensorType
 from . import aten_embedding_backward  # noqa: F401  (the lookup's backward: its table entry)
 from .aten_pointwise import ew
+from .aten_shape import row_major_position, sizes_of
 from .registry import SCATTER, lowers
 
 _INDEX_DTYPES = (DataType.Int, DataType.Int32)
@@ -114,20 +116,18 @@ def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
     if len(idx) == 1:
         n = x.logical[0].full_extent
         return x, ew("where", ew("lt", idx[0], 0), ew("add", idx[0], n), idx[0])
-    flat, ok, stride = None, None, 1
-    for i, axis in reversed(list(zip(idx, x.logical))):
-        n = _extent(axis)
+    sizes = sizes_of(x)
+    wrapped = []
+    for i, n in zip(idx, sizes):
         i = B.cast(i, DataType.Int)
-        w = ew("where", ew("lt", i, 0), ew("add", i, n), i)
+        wrapped.append(ew("where", ew("lt", i, 0), ew("add", i, n), i))
+    ok = None
+    for w, n in zip(wrapped, sizes):
         inside = ew("logical_and", ew("ge", w, 0), ew("lt", w, n))
-        term = w if isinstance(stride, int) and stride == 1 else ew("mul", w, stride)
-        flat = term if flat is None else ew("add", term, flat)
-        ok = inside if ok is None else ew("logical_and", inside, ok)
-        both_known = isinstance(stride, int) and isinstance(n, int)
-        stride = stride * n if both_known else ew("mul", n, stride)
-    rest = [_extent(a) for a in x.logical[len(idx):]]
-    rows = stride if isinstance(stride, int) else -1      # a symbolic count: the view's -1
-    return B.reshape(x, [rows] + rest), ew("where", ok, flat, -1)
+        ok = inside if ok is None else ew("logical_and", ok, inside)
+    flat, count = row_major_position(wrapped, sizes[:len(idx)])
+    rows = count if isinstance(count, int) else -1      # a symbolic count: the view's -1
+    return B.reshape(x, [rows] + sizes[len(idx):]), ew("where", ok, flat, -1)
 
 
 def _one_first_axis_index(node) -> str | None:
@@ -135,22 +135,14 @@ def _one_first_axis_index(node) -> str | None:
     in the graph from one tensor (not None; an integer one where its dtype is known). Falcon's
     constant lists of three index tensors, `x[:, :, i]` (None entries) and a boolean mask stay
     out of the fusion groups."""
-    lst = node.inputs[1]
-    if lst.node.kind != "prim::ListConstruct" or len(lst.node.inputs) != 1:
+    items = node.inputs[1].node
+    if items.kind != "prim::ListConstruct" or len(items.inputs) != 1 or \
+            not isinstance(items.inputs[0].type, TensorType):
         return "only one index tensor, of the first axis, is grouped"
-    dtype = getattr(lst.node.inputs[0].type, "dtype", False)
-    if dtype is False:
-        return "only one index tensor, of the first axis, is grouped"
+    dtype = items.inputs[0].type.dtype
     if dtype is not None and dtype not in (torch.int64, torch.int32):
         return f"the index must be an int64 or int32 tensor, not {dtype}"
     return None
-
-
-def _extent(axis):
-    """An axis' extent as reshape takes it: its constant, or its symbolic Scalar (an expanded
-    broadcast axis' expanded extent: its `extent` is 1)."""
-    ext = axis.full_extent
-    return ext.value if isinstance(ext.value, int) else ext
 
 
 @lowers("aten::index", n_args=(2,), check=_one_first_axis_index)
@@ -190,7 +182,7 @@ def _index_put(x, indices, values, accumulate=False):
     else:
         rows = B.embedding_backward(values, flat, n)
     if table is not x:
-        rows = B.reshape(rows, [_extent(a) for a in x.logical])
+        rows = B.reshape(rows, sizes_of(x))
     return ew("add", x, rows)
 
 

@@ -17,6 +17,7 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
+from .aten_shape import row_major_position, sizes_of
 from .device import device_type
 from .registry import NORMALIZATION, POINTWISE, REDUCTION, lowers
 
@@ -137,19 +138,16 @@ def _arg_extreme(op: str, x, dim=None, keepdim=False):
 def _arg_positions(x, dims, m, keepdim: bool):
     """The least row-major position over `dims` where x equals m (x's extreme over them, kept
     as size-1 axes) or is NaN (_arg_extreme)."""
-    pos, stride = None, None                 # stride: the count of the axes after d (None: 1)
-    for d in reversed(dims):
-        n = x.logical[d].full_extent         # an expanded axis counts at its expanded size
-        p = B.iota(n)
-        if x.ndim > 1:
-            p = B.broadcast(p, [i != d for i in range(x.ndim)])
-        p = p if stride is None else ew("mul", p, stride)
-        pos = p if pos is None else ew("add", p, pos)
-        stride = n if stride is None else ew("mul", n, stride)
+    coords = []
+    for d in dims:
+        p = B.iota(x.logical[d].full_extent)   # an expanded axis at its expanded size
+        coords.append(B.broadcast(p, [i != d for i in range(x.ndim)]) if x.ndim > 1 else p)
+    sizes = sizes_of(x)
+    pos, count = row_major_position(coords, [sizes[d] for d in dims])
     hit = ew("eq", x, m)
     if x.dtype.is_floating:
         hit = ew("logical_or", hit, ew("isnan", x))
-    return B.reduction("min", ew("where", hit, pos, stride), dims, keepdim)
+    return B.reduction("min", ew("where", hit, pos, count), dims, keepdim)
 
 
 @lowers("aten::argmax", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))

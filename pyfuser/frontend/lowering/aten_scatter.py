@@ -19,19 +19,15 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .aten_resize import _select_backward, _slice_backward
+from .aten_shape import sizes_of
 from .registry import lowers
-
-
-def _sizes_of(x: TensorView) -> list:
-    """x's sizes as the gradients' lowerings take them: ints, or symbolic Int extents."""
-    return [int(e.value) if e.is_const else e for e in (d.full_extent for d in x.logical)]
 
 
 def _scatter(self_, src, place, what: str) -> TensorView:
     """where(place(True), place(src cast to self's dtype), self)."""
     if not isinstance(self_, TensorView) or not isinstance(src, TensorView):
         raise UnsupportedOpError(f"{what} of other than two tensors")
-    sizes = _sizes_of(self_)
+    sizes = sizes_of(self_)
     placed = place(B.cast(src, self_.dtype) if src.dtype != self_.dtype else src, sizes)
     inside = place(B.full([d.full_extent for d in src.logical], True, DataType.Bool), sizes)
     return B.elementwise("where", inside, placed, self_)

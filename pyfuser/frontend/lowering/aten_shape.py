@@ -33,6 +33,28 @@ def _sizes(values, what: str) -> list:
     raise UnsupportedOpError(f"{what} must be a list of ints or symbolic sizes, got {values!r}")
 
 
+def sizes_of(x: TensorView) -> list:
+    """x's sizes as reshape and the gradients' lowerings take them: constant ints, or symbolic
+    Int extents (an expanded axis at its expanded size: its `extent` is 1)."""
+    return [int(e.value) if e.is_const else e for e in (d.full_extent for d in x.logical)]
+
+
+def row_major_position(coords: list, sizes: list) -> tuple:
+    """(position, count): sum(coords[a] * stride_a) over the axes of a row-major tensor of
+    `sizes` (ints or symbolic Scalars), and its element count (an int where every size is
+    one). `coords` are Int tensors (or Scalars) that broadcast together."""
+    pos, count = None, 1
+    for c, n in zip(reversed(coords), reversed(sizes)):
+        if isinstance(count, int) and count == 1:
+            term, count = c, n
+        else:
+            term = B.elementwise("mul", c, count)
+            known = isinstance(count, int) and isinstance(n, int)
+            count = count * n if known else B.elementwise("mul", n, count)
+        pos = term if pos is None else B.elementwise("add", term, pos)
+    return pos, count
+
+
 @lowers(*_kinds("view"), *_kinds("reshape"), "aten::_unsafe_view", op_class=METADATA,
         n_args=(2,), const_args=(1,))
 def _view(x, shape):
