@@ -103,9 +103,10 @@ def _max_min(op, binary):
             return B.reduction(op, x, [other], bool(keepdim)), None
         if not -x.ndim <= other < x.ndim:
             raise UnsupportedOpError(f"{op}.dim: dim {other} out of range")
-        d = other % x.ndim                   # the values as before; the indices' own extreme
-        values = B.reduction(op, x, [d], bool(keepdim))
-        return values, _arg_positions(x, [d], B.reduction(op, x, [d], True), bool(keepdim))
+        d = other % x.ndim                   # the indices' extreme is the values with keepdim
+        m = B.reduction(op, x, [d], True)
+        values = m if keepdim else B.reduction(op, x, [d], False)
+        return values, _arg_positions(x, [d], m, bool(keepdim))
     return lower
 
 
