@@ -1,4 +1,4 @@
-"""argmax / argmin lowered as two reductions in one kernel (lowering/aten_reduction.py
+"""argmax / argmin lowered as two reductions in one kernel (lowering/aten_arg_reduction.py
 `_arg_extreme`): the row's NaN-propagating extreme, then the least position holding it or a
 NaN. Against eager: values (exact: positions), shape, dtype (int64), for float32 / bfloat16 /
 float64 / integer inputs, ties (the first wins), NaN rows (the first NaN), -0.0 beside 0.0,

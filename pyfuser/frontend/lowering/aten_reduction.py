@@ -1,7 +1,7 @@
 """Lowerings of reductions and normalizations: sum, mean, var, std, var_mean, std_mean, amax,
-amin, argmax, argmin, prod, max / min (full, .dim values, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
+amin, prod, max / min (full, .dim values and indices, .other), logsumexp, sum_to_size, _grad_sum_to_size, softmax,
 log_softmax, layer_norm / native_layer_norm, rms_norm, batch_norm / native_batch_norm, group_norm
-(the losses are in aten_loss.py).
+(the losses are in aten_loss.py, argmax / argmin in aten_arg_reduction.py).
 
 Normalizations are written with the builder's reductions and elementwise ops in the order of
 operations of PyTorch's own kernels, so the results are eager's within rounding:
@@ -17,7 +17,7 @@ from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .aten_shape import row_major_position, sizes_of
+from .aten_arg_reduction import arg_positions
 from .device import device_type
 from .registry import NORMALIZATION, POINTWISE, REDUCTION, lowers
 
@@ -106,7 +106,7 @@ def _max_min(op, binary):
         d = other % x.ndim                   # the indices' extreme is the values with keepdim
         m = B.reduction(op, x, [d], True)
         values = m if keepdim else B.reduction(op, x, [d], False)
-        return values, _arg_positions(x, [d], m, bool(keepdim))
+        return values, arg_positions(x, [d], m, bool(keepdim))
     return lower
 
 
@@ -114,51 +114,6 @@ _lowers_max = lowers("aten::max", op_class=REDUCTION, n_args=(1, 2, 3), const_ar
                      classify=_max_min_class)(_max_min("max", "maximum"))
 _lowers_min = lowers("aten::min", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(2,),
                      classify=_max_min_class)(_max_min("min", "minimum"))
-
-
-def _arg_extreme(op: str, x, dim=None, keepdim=False):
-    """argmax / argmin as two reductions: the row's extreme m (NaN-propagating), then the least
-    position where x equals m or is NaN (a row holding a NaN has m NaN and no other element
-    equal to it, so its first NaN wins, as in eager; elsewhere the first of equal extremes,
-    -0.0 equal to 0.0). The second reads the first's result broadcast back over the row: one
-    persistent kernel. dim None: over every axis, positions counted row-major."""
-    if not isinstance(x, TensorView) or x.ndim == 0 or \
-            not (x.dtype.is_floating or x.dtype.is_integral):
-        raise UnsupportedOpError(f"arg{op}: the input must be a real, non-bool tensor of rank >= 1")
-    if dim is not None and (not isinstance(dim, int) or isinstance(dim, bool)):
-        raise UnsupportedOpError(f"arg{op}: dim must be a constant, got {dim!r}")
-    if dim is None:                          # every axis: positions counted row-major
-        dims = list(range(x.ndim))
-    elif not -x.ndim <= dim < x.ndim:
-        raise UnsupportedOpError(f"arg{op}: dim {dim} out of range")
-    else:
-        dims = [dim % x.ndim]
-    return _arg_positions(x, dims, B.reduction(op, x, dims, True), bool(keepdim))
-
-
-def _arg_positions(x, dims, m, keepdim: bool):
-    """The least row-major position over `dims` where x equals m (x's extreme over them, kept
-    as size-1 axes) or is NaN (_arg_extreme)."""
-    coords = []
-    for d in dims:
-        p = B.iota(x.logical[d].full_extent)   # an expanded axis at its expanded size
-        coords.append(B.broadcast(p, [i != d for i in range(x.ndim)]) if x.ndim > 1 else p)
-    sizes = sizes_of(x)
-    pos, count = row_major_position(coords, [sizes[d] for d in dims])
-    hit = ew("eq", x, m)
-    if x.dtype.is_floating:
-        hit = ew("logical_or", hit, ew("isnan", x))
-    return B.reduction("min", ew("where", hit, pos, count), dims, keepdim)
-
-
-@lowers("aten::argmax", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))
-def _argmax(x, dim=None, keepdim=False):
-    return _arg_extreme("max", x, dim, keepdim)
-
-
-@lowers("aten::argmin", op_class=REDUCTION, n_args=(1, 2, 3), const_args=(1, 2))
-def _argmin(x, dim=None, keepdim=False):
-    return _arg_extreme("min", x, dim, keepdim)
 
 
 def _correction(args) -> tuple:
