@@ -227,21 +227,29 @@ def test_batch_norm_training_updates_running_statistics(shape, dt, channels_last
     assert st.groups == 1 and st.kernels == 1 and not st.fallbacks and st.eager_groups == 0, st
 
 
-def test_running_statistics_written_by_the_kernel_itself():
-    """The per-channel running statistics of an NCHW batch norm are stores of the kernel into
-    the running tensors (no copy afterwards): the plan says so and the pointers drop restrict."""
-    from pyfuser.codegen import api
-    from pyfuser.frontend.lowering import lower_graph
-    from pyfuser.frontend.torchscript import parse_ir
-    x, w, b = torch.randn(4, 6, 5, 7), torch.randn(6), torch.randn(6)
-    rm, rv = torch.zeros(6), torch.ones(6)
-    graph = parse_ir("""graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor):
+TRAINING_BATCH_NORM_IR = """graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor):
   %t : bool = prim::Constant[value=1]()
   %m : float = prim::Constant[value=0.1]()
   %e : float = prim::Constant[value=1.0000000000000001e-05]()
   %y : Tensor = aten::batch_norm(%x, %w, %b, %rm, %rv, %t, %m, %e, %t)
-  return (%y)""")
-    fusion = lower_graph(graph, [x, w, b, rm, rv]).fusion
+  return (%y)"""
+
+
+def training_batch_norm_fusion(x, w, b, rm, rv):
+    """The Fusion of a training batch norm that updates its running statistics in place
+    (TRAINING_BATCH_NORM_IR lowered for these example inputs)."""
+    from pyfuser.frontend.lowering import lower_graph
+    from pyfuser.frontend.torchscript import parse_ir
+    return lower_graph(parse_ir(TRAINING_BATCH_NORM_IR), [x, w, b, rm, rv]).fusion
+
+
+def test_running_statistics_written_by_the_kernel_itself():
+    """The per-channel running statistics of an NCHW batch norm are stores of the kernel into
+    the running tensors (no copy afterwards): the plan says so and the pointers drop restrict."""
+    from pyfuser.codegen import api
+    x, w, b = torch.randn(4, 6, 5, 7), torch.randn(6), torch.randn(6)
+    rm, rv = torch.zeros(6), torch.ones(6)
+    fusion = training_batch_norm_fusion(x, w, b, rm, rv)
     assert len(fusion.aliases) == 2
     plan = api.plan_kernel(fusion, [x, w, b, rm, rv])
     assert sorted(plan.inplace.values()) == [3, 4] and "__restrict__" in plan.kernel.source

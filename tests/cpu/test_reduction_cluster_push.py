@@ -126,19 +126,12 @@ def test_rows_written_in_place_keep_the_barrier_combine(monkeypatch):
     and written in place by rank 0: the cluster barrier orders those reads before the write,
     so such a kernel keeps the barrier combine (no push) though its plan allows one."""
     from pyfuser.codegen import api
-    from pyfuser.frontend.lowering import lower_graph
-    from pyfuser.frontend.torchscript import parse_ir
+    from test_lowering_normalization import training_batch_norm_fusion
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", "2")
     monkeypatch.setenv("PYFUSER_RED_STEPS", "1")
     x, w, b = torch.randn(2, 6, 32, 64), torch.randn(6), torch.randn(6)
     rm, rv = torch.zeros(6), torch.ones(6)
-    graph = parse_ir("""graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor):
-  %t : bool = prim::Constant[value=1]()
-  %m : float = prim::Constant[value=0.1]()
-  %e : float = prim::Constant[value=1.0000000000000001e-05]()
-  %y : Tensor = aten::batch_norm(%x, %w, %b, %rm, %rv, %t, %m, %e, %t)
-  return (%y)""")
-    fusion = lower_graph(graph, [x, w, b, rm, rv]).fusion
+    fusion = training_batch_norm_fusion(x, w, b, rm, rv)
     plan = api.plan_kernel(fusion, [x, w, b, rm, rv])
     assert plan.params.cluster == 2 and plan.params.push and sorted(plan.inplace.values()) == [3, 4]
     body = plan.kernel.source[plan.kernel.source.index('extern "C"'):]
