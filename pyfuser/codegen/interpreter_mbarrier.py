@@ -5,17 +5,18 @@ Model, per block and mbarrier: the arrivals a phase (`count`, 0 before its MbarI
 arrivals still due in the current phase, the bytes still due (expected by MbarExpect, less those
 pushed; below zero while pushes run ahead of the expectation, as on the GPU), the phases
 completed, and whether the init has been published to the cluster (a whole ClusterSync after
-it, or the wait half of one whose arrive came after it). Threads run in lockstep, so a phase is complete when a wait finds no
-arrival and no byte due; a wait for a phase that is not complete then would spin forever
-(every push it counts comes before it in program order: kernel_ir.MbarWait).
+it, or the wait half of one whose arrive came after it). Threads run in lockstep, so a phase
+is complete when a wait finds no arrival and no byte due; a wait for a phase that is not
+complete then would spin forever (every push it counts comes before it in program order:
+kernel_ir.MbarWait).
 
 Checked (KernelRaceError): a push to a block whose mbarrier is not initialised or not yet
 published; an element pushed twice with no ClusterSync between (its receiver may not have read
 it), or pushed while another thread's access since the last barrier is unordered with it (a
 local read counts until a ClusterSync, or the wait of a split one whose arrive followed it: a
-block's own __syncthreads does not order another block's push); a
-pushed element read before the receiving block's wait for the phase that counted it (the
-element is `pending` until then, as an async copy's); more bytes pushed than expected; a wait
+block's own __syncthreads does not order another block's push); a pushed element read before
+the receiving block's wait for the phase that counted it (the element is `pending` until
+then, as an async copy's); more bytes pushed than expected; a wait
 that would never return, reached by part of a block; and, at the kernel's end, a push never
 waited for (its block could exit while the push lands).
 """

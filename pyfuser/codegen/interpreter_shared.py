@@ -28,9 +28,8 @@ class _Shared:
     (-1 none, -2 several readers); and, for other blocks of a cluster, who wrote it and who read
     it remotely since the last ClusterSync, and who read it locally since then (a push, a
     remote write, is ordered after a local read by a cluster barrier only); the thread whose
-    async copy to it has not been
-    waited for (-1 none); and the cluster's arrive count when the write / the reads were recorded
-    (split cluster barriers)."""
+    async copy to it has not been waited for (-1 none); and the cluster's arrive count when the
+    write / the reads were recorded (split cluster barriers)."""
     __slots__ = ("data", "writer", "reader", "cwriter", "rreader", "creader", "pending", "wstamp",
                  "rstamp")
 
