@@ -2,10 +2,12 @@
 import), with a same-size copy as the bandwidth reference (one GPU, one run).
 
     PYTHONPATH=. python3 bench/normalization.py [--dtypes float32,bfloat16] [--no-compile]
-        [--only layer_norm,softmax] [--flush write|read]
+        [--only layer_norm,softmax] [--flush write|read] [--frontend jit|compile]
 
 Each workload is written as eager PyTorch (the function below); pyfuser runs the same function
-through `pyfuser.jit(torch.jit.script(fn))`. Per row and dtype: median µs per call (bench_us:
+through `pyfuser.jit(torch.jit.script(fn))`, or with `--frontend compile` through
+`pyfuser.compile(fn)` (torch.compile's aten graph: cross-entropy arrives as nll_loss of a
+log_softmax, not as `cross_entropy_loss`). Per row and dtype: median µs per call (bench_us:
 do_bench with its L2 flush by default, the issues' method), and % = (the workload's minimum bytes
 moved / time) / (bytes / time of a same-size copy_ timed the same way). pyfuser's result is
 checked against eager before it is timed (a wrong result marks the cell "WRONG"); kernels per
@@ -182,8 +184,25 @@ def _extra_impls():
     return out
 
 
-def run(dtypes, use_compile: bool, only, flush: str):
+def _pyfuser_fn(fn, frontend: str):
+    """(the function pyfuser runs, its count of fallbacks after a call)."""
     import pyfuser
+    if frontend == "compile":
+        from pyfuser.frontend.fx import compiled_graphs
+        cfn = pyfuser.compile(fn)
+
+        def unfused():             # the last graph's nodes left to aten (views included)
+            return sum(compiled_graphs()[-1].report()["unfused"].values())
+        return cfn, unfused
+    pf = pyfuser.jit(torch.jit.script(fn))
+
+    def fallbacks():
+        st = pf.last_run
+        return len(st.fallbacks) + st.eager_groups + st.eager_segments
+    return pf, fallbacks
+
+
+def run(dtypes, use_compile: bool, only, flush: str, frontend: str = "jit"):
     extras = _extra_impls()
     rows, log = [], []
     copies = {}
@@ -215,7 +234,7 @@ def run(dtypes, use_compile: bool, only, flush: str):
                     t_c = bench_us(lambda: cfn(*xs), flush=flush)
                     cells["torch.compile"] = f"{t_c:.1f} ({pct(t_c):.0f}%)"
                 t0 = time.perf_counter()
-                pf = pyfuser.jit(torch.jit.script(fn))
+                pf, fallbacks = _pyfuser_fn(fn, frontend)
                 got = pf(*xs)
                 torch.cuda.synchronize()
                 cells["pyfuser_first_s"] = f"{time.perf_counter() - t0:.2f}"
@@ -225,8 +244,7 @@ def run(dtypes, use_compile: bool, only, flush: str):
                     t_p = bench_us(lambda: pf(*xs), flush=flush)
                     cells["pyfuser"] = f"{t_p:.1f} ({pct(t_p):.0f}%)"
                     cells["kernels"] = count_kernels(lambda: pf(*xs))
-                    st = pf.last_run
-                    cells["fallbacks"] = len(st.fallbacks) + st.eager_groups + st.eager_segments
+                    cells["fallbacks"] = fallbacks()
                 for ename, impls in extras.items():
                     impl = next((f for k, f in impls.items() if name.startswith(k)), None)
                     if impl is not None:
@@ -264,6 +282,7 @@ def main():
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--only", default="")
     ap.add_argument("--flush", default="write", choices=("write", "read"))
+    ap.add_argument("--frontend", default="jit", choices=("jit", "compile"))
     a = ap.parse_args()
     dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]
     only = [o for o in a.only.split(",") if o]
@@ -272,8 +291,9 @@ def main():
     # cached-call runner, and without it the host-bound rows (layer norm backward 4096x768)
     # time Python's call path (42.7 µs against 21.6)
     runner = native.build() is not None
-    table, log, rows = run(dtypes, not a.no_compile, only, a.flush)
+    table, log, rows = run(dtypes, not a.no_compile, only, a.flush, a.frontend)
     head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flush={a.flush}, "
+            f"pyfuser through {'pyfuser.compile' if a.frontend == 'compile' else 'pyfuser.jit'}, "
             f"native cached-call runner {'on' if runner else 'OFF'}; cells: median µs (% of a same-size copy's rate)")
     print(head)
     print(table)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
+from ..schedule import reduction_patterns as RP
 from ..schedule.reduction_heuristics import stageable
 from . import kernel_ir as K
 from .emitter import Emitter
@@ -258,12 +259,12 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
         n = pk.x
         while n is not pk.load:
             chain.append(n)
-            n = n.args[0]
+            n = RP.chain_arg(n, pk.axis)
         got = {id(pk.load): K.Convert("load", K.ArrayRef(buf, (_c(0),)), a.tv.dtype, a.tv.dtype)}
         inside = [K.Load(buf, (_c(0),), self.ptr(a), off, 1)]
-        for c in reversed(chain):
+        for c in reversed(chain):           # the chain's other arguments: row values (vals)
             got[id(c)] = got[id(c.args[0])] if c.kind in ("set", "alias") else \
-                self.node_expr(c, lambda x: got[id(x)])
+                self.node_expr(c, lambda x: got[id(x)] if id(x) in got else vals[id(x)])
         zero = K.Const(0.0, K.REGISTER_CTYPE[dt], dt)
         inside.append(K.Assign(acc, (), K.Op("add", (zero, got[id(pk.x)]), dt)))
         out += [K.Alloc(buf, a.tv.dtype, (1,)), K.Alloc(acc, dt, ()), K.Assign(acc, (), zero),

@@ -96,12 +96,37 @@ def _pure(fusion) -> bool:
     return _graph(fusion, picks=False).is_pure_reduction
 
 
+def _pure_by_picks(fusion) -> bool:
+    """Whether the fusion is a pure reduction only through its picks: torch.compile's
+    cross-entropy, nll_loss of a log_softmax, picks (x - max) - log(sum) from the row's one
+    (max, sum) pass, where summing it over the row would need a second pass. Only fusions
+    whose outputs are all row values (a full-size value of a pick stays a normalization's).
+    The reduction scheduler takes it when the plan keeps its picks (an inner kernel:
+    `_pick_layout`), the normalization schedulers otherwise."""
+    g = _graph(fusion)
+    return not isinstance(g, str) and bool(g.picks) and g.is_pure_reduction and \
+        all(g.level[id(o)] == "row" for o in g.outputs) and not _pure(fusion)
+
+
 def reduction_check(fusion) -> tuple[bool, str]:
     why = _common_refusals(fusion)
     if why:
         return False, why
-    if not _pure(fusion):
+    if not _pure(fusion) and not _pure_by_picks(fusion):
         return False, "a reduction result flows back into full-size values (a normalization)"
+    return True, ""
+
+
+def _pick_layout(fusion, inputs, bindings) -> tuple[bool, str]:
+    """The reduction scheduler's run check: the lookup rule (_gather_layout), and for a
+    fusion that is a pure reduction only through its picks, a plan that keeps them."""
+    ok, why = _gather_layout(fusion, inputs, bindings)
+    if not ok or not _pure_by_picks(fusion):
+        return ok, why
+    try:
+        schedule(fusion, inputs, "reduction")
+    except SchedulerError as e:
+        return False, str(e)
     return True, ""
 
 
@@ -344,6 +369,9 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
             a.mode not in ("vector", "strided") or a.shifts for a in accesses
             if any(a.node is pk.load for pk in g.picks.values()))):
         # a pick reads one element of a row: inner kernels, through an affine access
+        if scheduler == "reduction" and not _pure(fusion):
+            raise SchedulerError(f"reduction scheduler: a {p.kind} kernel reads no picks, and "
+                                 f"without them the fusion takes two passes (a normalization)")
         return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False))
     keep = scheduler != "reduction" and os.environ.get("PYFUSER_RED_KEEP") != "0"
     kept = RG.recompute_costly(g) if keep else []
@@ -425,6 +453,6 @@ def _entry(name, compile_check, run_check=None):
 
 
 def schedulers() -> list:
-    return [_entry("reduction", reduction_check, _gather_layout),
+    return [_entry("reduction", reduction_check, _pick_layout),
             _entry("inner_persistent", normalization_check, _inner_layout),
             _entry("outer_persistent", normalization_check, _outer_grid)]

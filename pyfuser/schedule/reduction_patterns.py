@@ -11,13 +11,18 @@ finite and the row is not empty). $PYFUSER_RED_ONLINE=0 keeps the two passes.
 
 *Picks* (cross-entropy's target logit): a sum over the one reduced axis k of
 where(iota_k == index, X, 0), with `index` one integer per row, iota_k the position along k
-(start 0, step 1, int64: a narrower one may wrap), X a float load (through casts) and the 0 a
-+0.0 constant, is the element of X at `index` (0.0 + X[index]: a -0.0 comes out +0.0 as from
-the sum; +0.0 when `index` is out of range, where no element matches). Its reduce Node becomes
-a row-level "pick" Node (args: the index Node, X): the lowering reads that one element per row
+(start 0, step 1, int64: a narrower one may wrap), X a float value of one load and the 0 a
++0.0 constant, is X at `index` (0.0 + X[index]: a -0.0 comes out +0.0 as from the sum; +0.0
+when `index` is out of range, where no element matches). X is the load through a chain of
+casts and elementwise ops whose other arguments are constants or row values: nll_loss of a
+log_softmax (torch.compile's cross-entropy) picks (x - max) - log(sum), which the lowering
+computes for the one element once the row's max and sum exist. Its reduce Node becomes a
+row-level "pick" Node (args: the index Node, X): the lowering reads that one element per row
 instead of comparing, selecting and adding on every element (`Pick`). Only where a real
-reduction remains; $PYFUSER_RED_PICK=0 keeps the sums. Whether a fusion is a pure reduction
-is judged without picks (schedule/reduction.py), since outer kernels plan without them.
+reduction remains; $PYFUSER_RED_PICK=0 keeps the sums. A fusion that is a pure reduction only
+through its picks (a pick of a value computed from the row's reductions) goes to the
+reduction scheduler where the plan can keep its picks (schedule/reduction.py), since outer
+kernels plan without them.
 
 *Shifted exponentials* (softmax's output, the two-pass sum): exp(sub(X, broadcast(M))) with M
 = max(X) over the reduced axes and X of float or double dtype has an argument that is never
@@ -71,7 +76,7 @@ class Pick:
     where(iota == index, X, 0) computes (see the module docstring)."""
     axis: int                    # the reference axis (the one reduced axis)
     index: object                # row-level Node of integer dtype
-    x: object                    # full-level Node: a float load, through casts / sets / aliases
+    x: object                    # full-level Node: a float value of one load (chain_arg)
     load: object                 # the load Node under x
 
 
@@ -168,6 +173,22 @@ def _const(a, value) -> bool:
         (value != 0 or math.copysign(1.0, float(a.value)) > 0)
 
 
+def _varies_along(node, k) -> bool:
+    return any(k in key_axes(c) for c in node.key)
+
+
+def chain_arg(node, k):
+    """The one argument of a pick chain's `node` that varies along the reduced axis k, or None
+    where the node may not be in a chain: casts, sets, aliases and elementwise ops whose other
+    arguments are constants or row values (one per row: a log-softmax's max and log-sum)."""
+    if node.kind not in ("cast", "set", "alias", "op") or not node.args:
+        return None
+    if node.kind != "op":
+        return node.args[0] if isinstance(node.args[0], Node) else None
+    full = [a for a in node.args if isinstance(a, Node) and _varies_along(a, k)]
+    return full[0] if len(full) == 1 else None
+
+
 def _pick_of(g: ReductionGraph, node) -> Pick | None:
     """The Pick a reduce Node is (module docstring), or None."""
     k = g.R[0]
@@ -189,7 +210,7 @@ def _pick_of(g: ReductionGraph, node) -> Pick | None:
             not _const(iota.args[0], 0) or not _const(iota.args[1], 1) or \
             iota.tv.dtype is not DataType.Int or not index.tv.dtype.is_integral:
         return None                 # (a narrower iota may wrap: several elements would match)
-    if any(k in key_axes(c) for c in index.key):
+    if _varies_along(index, k):
         return None                               # the index varies along the reduced axis
     load = x
     while True:
@@ -200,10 +221,10 @@ def _pick_of(g: ReductionGraph, node) -> Pick | None:
             return None
         if load.kind == "load":
             break
-        if load.kind not in ("cast", "set", "alias") or not load.args or \
-                not isinstance(load.args[0], Node):
+        below = chain_arg(load, k)
+        if below is None:
             return None
-        load = load.args[0]
+        load = below
     dts = {x.tv.dtype, w.tv.dtype, e.outputs[0].dtype}
     if len(dts) != 1 or not x.tv.dtype.is_floating:
         return None

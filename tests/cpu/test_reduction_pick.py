@@ -168,6 +168,70 @@ def test_a_pick_alone_stays_a_sum():
     _same_bits(outs[0], want[0])
 
 
+def picked_log_softmax(dt):
+    """-(log_softmax(x) at the row's index), as torch.compile's cross-entropy reaches pyfuser:
+    nll_loss of a log_softmax rounded to x's dtype; the pick is of (x - max) - log(sum), a chain
+    through the row's reductions."""
+    x = RC.tensor(2, dt)
+    t = B.define_tensor([-1], DataType.Int)
+    xc = B.cast(x, DataType.Float) if dt == torch.bfloat16 else x
+    sh = ew("sub", xc, B.reduction("max", xc, [1], keepdim=True))
+    lp = ew("sub", sh, ew("log", B.reduction("sum", ew("exp", sh), [1], keepdim=True)))
+    if dt == torch.bfloat16:
+        lp = B.cast(B.cast(lp, DataType.BFloat16), DataType.Float)
+    classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+    onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+    return ew("neg", B.reduction("sum", ew("where", onehot, lp, 0.0), [1]))
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_a_pick_through_the_rows_reductions_is_one_pass(dt):
+    """The pick of (x - max) - log(sum) is computed for the one element once the row's (max,
+    sum) pair exists: one pass (an online pair), the reduction scheduler's streamed kernel,
+    where the sum of the picked log-probabilities took a third pass over a row held on chip."""
+    gen = torch.Generator().manual_seed(6)
+    x = (3 * torch.randn(7, 3001, generator=gen)).to(dt)
+    t = torch.tensor([0, 3000, 1500, -1, 3001, 17, 17])
+    x[6, 17] = float("-inf")                 # a log-probability of -inf, picked
+    x[5, 40] = float("nan")                  # a NaN row: its max and sum are NaN
+    plan, outs, want = _interpret(RC.fusion(lambda: picked_log_softmax(dt)), [x, t])
+    assert plan.scheduler == "reduction" and plan.params.passes == 1 and plan.params.online
+    assert "_at" in plan.kernel.source and " == T" not in plan.kernel.source.split('extern "C"')[1]
+    assert outs[0][3] == 0 and outs[0][4] == 0 and torch.isnan(outs[0][5])
+    assert outs[0][6] == float("inf")
+    RC.check_close(outs[0], want[0], "nll", 3001, "picked log_softmax")
+
+
+def test_a_pick_through_the_rows_reductions_in_columns_is_a_normalization():
+    """Stored by columns the kernel is an outer one, which reads no picks: without them the
+    fusion needs two passes, so the reduction scheduler's run check refuses it and a
+    normalization scheduler runs it."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 200, generator=gen).t().contiguous().t()
+    t = torch.tensor([0, 199, 50, -1, 200, 3])
+    plan, outs, want = _interpret(RC.fusion(lambda: picked_log_softmax(torch.float32)), [x, t])
+    assert plan.scheduler in ("inner_persistent", "outer_persistent")
+    assert "_at" not in plan.kernel.source
+    RC.check_close(outs[0], want[0], "nll", 200, "picked log_softmax by columns")
+
+
+def test_a_chain_with_a_second_full_size_value_is_no_pick():
+    """where(class == t, x * y, 0) with y full size too: the element of x * y needs both
+    loads, so the sum stays."""
+    def build():
+        x, y = RC.tensor(2, torch.float32), RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Int)
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        return (B.reduction("sum", ew("where", onehot, ew("mul", x, y), 0.0), [1]),
+                B.reduction("max", x, [1]))
+    gen = torch.Generator().manual_seed(8)
+    x, y = torch.randn(4, 70, generator=gen), torch.randn(4, 70, generator=gen)
+    plan, outs, want = _interpret(RC.fusion(build), [x, y, torch.tensor([0, 69, 70, 5])])
+    assert "_at" not in plan.kernel.source
+    _same_bits(outs[0], want[0])
+
+
 def test_cross_entropy_through_jit_matches_eager():
     import pyfuser
     F = torch.nn.functional

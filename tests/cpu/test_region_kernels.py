@@ -143,6 +143,32 @@ def test_cross_entropys_mean_over_the_rows_and_its_count_are_one_kernel():
     assert _schedulers(region) == ["inner_persistent", "reduction"]
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_an_inference_cross_entropy_reads_its_logits_once(dt, reduction):
+    """Without grad, torch.compile's cross-entropy is nll_loss of a log_softmax: the picked
+    log-probability, (x - max) - log(sum) at the target, is computed for that one element once
+    the row's online (max, sum) exists, so the row kernel is the reduction scheduler's one
+    streamed pass (it was an inner-persistent kernel of three passes over a row held on chip,
+    the third summing the picked log-probabilities)."""
+    import torch.nn.functional as F
+
+    def f(x, t):
+        return F.cross_entropy(x, t, reduction=reduction)
+    x = (2 * torch.randn(12, 1000)).to(dt)
+    t = torch.randint(0, 1000, (12,))
+    t[4] = -100
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x, t)
+    want = f(x, t)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 1e-5 if dt == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    (graph,) = compiled_graphs()
+    (region,) = graph.regions
+    assert _schedulers(region) == ["reduction"] * (1 if reduction == "none" else 2)
+
+
 def test_independent_sums_over_the_same_axes_are_one_kernel():
     """ViT's last layer norm's backward: the CLS token's gradient padded to the sequence
     (select_backward) times x_hat, and the padded gradient itself, each summed over the rows

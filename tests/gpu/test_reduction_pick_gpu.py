@@ -59,3 +59,26 @@ def test_the_picked_sum_bit_for_bit():
     want = evaluate(f, [x, t])
     assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
     torch.testing.assert_close(got[1], want[1], equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4096, 32000), (257, 3072), (64, 50257)])
+def test_cross_entropy_through_torch_compile_matches_eager(dt, shape):
+    """torch.compile's form (nll_loss of a log_softmax, no grad): the picked log-probability
+    computed once the row's (max, sum) exists, in the reduction scheduler's one pass."""
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (2 * torch.randn(*shape, device="cuda", generator=g)).to(dt)
+    t = torch.randint(0, shape[1], (shape[0],), device="cuda", generator=g)
+    t[::5] = -100
+    with torch.no_grad():
+        got = pyfuser.compile(ce)(x, t)
+    want = ce(x, t)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 1e-5 if dt == torch.float32 else 1.6e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    from pyfuser.frontend.fx import compiled_graphs
+    (region,) = compiled_graphs()[-1].regions
+    rep = dispatch.last_report(region.fusion)
+    assert rep.eager_segments == 0
+    assert [s.scheduler for s in rep.segments if s.kind == "kernel"] == ["reduction", "reduction"]
