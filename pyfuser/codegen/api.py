@@ -27,7 +27,7 @@ from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from ..schedule import layout as L
 from ..schedule import registry
-from . import kernel_ir as K
+from . import kernel_ir_format as KF
 from .cuda import full_source, kernel_body
 from .kernel import GeneratedKernel, KernelPlan, LaunchConfig
 from .lowering import Lowering, kernel_name
@@ -221,7 +221,7 @@ def plan_kernel(fusion, inputs) -> KernelPlan:
     sched = registry.select(fusion, inputs, bind(fusion, inputs),
                             getattr(fusion, "kernel_scheduler", None))
     plan = LOWERINGS[sched.name](fusion, inputs, sched.plan(fusion, inputs))
-    D.dump("kernel_ir", plan.kernel.name, lambda: K.format_kernel_ir(plan.kernel_ir))
+    D.dump("kernel_ir", plan.kernel.name, lambda: KF.format_kernel_ir(plan.kernel_ir))
     # cuda_kernel / cuda_to_file are dumped where every kernel is compiled (runtime).
     return plan
 

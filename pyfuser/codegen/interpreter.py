@@ -16,7 +16,8 @@ and conversion values are interpreter_values.py's.
 Threads run statement by statement in lockstep, which is one of the schedules a GPU may pick; the
 interpreter also checks what would make the kernel depend on the schedule (a `KernelRaceError`;
 shared memory and barriers: interpreter_shared.py):
-- a `Sync` reached by part of a block, a `Shfl` or `Ballot` by part of a warp;
+- a `Sync` reached by part of a block, a `Shfl` or `Ballot` by part of a warp
+  (interpreter_warp.py);
 - a shared-memory element written by one thread and read or written by another, or read by one
   and written by another, with no `Sync` between the two accesses;
 - an element an async copy (`Load.async_copy`) writes, read before its thread's `AsyncWait`;
@@ -36,13 +37,14 @@ import contextlib
 import torch
 
 from . import kernel_ir as K
+from . import kernel_ir_format as KF
 from . import interpreter_global
 from .interpreter_mbarrier import Mbarriers
 from .interpreter_shared import KernelRaceError, SharedMemory, _Shared
+from .interpreter_warp import WarpOps
 from .interpreter_values import _garbage, apply_op, convert_value
 
 ELEMENT_BUDGET = 1 << 22          # elements (threads x per-thread data) per chunk
-WARP = 32
 
 
 def _flat(t: torch.Tensor):
@@ -91,7 +93,7 @@ def _row_lanes(sc, width: int):
             sc.env["v"] = outer
 
 
-class Interpreter(SharedMemory, Mbarriers):
+class Interpreter(SharedMemory, Mbarriers, WarpOps):
     def __init__(self, plan, tensors, bindings, params=None, racecheck=None):
         """`racecheck`: check global memory for data races (interpreter_global.py); None: as
         PYFUSER_INTERP_RACECHECK says."""
@@ -276,7 +278,7 @@ class Interpreter(SharedMemory, Mbarriers):
             else:
                 v = self.ev(i, sc)
                 if isinstance(v, torch.Tensor):
-                    raise AssertionError(f"index {K.fmt(i)} of a local array differs between threads")
+                    raise AssertionError(f"index {KF.fmt(i)} of a local array differs between threads")
                 out.append(int(v))
         return tuple(out)
 
@@ -440,36 +442,6 @@ class Interpreter(SharedMemory, Mbarriers):
                 raise IndexError(f"{self.k.name}: {x.text}: {int(first)}")
             return v
         raise TypeError(f"cannot evaluate {x!r}")
-
-    def _whole_warps(self, sc: _Scope, what: str):
-        """The active thread rows, checked to make whole warps."""
-        rows = torch.arange(self.P) if sc.sel is None else sc.sel
-        counts = torch.bincount(rows // WARP, minlength=-(-self.P // WARP))
-        assert self.T % WARP == 0, f"{what}s need whole warps"
-        if bool(((counts != 0) & (counts != WARP)).any()):
-            raise KernelRaceError(f"{self.k.name}: a {what} reached by part of a warp")
-        return rows
-
-    def ballot(self, x: K.Ballot, sc: _Scope):
-        """Per active thread, the mask of its warp's lanes whose predicate holds."""
-        rows = self._whole_warps(sc, "warp ballot")
-        pred = self.ev(x.pred, sc)
-        n = rows.shape[0]
-        pred = pred.reshape(-1) if isinstance(pred, torch.Tensor) else torch.full((n,), bool(pred))
-        bits = torch.zeros(self.P, dtype=torch.int64)
-        bits[rows] = pred.expand(n).to(torch.int64) << (rows % WARP)
-        masks = bits.view(-1, WARP).sum(1)
-        return masks[rows // WARP]
-
-    def shfl(self, x: K.Shfl, sc: _Scope):
-        val = self.ev(x.value, sc)
-        n = sc.count(self.P)
-        if not isinstance(val, torch.Tensor) or val.dim() == 0:
-            return val                           # the same in every lane
-        rows = self._whole_warps(sc, "warp shuffle")
-        full = torch.zeros((self.P, *val.shape[1:]), dtype=val.dtype)
-        full[rows] = val.expand(n, *val.shape[1:]) if val.shape[0] != n else val
-        return full[rows ^ x.lane_xor]
 
 
 def _and(a, b):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyfuser.codegen import kernel_ir as K
+from pyfuser.codegen import kernel_ir_format as KF
 from pyfuser.codegen.cuda import full_source
 from pyfuser.codegen.interpreter import KernelRaceError
 from pyfuser.ir.dtypes import DataType
@@ -70,7 +71,7 @@ def test_push_kernel_prints_and_compiles():
     assert "pf_mbar_init(&bar, 1u);" in body and "pf_mbar_expect(&bar, 8u);" in body
     assert body.count("pf_push<float>(&slot[") == 2 and body.count("pf_mbar_wait(&bar, ") == 2
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in src
-    assert "MBAR_WAIT bar parity 1" in K.format_kernel_ir(k)
+    assert "MBAR_WAIT bar parity 1" in KF.format_kernel_ir(k)
     compiles(k)
 
 
