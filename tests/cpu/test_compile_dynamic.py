@@ -134,7 +134,7 @@ def test_arange_of_symbolic_bounds_fuses_as_an_iota(plans):
     assert ops.count("aten.arange.start_step") == 2 and "aten.expand.default" in ops
     (mask,) = [r for r in graph.regions if "aten.expand.default" in r.ops]
     assert "aten.arange.default" in mask.ops
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 

@@ -29,7 +29,7 @@ from pyfuser.runtime import dispatch
 
 import train_corpus as TC
 from test_compile_dynamic_slices import assert_left_to_eager
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 BIG = 2 ** 63 - 1                      # eager's open end
@@ -326,7 +326,7 @@ def test_hf_bert_pooler_gradient_fuses_under_dynamic_shapes():
                        intermediate_size=4 * small.hidden, max_position_embeddings=64,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3,
                        problem_type="single_label_classification")
-    model = TC._hf_model("BertForSequenceClassification", cfg).train()
+    model = TC.hf_model("BertForSequenceClassification", cfg).train()
     ref = copy.deepcopy(model)
     cm = pyfuser.compile(model, dynamic=True)
     counts = []

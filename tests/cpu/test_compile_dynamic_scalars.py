@@ -169,7 +169,7 @@ def test_symbolic_float_scalars_of_sizes_fuse(dtype, plans):
     ops = [op for r in graph.regions for op in r.ops]
     assert ops.count("aten.scalar_tensor.default") >= 5 and "aten.sqrt.default" in ops
     assert all(r.eager_calls == 0 for r in graph.regions)
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 
@@ -192,5 +192,5 @@ def test_a_scaled_softmax_takes_the_size_scalar_in_its_region():
     assert not graph.unsupported, graph.unsupported
     (region,) = graph.regions
     assert "aten.scalar_tensor.default" in region.ops and region.eager_calls == 0
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)

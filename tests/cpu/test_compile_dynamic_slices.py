@@ -54,7 +54,7 @@ def test_symbolic_slice_bounds_follow_eager_on_every_size(plans):
     assert all(r.eager_calls == 0 for r in graph.regions)       # no call fell back to eager
     ops = [op for r in graph.regions for op in r.ops]
     assert ops.count("aten.slice.Tensor") >= 13
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 
@@ -112,7 +112,7 @@ def test_stepped_slices_fuse_and_follow_eager_on_every_size(plans):
     assert all(r.eager_calls == 0 for r in graph.regions)
     ops = [op for r in graph.regions for op in r.ops]
     assert ops.count("aten.slice.Tensor") >= 10
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 
@@ -173,7 +173,7 @@ def test_negative_selects_on_a_symbolic_axis_fuse_and_follow_eager(plans):
     assert not [r for r in graph.unsupported.values() if "select" in r], graph.unsupported
     assert all(r.eager_calls == 0 for r in graph.regions)
     assert sum(r.ops.count("aten.select.int") for r in graph.regions) == 4
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 
@@ -226,7 +226,7 @@ def test_negative_pads_on_symbolic_axes_fuse(plans):
     assert not graph.unsupported, graph.unsupported
     assert sum(r.ops.count("aten.constant_pad_nd.default") for r in graph.regions) == 4
     assert all(r.eager_calls == 0 for r in graph.regions)
-    from test_compile_training import assert_ran_as_sm90_kernels
+    from compile_checks import assert_ran_as_sm90_kernels
     assert_ran_as_sm90_kernels(graph.regions)
 
 

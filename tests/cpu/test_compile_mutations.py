@@ -15,7 +15,7 @@ import torch
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 
-from test_compile_training import assert_input_copies_fused
+from compile_checks import assert_input_copies_fused
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 

@@ -17,7 +17,7 @@ import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 
 from test_compile_factory_like import _check, equal as _equal  # (strides of axes > 1)
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 SCATTERS = {"aten.slice_scatter.default", "aten.select_scatter.default"}

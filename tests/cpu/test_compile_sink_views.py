@@ -18,7 +18,7 @@ from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 
 from test_compile_factory_like import strides
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 

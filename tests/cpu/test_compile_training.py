@@ -1,15 +1,15 @@
 """Training through the torch.compile backend on the CPU (kernels through the interpreter):
 backward graphs fuse (activation derivatives, softmax / layer norm / batch norm backward, the
 broadcast-gradient sums), batch norm's running statistics are eager's (other mutations:
-test_compile_mutations.py), and a training step of small HF models (train_corpus.py: BERT,
-GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT, Mistral, Qwen2, Gemma, Phi, DeBERTa-v2,
-ConvNeXt, Swin, CLIP, Wav2Vec2, Whisper's encoder, MobileBERT, ELECTRA; GPT-NeoX and BART, ~7
-and ~15 s, in test_model_zoo.py) and a ResNet-18 matches eager within float tolerance (measured
-against eager in float64: pyfuser's error is at most a few times eager's own float32 error)."""
+test_compile_mutations.py; losses: test_compile_training_losses.py), and a training step of
+small HF models (train_corpus.py: BERT, GPT-2, Llama, T5, ViT, BLOOM, OPT, Falcon, DistilBERT,
+Mistral, Qwen2, Gemma, Phi, DeBERTa-v2, ConvNeXt, Swin, CLIP, Wav2Vec2, Whisper's encoder,
+MobileBERT, ELECTRA; GPT-NeoX and BART, ~7 and ~15 s, in test_model_zoo.py) and a ResNet-18
+matches eager within float tolerance (measured against eager in float64: pyfuser's error is at
+most a few times eager's own float32 error)."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -19,35 +19,15 @@ import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 
 import train_corpus as TC
+from compile_checks import assert_input_copies_fused, assert_ran_as_sm90_kernels, check_fn, graphs
 from train_corpus import assert_as_close_as_eager
 
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
-def _graphs(kind):
-    return [g for g in compiled_graphs() if g.kind == kind]
-
-
 def _fused_ops(kind):
-    return {op for g in _graphs(kind) for r in g.regions for op in r.ops}
-
-
-def _check_fn(f, *shapes, seed=0, loss=lambda out: out.square().sum()):
-    """Forward and backward of f through pyfuser against eager (float32 and float64)."""
-    gen = torch.Generator().manual_seed(seed)
-    base = [torch.randn(*s, generator=gen) for s in shapes]
-    ours = [b.clone().requires_grad_() for b in base]
-    ref = [b.clone().requires_grad_() for b in base]
-    ora = [b.double().requires_grad_() for b in base]
-    out = pyfuser.compile(f)(*ours)
-    want, oracle = f(*ref), f(*ora)
-    assert_as_close_as_eager(out, want, oracle, "forward")
-    for args, o in ((ours, out), (ref, want), (ora, oracle)):
-        loss(o).backward()
-    for i, (a, r, o) in enumerate(zip(ours, ref, ora)):
-        assert_as_close_as_eager(a.grad, r.grad, o.grad, f"grad {i}")
-    return out
+    return {op for g in graphs(kind) for r in g.regions for op in r.ops}
 
 
 @pytest.mark.parametrize("act,op", [
@@ -63,7 +43,7 @@ def _check_fn(f, *shapes, seed=0, loss=lambda out: out.square().sum()):
     (lambda x: F.softplus(x, beta=2.0, threshold=1.0), "softplus_backward"),
 ])
 def test_activation_backward_fuses(act, op):
-    _check_fn(lambda x, b: act(x + b) * 3, (8, 33), (33,))
+    check_fn(lambda x, b: act(x + b) * 3, (8, 33), (33,))
     ops = _fused_ops("backward")
     assert f"aten.{op}.default" in ops
     assert "aten.sum.dim_IntList" in ops          # the broadcast bias' gradient, in the region
@@ -75,10 +55,10 @@ def test_activation_backward_fuses(act, op):
     (lambda x: torch.log_softmax(x, -1), ["exp.default", "sum.dim_IntList"]),
 ])
 def test_softmax_backward_fuses(fn, ops):
-    _check_fn(lambda x: fn(x * 2), (6, 17))
+    check_fn(lambda x: fn(x * 2), (6, 17))
     fused = _fused_ops("backward")
     assert all(f"aten.{op}" in fused for op in ops), fused
-    assert not [n for g in _graphs("backward") for n in g.unsupported]
+    assert not [n for g in graphs("backward") for n in g.unsupported]
 
 
 def _norm_beside_eager(norm, x):
@@ -101,7 +81,7 @@ def _norm_beside_eager(norm, x):
 
 def _kernel_schedulers(op: str) -> tuple:
     """(the first backward graph's region holding `op`, its kernels' schedulers in order)."""
-    region = next(r for r in _graphs("backward")[0].regions if op in r.ops)
+    region = next(r for r in graphs("backward")[0].regions if op in r.ops)
     report = pyfuser.runtime.dispatch.last_report(region.fusion)
     return region, [s.scheduler for s in report.segments if s.kind == "kernel"]
 
@@ -128,7 +108,7 @@ def test_group_norm_backward_fuses(shape, groups, affine, dtype):
     torch.manual_seed(0)
     _norm_beside_eager(torch.nn.GroupNorm(groups, shape[1], affine=affine).to(dtype),
                        torch.randn(*shape).to(dtype))
-    (bw,) = _graphs("backward")
+    (bw,) = graphs("backward")
     assert not bw.unsupported, bw.report()
     _, schedulers = _kernel_schedulers("aten.native_group_norm_backward.default")
     # dx: two sums over each group (one kernel); dweight / dbias: sums over N and the spatial
@@ -194,8 +174,8 @@ def test_layer_norm_of_a_transposed_input_plus_a_lookup_runs_as_kernels(monkeypa
     def f(conv_out, table, w, b):
         x = conv_out.transpose(1, 2) + F.embedding(ids, table)
         return F.layer_norm(x, (x.shape[-1],), w, b)
-    _check_fn(f, (2, 32, 5), (5, 32), (32,), (32,), loss=lambda o: (o * o.detach().sin()).sum())
-    (region,) = [r for r in _graphs("forward")[0].regions
+    check_fn(f, (2, 32, 5), (5, 32), (32,), (32,), loss=lambda o: (o * o.detach().sin()).sum())
+    (region,) = [r for r in graphs("forward")[0].regions
                  if "aten.native_layer_norm.default" in r.ops]
     assert "aten.embedding.default" in region.ops
     assert_ran_as_sm90_kernels([region])
@@ -222,13 +202,13 @@ def test_rms_norm_as_llama_writes_it_fuses_forward_and_backward():
     def rms(x, w):
         v = x.pow(2).mean(-1, keepdim=True)
         return w * (x * torch.rsqrt(v + 1e-6))
-    _check_fn(rms, (4, 6, 32), (32,))
+    check_fn(rms, (4, 6, 32), (32,))
     assert "aten.mean.dim" in _fused_ops("forward")
     assert "aten.pow.Tensor_Scalar" in _fused_ops("backward")
     # dx (a row sum then the pointwise rest) is one inner persistent kernel: the row sum's
     # expand to the hidden size, a constant, meets the input's own (symbolic) size in an
     # elementwise op, so the two are known equal
-    (region,) = [r for g in _graphs("backward") for r in g.regions
+    (region,) = [r for g in graphs("backward") for r in g.regions
                  if "aten.pow.Tensor_Scalar" in r.ops]
     report = pyfuser.runtime.dispatch.last_report(region.fusion)
     kernels = [s.scheduler for s in report.segments if s.kind == "kernel"]
@@ -265,21 +245,8 @@ def test_batch_norm_training_updates_running_stats_like_eager():
         assert int(bn.num_batches_tracked) == int(ref.num_batches_tracked) == step + 1
     assert "aten._native_batch_norm_legit_functional.default" in _fused_ops("forward")
     assert "aten.native_batch_norm_backward.default" in _fused_ops("backward")
-    (fw,) = _graphs("forward")
+    (fw,) = graphs("forward")
     assert_input_copies_fused(fw, 3)
-
-
-def assert_input_copies_fused(g, n):
-    """Graph g's n copy_ nodes of mutated inputs are in its regions (none left to FX, none in
-    the rewritten graph) and the kernels wrote every one of them in place (no copy after)."""
-    from pyfuser.runtime import dispatch
-    assert not [k for k, why in g.unsupported.items() if "copy_" in why], g.unsupported
-    assert not [n for n in g.gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
-    assert sum(op == "aten.copy_.default" for r in g.regions for op in r.ops) == n
-    for r in g.regions:
-        if "aten.copy_.default" in r.ops:
-            report = dispatch.last_report(r.fusion)
-            assert report.copies == 0 and report.eager_segments == 0, (r, report)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -305,7 +272,7 @@ def test_eval_batch_norm_fuses_with_its_relu_and_residual(dtype):
         oracle = f(ora, x.to(dtype).double(), r.to(dtype).double())
     assert out.dtype == want.dtype == dtype
     assert_as_close_as_eager(out, want, oracle, "eval batch norm")
-    (g,) = _graphs("inference")
+    (g,) = graphs("inference")
     assert not g.unsupported, g.unsupported
     (region,) = g.regions
     assert {"aten._native_batch_norm_legit_no_training.default", "aten.add.Tensor",
@@ -336,7 +303,7 @@ def test_training_step_matches_eager(name):
             assert_as_close_as_eager(a[1], b[1], c, a[0])
         else:
             assert torch.equal(a[1], b[1]), a[0]
-    fw, bw = _graphs("forward"), _graphs("backward")
+    fw, bw = graphs("forward"), graphs("backward")
     assert fw and bw
     if name == "resnet18":      # 20 batch norms: running mean and var, num_batches_tracked
         (g,) = fw
@@ -349,20 +316,6 @@ def test_training_step_matches_eager(name):
     assert sum(len(g.regions) for g in bw) >= 5
     assert all(r.eager_calls == 0 for r in regions)     # every region ran fused
     assert_ran_as_sm90_kernels(regions)
-
-
-def assert_ran_as_sm90_kernels(regions):
-    """Every region's last call ran kernels only (no eager segment, no evaluator fallback), on
-    the CPU interpreter, whose executor first compiles each kernel's CUDA source with NVRTC for
-    the default arch: sm_90 on a machine without a GPU (the GPU tests run them on the GPU)."""
-    from pyfuser.runtime import dispatch, nvrtc
-    if not torch.cuda.is_available() and not os.environ.get("PYFUSER_ARCH"):
-        assert nvrtc.default_arch() == "sm_90"
-    for r in regions:
-        report = dispatch.last_report(r.fusion)
-        assert report is not None and report.eager_segments == 0, (r, report)
-        kernels = [s for s in report.segments if s.kind == "kernel"]
-        assert kernels and all(s.backend == "interpret" for s in kernels), (r, report)
 
 
 def test_in_place_lowerings_stay_out_of_regions():
@@ -389,108 +342,6 @@ def test_in_place_lowerings_stay_out_of_regions():
     assert cg.unsupported == {"native_batch_norm": "its lowering writes an input in place"}
     assert [r.ops for r in cg.regions] == [["aten.mul.Tensor", "aten.add.Tensor"]]
     assert all(r.calls == 1 and r.eager_calls == 0 for r in cg.regions)
-
-
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reduction):
-    """nll_loss_backward (eager: a zero fill and a scatter; decomposed by the backend) is an
-    iota compare in the kernel of the log_softmax backward that reads it; ignored rows give
-    zero gradients, as eager's."""
-    target = torch.tensor([3, -100, 0, 6, 6, -100, 2])
-
-    def f(x):
-        loss = F.cross_entropy(x * 2, target, reduction=reduction)
-        return loss if reduction != "none" else loss * torch.arange(7.0)
-    _check_fn(f, (7, 9), loss=lambda out: out.sum())
-    (bwd,) = [r for g in _graphs("backward") for r in g.regions if "aten.eq.Tensor" in r.ops]
-    assert {"aten.where.self", "aten.exp.default", "aten.sum.dim_IntList"} <= set(bwd.ops)
-    assert bwd.kernels() == 1
-    # the forward's nll_loss (eager: a gather kernel) picks the target in the log_softmax's
-    # kernel; the mean or sum over the rows is a second, small kernel
-    (fwd,) = [r for g in _graphs("forward") for r in g.regions
-              if "aten.nll_loss_forward.default" in r.ops]
-    assert {"aten.amax.default", "aten.exp.default", "aten.log.default"} <= set(fwd.ops)
-    assert fwd.kernels() == (1 if reduction == "none" else 2)
-    left = [n for g in _graphs("backward") for n in g.unsupported]
-    assert not any(n.startswith("nll_loss_backward") for n in left), left
-    assert_ran_as_sm90_kernels([r for g in _graphs("backward") for r in g.regions])
-
-
-@pytest.mark.parametrize("kw", [{}, {"weight": True}, {"pos_weight": True},
-                                {"reduction": "sum"}, {"reduction": "none"}], ids=str)
-def test_binary_cross_entropy_with_logits_fuses(kw):
-    """ELECTRA's discriminator loss: binary_cross_entropy_with_logits (left to eager: no
-    lowering) is the kernel of the logits' producers, with class weights, positive weights and
-    each reduction; forward and gradient as close to float64 as eager's."""
-    gen = torch.Generator().manual_seed(1)
-    target = (torch.rand(7, 5, generator=gen) > 0.6).float()
-    extra = {k: torch.rand(5, generator=gen) * 2 if v is True else v for k, v in kw.items()}
-
-    def f(x, b):
-        return F.binary_cross_entropy_with_logits(x * 3 + b, target, **extra)
-    _check_fn(f, (7, 5), (5,), loss=lambda out: (out * torch.arange(1.0, out.numel() + 1)
-                                                .reshape(out.shape)).sum())
-    (fw,) = _graphs("forward")
-    assert not fw.unsupported, fw.unsupported
-    (region,) = fw.regions
-    assert {"aten.binary_cross_entropy_with_logits.default", "aten.add.Tensor"} <= set(region.ops)
-    assert_ran_as_sm90_kernels(fw.regions + _graphs("backward")[0].regions)
-
-
-def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
-    """The backend's nll_loss_backward decomposition (an iota compare, no read of the
-    log-probabilities) is one pointwise kernel; the ignored row's gradient is 0."""
-    target = torch.tensor([1, 4, -100, 0])
-    _check_fn(lambda x: F.nll_loss(x * 1.5, target), (4, 5), loss=lambda out: out * 3)
-    regions = [r for g in _graphs("backward") for r in g.regions
-               if {"aten.eq.Tensor", "aten.where.self"} <= set(r.ops)]
-    assert regions
-    assert_ran_as_sm90_kernels(regions)
-    report = pyfuser.runtime.dispatch.last_report(regions[0].fusion)
-    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["pointwise"], report
-
-
-@pytest.mark.parametrize("case,reason", [
-    ("weights", "nll_loss with class weights (left to eager)"),
-    ("one_row", "nll_loss of other than [N, C] floating inputs (left to eager)"),
-])
-def test_nll_loss_forward_left_to_eager_says_why(case, reason):
-    """nll_loss_forward's refusals: the node stays eager with the lowering's reason, and the
-    result is eager's."""
-    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
-    if case == "weights":
-        x, t = torch.randn(3, 4), torch.tensor([0, 3, 1])
-
-        def f(x):
-            return F.nll_loss(F.log_softmax(x * 2, 1), t, weight=w)
-    else:
-        x, t = torch.randn(4), torch.tensor(2)
-
-        def f(x):
-            return F.nll_loss(F.log_softmax(x * 2, 0), t)
-    with torch.no_grad():
-        got = pyfuser.compile(f)(x)
-    torch.testing.assert_close(got, f(x))
-    reasons = {r for g in compiled_graphs() for n, r in g.unsupported.items()
-               if n.startswith("nll_loss_forward")}
-    assert reasons == {reason}, reasons
-
-
-def test_nll_loss_backward_out_of_range_target_is_a_nan_row():
-    """Eager stops on a device assert for a target class out of range; the decomposed
-    gradient gives that row NaN (as the forward's loss and the op's lowering do), never a
-    silent zero, and keeps the other rows and an ignored row exact."""
-    from pyfuser.frontend.fx.backend import _nll_loss_backward
-    x = torch.randn(4, 5)
-    target = torch.tensor([1, 7, -100, -3])
-    two, three = torch.tensor(2.0), torch.tensor(3.0)
-    g = _nll_loss_backward(two, x, target, None, 1, -100, two)
-    assert torch.isnan(g[1]).all() and torch.isnan(g[3]).all()
-    assert torch.equal(g[0], torch.tensor([0.0, -1.0, 0.0, 0.0, 0.0]))
-    assert torch.equal(g[2], torch.zeros(5))
-    ok = torch.tensor([1, 4, -100, 0])
-    want = torch.ops.aten.nll_loss_backward(two, x, ok, None, 1, -100, three)
-    assert torch.equal(_nll_loss_backward(two, x, ok, None, 1, -100, three), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -14,7 +14,7 @@ from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.runtime import dispatch
 
 import train_corpus as TC
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 from train_corpus import assert_as_close_as_eager
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")

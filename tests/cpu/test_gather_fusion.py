@@ -17,7 +17,7 @@ from pyfuser.ir import builder as B
 from pyfuser.ir.dtypes import DataType
 from pyfuser.runtime import dispatch, nvrtc
 
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 from test_inner_outer import _fusion
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")

@@ -16,7 +16,7 @@ import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 from pyfuser.runtime import dispatch
 
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 ARGS = ("aten.argmax.default", "aten.argmin.default")

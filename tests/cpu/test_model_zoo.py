@@ -42,10 +42,10 @@ def _lm(config, model_class, padded=False, **cfg):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = getattr(T, model_class)(getattr(T, config)(vocab_size=S.vocab, **cfg))
-        ids, labels = TC._tokens(S, "cpu")
+        ids, labels = TC.token_batch(S, "cpu")
         inputs = {"input_ids": ids, "labels": labels}
         if padded:
-            inputs["attention_mask"] = TC._padded(ids, S)
+            inputs["attention_mask"] = TC.padding_mask(ids, S)
         return model, inputs
     return build
 

@@ -7,7 +7,7 @@ import torch
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
 
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 

@@ -23,7 +23,7 @@ from pyfuser.ir import builder as B
 from pyfuser.runtime import dispatch, nvrtc
 from pyfuser.schedule import reduction as RED
 
-from test_compile_training import assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 

@@ -15,7 +15,7 @@ from pyfuser.ir.dtypes import DataType
 from pyfuser.runtime import dispatch, nvrtc
 from pyfuser.frontend.fx import compiled_graphs
 
-from test_compile_training import _check_fn, assert_ran_as_sm90_kernels
+from compile_checks import assert_ran_as_sm90_kernels, check_fn
 from test_inner_outer import _fusion
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
@@ -41,7 +41,7 @@ def test_rotary_forward_and_backward_fuse():
     def f(q, k, cos, sin):
         a, b = rotary(q, k, cos, sin)
         return a.sum(-1) + b.sum(-1).sum(1, keepdim=True)
-    _check_fn(f, (2, 4, 6, 16), (2, 2, 6, 16), (6, 16), (6, 16),
+    check_fn(f, (2, 4, 6, 16), (2, 2, 6, 16), (6, 16), (6, 16),
               loss=lambda out: (out * torch.arange(out.numel()).view(out.shape)).sum())
     for kind in ("forward", "backward"):
         ops = {op for g in compiled_graphs() if g.kind == kind for r in g.regions for op in r.ops}
@@ -369,7 +369,7 @@ def test_interleaved_rotary_forward_and_backward_fuse():
     def f(q, cos, sin):
         h = torch.tanh(q)
         return (h * cos + rotate_every_two(h) * sin) * 2
-    _check_fn(f, (2, 4, 6, 16), (6, 16), (6, 16))
+    check_fn(f, (2, 4, 6, 16), (6, 16), (6, 16))
     for kind, op in (("forward", "aten.slice.Tensor"), ("backward", "aten.slice_backward.default")):
         ops = [o for g in compiled_graphs() if g.kind == kind for r in g.regions for o in r.ops]
         assert ops.count(op) >= 2, (kind, ops)

@@ -1,0 +1,119 @@
+"""Losses through the torch.compile backend on the CPU (kernels through the interpreter):
+cross-entropy's forward pick and its nll gradient in the log_softmax backward's kernel, binary
+cross-entropy with logits, nll_loss's backward alone, the refusals of nll_loss_forward with
+their reasons, and an out-of-range target's NaN gradient row."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+from pyfuser.frontend.fx import compiled_graphs
+
+from compile_checks import assert_ran_as_sm90_kernels, check_fn, graphs
+
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_backward_computes_the_nll_gradient_in_the_kernel(reduction):
+    """nll_loss_backward (eager: a zero fill and a scatter; decomposed by the backend) is an
+    iota compare in the kernel of the log_softmax backward that reads it; ignored rows give
+    zero gradients, as eager's."""
+    target = torch.tensor([3, -100, 0, 6, 6, -100, 2])
+
+    def f(x):
+        loss = F.cross_entropy(x * 2, target, reduction=reduction)
+        return loss if reduction != "none" else loss * torch.arange(7.0)
+    check_fn(f, (7, 9), loss=lambda out: out.sum())
+    (bwd,) = [r for g in graphs("backward") for r in g.regions if "aten.eq.Tensor" in r.ops]
+    assert {"aten.where.self", "aten.exp.default", "aten.sum.dim_IntList"} <= set(bwd.ops)
+    assert bwd.kernels() == 1
+    # the forward's nll_loss (eager: a gather kernel) picks the target in the log_softmax's
+    # kernel; the mean or sum over the rows is a second, small kernel
+    (fwd,) = [r for g in graphs("forward") for r in g.regions
+              if "aten.nll_loss_forward.default" in r.ops]
+    assert {"aten.amax.default", "aten.exp.default", "aten.log.default"} <= set(fwd.ops)
+    assert fwd.kernels() == (1 if reduction == "none" else 2)
+    left = [n for g in graphs("backward") for n in g.unsupported]
+    assert not any(n.startswith("nll_loss_backward") for n in left), left
+    assert_ran_as_sm90_kernels([r for g in graphs("backward") for r in g.regions])
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight": True}, {"pos_weight": True},
+                                {"reduction": "sum"}, {"reduction": "none"}], ids=str)
+def test_binary_cross_entropy_with_logits_fuses(kw):
+    """ELECTRA's discriminator loss: binary_cross_entropy_with_logits (left to eager: no
+    lowering) is the kernel of the logits' producers, with class weights, positive weights and
+    each reduction; forward and gradient as close to float64 as eager's."""
+    gen = torch.Generator().manual_seed(1)
+    target = (torch.rand(7, 5, generator=gen) > 0.6).float()
+    extra = {k: torch.rand(5, generator=gen) * 2 if v is True else v for k, v in kw.items()}
+
+    def f(x, b):
+        return F.binary_cross_entropy_with_logits(x * 3 + b, target, **extra)
+    check_fn(f, (7, 5), (5,), loss=lambda out: (out * torch.arange(1.0, out.numel() + 1)
+                                                .reshape(out.shape)).sum())
+    (fw,) = graphs("forward")
+    assert not fw.unsupported, fw.unsupported
+    (region,) = fw.regions
+    assert {"aten.binary_cross_entropy_with_logits.default", "aten.add.Tensor"} <= set(region.ops)
+    assert_ran_as_sm90_kernels(fw.regions + graphs("backward")[0].regions)
+
+
+def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
+    """The backend's nll_loss_backward decomposition (an iota compare, no read of the
+    log-probabilities) is one pointwise kernel; the ignored row's gradient is 0."""
+    target = torch.tensor([1, 4, -100, 0])
+    check_fn(lambda x: F.nll_loss(x * 1.5, target), (4, 5), loss=lambda out: out * 3)
+    regions = [r for g in graphs("backward") for r in g.regions
+               if {"aten.eq.Tensor", "aten.where.self"} <= set(r.ops)]
+    assert regions
+    assert_ran_as_sm90_kernels(regions)
+    report = pyfuser.runtime.dispatch.last_report(regions[0].fusion)
+    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["pointwise"], report
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("weights", "nll_loss with class weights (left to eager)"),
+    ("one_row", "nll_loss of other than [N, C] floating inputs (left to eager)"),
+])
+def test_nll_loss_forward_left_to_eager_says_why(case, reason):
+    """nll_loss_forward's refusals: the node stays eager with the lowering's reason, and the
+    result is eager's."""
+    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
+    if case == "weights":
+        x, t = torch.randn(3, 4), torch.tensor([0, 3, 1])
+
+        def f(x):
+            return F.nll_loss(F.log_softmax(x * 2, 1), t, weight=w)
+    else:
+        x, t = torch.randn(4), torch.tensor(2)
+
+        def f(x):
+            return F.nll_loss(F.log_softmax(x * 2, 0), t)
+    with torch.no_grad():
+        got = pyfuser.compile(f)(x)
+    torch.testing.assert_close(got, f(x))
+    reasons = {r for g in compiled_graphs() for n, r in g.unsupported.items()
+               if n.startswith("nll_loss_forward")}
+    assert reasons == {reason}, reasons
+
+
+def test_nll_loss_backward_out_of_range_target_is_a_nan_row():
+    """Eager stops on a device assert for a target class out of range; the decomposed
+    gradient gives that row NaN (as the forward's loss and the op's lowering do), never a
+    silent zero, and keeps the other rows and an ignored row exact."""
+    from pyfuser.frontend.fx.backend import _nll_loss_backward
+    x = torch.randn(4, 5)
+    target = torch.tensor([1, 7, -100, -3])
+    two, three = torch.tensor(2.0), torch.tensor(3.0)
+    g = _nll_loss_backward(two, x, target, None, 1, -100, two)
+    assert torch.isnan(g[1]).all() and torch.isnan(g[3]).all()
+    assert torch.equal(g[0], torch.tensor([0.0, -1.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(g[2], torch.zeros(5))
+    ok = torch.tensor([1, 4, -100, 0])
+    want = torch.ops.aten.nll_loss_backward(two, x, ok, None, 1, -100, three)
+    assert torch.equal(_nll_loss_backward(two, x, ok, None, 1, -100, three), want)
