@@ -7,8 +7,9 @@ model's step is slower than Inductor's when the GPU is not the bottleneck).
 Builds the model of bench/models.py (random weights), compiles it per mode, warms it up, then
 prints per mode the host time of a forward (the call returning, no synchronization; median of
 `--reps`) beside the wall time of a synchronized forward, and finally a cProfile of pyfuser's
-forwards: the `--top` functions by own time and by cumulative time. Runs on the CPU too (the
-kernels then run in the interpreter, so only the ratios between Python layers mean anything).
+forwards (of each pyfuser mode: pyfuser, pyfuser-cg): the `--top` functions by own time and by
+cumulative time. Runs on the CPU too (the kernels then run in the interpreter, so only the
+ratios between Python layers mean anything).
 With `--nodes`, pyfuser's rewritten graphs are run node by node (an FX interpreter that times
 each node's call alone, not the interpreter's handling of its arguments; no synchronization):
 host µs per fused region and per aten op left in the
@@ -227,9 +228,9 @@ def main(argv=None) -> int:
             run()
         host, wall = _times(run, args.reps, sync)
         print(f"{args.model} {args.dtype} {mode}: host {host:.2f} ms, wall {wall:.2f} ms per {args.step}")
-        if mode != "pyfuser":
+        if not mode.startswith("pyfuser"):
             continue
-        if args.regions:
+        if args.regions and mode == "pyfuser":
             print("| ops | kernels | region µs | execute_fusion µs | progs.run µs | eager nodes µs |")
             print("|---|---|---|---|---|---|")
             timed = time_regions(run, 200, sync)
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
                 profile_slow_regions(run, sync, args.slow_regions, args.top)
             if not args.nodes:
                 continue
-        if args.nodes:
+        if args.nodes and mode == "pyfuser":
             rows = time_nodes(run, args.reps, sync)
             total = sum(c * us for _, c, us in rows)
             print(f"--- pyfuser graph nodes: {total / 1e3:.2f} ms per {args.step} inside nodes")
