@@ -189,9 +189,10 @@ def _pyfuser_fn(fn, frontend: str):
     import pyfuser
     if frontend == "compile":
         from pyfuser.frontend.fx import compiled_graphs
-        cfn = pyfuser.compile(fn)
+        torch._dynamo.reset()      # static sizes: a workload's other sizes recompile as such
+        cfn = pyfuser.compile(fn, dynamic=False)
 
-        def unfused():             # the last graph's nodes left to aten (views included)
+        def unfused():             # the graph's nodes left to aten (views included)
             return sum(compiled_graphs()[-1].report()["unfused"].values())
         return cfn, unfused
     pf = pyfuser.jit(torch.jit.script(fn))
@@ -293,7 +294,8 @@ def main():
     runner = native.build() is not None
     table, log, rows = run(dtypes, not a.no_compile, only, a.flush, a.frontend)
     head = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flush={a.flush}, "
-            f"pyfuser through {'pyfuser.compile' if a.frontend == 'compile' else 'pyfuser.jit'}, "
+            f"pyfuser through {'pyfuser.compile' if a.frontend == 'compile' else 'pyfuser.jit'}"
+            f"{' (fallbacks: nodes left to aten, views included)' if a.frontend == 'compile' else ''}, "
             f"native cached-call runner {'on' if runner else 'OFF'}; cells: median µs (% of a same-size copy's rate)")
     print(head)
     print(table)

@@ -259,7 +259,7 @@ def main(argv=None) -> int:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats(key).print_stats(args.top)
             text = s.getvalue()
-            print(f"--- pyfuser, {args.reps} calls ({args.step}), by {key}")
+            print(f"--- {mode}, {args.reps} calls ({args.step}), by {key}")
             print(text[text.find("ncalls"):])
     return 0
 

@@ -89,18 +89,19 @@ def _common_refusals(fusion):
 
 
 def _pure(fusion) -> bool:
-    """Whether the fusion is a pure reduction, judged without picks: a pick is a row value from
-    the first pass, so a full-size value computed from it would look pure, and the reduction
-    scheduler's split grid cannot run the two passes that an outer kernel (which plans without
-    picks) needs."""
+    """Whether the fusion is a pure reduction, judged without picks: a pick of a loaded value
+    is a row value from the first pass, so a full-size value computed from it would look pure,
+    and the reduction scheduler's split grid cannot run the two passes that an outer kernel
+    (which plans without picks) needs."""
     return _graph(fusion, picks=False).is_pure_reduction
 
 
-def _pure_by_picks(fusion) -> bool:
+def pure_by_picks(fusion) -> bool:
     """Whether the fusion is a pure reduction only through its picks: torch.compile's
     cross-entropy, nll_loss of a log_softmax, picks (x - max) - log(sum) from the row's one
     (max, sum) pass, where summing it over the row would need a second pass. Only fusions
-    whose outputs are all row values (a full-size value of a pick stays a normalization's).
+    whose outputs are all row values (one with a full-size output, of a pick or not, stays a
+    normalization's).
     The reduction scheduler takes it when the plan keeps its picks (an inner kernel:
     `_pick_layout`), the normalization schedulers otherwise."""
     g = _graph(fusion)
@@ -112,22 +113,25 @@ def reduction_check(fusion) -> tuple[bool, str]:
     why = _common_refusals(fusion)
     if why:
         return False, why
-    if not _pure(fusion) and not _pure_by_picks(fusion):
+    if not _pure(fusion) and not pure_by_picks(fusion):
         return False, "a reduction result flows back into full-size values (a normalization)"
     return True, ""
 
 
+_NO_PICKS = ("this layout reads no picks (an outer kernel, or a pick's load not affine), and "
+             "without them the fusion takes two passes (a normalization)")
+
+
 def _pick_layout(fusion, inputs, bindings) -> tuple[bool, str]:
     """The reduction scheduler's run check: the lookup rule (_gather_layout), and for a
-    fusion that is a pure reduction only through its picks, a plan that keeps them."""
+    fusion that is a pure reduction only through its picks, a layout whose plan keeps them
+    (the layout alone: no heuristics run)."""
     ok, why = _gather_layout(fusion, inputs, bindings)
-    if not ok or not _pure_by_picks(fusion):
+    if not ok or not pure_by_picks(fusion):
         return ok, why
-    try:
-        schedule(fusion, inputs, "reduction")
-    except SchedulerError as e:
-        return False, str(e)
-    return True, ""
+    g = _graph(fusion)
+    _, _, _, accesses, p = _layout(fusion, list(inputs), g)
+    return (True, "") if _picks_kept(g, p, accesses) else (False, _NO_PICKS)
 
 
 def normalization_check(fusion) -> tuple[bool, str]:
@@ -334,8 +338,9 @@ def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
     return sched
 
 
-def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
-    inputs = list(inputs)
+def _layout(fusion, inputs, g):
+    """The layout part of a plan, no heuristics: (bindings, output orders, reference shape,
+    accesses with their modes, params with the groups, their reduced flags and the kind)."""
     bindings = bind(fusion, inputs)
     orders = L.eager_output_orders(fusion, inputs, bindings)
     shape = _reference_shape(g, bindings)
@@ -346,6 +351,21 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     p.groups = _collapse(order, shape, accesses, R, index_axes(g) | RS.apart(g))
     p.reduced = [g0[0] in R for g0 in p.groups]
     p.kind = "inner" if (not p.groups or p.reduced[-1]) else "outer"
+    _classify(p, accesses)
+    return bindings, orders, shape, accesses, p
+
+
+def _picks_kept(g, p, accesses) -> bool:
+    """Whether a plan of this layout reads the graph's picks: a pick reads one element of a
+    row, in inner kernels, through an affine access (vector or strided, not shifted)."""
+    return p.kind == "inner" and not any(
+        a.mode not in ("vector", "strided") or a.shifts for a in accesses
+        if any(a.node is pk.load for pk in g.picks.values()))
+
+
+def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
+    inputs = list(inputs)
+    bindings, orders, shape, accesses, p = _layout(fusion, inputs, g)
     ext = [L.numel(shape[k] for k in g0) for g0 in p.groups]
     known = _known_extent_ids(fusion)
     ref_in = RG.reductions(fusion)[0].inputs[0]
@@ -364,14 +384,9 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     while p.vec > 1 and not RS.vector_ok(g, accesses, p.groups, p.vec, size_of):
         p.vec //= 2
     p.index_type = "int64_t" if L.needs_int64(inputs, L.numel(shape)) else "int"
-    _classify(p, accesses)
-    if g.picks and (p.kind != "inner" or any(
-            a.mode not in ("vector", "strided") or a.shifts for a in accesses
-            if any(a.node is pk.load for pk in g.picks.values()))):
-        # a pick reads one element of a row: inner kernels, through an affine access
-        if scheduler == "reduction" and not _pure(fusion):
-            raise SchedulerError(f"reduction scheduler: a {p.kind} kernel reads no picks, and "
-                                 f"without them the fusion takes two passes (a normalization)")
+    if g.picks and not _picks_kept(g, p, accesses):
+        if scheduler == "reduction" and not _pure(fusion):     # _pick_layout refuses these
+            raise SchedulerError(f"reduction scheduler: {_NO_PICKS}")
         return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False))
     keep = scheduler != "reduction" and os.environ.get("PYFUSER_RED_KEEP") != "0"
     kept = RG.recompute_costly(g) if keep else []

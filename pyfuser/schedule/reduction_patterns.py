@@ -16,7 +16,9 @@ where(iota_k == index, X, 0), with `index` one integer per row, iota_k the posit
 when `index` is out of range, where no element matches). X is the load through a chain of
 casts and elementwise ops whose other arguments are constants or row values: nll_loss of a
 log_softmax (torch.compile's cross-entropy) picks (x - max) - log(sum), which the lowering
-computes for the one element once the row's max and sum exist. Its reduce Node becomes a
+computes for the one element once the row's max and sum exist (with the ops' own exp and
+division: a full-size output of the same value, computed per element as exp_shifted / div_rcp
+below, may differ from the picked one by a few ulps on a GPU). Its reduce Node becomes a
 row-level "pick" Node (args: the index Node, X): the lowering reads that one element per row
 instead of comparing, selecting and adding on every element (`Pick`). Only where a real
 reduction remains; $PYFUSER_RED_PICK=0 keeps the sums. A fusion that is a pure reduction only
@@ -185,8 +187,8 @@ def chain_arg(node, k):
         return None
     if node.kind != "op":
         return node.args[0] if isinstance(node.args[0], Node) else None
-    full = [a for a in node.args if isinstance(a, Node) and _varies_along(a, k)]
-    return full[0] if len(full) == 1 else None
+    full = {id(a): a for a in node.args if isinstance(a, Node) and _varies_along(a, k)}
+    return next(iter(full.values())) if len(full) == 1 else None     # (x * x: one Node)
 
 
 def _pick_of(g: ReductionGraph, node) -> Pick | None:

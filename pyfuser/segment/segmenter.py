@@ -237,6 +237,7 @@ def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
     Then pure reductions that neither needs the other join when the reduction scheduler takes
     them together (the same axes of one shape: ViT's last layer norm's dweight and dbias, sums
     of two tensors a pointwise kernel wrote), one launch fewer."""
+    from ..schedule.reduction import pure_by_picks
     readers: dict = {}
     for g, members in groups.members.items():
         if verdict[g][0] is None:
@@ -267,7 +268,9 @@ def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
                 continue
             exprs, copies = groups.union([a, b])
             result = _offer(fusion, groups, exprs, orders, copies)
-            if result[0] == "reduction":
+            # (not a union that is a pure reduction only through picks: laid out by columns
+            # it would run as one two-pass normalization where it was two reductions)
+            if result[0] == "reduction" and not pure_by_picks(result[1].fusion):
                 _join(groups, verdict, a, b, result)
 
 

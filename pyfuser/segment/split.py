@@ -37,6 +37,8 @@ SPLIT_SCHEDULERS = ("inner_outer_persistent",)
 # outer normalization on too few blocks; the segment's scheduler is the segmenter's first pick,
 # inner_persistent, whose run check hands an NHWC batch norm on to outer_persistent)
 OUTER_SPLIT_SCHEDULERS = ("inner_persistent", "outer_persistent")
+# (and the reduction scheduler's, for a fusion that is a pure reduction only through its picks:
+# torch.compile's cross-entropy by columns, which select hands on to those normalizations)
 
 
 def split_runner(fusion, mode: str, reason: str):
@@ -44,11 +46,20 @@ def split_runner(fusion, mode: str, reason: str):
     segments of the schedulers other than the one that refused it (`reason`); None when that
     scheduler is not one of SPLIT_SCHEDULERS or was excluded already."""
     from ..schedule import registry
-    from ..schedule.reduction import outer_split
+    from ..schedule.reduction import outer_split, pure_by_picks
     name = getattr(fusion, "kernel_scheduler", None)
     allowed = SPLIT_SCHEDULERS + (OUTER_SPLIT_SCHEDULERS if outer_split() else ())
     if name in allowed and name not in excluded(fusion):
         attr, value = EXCLUDE_ATTR, tuple(excluded(fusion)) + (name,)
+        how = "the segment runs as the other schedulers' segments"
+    elif name == "reduction" and outer_split() and name not in excluded(fusion) and \
+            pure_by_picks(fusion):
+        # a pure reduction only through its picks, laid out by columns: the reduction
+        # scheduler refused it (no picks in an outer kernel), and so did the normalizations
+        # that select tried after it (too few blocks): all three are excluded at once
+        attr = EXCLUDE_ATTR
+        value = tuple(excluded(fusion)) + tuple(
+            s for s in (name,) + OUTER_SPLIT_SCHEDULERS if s not in excluded(fusion))
         how = "the segment runs as the other schedulers' segments"
     elif name in registry.REDUCTION_NAMES and not lookups_apart(fusion) and \
             holds_lookup(fusion.used_exprs()):

@@ -215,6 +215,43 @@ def test_a_pick_through_the_rows_reductions_in_columns_is_a_normalization():
     RC.check_close(outs[0], want[0], "nll", 200, "picked log_softmax by columns")
 
 
+def test_by_columns_with_the_outer_split_the_segment_is_cut_into_kernels(monkeypatch):
+    """With $PYFUSER_OUTER_SPLIT=1 the normalizations that select tries after the reduction
+    scheduler refuse 64 columns of 4096 rows too (too few blocks): the segment, named
+    "reduction", is cut into the other schedulers' kernels (segment/split.py), not left to
+    the reference evaluator (regression)."""
+    from pyfuser.runtime import dispatch
+    monkeypatch.setenv("PYFUSER_OUTER_SPLIT", "1")
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(64, 4096, generator=gen).t().contiguous().t()
+    t = torch.randint(0, 4096, (64,), generator=gen)
+    f = RC.fusion(lambda: picked_log_softmax(torch.float32))
+    got = dispatch.execute_fusion(f, [x, t], "interpret")
+    rep = dispatch.last_report(f)
+    kernels = [s for s in rep.segments if s.kind == "kernel"]
+    assert rep.eager_segments == 0 and kernels, rep
+    assert all(s.backend == "interpret" for s in kernels), rep
+    assert rep.launched > 1, rep
+    RC.check_close(got[0], evaluate(f, [x, t])[0], "nll", 4096, "picked log_softmax, split")
+
+
+def test_a_chain_through_one_value_twice_is_a_pick():
+    """(x - max) * (x - max): both arguments are the one full-size Node, so the element is
+    still one load."""
+    def build():
+        x = RC.tensor(2, torch.float32)
+        t = B.define_tensor([-1], DataType.Int)
+        sh = ew("sub", x, B.reduction("max", x, [1], keepdim=True))
+        classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
+        onehot = ew("eq", classes, B.broadcast(t, [False, True]))
+        return B.reduction("sum", ew("where", onehot, ew("mul", sh, sh), 0.0), [1])
+    gen = torch.Generator().manual_seed(10)
+    x, t = torch.randn(5, 90, generator=gen), torch.tensor([0, 89, 90, 7, -2])
+    plan, outs, want = _interpret(RC.fusion(build), [x, t])
+    assert plan.scheduler == "reduction" and "_at" in plan.kernel.source
+    _same_bits(outs[0], want[0])
+
+
 def test_a_chain_with_a_second_full_size_value_is_no_pick():
     """where(class == t, x * y, 0) with y full size too: the element of x * y needs both
     loads, so the sum stays."""

@@ -7,7 +7,7 @@ kept axes. Run through the CPU interpreter against eager (float32 and bfloat16, 
 accumulation; odd sizes that keep one element a vector, even ones that take vectors;
 non-contiguous operands), the kernel count asserted, and every kernel compiled by NVRTC for
 sm_90 (the executor compiles each kernel before the interpreter runs it:
-test_compile_training.assert_ran_as_sm90_kernels). Pads and cats along the reduced axes are
+compile_checks.assert_ran_as_sm90_kernels). Pads and cats along the reduced axes are
 refused with the reason, and run as before."""
 from __future__ import annotations
 
