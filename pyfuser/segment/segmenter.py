@@ -102,11 +102,18 @@ def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
     exclude = excluded(fusion)
     if lookups_apart(fusion) and holds_lookup(exprs):
         exclude = exclude + registry.REDUCTION_NAMES
+    if PICKS_APART in exclude:
+        from ..schedule.reduction import pure_by_picks
+        if pure_by_picks(ex.fusion):
+            exclude = exclude + ("reduction",)
     name, why = registry.accepting(ex.fusion, what, exclude)
     return (name, ex) if name is not None else (None, why)
 
 
 EXCLUDE_ATTR = "_pyfuser_exclude_schedulers"
+# an entry of EXCLUDE_ATTR: the reduction scheduler takes no group that is a pure reduction only
+# through its picks (split.py: one it refused at plan time, laid out by columns)
+PICKS_APART = "reduction of picks"
 LOOKUPS_APART_ATTR = "_pyfuser_lookups_apart"
 
 

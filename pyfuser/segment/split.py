@@ -20,6 +20,13 @@ embedding (CLIP's and Whisper's embeddings) had no scheduler and ran on the refe
 evaluator; the copy runs the lookup as a pointwise kernel and the normalization as an
 outer_persistent one.
 
+A reduction segment that is a pure reduction only through its picks (schedule/reduction.py
+`pure_by_picks`: torch.compile's cross-entropy) and that no scheduler takes at plan time (laid
+out by columns, with $PYFUSER_OUTER_SPLIT=1) is split with a copy whose groups of that kind the
+reduction scheduler may not take (segmenter.PICKS_APART): the copy is segmented as the
+normalization it is without its picks, and the refusals of those schedulers split it further,
+down to the reduction scheduler's pure pieces.
+
 Invariant: the copy computes the same outputs from the same inputs (a deep clone, without the
 original's cached reduction analyses, which name its nodes by id); a copy that excludes every
 scheduler that refused, or keeps its lookups apart, is never split again for that (no loop).
@@ -27,7 +34,8 @@ scheduler that refused, or keeps its lookups apart, is never split again for tha
 from __future__ import annotations
 
 from .. import dump as D
-from .segmenter import EXCLUDE_ATTR, LOOKUPS_APART_ATTR, excluded, holds_lookup, lookups_apart
+from .segmenter import (EXCLUDE_ATTR, LOOKUPS_APART_ATTR, PICKS_APART, excluded, holds_lookup,
+                        lookups_apart)
 
 
 # Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
@@ -37,8 +45,6 @@ SPLIT_SCHEDULERS = ("inner_outer_persistent",)
 # outer normalization on too few blocks; the segment's scheduler is the segmenter's first pick,
 # inner_persistent, whose run check hands an NHWC batch norm on to outer_persistent)
 OUTER_SPLIT_SCHEDULERS = ("inner_persistent", "outer_persistent")
-# (and the reduction scheduler's, for a fusion that is a pure reduction only through its picks:
-# torch.compile's cross-entropy by columns, which select hands on to those normalizations)
 
 
 def split_runner(fusion, mode: str, reason: str):
@@ -52,19 +58,13 @@ def split_runner(fusion, mode: str, reason: str):
     if name in allowed and name not in excluded(fusion):
         attr, value = EXCLUDE_ATTR, tuple(excluded(fusion)) + (name,)
         how = "the segment runs as the other schedulers' segments"
-    elif name == "reduction" and outer_split() and name not in excluded(fusion) and \
-            pure_by_picks(fusion):
-        # a pure reduction only through its picks, laid out by columns: the reduction
-        # scheduler refused it (no picks in an outer kernel), and so did the normalizations
-        # that select tried after it (too few blocks): all three are excluded at once
-        attr = EXCLUDE_ATTR
-        value = tuple(excluded(fusion)) + tuple(
-            s for s in (name,) + OUTER_SPLIT_SCHEDULERS if s not in excluded(fusion))
-        how = "the segment runs as the other schedulers' segments"
     elif name in registry.REDUCTION_NAMES and not lookups_apart(fusion) and \
             holds_lookup(fusion.used_exprs()):
         attr, value = LOOKUPS_APART_ATTR, True
         how = "the segment runs with its lookups in kernels of their own"
+    elif name == "reduction" and PICKS_APART not in excluded(fusion) and pure_by_picks(fusion):
+        attr, value = EXCLUDE_ATTR, tuple(excluded(fusion)) + (PICKS_APART,)
+        how = "the segment runs as a normalization's (the reduction scheduler takes its pieces)"
     else:
         return None
     from ..schedule.pointwise import _clone

@@ -218,21 +218,33 @@ def test_a_pick_through_the_rows_reductions_in_columns_is_a_normalization():
 def test_by_columns_with_the_outer_split_the_segment_is_cut_into_kernels(monkeypatch):
     """With $PYFUSER_OUTER_SPLIT=1 the normalizations that select tries after the reduction
     scheduler refuse 64 columns of 4096 rows too (too few blocks): the segment, named
-    "reduction", is cut into the other schedulers' kernels (segment/split.py), not left to
-    the reference evaluator (regression)."""
+    "reduction", is split (segment/split.py) into a copy segmented as the normalization it is
+    without picks, whose refusals split it on down to three reduction kernels, none eager
+    (regressions: the reference evaluator; then, excluding every reduction scheduler at once,
+    three eager reductions)."""
     from pyfuser.runtime import dispatch
+    from pyfuser.segment import split
     monkeypatch.setenv("PYFUSER_OUTER_SPLIT", "1")
+    copies = []
+
+    def recording(*a, **k):
+        run = real(*a, **k)
+        if run is not None:
+            copies.append(run.fusion)
+        return run
+    real = split.split_runner
+    monkeypatch.setattr(split, "split_runner", recording)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(64, 4096, generator=gen).t().contiguous().t()
     t = torch.randint(0, 4096, (64,), generator=gen)
     f = RC.fusion(lambda: picked_log_softmax(torch.float32))
     got = dispatch.execute_fusion(f, [x, t], "interpret")
-    rep = dispatch.last_report(f)
-    kernels = [s for s in rep.segments if s.kind == "kernel"]
-    assert rep.eager_segments == 0 and kernels, rep
-    assert all(s.backend == "interpret" for s in kernels), rep
-    assert rep.launched > 1, rep
     RC.check_close(got[0], evaluate(f, [x, t])[0], "nll", 4096, "picked log_softmax, split")
+    reports = [dispatch.last_report(c) for c in [f] + copies]
+    assert copies and all(r.eager_segments == 0 for r in reports), reports
+    assert all(s.backend == "interpret" for r in reports for s in r.segments if s.kind == "kernel")
+    last = [s.scheduler for s in reports[-1].segments if s.kind == "kernel"]
+    assert last == ["reduction"] * 3, reports[-1]
 
 
 def test_a_chain_through_one_value_twice_is_a_pick():
