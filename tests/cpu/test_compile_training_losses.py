@@ -76,24 +76,14 @@ def test_nll_loss_backward_alone_is_a_pointwise_kernel_with_an_iota():
     assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["pointwise"], report
 
 
-@pytest.mark.parametrize("case,reason", [
-    ("weights", "nll_loss with class weights (left to eager)"),
-    ("one_row", "nll_loss of other than [N, C] floating inputs (left to eager)"),
-])
-def test_nll_loss_forward_left_to_eager_says_why(case, reason):
-    """nll_loss_forward's refusals: the node stays eager with the lowering's reason, and the
-    result is eager's."""
-    w = torch.tensor([1.0, 2.0, 0.5, 1.0])
-    if case == "weights":
-        x, t = torch.randn(3, 4), torch.tensor([0, 3, 1])
+def test_nll_loss_forward_left_to_eager_says_why():
+    """nll_loss_forward's refusal of other than [N, C] inputs: the node stays eager with the
+    lowering's reason, and the result is eager's."""
+    reason = "nll_loss of other than [N, C] floating inputs (left to eager)"
+    x, t = torch.randn(4), torch.tensor(2)
 
-        def f(x):
-            return F.nll_loss(F.log_softmax(x * 2, 1), t, weight=w)
-    else:
-        x, t = torch.randn(4), torch.tensor(2)
-
-        def f(x):
-            return F.nll_loss(F.log_softmax(x * 2, 0), t)
+    def f(x):
+        return F.nll_loss(F.log_softmax(x * 2, 0), t)
     with torch.no_grad():
         got = pyfuser.compile(f)(x)
     torch.testing.assert_close(got, f(x))
@@ -117,3 +107,52 @@ def test_nll_loss_backward_out_of_range_target_is_a_nan_row():
     ok = torch.tensor([1, 4, -100, 0])
     want = torch.ops.aten.nll_loss_backward(two, x, ok, None, 1, -100, three)
     assert torch.equal(_nll_loss_backward(two, x, ok, None, 1, -100, three), want)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_class_weights_fuses_forward_and_backward(reduction):
+    """Class weights: each row's loss times weight[target] (a lookup by the row's target in
+    the row kernel), the mean over the weights' sum (total_weight), and the gradient at the
+    target times its weight; ignored rows count nothing. Forward and gradient as close to
+    float64 as eager's, and nothing of the loss left to eager."""
+    target = torch.tensor([3, -100, 0, 6, 6, 2, 8])
+    w = torch.rand(9, generator=torch.Generator().manual_seed(4)) * 2
+
+    def f(x):
+        loss = F.cross_entropy(x * 2, target, weight=w.to(x.dtype), reduction=reduction)
+        return loss if reduction != "none" else loss * torch.arange(7.0)
+    check_fn(f, (7, 9), loss=lambda out: out.sum())
+    left = [n for g in compiled_graphs() for n in g.unsupported
+            if n.startswith(("nll_loss", "cross_entropy"))]
+    assert not left, left
+    (fwd,) = [r for g in graphs("forward") for r in g.regions
+              if "aten.nll_loss_forward.default" in r.ops]
+    assert fwd.kernels() == (1 if reduction == "none" else 2)
+    assert_ran_as_sm90_kernels([r for g in compiled_graphs() for r in g.regions])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_weighted_losses_through_jit_match_eager(dtype):
+    """TorchScript's cross_entropy_loss and nll_loss with class weights (pyfuser.jit), every
+    reduction, an ignored row and a row of weight 0; a mean whose rows are all ignored is
+    NaN (0 / 0) as eager's."""
+    import pyfuser as P
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 11, generator=gen).to(dtype)
+    t = torch.tensor([1, 10, -100, 4, 0, 4])
+    w = (torch.rand(11, generator=gen) * 3).to(dtype)
+    w[0] = 0.0
+
+    def ce(x, t, w):
+        return (F.cross_entropy(x, t, weight=w), F.cross_entropy(x, t, weight=w, reduction="sum"),
+                F.cross_entropy(x, t, weight=w, reduction="none"),
+                F.nll_loss(F.log_softmax(x.float(), 1), t, weight=w.float()))
+    f = P.jit(torch.jit.script(ce))
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    for tt in (t, torch.full((6,), -100)):
+        got, want = f(x, tt, w), ce(x, tt, w)
+        for g, e in zip(got, want):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            torch.testing.assert_close(g, e, rtol=tol, atol=tol, equal_nan=True)
+        assert not f.last_run.fallbacks, f.last_run.fallbacks
+    assert torch.isnan(f(x, torch.full((6,), -100), w)[0])

@@ -55,9 +55,13 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     reading `self`'s values (its shape, dtype and device only): -grad (over total_weight for a
     mean) where a row's target class is, 0 elsewhere and on rows whose target is ignore_index;
     a row whose target is out of range (eager: a device assert) is NaN, as the forward's loss
-    and the op's own lowering are, never a silent zero. Class weights, other ranks:
+    and the op's own lowering are, never a silent zero. With class weights ([C], the input's
+    dtype) the target's gradient is times weight[target], summed over the classes where the
+    class is the target (a pick in the kernel, as the forward's). Other ranks and weights:
     NotImplemented (the op stays, and lowers as it is)."""
-    if weight is not None or self.dim() != 2 or target.dim() != 1:
+    if self.dim() != 2 or target.dim() != 1:
+        return NotImplemented
+    if weight is not None and (weight.dim() != 1 or weight.dtype != self.dtype):
         return NotImplemented
     g = grad_output
     if reduction == 1:                                   # mean
@@ -66,9 +70,14 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
         g = g.unsqueeze(1)
     classes = torch.arange(self.shape[1], device=self.device)
     kept = target != ignore_index
-    hit = (target.unsqueeze(1) == classes) & kept.unsqueeze(1)
+    match = target.unsqueeze(1) == classes
+    hit = match & kept.unsqueeze(1)
     bad = (kept & ((target < 0) | (target >= self.shape[1]))).unsqueeze(1)
-    return torch.where(bad, float("nan"), torch.where(hit, -g, 0.0)).to(self.dtype)
+    grad = -g
+    if weight is not None:                               # eager: weight[t] * -(g), rounded
+        w_t = torch.where(match, weight, 0).sum(1, keepdim=True)
+        grad = (w_t * grad.to(self.dtype)).to(self.dtype)
+    return torch.where(bad, float("nan"), torch.where(hit, grad, 0.0)).to(self.dtype)
 
 
 def compile_one(gm, example_inputs, kind: str, cuda_graphs: bool = False, static=(),

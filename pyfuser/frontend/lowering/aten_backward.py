@@ -21,7 +21,7 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.tensor import TensorView
 from .aten_pointwise import _dtype
-from .aten_loss import _target_masks
+from .aten_loss import _target_masks, check_weight, one_hot, target_weights
 from .aten_reduction import _channel_param, _float_compute, group_count
 from .registry import NORMALIZATION, lowers
 
@@ -282,11 +282,10 @@ def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, 
     ignore_index, 0 elsewhere. The class is compared with an iota, so the gradient is computed
     where it is read (the log_softmax backward after it sums it per row) instead of a zero fill
     and a scatter through memory. A target out of [0, C) gives a NaN row (eager raises there).
-    Class weights are left to eager."""
-    if weight is not None:
-        raise UnsupportedOpError("nll_loss_backward with class weights (left to eager)")
+    With class weights the target's gradient is times weight[target] (picked per row)."""
     if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
         raise UnsupportedOpError("nll_loss_backward of other than [N, C] floating inputs")
+    check_weight(weight, x, "nll_loss_backward")
     if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype.name != "Int":
         raise UnsupportedOpError("nll_loss_backward: class-index targets must be int64 [N]")
     if reduction not in (0, 1, 2):
@@ -303,5 +302,10 @@ def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, 
     t = B.broadcast(target, [False, True])
     in_range, valid = _target_masks(t, x.logical[1].full_extent, ignore_index)
     zero = B.constant(0.0, x.dtype)
-    out = ew("where", ew("eq", classes, t), B.cast(grad, x.dtype), zero)
+    grad = B.cast(grad, x.dtype)
+    if weight is not None:          # weight[target] * grad, rounded as eager's x.dtype product
+        onehot = one_hot(target, x.logical[1].full_extent)
+        w = target_weights(weight, target, onehot, ignore_index, x.dtype)
+        grad = ew("mul", B.broadcast(w, [False, True]), grad)
+    out = ew("where", ew("eq", classes, t), grad, zero)
     return ew("where", valid, ew("where", in_range, out, B.constant(float("nan"), x.dtype)), zero)

@@ -7,8 +7,10 @@ ops in the order of PyTorch's own kernels: half / bfloat16 logits are computed i
 loss is rounded once; the target's logit is a sum over the row where a class iota equals the
 target (no gather op; the reduction kernels read that one element, reduction_patterns.Pick); a row
 whose target is `ignore_index` adds 0 to the loss and is not
-counted in a mean; a class index out of range gives NaN (eager raises there). Class weights and
-label smoothing are left to eager.
+counted in a mean; a class index out of range gives NaN (eager raises there). Class weights
+(a [C] tensor of the input's dtype) are picked per row at the target (weight[target], as the
+target's logit is): they scale the row's loss and make the mean's denominator. Label smoothing, and class weights with
+probability targets, are left to eager.
 """
 from __future__ import annotations
 
@@ -20,12 +22,18 @@ from .aten_reduction import _float_compute, ew
 from .registry import NORMALIZATION, lowers
 
 
-def _pick_target(xc: TensorView, target: TensorView) -> TensorView:
-    """[N]: xc[i, target[i]] for [N, C] xc, as a sum over the row of xc where the class (an
-    iota) is the target: exactly that element, 0 for a class out of range (no gather op in the
-    Fusion; the reduction kernels read it as that one element: reduction_patterns.Pick)."""
-    classes = B.broadcast(B.iota(xc.logical[1].full_extent, 0, 1, DataType.Int), [True, False])
-    onehot = ew("eq", classes, B.broadcast(target, [False, True]))
+def one_hot(target: TensorView, classes) -> TensorView:
+    """[N, C] bool: the class (an iota over the extent `classes`) is the row's target."""
+    iota = B.broadcast(B.iota(classes, 0, 1, DataType.Int), [True, False])
+    return ew("eq", iota, B.broadcast(target, [False, True]))
+
+
+def _pick(xc: TensorView, onehot: TensorView) -> TensorView:
+    """[N]: xc[i, target[i]] for [N, C] xc (or [1, C], broadcast), as a sum over the row of xc
+    where `onehot` (one_hot) holds: exactly that element, 0 for a class out of range (no
+    gather op in the Fusion; the reduction kernels read it as that one element:
+    reduction_patterns.Pick). Picks of one one_hot share it, so their kernels read the same
+    tensors and the segmenter keeps them together."""
     return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
 
 
@@ -39,12 +47,39 @@ def _target_masks(target: TensorView, classes, ignore_index):
     return in_range, valid
 
 
-def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_index):
-    """(per-row loss -picked, 0 where the target is ignore_index, NaN where it is out of
-    [0, C) (eager raises there); the count of rows not ignored), in the compute dtype."""
-    in_range, valid = _target_masks(target, x.logical[1].full_extent, ignore_index)
-    nan = ew("where", in_range, ew("neg", picked), float("nan"))
-    total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
+def target_weights(weight, target: TensorView, onehot: TensorView, ignore_index, dtype):
+    """[N] for [N] targets: weight[target] in `dtype` where the target is not ignore_index,
+    0 where it is or where it is out of [0, C): a pick (the sum over the classes of the
+    weight where the class is the target, `onehot`, the logits' C classes; the reduction
+    kernels read it as one element), not a lookup, whose index must be read from memory and
+    may not be out of range."""
+    picked = _pick(B.broadcast(B.cast(weight, dtype), [True, False]), onehot)
+    return ew("where", ew("ne", target, int(ignore_index)), picked, 0.0)
+
+
+def check_weight(weight, x: TensorView, what: str) -> None:
+    if weight is None:
+        return
+    if not isinstance(weight, TensorView) or weight.ndim != 1 or weight.dtype != x.dtype:
+        raise UnsupportedOpError(f"{what}: class weights other than a [C] tensor of the "
+                                 f"input's dtype (left to eager)")
+
+
+def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_index,
+                weight=None, onehot=None):
+    """(per-row loss -picked, times the target's class weight where there are weights, 0 where
+    the target is ignore_index, NaN where it is out of [0, C) (eager raises there); the total
+    weight of the rows not ignored: their count, or their targets' class weights summed), in
+    the compute dtype."""
+    classes = x.logical[1].full_extent
+    in_range, valid = _target_masks(target, classes, ignore_index)
+    loss = ew("neg", picked)
+    if weight is None:
+        total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
+    else:
+        w = target_weights(weight, target, onehot, ignore_index, picked.dtype)
+        loss, total = ew("mul", loss, w), B.reduction("sum", w, [0])
+    nan = ew("where", in_range, loss, float("nan"))
     return ew("where", valid, nan, 0.0), total
 
 
@@ -55,17 +90,18 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     summed, averaged over the rows not ignored (NaN when none is) or per row; total_weight the
     count of rows not ignored (0 for reduction none). The target's element is picked by an
     iota compare in the pass over the row (with the log_softmax before it, in one kernel).
-    Class weights are left to eager."""
-    if weight is not None:
-        raise UnsupportedOpError("nll_loss with class weights (left to eager)")
+    With class weights each row's loss is times weight[target], and total_weight (the mean's
+    denominator) sums those weights instead of counting the rows."""
     if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
         raise UnsupportedOpError("nll_loss of other than [N, C] floating inputs (left to eager)")
+    check_weight(weight, x, "nll_loss")
     if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype is not DataType.Int:
         raise UnsupportedOpError("nll_loss: class-index targets must be int64 [N]")
     if reduction not in (0, 1, 2):
         raise UnsupportedOpError(f"nll_loss: reduction {reduction!r}")
     xc = _float_compute(x)
-    loss, total = _row_losses(x, _pick_target(xc, target), target, ignore_index)
+    onehot = one_hot(target, x.logical[1].full_extent)
+    loss, total = _row_losses(x, _pick(xc, onehot), target, ignore_index, weight, onehot)
     if reduction == 0:
         return B.cast(loss, x.dtype), B.full([], 0.0, x.dtype)
     s = B.reduction("sum", loss, [0])
@@ -79,8 +115,9 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     targets: lp = (x - max) - log(sum(exp(x - max))) in float, rounded to x's dtype; the loss of
     a row is -lp[target] (picked by comparing the class index with an iota, so the logits are
     read once), 0 for ignore_index, NaN for a class index out of range (eager raises there);
-    reduction none / sum / mean (over the rows not ignored). Class weights and label smoothing
-    are left to eager.
+    reduction none / sum / mean (over the rows not ignored). Class weights (class-index
+    targets) weigh each row's loss by weight[target] and the mean by their sum, as nll_loss
+    does; with probability targets, and label smoothing, they are left to eager.
 
     With class indices, lp[target] is computed per row, not per element: the target's logit
     (a sum over the row of x where the class is the target: x[target] exactly) minus the max
@@ -88,12 +125,14 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     Every reduction over the classes (max and sum of exp as an online pair, the target's logit)
     then runs in one pass: one read of the logits, one combine. The mean over
     the rows is a second reduction domain: its own small kernel."""
-    if weight is not None:
-        raise UnsupportedOpError("cross_entropy with class weights (left to eager)")
     if label_smoothing:
         raise UnsupportedOpError("cross_entropy with label smoothing (left to eager)")
     if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
         raise UnsupportedOpError("cross_entropy of other than [N, C] floating logits (left to eager)")
+    check_weight(weight, x, "cross_entropy")
+    if weight is not None and target.dtype.is_floating:
+        raise UnsupportedOpError("cross_entropy with class weights and probability targets "
+                                 "(left to eager)")
     if reduction not in (0, 1, 2):
         raise UnsupportedOpError(f"cross_entropy: reduction {reduction!r}")
     xc = _float_compute(x)
@@ -109,10 +148,11 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     else:
         if target.ndim != 1 or target.dtype is not DataType.Int:
             raise UnsupportedOpError("cross_entropy: class-index targets must be int64 [N]")
-        x_t = _pick_target(xc, target)                      # x[target] (or 0)
+        onehot = one_hot(target, x.logical[1].full_extent)
+        x_t = _pick(xc, onehot)                             # x[target] (or 0)
         lp_t = ew("sub", ew("sub", x_t, B.squeeze(m, [1])), B.squeeze(lse, [1]))
         picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
-        loss, total = _row_losses(x, picked, target, ignore_index)
+        loss, total = _row_losses(x, picked, target, ignore_index, weight, onehot)
     if reduction == 0:
         return B.cast(loss, x.dtype)
     s = B.reduction("sum", loss, [0])
