@@ -156,3 +156,26 @@ def test_weighted_losses_through_jit_match_eager(dtype):
             torch.testing.assert_close(g, e, rtol=tol, atol=tol, equal_nan=True)
         assert not f.last_run.fallbacks, f.last_run.fallbacks
     assert torch.isnan(f(x, torch.full((6,), -100), w)[0])
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "none"}, {"reduction": "sum", "weight": True}],
+                         ids=str)
+def test_cross_entropy_with_classes_at_dim_1_fuses(kw):
+    """[batch, classes, tokens] logits (and [N, C, H, W] maps): torch.compile's cross-entropy
+    views them as [N, C, 1, T] for nll_loss2d_forward / nll_loss2d_backward, lowered as
+    nll_loss's pick and gradient along the class axis 1 (left to eager before); forward and
+    gradient as close to float64 as eager's, nothing of the loss left to eager."""
+    target = torch.tensor([[3, -100, 0, 4, 4, 2, 1], [0, 1, 2, 3, 4, -100, 4]])
+    w = torch.rand(5, generator=torch.Generator().manual_seed(6)) + 0.5
+    extra = {k: (w if v is True else v) for k, v in kw.items()}
+
+    def f(x):
+        e = {k: (v.to(x.dtype) if isinstance(v, torch.Tensor) else v) for k, v in extra.items()}
+        loss = F.cross_entropy(x * 2, target, **e)
+        return loss if loss.dim() == 0 else loss * torch.arange(7.0)
+    check_fn(f, (2, 5, 7), loss=lambda out: out.sum())
+    left = [n for g in compiled_graphs() for n in g.unsupported if n.startswith("nll_loss")]
+    assert not left, left
+    ops = {op for g in compiled_graphs() for r in g.regions for op in r.ops}
+    assert {"aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default"} <= ops
+    assert_ran_as_sm90_kernels([r for g in compiled_graphs() for r in g.regions])

@@ -283,29 +283,46 @@ def _nll_loss_backward(grad_output, x, target, weight, reduction, ignore_index, 
     where it is read (the log_softmax backward after it sums it per row) instead of a zero fill
     and a scatter through memory. A target out of [0, C) gives a NaN row (eager raises there).
     With class weights the target's gradient is times weight[target] (picked per row)."""
-    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
-        raise UnsupportedOpError("nll_loss_backward of other than [N, C] floating inputs")
-    check_weight(weight, x, "nll_loss_backward")
-    if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype.name != "Int":
-        raise UnsupportedOpError("nll_loss_backward: class-index targets must be int64 [N]")
+    return _nll_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight,
+                         2, "nll_loss_backward")
+
+
+@lowers("aten::nll_loss2d_backward", n_args=(7,), const_args=(4, 5))
+def _nll_loss2d_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight):
+    """nll_loss_backward of [N, C, H, W] log-probabilities and [N, H, W] targets: the same
+    gradient at each position's target class (axis 1)."""
+    return _nll_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight,
+                         4, "nll_loss2d_backward")
+
+
+def _nll_backward(grad_output, x, target, weight, reduction, ignore_index, total_weight,
+                  ndim: int, what: str):
+    if not isinstance(x, TensorView) or x.ndim != ndim or not x.dtype.is_floating:
+        shape = "[N, C]" if ndim == 2 else "[N, C, H, W]"
+        raise UnsupportedOpError(f"{what} of other than {shape} floating inputs")
+    check_weight(weight, x, what)
+    if not isinstance(target, TensorView) or target.ndim != ndim - 1 or \
+            target.dtype.name != "Int":
+        raise UnsupportedOpError(f"{what}: class-index targets must be int64 of rank {ndim - 1}")
     if reduction not in (0, 1, 2):
-        raise UnsupportedOpError(f"nll_loss_backward: reduction {reduction!r}")
+        raise UnsupportedOpError(f"{what}: reduction {reduction!r}")
+    along = [i == 1 for i in range(ndim)]           # a per-position value along the classes
     if reduction == 1:
         grad = ew("neg", ew("div", grad_output, total_weight))
     elif reduction == 2:
         grad = ew("neg", grad_output)
     else:
-        if not isinstance(grad_output, TensorView) or grad_output.ndim != 1:
-            raise UnsupportedOpError("nll_loss_backward: reduction none needs a [N] gradient")
-        grad = B.broadcast(ew("neg", grad_output), [False, True])
-    classes = B.broadcast(B.iota(x.logical[1].full_extent, 0, 1, target.dtype), [True, False])
-    t = B.broadcast(target, [False, True])
+        if not isinstance(grad_output, TensorView) or grad_output.ndim != ndim - 1:
+            raise UnsupportedOpError(f"{what}: reduction none needs a gradient of the "
+                                     f"target's shape")
+        grad = B.broadcast(ew("neg", grad_output), along)
+    onehot = one_hot(target, x.logical[1].full_extent)
+    t = B.broadcast(target, along)
     in_range, valid = _target_masks(t, x.logical[1].full_extent, ignore_index)
     zero = B.constant(0.0, x.dtype)
     grad = B.cast(grad, x.dtype)
     if weight is not None:          # weight[target] * grad, rounded as eager's x.dtype product
-        onehot = one_hot(target, x.logical[1].full_extent)
         w = target_weights(weight, target, onehot, ignore_index, x.dtype)
-        grad = ew("mul", B.broadcast(w, [False, True]), grad)
-    out = ew("where", ew("eq", classes, t), grad, zero)
+        grad = ew("mul", B.broadcast(w, along), grad)
+    out = ew("where", onehot, grad, zero)
     return ew("where", valid, ew("where", in_range, out, B.constant(float("nan"), x.dtype)), zero)

@@ -1,4 +1,5 @@
-"""Lowerings of the classification losses: `nll_loss_forward` and `cross_entropy_loss` (log_softmax
+"""Lowerings of the classification losses: `nll_loss_forward` (and `nll_loss2d_forward`, the
+classes at dim 1 of [N, C, H, W]) and `cross_entropy_loss` (log_softmax
 and the picked target's negative log-likelihood in the pass that reads the row), and
 `binary_cross_entropy_with_logits` (pointwise, then its mean or sum).
 
@@ -22,18 +23,27 @@ from .aten_reduction import _float_compute, ew
 from .registry import NORMALIZATION, lowers
 
 
+def _class_axis(ndim: int, of_classes: bool) -> list:
+    """broadcast() flags that put a [C] vector (of_classes) or a target [N, *S] along the
+    class axis 1 of a rank-`ndim` input [N, C, *S]."""
+    return [(i != 1) if of_classes else (i == 1) for i in range(ndim)]
+
+
 def one_hot(target: TensorView, classes) -> TensorView:
-    """[N, C] bool: the class (an iota over the extent `classes`) is the row's target."""
-    iota = B.broadcast(B.iota(classes, 0, 1, DataType.Int), [True, False])
-    return ew("eq", iota, B.broadcast(target, [False, True]))
+    """[N, C, *S] bool for targets [N, *S]: the class (an iota over the extent `classes`,
+    axis 1) is the position's target."""
+    n = target.ndim + 1
+    iota = B.broadcast(B.iota(classes, 0, 1, DataType.Int), _class_axis(n, True))
+    return ew("eq", iota, B.broadcast(target, _class_axis(n, False)))
 
 
 def _pick(xc: TensorView, onehot: TensorView) -> TensorView:
-    """[N]: xc[i, target[i]] for [N, C] xc (or [1, C], broadcast), as a sum over the row of xc
-    where `onehot` (one_hot) holds: exactly that element, 0 for a class out of range (no
-    gather op in the Fusion; the reduction kernels read it as that one element:
-    reduction_patterns.Pick). Picks of one one_hot share it, so their kernels read the same
-    tensors and the segmenter keeps them together."""
+    """[N, *S]: xc at each position's target class for [N, C, *S] xc (or a [C] vector
+    broadcast to [1, C, 1...]), as a sum over the classes of xc where `onehot` (one_hot)
+    holds: exactly that element, 0 for a class out of range (no gather op in the Fusion; the
+    reduction kernels read it as that one element: reduction_patterns.Pick). Picks of one
+    one_hot share it, so their kernels read the same tensors and the segmenter keeps them
+    together."""
     return B.reduction("sum", ew("where", onehot, xc, 0.0), [1])
 
 
@@ -53,7 +63,7 @@ def target_weights(weight, target: TensorView, onehot: TensorView, ignore_index,
     weight where the class is the target, `onehot`, the logits' C classes; the reduction
     kernels read it as one element), not a lookup, whose index must be read from memory and
     may not be out of range."""
-    picked = _pick(B.broadcast(B.cast(weight, dtype), [True, False]), onehot)
+    picked = _pick(B.broadcast(B.cast(weight, dtype), _class_axis(onehot.ndim, True)), onehot)
     return ew("where", ew("ne", target, int(ignore_index)), picked, 0.0)
 
 
@@ -74,11 +84,12 @@ def _row_losses(x: TensorView, picked: TensorView, target: TensorView, ignore_in
     classes = x.logical[1].full_extent
     in_range, valid = _target_masks(target, classes, ignore_index)
     loss = ew("neg", picked)
+    every = list(range(target.ndim))
     if weight is None:
-        total = B.reduction("sum", B.cast(valid, picked.dtype), [0])
+        total = B.reduction("sum", B.cast(valid, picked.dtype), every)
     else:
         w = target_weights(weight, target, onehot, ignore_index, picked.dtype)
-        loss, total = ew("mul", loss, w), B.reduction("sum", w, [0])
+        loss, total = ew("mul", loss, w), B.reduction("sum", w, every)
     nan = ew("where", in_range, loss, float("nan"))
     return ew("where", valid, nan, 0.0), total
 
@@ -92,19 +103,34 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     iota compare in the pass over the row (with the log_softmax before it, in one kernel).
     With class weights each row's loss is times weight[target], and total_weight (the mean's
     denominator) sums those weights instead of counting the rows."""
-    if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
-        raise UnsupportedOpError("nll_loss of other than [N, C] floating inputs (left to eager)")
-    check_weight(weight, x, "nll_loss")
-    if not isinstance(target, TensorView) or target.ndim != 1 or target.dtype is not DataType.Int:
-        raise UnsupportedOpError("nll_loss: class-index targets must be int64 [N]")
+    return _nll(x, target, weight, reduction, ignore_index, 2, "nll_loss")
+
+
+@lowers("aten::nll_loss2d_forward", op_class=NORMALIZATION, n_args=(5,), const_args=(3, 4))
+def _nll_loss2d_forward(x, target, weight, reduction, ignore_index):
+    """nll_loss_forward of [N, C, H, W] log-probabilities and [N, H, W] targets (F.cross_entropy
+    of inputs with the classes at dim 1 and more than one other axis: segmentation maps,
+    [batch, classes, tokens] viewed as [N, C, 1, T]): every position's loss, picked along the
+    class axis, then summed or averaged over all of them."""
+    return _nll(x, target, weight, reduction, ignore_index, 4, "nll_loss2d")
+
+
+def _nll(x, target, weight, reduction, ignore_index, ndim: int, what: str):
+    if not isinstance(x, TensorView) or x.ndim != ndim or not x.dtype.is_floating:
+        shape = "[N, C]" if ndim == 2 else "[N, C, H, W]"
+        raise UnsupportedOpError(f"{what} of other than {shape} floating inputs (left to eager)")
+    check_weight(weight, x, what)
+    if not isinstance(target, TensorView) or target.ndim != ndim - 1 or \
+            target.dtype is not DataType.Int:
+        raise UnsupportedOpError(f"{what}: class-index targets must be int64 of rank {ndim - 1}")
     if reduction not in (0, 1, 2):
-        raise UnsupportedOpError(f"nll_loss: reduction {reduction!r}")
+        raise UnsupportedOpError(f"{what}: reduction {reduction!r}")
     xc = _float_compute(x)
     onehot = one_hot(target, x.logical[1].full_extent)
     loss, total = _row_losses(x, _pick(xc, onehot), target, ignore_index, weight, onehot)
     if reduction == 0:
         return B.cast(loss, x.dtype), B.full([], 0.0, x.dtype)
-    s = B.reduction("sum", loss, [0])
+    s = B.reduction("sum", loss, list(range(target.ndim)))
     out = s if reduction == 2 else ew("div", s, total)
     return B.cast(out, x.dtype), B.cast(total, x.dtype)
 
