@@ -10,8 +10,8 @@ target (no gather op; the reduction kernels read that one element, reduction_pat
 whose target is `ignore_index` adds 0 to the loss and is not
 counted in a mean; a class index out of range gives NaN (eager raises there). Class weights
 (a [C] tensor of the input's dtype) are picked per row at the target (weight[target], as the
-target's logit is): they scale the row's loss and make the mean's denominator. Label smoothing, and class weights with
-probability targets, are left to eager.
+target's logit is): they scale the row's loss and make the mean's denominator. Label
+smoothing, and class weights with probability targets, are left to eager.
 """
 from __future__ import annotations
 
