@@ -35,7 +35,8 @@ def _bert(device, size=SMALL, dropout=0.0):
     cfg = T.BertConfig(vocab_size=size.vocab, hidden_size=size.hidden,
                        num_hidden_layers=size.layers, num_attention_heads=size.heads,
                        intermediate_size=4 * size.hidden, max_position_embeddings=max(64, size.seq),
-                       **dropout_args(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
+                       **dropout_args(dropout, "hidden_dropout_prob",
+                                      "attention_probs_dropout_prob"))
     model = hf_model("BertForMaskedLM", cfg).to(device).train()
     ids, labels = token_batch(size, device)
     mask = torch.ones_like(ids)
@@ -92,7 +93,8 @@ def _vit(device, size=SMALL, dropout=0.0):
                       hidden_size=size.hidden, num_hidden_layers=size.layers,
                       num_attention_heads=size.heads, intermediate_size=4 * size.hidden,
                       num_labels=10,
-                      **dropout_args(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
+                      **dropout_args(dropout, "hidden_dropout_prob",
+                                     "attention_probs_dropout_prob"))
     model = hf_model("ViTForImageClassification", cfg).to(device).train()
     g = seeded_generator()
     x = torch.randn(size.batch, 3, side, side, generator=g).to(device)

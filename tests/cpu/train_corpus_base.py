@@ -1,7 +1,8 @@
 """What the training corpus' models share (tests/cpu/train_corpus.py, train_corpus_zoo.py): the
 sizes (SMALL for the CPU tests, BENCH for bench/models.py), the TrainCase a builder returns,
 seeded token and image batches, an HF model built from a config with random weights (never a
-download), a padded sequence's attention mask and a causal LM of any HF config.
+download), a padded sequence's attention mask, a padded language model's TrainCase and a
+causal LM of any HF config.
 """
 from __future__ import annotations
 
@@ -63,6 +64,14 @@ def padding_mask(ids, size):
     mask = torch.ones_like(ids)
     mask[-1, size.seq - 2:] = 0                     # a padded sequence: the mask takes part
     return mask
+
+
+def padded_lm_case(name: str, model, size: Size, device) -> TrainCase:
+    """A language model's TrainCase on seeded tokens and labels, with a padded sequence's
+    attention mask, and the model's own loss (the masked LMs, BART)."""
+    ids, labels = token_batch(size, device)
+    return TrainCase(name, model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
+                                   "labels": labels}, lambda out: out.loss)
 
 
 def causal_lm(class_name, config_name, size, device, padded=False, **cfg):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from train_corpus_base import (SMALL, TrainCase, causal_lm, dropout_args, hf_model,
-                               image_batch, padding_mask, seeded_generator, token_batch)
+                               image_batch, padded_lm_case, padding_mask, seeded_generator,
+                               token_batch)
 
 
 def _bloom(device, size=SMALL, dropout=0.0):
@@ -59,9 +60,7 @@ def _distilbert(device, size=SMALL, dropout=0.0):
                              max_position_embeddings=max(64, size.seq),
                              **dropout_args(dropout, "dropout", "attention_dropout"))
     model = hf_model("DistilBertForMaskedLM", cfg).to(device).train()
-    ids, labels = token_batch(size, device)
-    return TrainCase("distilbert", model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
-                                           "labels": labels}, lambda out: out.loss)
+    return padded_lm_case("distilbert", model, size, device)
 
 
 def _bart(device, size=SMALL, dropout=0.0):
@@ -74,11 +73,10 @@ def _bart(device, size=SMALL, dropout=0.0):
                        decoder_ffn_dim=4 * size.hidden, max_position_embeddings=max(64, size.seq),
                        use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
                        decoder_start_token_id=0,
-                       **dropout_args(dropout, "dropout", "attention_dropout", "activation_dropout"))
+                       **dropout_args(dropout, "dropout", "attention_dropout",
+                                      "activation_dropout"))
     model = hf_model("BartForConditionalGeneration", cfg).to(device).train()
-    ids, labels = token_batch(size, device)
-    return TrainCase("bart", model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
-                                     "labels": labels}, lambda out: out.loss)
+    return padded_lm_case("bart", model, size, device)
 
 
 def _mistral(device, size=SMALL, dropout=0.0):
@@ -129,7 +127,8 @@ def _phi(device, size=SMALL, dropout=0.0):
                                max_position_embeddings=max(64, size.seq), qk_layernorm=True,
                                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                 "partial_rotary_factor": 0.5},
-                               **dropout_args(dropout, "resid_pdrop", "embd_pdrop", "attention_dropout"))
+                               **dropout_args(dropout, "resid_pdrop", "embd_pdrop",
+                                              "attention_dropout"))
     return TrainCase("phi", model, inputs, lambda out: out.loss)
 
 
@@ -144,11 +143,9 @@ def _deberta_v2(device, size=SMALL, dropout=0.0):
                             position_buckets=8, max_relative_positions=16,
                             pos_att_type=["p2c", "c2p"],
                             **dropout_args(dropout, "hidden_dropout_prob",
-                                    "attention_probs_dropout_prob"))
+                                           "attention_probs_dropout_prob"))
     model = hf_model("DebertaV2ForMaskedLM", cfg).to(device).train()
-    ids, labels = token_batch(size, device)
-    return TrainCase("deberta_v2", model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
-                                           "labels": labels}, lambda out: out.loss)
+    return padded_lm_case("deberta_v2", model, size, device)
 
 
 def _convnext(device, size=SMALL, dropout=0.0):
@@ -175,8 +172,8 @@ def _swin(device, size=SMALL, dropout=0.0):
     cfg = T.SwinConfig(image_size=side, patch_size=2, num_channels=3, embed_dim=size.hidden // 2,
                        depths=[2, 1], num_heads=[size.heads, size.heads], window_size=3,
                        mlp_ratio=2.0, num_labels=10,
-                       **dropout_args(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob",
-                               "drop_path_rate"))
+                       **dropout_args(dropout, "hidden_dropout_prob",
+                                      "attention_probs_dropout_prob", "drop_path_rate"))
     model = hf_model("SwinForImageClassification", cfg).to(device).train()
     x, y = image_batch(size, device, side)
     return TrainCase("swin", model, {"pixel_values": x, "labels": y}, lambda out: out.loss)
@@ -238,7 +235,8 @@ def _whisper(device, size=SMALL, dropout=0.0):
                           vocab_size=size.vocab, num_labels=4, classifier_proj_size=size.hidden,
                           apply_spec_augment=False, mask_time_prob=0.0, pad_token_id=0,
                           bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-                          **dropout_args(dropout, "dropout", "attention_dropout", "activation_dropout"))
+                          **dropout_args(dropout, "dropout", "attention_dropout",
+                                         "activation_dropout"))
     model = hf_model("WhisperForAudioClassification", cfg).to(device).train()
     g = seeded_generator()
     feats = torch.randn(size.batch, 8, 2 * size.seq, generator=g).to(device)
@@ -259,11 +257,9 @@ def _mobilebert(device, size=SMALL, dropout=0.0):
                              max_position_embeddings=max(64, size.seq),
                              num_feedforward_networks=2,
                              **dropout_args(dropout, "hidden_dropout_prob",
-                                     "attention_probs_dropout_prob"))
+                                            "attention_probs_dropout_prob"))
     model = hf_model("MobileBertForMaskedLM", cfg).to(device).train()
-    ids, labels = token_batch(size, device)
-    return TrainCase("mobilebert", model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
-                                           "labels": labels}, lambda out: out.loss)
+    return padded_lm_case("mobilebert", model, size, device)
 
 
 def _electra(device, size=SMALL, dropout=0.0):
@@ -274,10 +270,12 @@ def _electra(device, size=SMALL, dropout=0.0):
                           hidden_size=size.hidden, num_hidden_layers=size.layers,
                           num_attention_heads=size.heads, intermediate_size=2 * size.hidden,
                           max_position_embeddings=max(64, size.seq),
-                          **dropout_args(dropout, "hidden_dropout_prob", "attention_probs_dropout_prob"))
+                          **dropout_args(dropout, "hidden_dropout_prob",
+                                         "attention_probs_dropout_prob"))
     model = hf_model("ElectraForPreTraining", cfg).to(device).train()
     ids, labels = token_batch(size, device)
-    return TrainCase("electra", model, {"input_ids": ids, "attention_mask": padding_mask(ids, size),
+    return TrainCase("electra", model, {"input_ids": ids,
+                                        "attention_mask": padding_mask(ids, size),
                                         "labels": (labels % 7 == 0).long()},
                      lambda out: out.loss)
 
