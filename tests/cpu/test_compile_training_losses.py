@@ -179,3 +179,35 @@ def test_cross_entropy_with_classes_at_dim_1_fuses(kw):
     ops = {op for g in compiled_graphs() for r in g.regions for op in r.ops}
     assert {"aten.nll_loss2d_forward.default", "aten.nll_loss2d_backward.default"} <= ops
     assert_ran_as_sm90_kernels([r for g in compiled_graphs() for r in g.regions])
+
+
+def test_loss_lowering_refusals_name_the_op_and_what():
+    """What the loss lowerings refuse is an UnsupportedOpError naming the op and the reason
+    (the node stays eager): class weights of another dtype or rank, nll_loss2d of other ranks,
+    targets of another rank or dtype."""
+    from pyfuser.errors import UnsupportedOpError
+    from pyfuser.frontend.lowering.aten_backward import _nll_loss2d_backward
+    from pyfuser.frontend.lowering.aten_loss import _nll_loss2d_forward, _nll_loss_forward
+    from pyfuser.ir import DataType
+    from pyfuser.ir import builder as B
+    from pyfuser.ir.fusion import Fusion
+    with Fusion():
+        x2 = B.define_tensor([-1, -1], DataType.Float)
+        x4 = B.define_tensor([-1, -1, -1, -1], DataType.Float)
+        t1, t3 = B.define_tensor([-1], DataType.Int), B.define_tensor([-1, -1, -1], DataType.Int)
+        w64 = B.define_tensor([-1], DataType.Double)
+        w2 = B.define_tensor([-1, -1], DataType.Float)
+        with pytest.raises(UnsupportedOpError, match="nll_loss: class weights other than a "
+                                                     r"\[C\] tensor of the input's dtype"):
+            _nll_loss_forward(x2, t1, w64, 1, -100)
+        with pytest.raises(UnsupportedOpError, match="nll_loss2d: class weights other than"):
+            _nll_loss2d_forward(x4, t3, w2, 1, -100)
+        with pytest.raises(UnsupportedOpError, match=r"nll_loss2d of other than \[N, C, H, W\]"):
+            _nll_loss2d_forward(x2, t1, None, 1, -100)
+        with pytest.raises(UnsupportedOpError,
+                           match="nll_loss2d: class-index targets must be int64 of rank 3"):
+            _nll_loss2d_forward(x4, t1, None, 1, -100)
+        with pytest.raises(UnsupportedOpError,
+                           match="nll_loss2d_backward: reduction none needs a gradient of the "
+                                 "target's shape"):
+            _nll_loss2d_backward(t1, x4, t3, None, 0, -100, x2)

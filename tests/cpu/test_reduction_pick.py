@@ -247,6 +247,18 @@ def test_by_columns_with_the_outer_split_the_segment_is_cut_into_kernels(monkeyp
     assert last == ["reduction"] * 3, reports[-1]
 
 
+def test_the_reduction_plan_of_such_a_fusion_by_columns_says_why_it_cannot():
+    """The reduction scheduler's run check refuses it by columns; planned anyway, the plan
+    raises a SchedulerError saying why, never a plan without picks that takes two passes."""
+    from pyfuser.errors import SchedulerError
+    from pyfuser.schedule import reduction
+    x = torch.randn(6, 200).t().contiguous().t()
+    t = torch.tensor([0, 199, 50, -1, 200, 3])
+    f = RC.fusion(lambda: picked_log_softmax(torch.float32))
+    with pytest.raises(SchedulerError, match="reduction scheduler: this layout reads no picks"):
+        reduction.schedule(f, [x, t], "reduction")
+
+
 def test_a_chain_through_one_value_twice_is_a_pick():
     """(x - max) * (x - max): both arguments are the one full-size Node, so the element is
     still one load."""
