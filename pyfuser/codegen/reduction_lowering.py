@@ -265,9 +265,15 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
         for c in reversed(chain):           # the chain's other arguments: row values (vals)
             got[id(c)] = got[id(c.args[0])] if c.kind in ("set", "alias") else \
                 self.node_expr(c, lambda x: got[id(x)] if id(x) in got else vals[id(x)])
-        zero = K.Const(0.0, K.REGISTER_CTYPE[dt], dt)
-        inside.append(K.Assign(acc, (), K.Op("add", (zero, got[id(pk.x)]), dt)))
-        out += [K.Alloc(buf, a.tv.dtype, (1,)), K.Alloc(acc, dt, ()), K.Assign(acc, (), zero),
+        # the value in registers: a half / bfloat16 pick (a weight[target]) is a float rounded
+        # to its dtype, as the sum's result would be, never a half / bfloat16 register
+        cdt = dt.compute
+        zero = K.Const(0.0, K.REGISTER_CTYPE[dt], cdt)
+        total = K.Op("add", (zero, got[id(pk.x)]), cdt)
+        if dt.is_reduced_float:
+            total = K.Convert("round", total, DataType.Float, dt)
+        inside.append(K.Assign(acc, (), total))
+        out += [K.Alloc(buf, a.tv.dtype, (1,)), K.Alloc(acc, cdt, ()), K.Assign(acc, (), zero),
                 *_guard(cond, inside)]
         return K.ArrayRef(acc, ())
 

@@ -2,7 +2,8 @@
 F.cross_entropy through pyfuser.jit against eager (float32, bfloat16, ignored and valid
 targets, rows of 32000 classes: the streamed row kernel, and rows of 3072), and the picked sum
 of a Fusion bit for bit against the reference evaluator (out-of-range indices, -0.0, NaN
-beside the index)."""
+beside the index); cross-entropy over classes at dim 1 (nll_loss2d, weighted, both dtypes)
+through torch.compile, forward and backward."""
 import pytest
 import torch
 
@@ -109,4 +110,31 @@ def test_weighted_cross_entropy_forward_and_backward_match_eager(dt, reduction):
     from pyfuser.frontend.fx import compiled_graphs
     left = [n for cg in compiled_graphs() for n in cg.unsupported
             if n.startswith(("nll_loss", "cross_entropy"))]
+    assert not left, left
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 50, 7, 5), (4, 300, 33)])
+def test_cross_entropy_over_classes_at_dim_1_forward_and_backward(dt, shape):
+    """nll_loss2d_forward / backward (F.cross_entropy of [N, C, H, W] and [B, C, T]) fused,
+    with class weights and ignored targets, against eager's."""
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(*shape, device="cuda", generator=g).to(dt)
+    rest = (shape[0], *shape[2:])
+    t = torch.randint(0, shape[1], rest, device="cuda", generator=g)
+    t.view(-1)[::7] = -100
+    wt = (torch.rand(shape[1], device="cuda", generator=g) + 0.5).to(dt)
+
+    def f(x):
+        return F.cross_entropy(x, t, weight=wt)
+    xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = pyfuser.compile(f)(xs), f(xe)
+    got.backward()
+    want.backward()
+    tol = 1e-4 if dt == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(xs.grad.float(), xe.grad.float(), rtol=tol, atol=tol)
+    from pyfuser.frontend.fx import compiled_graphs
+    left = [n for cg in compiled_graphs() for n in cg.unsupported if n.startswith("nll_loss")]
     assert not left, left
