@@ -207,3 +207,32 @@ def test_training_steps_replayed_from_graphs(name, dtype):
             torch.testing.assert_close(gb[n], ga[n], **tol, msg=n)
     for n in p0:
         torch.testing.assert_close(p1[n], p0[n], **tol, msg=n)
+
+
+@pytest.mark.gpu
+def test_efficient_attention_dropout_masks_agree_through_graphed_training():
+    """float32 SDPA with dropout runs memory-efficient attention, whose dropout seed is a host
+    tensor when run as it is and a device one when captured (cuda_graphs_training.py): a
+    backward run as it is after a replayed forward crashed the process (BERT float32 in
+    bench/models.py). With v the identity the forward's output is the dropped-out attention
+    matrix P, and v's gradient for a loss of sum(out) is P's column sums: the backward's mask is
+    the forward's, on every call (as it is, captured, replayed)."""
+    torch.manual_seed(0)
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    c = pyfuser.compile(f, cuda_graphs=True)
+    q, k = (torch.randn(2, 2, 64, 64, device="cuda") for _ in range(2))
+    eye = torch.eye(64, device="cuda").expand(2, 2, 64, 64).contiguous()
+    for _ in range(6):
+        v = eye.clone().requires_grad_()
+        out = c(q, k, v)
+        out.sum().backward()
+        cols = out.detach().sum(-2)                           # [2, 2, 64]: P's column sums
+        torch.testing.assert_close(v.grad, cols.unsqueeze(-1).expand(2, 2, 64, 64),
+                                   rtol=1e-4, atol=1e-4)
+        assert (out == 0).float().mean() > 0.2                # dropout took place
+    torch.cuda.synchronize()
+    bw = [g for g in CG.graphed_calls() if g.compiled.kind == "backward"]
+    assert len(bw) == 1 and len(bw[0].seeds) == 2 and bw[0].replays >= 1, [
+        (g.compiled.kind, g.replays, g.why_not) for g in CG.graphed_calls()]

@@ -95,8 +95,9 @@ def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users):
     if not cuda_graphs:
         return compile_graph(gm, example_inputs, kind)
     from .cuda_graphs import GraphedInference, graph_wide_reason, written_inputs
-    from .cuda_graphs_training import GraphedTraining
+    from .cuda_graphs_training import GraphedTraining, attention_seed_inputs
     written = written_inputs(gm, mutated)              # before compile_graph rewrites gm
+    seeds = attention_seed_inputs(gm) if kind == "backward" else ()
     why_not = graph_wide_reason(gm, static, mutated)
     if kind == "forward" and users is None:
         why_not = why_not or "AOTAutograd's metadata (which outputs are saved) is missing"
@@ -107,7 +108,7 @@ def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users):
     compiled = compile_graph(gm, example_inputs, kind)
     if kind == "inference":
         return GraphedInference(compiled, static, why_not, written=written)
-    return GraphedTraining(compiled, static, users, why_not, written=written)
+    return GraphedTraining(compiled, static, users, why_not, written=written, seeds=seeds)
 
 
 def _graph_facts(gm, kind: str, cuda_graphs: bool) -> dict:

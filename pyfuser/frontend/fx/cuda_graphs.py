@@ -112,6 +112,9 @@ class GraphedInference:
         self._boxed_call = True
         self.__name__ = f"{compiled.__name__}_graphed"
         self.compiled = compiled
+        # what runs the graph as it is or under a capture: `compiled` (GraphedTraining may wrap
+        # it); it holds no reference to this object, nor does anything the entries hold
+        self.run = compiled
         self.static_idx = frozenset(static_idx)
         self.written = frozenset(written) & self.static_idx   # static inputs the graph writes
         self.why_not = why_not
@@ -133,10 +136,10 @@ class GraphedInference:
 
     def __call__(self, args):
         if self.why_not:
-            return self.compiled(args)
+            return self.run(args)
         key = self.key(args)
         if key is None:
-            return self.compiled(args)
+            return self.run(args)
         e = self.entries.get(key)
         if e is None:
             e = self.entries[key] = _Entry()
@@ -144,16 +147,16 @@ class GraphedInference:
                 self.entries.popitem(last=False)
         self.entries.move_to_end(key)
         if e.failed is not None:
-            return self.compiled(args)
+            return self.run(args)
         if e.graph is not None and not self._free(e):
-            return self.compiled(args)       # a replay would overwrite results still in use
+            return self.run(args)          # a replay would overwrite results still in use
         if e.graph is not None and self._bind(e, args):
             self.backend.replay(e.graph)
             self.replays += 1
             return self._results(e, args)
         if e.runs == 0:                      # the first call of a signature runs as it is
             e.runs += 1
-            return self.compiled(args)
+            return self.run(args)
         return self._capture(e, args)
 
     # ---- what a subclass changes (cuda_graphs_training.py) ------------------------------
@@ -271,7 +274,7 @@ class GraphedInference:
         # KV cache, a step counter) are put back as they were, so this call writes them once.
         saved = [(a, a.clone()) for i, a in enumerate(args)
                  if i in self.written and isinstance(a, torch.Tensor)]
-        call = BoundCall(self.compiled, call_args)
+        call = BoundCall(self.run, call_args)
         try:
             graph, out = self.backend.capture(call, device)
         except Exception as ex:  # noqa: BLE001 - capture refused: this signature runs as it is
@@ -294,7 +297,7 @@ class GraphedInference:
         e.graph = e.inputs = e.out = None
         log.info("pyfuser: an input signature of %s runs without a CUDA graph: %s",
                  self.compiled.__name__, reason)
-        return self.compiled(args)
+        return self.run(args)
 
 
 class BoundCall:

@@ -36,9 +36,20 @@ gradient twice. So a `GraphedTraining` hands them out as they lie:
 
 The graph holds no reference to its inputs (a capture drops its arguments), so the saved
 tensors it read are freed by autograd as they would be.
+
+**Memory-efficient attention's dropout seed** (`_scaled_dot_product_efficient_attention`, the
+float32 SDPA kernel): its forward returns the seed and offset of its dropout mask as host
+tensors when it runs as it is and as device tensors when it is captured, and its backward reads
+them in the same way (a host run dereferences the pointer on the host: a device tensor there
+crashed the process; a capture records the pointer: a host tensor there would be read by the
+device). So a backward run as it is (its first call, a busy call, its warm-up before a capture)
+gets host copies of seeds that lie on the device (a replayed forward's: one small copy each),
+and a backward whose seeds lie on the host (its forward ran as it is) is not captured (the
+capture is refused, the call runs as it is).
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -65,10 +76,13 @@ class GraphedTraining(GraphedInference):
     keyed_by_address = True
 
     def __init__(self, compiled, keyed_idx, user_outputs: int, why_not=None, backend=None,
-                 written=()):
+                 written=(), seeds=()):
         super().__init__(compiled, keyed_idx, why_not, backend, written)
         self.user_outputs = user_outputs
         self.busy = 0                     # calls run as they are: earlier results still in use
+        self.seeds = tuple(seeds)         # inputs that are attention dropout seeds (docstring)
+        if self.seeds:
+            self.run = functools.partial(_run_with_seeds, compiled, self.seeds)
 
     def _free(self, e) -> bool:
         if e.counts is None or self._use_counts(e.held) == e.counts:
@@ -196,6 +210,50 @@ def _hand_out(o, how, args):
 _on_cuda_storage = getattr(torch._C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", None)
 
 
+# the memory-efficient attention backwards, whose philox seed and offset arguments are read on
+# the host outside a capture and on the device inside one (module docstring)
+_SEEDED = ("_scaled_dot_product_efficient_attention_backward", "_efficient_attention_backward")
+
+
+def attention_seed_inputs(gm) -> tuple:
+    """The inputs of a backward graph that a memory-efficient attention backward takes as its
+    dropout's philox seed or offset (placeholders: saved by the forward)."""
+    index = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    found = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or getattr(n.target, "_opname", None) not in _SEEDED:
+            continue
+        for k, arg in enumerate(n.target._schema.arguments):
+            if arg.name in ("philox_seed", "philox_offset"):
+                v = n.args[k] if k < len(n.args) else n.kwargs.get(arg.name)
+                if v in index:
+                    found.add(index[v])
+    return tuple(sorted(found))
+
+
+def _run_with_seeds(compiled, seeds, args):
+    return compiled(seeds_for_this_run(args, seeds))
+
+
+def seeds_for_this_run(args, seeds):
+    """`args` with the attention seeds `seeds` where this run reads them: on the host outside
+    a capture (a device seed copied), on the device inside one (a host seed refused: the capture
+    fails and the call runs as it is)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if any(isinstance(args[i], torch.Tensor) and not args[i].is_cuda for i in seeds):
+            raise RuntimeError("a memory-efficient attention's dropout seed is a host tensor "
+                               "(its forward ran without a graph): a graph would read it on "
+                               "the device")
+        return args
+    if not any(isinstance(args[i], torch.Tensor) and args[i].is_cuda for i in seeds):
+        return args
+    args = list(args)
+    for i in seeds:
+        if isinstance(args[i], torch.Tensor) and args[i].is_cuda:
+            args[i] = args[i].cpu()
+    return args
+
+
 def user_output_count() -> int | None:
     """How many leading outputs of the forward AOTAutograd is compiling are the caller's (its
     `num_forward`: mutated inputs' new values, the results, intermediate bases, an RNG offset;
@@ -218,4 +276,5 @@ def backward_keyed_inputs(gm) -> tuple:
     return tuple(i for i, p in enumerate(placeholders) if not str(p.target).startswith("tangents"))
 
 
-__all__ = ["GraphedTraining", "backward_keyed_inputs", "use_count", "user_output_count"]
+__all__ = ["GraphedTraining", "attention_seed_inputs", "backward_keyed_inputs", "seeds_for_this_run",
+           "use_count", "user_output_count"]
