@@ -12,9 +12,15 @@ Random numbers: the recorded run draws graph-safe states (runtime/rng.py's `capt
 kernels read two device words that a captured `torch.randint` refreshes on every replay, which
 the graph keeps alive (`graph.pyfuser_rng`).
 
+`invalidate(storage, message)` makes every later access of a storage's tensors raise `message`
+(torch's `_set_storage_data_ptr_access_error_msg`, CUDA builds only: `can_invalidate`): a
+graphed call that hands out the graph's own output memory (frontend/fx/cuda_graph_outputs.py)
+invalidates what a caller still holds before a replay writes that memory again.
+
 Invariants: a captured graph reads its inputs from, and writes its outputs to, the addresses of
-the capturing call, so its callers copy new inputs into those buffers and hand out copies of
-the outputs (`fresh_copies`), never the buffers a later replay overwrites.
+the capturing call, so its callers copy new inputs into those buffers and hand out either copies
+of the outputs (`fresh_copies`) or tensors on the graph's memory that are invalidated before a
+later replay overwrites it, never tensors that a replay changes silently.
 """
 from __future__ import annotations
 
@@ -45,6 +51,13 @@ class Backend:
 
     def replay(self, graph) -> None:
         graph.replay()
+
+    can_invalidate = hasattr(torch._C, "_set_storage_data_ptr_access_error_msg")
+
+    def invalidate(self, storage, message: str) -> None:
+        """Every later access of the data of a tensor on `storage` (any view of it) raises
+        `message`; the storage lets its memory go (a storage that does not own it)."""
+        torch._C._set_storage_data_ptr_access_error_msg(storage._cdata, message)
 
 
 def tensors_of(x, out: list) -> list:

@@ -7,7 +7,9 @@ It cannot show stream or address effects of a real graph. Random numbers as a gr
 them: the recorded run and each replay run inside runtime/rng.py's `capturing`, a fresh one each
 time (a replay re-runs the captured `torch.randint`, so new device words, while the kernels'
 host seed and offsets are the capture's again). tests/conftest.py's fixture `fake_graphs` makes
-torch.compile's graphed calls use one."""
+torch.compile's graphed calls use one. With `invalidates`, it says it can invalidate storages
+(as a CUDA build's Backend does) and records the storages it was asked to (`is_invalid`); it
+cannot make reading them raise."""
 import torch
 
 from pyfuser.runtime import rng
@@ -16,9 +18,18 @@ from pyfuser.runtime import rng
 class FakeGraphs:
     any_device = True
 
-    def __init__(self, fail=None):
+    def __init__(self, fail=None, invalidates=False):
         self.captures = self.replays = 0
         self.fail = fail
+        self.can_invalidate = invalidates
+        self.invalid: set = set()            # the storages invalidated (their StorageImpl)
+
+    def invalidate(self, storage, message):
+        assert self.can_invalidate and "clone" in message
+        self.invalid.add(storage._cdata)
+
+    def is_invalid(self, t) -> bool:
+        return t.untyped_storage()._cdata in self.invalid
 
     def capture(self, fn, device):
         if self.fail:

@@ -49,7 +49,8 @@ def test_eval_forward_replayed_from_a_graph(name, dtype):
     with torch.no_grad(), torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
         want = _logits(model(**inputs)).float()
         ref = _logits(plain(**inputs)).float()
-        outs = [_logits(graphed(**inputs)).float() for _ in range(4)]
+        # copies: a replay's outputs are the graph's memory, which the next replay rewrites
+        outs = [_logits(graphed(**inputs)).float().clone() for _ in range(4)]
     torch.cuda.synchronize()
     g = [x for x in CG.graphed_calls() if x.replays]
     assert len(g) == 1 and g[0].captures == 1 and g[0].replays == 3, [
@@ -69,11 +70,11 @@ def test_parameters_updated_in_place_and_new_inputs():
         results = []
         for i in range(5):
             x = torch.randn(32, 64, device="cuda")
-            results.append((c(x), lin(x)))
-            if i == 2:
+            results.append((c(x).clone(), lin(x)))    # kept: a copy (the graph's memory
+            if i == 2:                                  # is rewritten by the next replay)
                 lin[0].weight.mul_(0.5)               # an optimizer-like update in place
                 x = torch.randn(32, 64, device="cuda")
-                results.append((c(x), lin(x)))
+                results.append((c(x).clone(), lin(x)))
     torch.cuda.synchronize()
     for got, want in results:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -93,9 +94,9 @@ def test_dropout_replayed_from_a_graph_draws_new_masks():
     with torch.no_grad():
         c(x), c(x)                                  # a plain run, then the capture
         torch.manual_seed(1)
-        first = [c(x) for _ in range(3)]
+        first = [c(x).clone() for _ in range(3)]   # kept: copies of the graph's memory
         torch.manual_seed(1)
-        again = [c(x) for _ in range(3)]
+        again = [c(x).clone() for _ in range(3)]
     torch.cuda.synchronize()
     (g,) = CG.graphed_calls()
     assert g.captures == 1 and g.replays >= 7 and g.why_not is None

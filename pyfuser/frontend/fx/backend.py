@@ -28,7 +28,9 @@ split, every value the backward reads saved).
 Options (`torch.compile(m, backend="pyfuser", options={...})` or `pyfuser.compile(m, ...)`):
 `cuda_graphs` (bool, default False): inference, forward and backward graphs are replayed from
 CUDA graphs (cuda_graphs.py, cuda_graphs_training.py); `mode="reduce-overhead"` asks for the
-same, `mode="default"` for nothing;
+same, `mode="default"` for nothing; `cuda_graph_outputs` ("graph", the default, or "copy"): a
+graphed inference call hands out its outputs on the graph's memory, valid until the next call
+replays the graph into it, or as copies valid for good (cuda_graph_outputs.py);
 other modes, unknown options and values of another type are an error, not silently ignored.
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ import functools
 import os
 
 import torch
+
+from .cuda_graph_outputs import MODES
 
 
 def decompositions() -> dict:
@@ -81,16 +85,18 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
 
 
 def compile_one(gm, example_inputs, kind: str, cuda_graphs: bool = False, static=(),
-                mutated=(), users=None):
+                mutated=(), users=None, outputs="graph"):
     """compile_graph, and for cuda_graphs a GraphedInference (inference graphs) or a
     GraphedTraining (forward, backward) around it (`static`, `mutated`, `users`: the graph's
-    inputs read in place, its written inputs and a forward's user outputs: `_graph_facts`)."""
+    inputs read in place, its written inputs and a forward's user outputs: `_graph_facts`;
+    `outputs`: how an inference graph hands out its outputs, the option cuda_graph_outputs)."""
     from ...runtime.gc_pause import paused
     with paused():              # a backward compiled at its first call is not under the backend's
-        return _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users)
+        return _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users,
+                            outputs)
 
 
-def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users):
+def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users, outputs):
     from .compile_graph import compile_graph
     if not cuda_graphs:
         return compile_graph(gm, example_inputs, kind)
@@ -107,16 +113,19 @@ def _compile_one(gm, example_inputs, kind, cuda_graphs, static, mutated, users):
                               "a graph's memory may be read on other streams")
     compiled = compile_graph(gm, example_inputs, kind)
     if kind == "inference":
-        return GraphedInference(compiled, static, why_not, written=written)
+        return GraphedInference(compiled, static, why_not, written=written, outputs=outputs)
     return GraphedTraining(compiled, static, users, why_not, written=written, seeds=seeds)
 
 
-def _graph_facts(gm, kind: str, cuda_graphs: bool) -> dict:
+def _graph_facts(gm, kind: str, cuda_graphs: bool, outputs: str = "graph") -> dict:
     """compile_one's arguments besides the graph and its kind, read from AOTAutograd's metadata
     of the graph it is compiling (a backward's from the graph itself: the forward's metadata is
     not its own)."""
     if not cuda_graphs:
         return {}
+    if kind == "inference":
+        static, mutated = _static_and_mutated_inputs()
+        return {"cuda_graphs": True, "static": static, "mutated": mutated, "outputs": outputs}
     from .cuda_graphs_training import backward_keyed_inputs, user_output_count
     if kind == "backward":               # the forward's metadata is not this graph's
         static, mutated, users = backward_keyed_inputs(gm), (), 0
@@ -126,15 +135,16 @@ def _graph_facts(gm, kind: str, cuda_graphs: bool) -> dict:
     return {"cuda_graphs": True, "static": static, "mutated": mutated, "users": users}
 
 
-def _compiler(kind: str, cuda_graphs: bool = False, wrap=None):
+def _compiler(kind: str, cuda_graphs: bool = False, wrap=None, outputs: str = "graph"):
     """AOTAutograd's compiler for `kind` graphs; `wrap(kind, fn)`: the graph cache's wrapping
     (graph_cache.py), `fn(gm, example_inputs) -> (compiled, the arguments of compile_one besides
-    the graph and its kind)`."""
+    the graph and its kind)`; `outputs`: the option cuda_graph_outputs."""
     def compile_fn(gm, example_inputs):
-        return compile_one(gm, example_inputs, kind, **_graph_facts(gm, kind, cuda_graphs))
+        return compile_one(gm, example_inputs, kind,
+                           **_graph_facts(gm, kind, cuda_graphs, outputs))
 
     def with_facts(gm, example_inputs):
-        facts = _graph_facts(gm, kind, cuda_graphs)
+        facts = _graph_facts(gm, kind, cuda_graphs, outputs)
         return compile_one(gm, example_inputs, kind, **facts), facts
 
     compile_fn.__name__ = f"pyfuser_{kind}_compiler"
@@ -159,7 +169,7 @@ def _static_and_mutated_inputs() -> tuple:
     return tuple(getattr(meta, "static_input_indices", ()) or ()), tuple(mutated)
 
 
-_OPTIONS = {"cuda_graphs": bool}
+_OPTIONS = {"cuda_graphs": bool, "cuda_graph_outputs": str}
 
 
 def _options(options, mode) -> dict:
@@ -171,6 +181,10 @@ def _options(options, mode) -> dict:
         if not isinstance(v, _OPTIONS[k]):
             raise TypeError(f"pyfuser backend: option {k!r} takes a {_OPTIONS[k].__name__}, "
                             f"not {type(v).__name__}")
+    how = got.get("cuda_graph_outputs", "graph")
+    if how not in MODES:
+        raise TypeError(f"pyfuser backend: option 'cuda_graph_outputs' is one of {MODES}, "
+                        f"not {how!r}")
     if mode not in (None, "default", "reduce-overhead"):
         raise TypeError(f"pyfuser backend: mode {mode!r} is not supported (\"default\" or "
                         "\"reduce-overhead\": CUDA graphs)")
@@ -189,11 +203,12 @@ def pyfuser_backend(gm, example_inputs, options=None, mode=None, **unknown):
     if os.environ.get("PYFUSER_PARTITIONER", "mincut") != "default":
         extra["partition_fn"] = _recomputing_partition
     graphs = opts.get("cuda_graphs", False)
+    outputs = opts.get("cuda_graph_outputs", "graph")
 
     def make_aot(wrap):
         return aot_autograd(fw_compiler=_compiler("forward", graphs, wrap),
                             bw_compiler=_compiler("backward", graphs, wrap),
-                            inference_compiler=_compiler("inference", graphs, wrap),
+                            inference_compiler=_compiler("inference", graphs, wrap, outputs),
                             decompositions=decompositions(), keep_inference_input_mutations=True,
                             **extra)
     from ...runtime.gc_pause import paused
@@ -250,13 +265,14 @@ def _save_reductions(graph) -> None:
 
 def compile(model=None, **kwargs):  # noqa: A001 - pyfuser.compile mirrors torch.compile
     """`torch.compile(model, backend=pyfuser_backend, **kwargs)` (dynamic=, fullgraph=, mode
-    ... as torch.compile takes them; `cuda_graphs=True` is `options={"cuda_graphs": True}`).
-    Usable as a decorator, with or without arguments."""
+    ... as torch.compile takes them; `cuda_graphs=True` is `options={"cuda_graphs": True}`,
+    `cuda_graph_outputs="copy"` is that option). Usable as a decorator, with or without
+    arguments."""
     if "backend" in kwargs:
         raise TypeError("pyfuser.compile: the backend is pyfuser's; do not pass backend=")
     if model is None:
         return functools.partial(compile, **kwargs)
-    if "cuda_graphs" in kwargs:                    # pyfuser.compile(m, cuda_graphs=True)
-        kwargs["options"] = {**(kwargs.get("options") or {}),
-                             "cuda_graphs": kwargs.pop("cuda_graphs")}
+    for name in ("cuda_graphs", "cuda_graph_outputs"):   # pyfuser.compile(m, cuda_graphs=True)
+        if name in kwargs:
+            kwargs["options"] = {**(kwargs.get("options") or {}), name: kwargs.pop(name)}
     return torch.compile(model, backend=pyfuser_backend, **kwargs)

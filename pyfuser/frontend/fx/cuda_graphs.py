@@ -20,9 +20,12 @@ time on. What a caller sees:
   them once (a copy of each such tensor is held while a signature is captured).
 - **Other tensor inputs are copied** into the graph's own buffers (one device copy each, skipped
   when the caller passes that buffer back), so new tensors may be passed on every call.
-- **Outputs are fresh tensors**: copies of the graph's output buffers, valid after later calls,
-  with the strides, offsets and mutual aliasing the graph's own outputs have (each storage they
-  view copied once; a model returning large logits pays that copy).
+- **Outputs are the graph's own memory** (option `cuda_graph_outputs="graph"`, the default, as
+  Inductor's CUDA graphs): valid until the next call with the same signature replays the graph
+  (or the graph is dropped), when a tensor still held is invalidated: reading it raises, it never
+  changes silently (cuda_graph_outputs.py). With `cuda_graph_outputs="copy"` they are copies of
+  the graph's output buffers, valid for good, each storage they view copied once every call.
+  Either way they have the strides, offsets and mutual aliasing the graph's own outputs have.
 - **Random numbers** (dropout) are drawn anew by every replay: pyfuser's kernels add two
   device words to their seed and offset, which a captured `torch.randint` refreshes per replay
   (runtime/rng.py), and PyTorch's own random ops are graph-safe; a random draw seeded on the
@@ -52,6 +55,7 @@ import torch
 
 from ...runtime.graph_capture import (Backend, fresh_copies, overlaps_itself, shares_storage,
                                       tensors_of)
+from .cuda_graph_outputs import SharedOutputs, drop_all, stale_message
 
 log = logging.getLogger("pyfuser")
 MAX_GRAPHS = 8
@@ -96,19 +100,21 @@ def graph_wide_reason(gm, static_idx, mutated_idx=()) -> str | None:
 class _Entry:
     """One signature's state: the call count before capture, then the captured graph."""
     __slots__ = ("runs", "graph", "inputs", "ptrs", "out", "failed", "plan", "held", "counts",
-                 "made")
+                 "made", "hand")
 
     def __init__(self):
         self.runs = 0
         self.graph = self.inputs = self.ptrs = self.out = None
         self.failed = self.plan = self.held = self.counts = self.made = None
+        self.hand = None                  # SharedOutputs: outputs on the graph's memory
 
 
 class GraphedInference:
     """An inference CompiledGraph replayed from CUDA graphs (module docstring); boxed call."""
     keyed_by_address = False
 
-    def __init__(self, compiled, static_idx=(), why_not=None, backend=None, written=()):
+    def __init__(self, compiled, static_idx=(), why_not=None, backend=None, written=(),
+                 outputs="graph"):
         self._boxed_call = True
         self.__name__ = f"{compiled.__name__}_graphed"
         self.compiled = compiled
@@ -124,7 +130,13 @@ class GraphedInference:
         self._logged: set = set()
         self._native = None                   # the native runner's module, False without one
         self._masks: dict = {}                # argument count -> keyed mask (graph_key's)
+        # "graph": outputs on the graph's memory where the backend can invalidate them
+        self.outputs = outputs if getattr(self.backend, "can_invalidate", False) else "copy"
+        self.stale = 0                        # handed-out storages invalidated while in use
         _LIVE.add(self)
+        # the graphs go with this object: what they handed out and is still held is invalidated
+        # (not at the interpreter's exit, when nothing is read any more and torch is going)
+        weakref.finalize(self, drop_all, self.entries).atexit = False
         if why_not:
             log.info("pyfuser: %s runs without CUDA graphs: %s", compiled.__name__, why_not)
 
@@ -144,13 +156,15 @@ class GraphedInference:
         if e is None:
             e = self.entries[key] = _Entry()
             while len(self.entries) > MAX_GRAPHS:
-                self.entries.popitem(last=False)
+                self._drop_hand(self.entries.popitem(last=False)[1])
         self.entries.move_to_end(key)
         if e.failed is not None:
             return self.run(args)
         if e.graph is not None and not self._free(e):
             return self.run(args)          # a replay would overwrite results still in use
         if e.graph is not None and self._bind(e, args):
+            if e.hand is not None:           # after the inputs' copies: one may be an output
+                self.stale += e.hand.retire()
             self.backend.replay(e.graph)
             self.replays += 1
             return self._results(e, args)
@@ -167,7 +181,7 @@ class GraphedInference:
 
     def _results(self, e, args):
         """This call's results after a replay of `e`."""
-        return fresh_copies(e.out)
+        return e.hand.hand_out() if e.hand is not None else fresh_copies(e.out)
 
     def _plan_outputs(self, e, out, call_args) -> str | None:
         """Decide how replays hand out the captured outputs `out`; a reason where they
@@ -175,7 +189,17 @@ class GraphedInference:
         ins = [a for a in call_args if isinstance(a, torch.Tensor)]
         if shares_storage(tensors_of(out, []), ins):
             return "an output shares memory with an input"
+        if self.outputs == "graph" and isinstance(out, (list, tuple)) and \
+                all(isinstance(o, (torch.Tensor, *_SCALARS)) for o in out):
+            e.hand = SharedOutputs(out, self.backend, stale_message(self.compiled.__name__),
+                                   self.native())
         return None
+
+    def _drop_hand(self, e) -> None:
+        """`e`'s graph goes: what its replays handed out and is still held is invalidated."""
+        if e.hand is not None:
+            self.stale += e.hand.drop()
+            e.hand = None
 
     def key(self, args):
         """The signature a graph is captured for, or None: this call runs without one. With
@@ -274,6 +298,7 @@ class GraphedInference:
         # KV cache, a step counter) are put back as they were, so this call writes them once.
         saved = [(a, a.clone()) for i, a in enumerate(args)
                  if i in self.written and isinstance(a, torch.Tensor)]
+        self._drop_hand(e)                   # a graph captured again: the old one goes
         call = BoundCall(self.run, call_args)
         try:
             graph, out = self.backend.capture(call, device)
@@ -294,6 +319,7 @@ class GraphedInference:
 
     def _give_up(self, e, reason, args):
         e.failed = reason
+        self._drop_hand(e)
         e.graph = e.inputs = e.out = None
         log.info("pyfuser: an input signature of %s runs without a CUDA graph: %s",
                  self.compiled.__name__, reason)
