@@ -158,6 +158,40 @@ def test_weighted_losses_through_jit_match_eager(dtype):
     assert torch.isnan(f(x, torch.full((6,), -100), w)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_label_smoothing_through_jit_matches_eager(dtype):
+    """TorchScript's cross_entropy_loss with label smoothing (aten_loss._smoothed), with and
+    without class weights, every reduction, an ignored row: eager's value within rounding, as
+    close to float64 as eager's, and no fallback."""
+    gen = torch.Generator().manual_seed(6)
+    x = (torch.randn(7, 13, generator=gen) * 3).to(dtype)
+    t = torch.tensor([1, 12, -100, 4, 0, 4, 7])
+    w = (torch.rand(13, generator=gen) * 2 + 0.1).to(dtype)
+
+    def ce(x, t, w):
+        return (F.cross_entropy(x, t, label_smoothing=0.1),
+                F.cross_entropy(x, t, label_smoothing=0.25, reduction="sum"),
+                F.cross_entropy(x, t, label_smoothing=0.3, reduction="none"),
+                F.cross_entropy(x, t, weight=w, label_smoothing=0.05),
+                F.cross_entropy(x, t, weight=w, label_smoothing=0.2, reduction="sum"),
+                F.cross_entropy(x, t, weight=w, label_smoothing=1.0, reduction="none"))
+    f = pyfuser.jit(torch.jit.script(ce))
+    got, want = f(x, t, w), ce(x, t, w)
+    oracle = ce(x.double(), t, w.double())
+    assert not f.last_run.fallbacks, f.last_run.fallbacks
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for g, e, o in zip(got, want, oracle):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=tol, atol=tol)
+        err_got = (g.double() - o).abs().max().item()
+        err_eager = (e.double() - o).abs().max().item()
+        assert err_got <= 2 * err_eager + tol * o.abs().max().item(), (err_got, err_eager)
+    with pytest.raises(Exception):                # eager's own error, through the fallback
+        f2 = pyfuser.jit(torch.jit.script(
+            lambda x, t: F.cross_entropy(x, t, label_smoothing=1.5)))
+        f2(x, t)
+
+
 @pytest.mark.parametrize("kw", [{}, {"reduction": "none"}, {"reduction": "sum", "weight": True}],
                          ids=str)
 def test_cross_entropy_with_classes_at_dim_1_fuses(kw):

@@ -11,7 +11,8 @@ whose target is `ignore_index` adds 0 to the loss and is not
 counted in a mean; a class index out of range gives NaN (eager raises there). Class weights
 (a [C] tensor of the input's dtype) are picked per row at the target (weight[target], as the
 target's logit is): they scale the row's loss and make the mean's denominator. Label
-smoothing, and class weights with probability targets, are left to eager.
+smoothing (class-index targets) adds eager's smoothing term, each step rounded as eager's
+tensors are. Class weights or label smoothing with probability targets are left to eager.
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     read once), 0 for ignore_index, NaN for a class index out of range (eager raises there);
     reduction none / sum / mean (over the rows not ignored). Class weights (class-index
     targets) weigh each row's loss by weight[target] and the mean by their sum, as nll_loss
-    does; with probability targets, and label smoothing, they are left to eager.
+    does; with probability targets they are left to eager. Label smoothing: `_smoothed`.
 
     With class indices, lp[target] is computed per row, not per element: the target's logit
     (a sum over the row of x where the class is the target: x[target] exactly) minus the max
@@ -151,8 +152,12 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
     Every reduction over the classes (max and sum of exp as an online pair, the target's logit)
     then runs in one pass: one read of the logits, one combine. The mean over
     the rows is a second reduction domain: its own small kernel."""
-    if label_smoothing:
-        raise UnsupportedOpError("cross_entropy with label smoothing (left to eager)")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise UnsupportedOpError(f"cross_entropy: label_smoothing {label_smoothing!r} (eager "
+                                 "raises outside [0, 1])")
+    if label_smoothing and target.dtype.is_floating:
+        raise UnsupportedOpError("cross_entropy with label smoothing and probability targets "
+                                 "(left to eager)")
     if not isinstance(x, TensorView) or x.ndim != 2 or not x.dtype.is_floating:
         raise UnsupportedOpError("cross_entropy of other than [N, C] floating logits (left to eager)")
     check_weight(weight, x, "cross_entropy")
@@ -180,9 +185,41 @@ def _cross_entropy(x, target, weight, reduction, ignore_index, label_smoothing):
         picked = B.cast(B.cast(lp_t, x.dtype), xc.dtype)   # log_softmax's output, rounded
         loss, total = _row_losses(x, picked, target, ignore_index, weight, onehot)
     if reduction == 0:
-        return B.cast(loss, x.dtype)
-    s = B.reduction("sum", loss, [0])
-    return B.cast(s if reduction == 2 else ew("div", s, total), x.dtype)
+        out = B.cast(loss, x.dtype)
+    else:
+        s = B.reduction("sum", loss, [0])
+        out = B.cast(s if reduction == 2 else ew("div", s, total), x.dtype)
+    if not label_smoothing:
+        return out
+    return _smoothed(x, ew("sub", shifted, lse), target, weight, reduction, ignore_index,
+                     float(label_smoothing), out, total)
+
+
+def _smoothed(x, lp, target, weight, reduction, ignore_index, eps: float, nll, total):
+    """cross_entropy's label smoothing as eager writes it, each step rounded to x's dtype as
+    eager's tensors are: (1 - eps) * nll + smooth * (eps / C), where a row's smooth loss is
+    -sum over the classes of log_softmax(x) (times the class weights), 0 for an ignored
+    target, then summed, or averaged over the rows not ignored (their total weight with
+    weights: nll's denominator). The log-probabilities are each element's, rounded, so the
+    row is read again after its max and sum: an inner-persistent kernel."""
+    cd = lp.dtype
+
+    def rnd(v):                              # a tensor of x's dtype, as eager's is
+        return B.cast(B.cast(v, x.dtype), cd)
+    lp = rnd(lp)
+    if weight is not None:
+        lp = rnd(ew("mul", lp, B.broadcast(B.cast(weight, cd), [True, False])))
+    smooth = rnd(ew("neg", rnd(B.reduction("sum", lp, [1]))))
+    smooth = ew("where", ew("eq", target, int(ignore_index)), 0.0, smooth)
+    if reduction != 0:
+        smooth = rnd(B.reduction("sum", smooth, [0]))
+        if reduction == 1:          # eager's weight sum is a tensor of x's dtype, its count
+            smooth = rnd(ew("div", smooth, total if weight is None else rnd(total)))  # int64
+    classes = x.logical[1].full_extent
+    scale = ew("div", B.constant(eps, DataType.Double), B.cast(classes, DataType.Double))
+    part = rnd(ew("mul", smooth, B.cast(scale, cd)))
+    keep = rnd(ew("mul", B.cast(nll, cd), 1.0 - eps))
+    return B.cast(ew("add", keep, part), x.dtype)
 
 
 @lowers("aten::binary_cross_entropy_with_logits", op_class=NORMALIZATION, n_args=(2, 3, 4, 5),
