@@ -23,10 +23,12 @@ class FakeGraphs:
         self.fail = fail
         self.can_invalidate = invalidates
         self.invalid: set = set()            # the storages invalidated (their StorageImpl)
+        self._kept: list = []
 
     def invalidate(self, storage, message):
         assert self.can_invalidate and "clone" in message
         self.invalid.add(storage._cdata)
+        self._kept.append(storage)     # alive: no later storage takes its address (its _cdata)
 
     def is_invalid(self, t) -> bool:
         return t.untyped_storage()._cdata in self.invalid
