@@ -145,3 +145,14 @@ def test_dynamic_sizes(ceil):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape
     assert not _unfused(), _unfused()
     assert ceil or len(compiled_graphs()) == 1
+
+
+def test_a_channels_last_result_is_left_to_eager():
+    """The lowering writes row-major results: a pool of a channels-last input (whose result is
+    channels-last in eager) stays eager's, with the reason, and keeps eager's strides."""
+    x = torch.randn(2, 4, 8, 8).to(memory_format=torch.channels_last)
+    f = lambda x: F.max_pool2d(x.exp(), 2)        # noqa: E731
+    got, want = pyfuser.compile(f)(x), f(x)
+    assert torch.equal(got, want) and got.stride() == want.stride()
+    (why,) = _unfused().values()
+    assert "channels-last" in why

@@ -15,8 +15,10 @@
   `_to_copy` to another device, a copy into a memory format its input is not in (but for
   `clone` into contiguous_format, which the kernel writes row-major, and the `*_like`
   factories, which read no value), a random op
-  given its own generator, and a view op whose result the graph returns (a view stays a view),
-  and the view ops between a returned view and an input or output it views (`returned_views`);
+  given its own generator, a max pool (or its gradient) whose result is channels-last (its
+  lowering writes row-major: `_ROW_MAJOR_RESULTS`), and a view op whose result the graph
+  returns (a view stays a view), and the view ops between a returned view and an input or
+  output it views (`returned_views`);
 - `operator.getitem` of a fusible node's tuple result goes wherever that node goes.
 
 `is_size_arithmetic(node)`: a SymInt (SymFloat, SymBool) computed on the host under dynamic
@@ -225,4 +227,12 @@ def _special(target, named, ins, outs) -> str:
         return f"{target}: a copy into {fmt}, which its input is not in"
     if named.get("generator") is not None:
         return f"{target}: a random op with its own generator"
+    if target in _ROW_MAJOR_RESULTS and not all(t.is_contiguous() for t in outs):
+        return (f"{target}: a result in other strides than row-major (channels-last), which its "
+                "kernel does not write")
     return ""
+
+
+# ops whose lowering writes row-major results only (aten_pooling.py's views of [..., H * W])
+_ROW_MAJOR_RESULTS = {torch.ops.aten.max_pool2d_with_indices.default,
+                      torch.ops.aten.max_pool2d_with_indices_backward.default}

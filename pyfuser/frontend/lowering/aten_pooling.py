@@ -17,9 +17,14 @@ accumulated in float32 for half / bfloat16 (eager's accumulate type) and cast ba
 per candidate window (at most ceil(((k - 1) * d + 1) / s) per axis: 2 x 2 for ResNet's 3 / 2
 pool), no scatter, no atomics; deterministic.
 
+Both results are computed over a plane flattened to [..., H * W] and viewed back, so they are
+written row-major: the torch.compile backend leaves a pool whose result is channels-last
+(PYFUSER_CHANNELS_LAST's pass, a channels-last input) to eager (fx/support.py), rather than
+copy its result into those strides.
+
 Left to eager (UnsupportedOpError, the reason logged): inputs other than floating tensors of
-rank 3 or 4, sizes that are not constants (dynamic shapes), parameters that are not constant
-ints, a padding over half the kernel, a dilation or stride below 1 (eager raises on those).
+rank 3 or 4, parameters that are not constant ints, a padding over half the kernel, a dilation
+or stride below 1 (eager raises on those).
 """
 from __future__ import annotations
 
