@@ -8,8 +8,11 @@ them: the recorded run and each replay run inside runtime/rng.py's `capturing`, 
 time (a replay re-runs the captured `torch.randint`, so new device words, while the kernels'
 host seed and offsets are the capture's again). tests/conftest.py's fixture `fake_graphs` makes
 torch.compile's graphed calls use one. With `invalidates`, it says it can invalidate storages
-(as a CUDA build's Backend does) and records the storages it was asked to (`is_invalid`); it
-cannot make reading them raise."""
+(as a CUDA build's Backend does) and records the storages it was asked to (`is_invalid`),
+keeping them alive so that their addresses, by which `is_invalid` knows them, are not reused;
+it cannot make reading them raise. With `poison` as well, an invalidated storage's memory is
+filled with NaNs (float32's bytes 0xff), so that a read after the invalidation (which a CUDA
+build's raises) shows in the values."""
 import torch
 
 from pyfuser.runtime import rng
@@ -18,17 +21,20 @@ from pyfuser.runtime import rng
 class FakeGraphs:
     any_device = True
 
-    def __init__(self, fail=None, invalidates=False):
+    def __init__(self, fail=None, invalidates=False, poison=False):
         self.captures = self.replays = 0
         self.fail = fail
         self.can_invalidate = invalidates
         self.invalid: set = set()            # the storages invalidated (their StorageImpl)
-        self._kept: list = []
+        self.poison = poison
+        self.kept: list = []                 # the storages invalidated, kept alive
 
     def invalidate(self, storage, message):
         assert self.can_invalidate and "clone" in message
         self.invalid.add(storage._cdata)
-        self._kept.append(storage)     # alive: no later storage takes its address (its _cdata)
+        self.kept.append(storage)      # alive: no later storage takes its address (_cdata)
+        if self.poison:
+            torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).fill_(255)
 
     def is_invalid(self, t) -> bool:
         return t.untyped_storage()._cdata in self.invalid

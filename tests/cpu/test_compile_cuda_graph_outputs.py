@@ -170,3 +170,66 @@ def test_empty_and_scalar_outputs():
     assert hand.retire() == 1 and g.is_invalid(res[0])
     del res
     assert hand.retire() == 0 and hand.drop() == 0
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """A stand-in whose invalidated storages read NaNs (a read after an invalidation shows)."""
+    g = FakeGraphs(invalidates=True, poison=True)
+    monkeypatch.setattr(CG, "Backend", lambda: g)
+    return g
+
+
+def test_an_output_fed_to_a_call_that_pushes_its_graph_out_is_read_first(poisoned, monkeypatch):
+    """x = c(x) where the output is a new signature that pushes the output's graph out (found
+    by graph_outputs_fuzz.py, seed 218): the call reads its input before that graph's outputs
+    are invalidated (a CUDA build's read raised the 'clone' error)."""
+    monkeypatch.setattr(CG, "MAX_GRAPHS", 1)
+    f = lambda x: x[1:] * 2                       # noqa: E731
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead", dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(5, 4)
+        for _ in range(3):
+            y = c(x)
+        assert _graphed().replays == 2
+        want = f(y.clone())
+        z = c(y)                                  # a new signature: (4, 4)
+        torch.testing.assert_close(z, want)
+        assert poisoned.is_invalid(y) and not poisoned.is_invalid(z)
+        # one y held across the loop's last replay, the fed one when its graph went
+        assert len(_graphed().entries) == 1 and _graphed().stale == 2
+
+
+def test_a_recapture_that_fails_runs_on_its_inputs_before_the_old_graph_goes(poisoned):
+    """A parameter moved (capture again) and the capture fails: the call runs as it is on its
+    input, an output of the graph that goes, before that output is invalidated."""
+    lin = torch.nn.Linear(6, 6)
+    f = lambda x: torch.tanh(lin(x))              # noqa: E731
+    c = torch.compile(f, backend=pyfuser.backend, mode="reduce-overhead")
+    with torch.no_grad():
+        x = torch.randn(3, 6)
+        for _ in range(3):
+            y = c(x)
+        assert _graphed().replays == 2
+        lin.weight.data = lin.weight.data.clone()     # a new address: captured again
+        poisoned.fail = "no capture this time"
+        want = f(y.clone())
+        z = c(y)
+        torch.testing.assert_close(z, want)
+        (e,) = _graphed().entries.values()
+        # one y held across the loop's last replay, the fed one when its graph went
+        assert e.failed and poisoned.is_invalid(y) and _graphed().stale == 2
+
+
+def test_a_storage_kept_of_a_dropped_output_is_in_use():
+    """`s = out.untyped_storage()` is the alias's own Python object: held alone, it holds the
+    memory as much as a tensor does, so it is invalidated before the next replay."""
+    g = FakeGraphs(invalidates=True)
+    hand = SharedOutputs([torch.ones(4) * 2], g, "clone it", None)
+    (t,) = hand.hand_out()
+    s = t.untyped_storage()
+    del t
+    assert hand.in_use() == [0] and hand.retire() == 1 and s._cdata in g.invalid
+    (t,) = hand.hand_out()
+    del s, t
+    assert hand.retire() == 0 and hand.drop() == 0

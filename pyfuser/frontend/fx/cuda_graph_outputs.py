@@ -14,13 +14,17 @@ options={"cuda_graph_outputs": ...})`, `pyfuser.compile(m, cuda_graphs=True, ...
 
 `SharedOutputs` does `"graph"` for one captured signature. Each storage the captured run's
 outputs lie on (an "owner": the entry keeps it, and so the graph's memory, for its life) is
-shown to callers through a storage of its own on the same memory (`alias`: not owning it),
-which every handed-out tensor on it references: its use count says whether a caller still holds
-one. Before the next replay (`retire`), an alias still in use is invalidated (the build's
-`torch._C._set_storage_data_ptr_access_error_msg`, through the capture backend's `invalidate`)
-and a new alias takes its place; one no longer in use is handed out again as it is (the usual
-case: a loop that drops each result before the next call makes one tensor per output and no
-copy). When the entry is dropped (`drop`), every alias still in use is invalidated.
+shown to callers through a storage of its own on the same memory (`alias`: not owning it), which
+every handed-out tensor on it references: its use count says whether a caller still holds one
+(and its Python object's reference count, whether a caller holds the storage itself:
+`out.untyped_storage()` is that object). Before the next replay (`retire`), an alias still in
+use is invalidated (the build's `torch._C._set_storage_data_ptr_access_error_msg`, through the
+capture backend's `invalidate`) and a new alias takes its place; one no longer in use is handed
+out again as it is (the usual case: a loop that drops each result before the next call makes one
+tensor per output and no copy). When the entry is dropped (`drop`), every alias still in use is
+invalidated, once the call that drops it has read its inputs (an output fed to the call whose
+new signature pushes its graph out, or to a capture again, is read first). One thread calls a
+graphed call at a time (its replays and hand-outs are not locked).
 
 Invariants: an alias is used only while its owner is alive; a tensor handed out is either
 valid (the last replay's values, which no later replay wrote) or invalidated; outputs that
@@ -28,6 +32,8 @@ shared a storage in the captured run share one alias, with the captured sizes, s
 offsets. A build without `_set_storage_data_ptr_access_error_msg` (no CUDA) gets `"copy"`.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -86,9 +92,15 @@ class SharedOutputs:
         self.counts = self._use_counts()
 
     def _use_counts(self) -> tuple:
+        """Each alias's use count and its Python object's reference count: a caller holding
+        the storage of an output (`out.untyped_storage()`, which is this object: a storage has
+        one Python object) and no tensor on it holds a reference to the object, not to the
+        storage."""
         if self.native is not None:
-            return self.native.use_counts(self.aliases)
-        return tuple(use_count(a) for a in self.aliases)
+            counts = self.native.use_counts(self.aliases)
+        else:
+            counts = [use_count(a) for a in self.aliases]
+        return tuple(zip(counts, map(sys.getrefcount, self.aliases)))
 
     def hand_out(self):
         """This replay's results: tensors on the aliases (one C++ call where the runner is

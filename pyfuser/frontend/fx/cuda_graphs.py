@@ -153,10 +153,13 @@ class GraphedInference:
         if key is None:
             return self.run(args)
         e = self.entries.get(key)
-        if e is None:
+        if e is None:                        # the first call of a signature runs as it is
             e = self.entries[key] = _Entry()
-            while len(self.entries) > MAX_GRAPHS:
-                self._drop_hand(self.entries.popitem(last=False)[1])
+            gone = [self.entries.popitem(last=False)[1].hand
+                    for _ in range(len(self.entries) - MAX_GRAPHS)]
+            # a hand-out nobody holds goes now (its memory with it); one in use after this call
+            gone = [h for h in gone if h is not None and h.in_use()]
+            return self._first_run(e, args, gone)
         self.entries.move_to_end(key)
         if e.failed is not None:
             return self.run(args)
@@ -168,10 +171,23 @@ class GraphedInference:
             self.backend.replay(e.graph)
             self.replays += 1
             return self._results(e, args)
-        if e.runs == 0:                      # the first call of a signature runs as it is
-            e.runs += 1
+        if e.runs == 0:
+            return self._first_run(e, args, ())
+        old, e.hand = e.hand, None           # captured again (a static input moved): the old
+        try:                                 # graph goes once this call read its inputs (an
+            return self._capture(e, args)    # output of the old one may be one)
+        finally:
+            self._drop(old)
+
+    def _first_run(self, e, args, gone):
+        """The first call of signature `e` runs as it is; then `gone` (the hand-outs in use of
+        the graphs pushed out for it) go: one of its inputs may be an output of one of them."""
+        e.runs += 1
+        try:
             return self.run(args)
-        return self._capture(e, args)
+        finally:
+            for hand in gone:
+                self._drop(hand)
 
     # ---- what a subclass changes (cuda_graphs_training.py) ------------------------------
     def _free(self, e) -> bool:
@@ -197,9 +213,12 @@ class GraphedInference:
 
     def _drop_hand(self, e) -> None:
         """`e`'s graph goes: what its replays handed out and is still held is invalidated."""
-        if e.hand is not None:
-            self.stale += e.hand.drop()
-            e.hand = None
+        hand, e.hand = e.hand, None
+        self._drop(hand)
+
+    def _drop(self, hand) -> None:
+        if hand is not None:
+            self.stale += hand.drop()
 
     def key(self, args):
         """The signature a graph is captured for, or None: this call runs without one. With
@@ -298,7 +317,6 @@ class GraphedInference:
         # KV cache, a step counter) are put back as they were, so this call writes them once.
         saved = [(a, a.clone()) for i, a in enumerate(args)
                  if i in self.written and isinstance(a, torch.Tensor)]
-        self._drop_hand(e)                   # a graph captured again: the old one goes
         call = BoundCall(self.run, call_args)
         try:
             graph, out = self.backend.capture(call, device)
