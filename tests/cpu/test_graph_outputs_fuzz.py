@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("fresh_compile", "no_graphed_calls")
 # 218, 225: an output fed to a call of a new signature that pushed its graph out (fixed); the
 # rest spread over evictions, feeds, views, recompiles and dynamic shapes
 SEEDS = [int(s) for s in os.environ.get("PYFUSER_GRAPH_OUTPUTS_FUZZ_SEEDS", "").split(",")
-         if s] or [218, 225, 0, 2, 3, 5, 6, 10, 11, 16, 18, 19, 24, 34, 36, 39]
+         if s] or [218, 225, 0, 2, 3, 5, 6, 10, 11, 16, 18, 19, 24, 34, 36, 39, *range(40, 60)]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
