@@ -1,7 +1,8 @@
 """Graphed training (frontend/fx/cuda_graphs_training.py) in the ways a training loop uses
 autograd, on the CPU with the stand-in graphs of fake_graphs.py, each equal to eager: gradients
 accumulated over micro-batches and clipped in place, `torch.autograd.grad` on an input that
-requires grad with the results kept, one layer applied twice in a step, tied weights used by
+requires grad with the results kept, a gradient's storage kept across steps, one layer applied
+twice in a step, tied weights used by
 two compiled functions, graphs dropped (MAX_GRAPHS) while their saved tensors are alive, and
 non-reentrant checkpointing that reruns the graphed forward inside the backward."""
 import copy
@@ -68,6 +69,26 @@ def test_autograd_grad_of_an_input_kept(fake_graphs):
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
     assert _replays()["forward"] >= 2
+
+
+def test_a_gradient_s_storage_kept_across_steps(fake_graphs):
+    """A caller that keeps only a gradient's storage (`p.grad.untyped_storage()`, no tensor on
+    it) holds the graph's memory: the next step runs without its graph rather than overwrite
+    it (the storage's use count does not show it; its Python object's reference count does)."""
+    m = _model()
+    c = _compiled(m)
+    kept = []
+    for _ in range(5):
+        m.zero_grad(set_to_none=True)
+        c(torch.randn(3, 4)).square().sum().backward()
+        w = m[0].weight.grad
+        kept.append((w.untyped_storage(), w.storage_offset(), w.shape, w.stride(), w.clone()))
+        del w
+    for st, off, shape, stride, value in kept:
+        t = torch.empty(0).set_(st, off, shape, stride)
+        assert torch.equal(t, value)          # no later step wrote it
+    (bw,) = [g for g in CG.graphed_calls() if g.compiled.kind == "backward"]
+    assert bw.busy >= 1
 
 
 def test_one_layer_twice_in_a_step(fake_graphs):

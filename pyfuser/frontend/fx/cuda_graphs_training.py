@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 
 import torch
 
@@ -138,10 +139,14 @@ class GraphedTraining(GraphedInference):
         return None
 
     def _use_counts(self, storages) -> tuple:
-        """Each storage's use count (use_count), in one C++ call where the runner is built."""
+        """Each storage's use count (use_count), in one C++ call where the runner is built,
+        and its Python object's reference count: a caller holding a held output's storage
+        (`grad.untyped_storage()`, which is this object) and no tensor on it holds the object,
+        not the storage (cuda_graph_outputs.py's check, the same)."""
         mod = self.native()
-        return mod.use_counts(storages) if mod is not None else \
-            tuple(use_count(st) for st in storages)
+        counts = mod.use_counts(storages) if mod is not None else \
+            [use_count(st) for st in storages]
+        return tuple(zip(counts, map(sys.getrefcount, storages)))
 
     def _results(self, e, args):
         n = self.user_outputs
