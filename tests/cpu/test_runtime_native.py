@@ -440,7 +440,7 @@ def test_graph_key_tells_apart_what_the_python_key_does(mod):
 def test_use_counts_and_hand_out(mod):
     """use_counts gives torch's own storage use counts (views and new tensors on a storage raise
     them); hand_out builds tensors on given storages with the given layout."""
-    from pyfuser.frontend.fx.cuda_graphs_training import use_count
+    from pyfuser.frontend.fx.cuda_graph_outputs import use_count
     a, b = torch.randn(12), torch.randn(3)
     sa, sb = a.untyped_storage(), b.untyped_storage()
     before = mod.use_counts([sa, sb])

@@ -47,7 +47,18 @@ def alias(storage):
 
 
 def use_count(storage) -> int:
+    """How many strong references the storage's memory has (tensors, views, storages)."""
     return torch._C._storage_Use_Count(storage._cdata)
+
+
+def holders(storages, native=None) -> tuple:
+    """Per storage, (its use count, its Python object's reference count): what changes when a
+    caller takes a tensor on it, or the storage itself (`out.untyped_storage()` is that object:
+    a storage has one Python object, and holding it moves no use count). The use counts in one
+    C++ call where the native runner (`native`) is built."""
+    counts = native.use_counts(storages) if native is not None else \
+        [use_count(st) for st in storages]
+    return tuple(zip(counts, map(sys.getrefcount, storages)))
 
 
 def stale_message(name: str) -> str:
@@ -92,15 +103,8 @@ class SharedOutputs:
         self.counts = self._use_counts()
 
     def _use_counts(self) -> tuple:
-        """Each alias's use count and its Python object's reference count: a caller holding
-        the storage of an output (`out.untyped_storage()`, which is this object: a storage has
-        one Python object) and no tensor on it holds a reference to the object, not to the
-        storage."""
-        if self.native is not None:
-            counts = self.native.use_counts(self.aliases)
-        else:
-            counts = [use_count(a) for a in self.aliases]
-        return tuple(zip(counts, map(sys.getrefcount, self.aliases)))
+        """Each alias's holders (`holders`)."""
+        return holders(self.aliases, self.native)
 
     def hand_out(self):
         """This replay's results: tensors on the aliases (one C++ call where the runner is
@@ -158,4 +162,5 @@ def drop_all(entries) -> None:
             e.hand = None
 
 
-__all__ = ["MODES", "SharedOutputs", "alias", "drop_all", "stale_message"]
+__all__ = ["MODES", "SharedOutputs", "alias", "drop_all", "holders", "stale_message",
+           "use_count"]

@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 
 import torch
 
 from ...runtime.graph_capture import fresh_copies
+from .cuda_graph_outputs import holders
 from .cuda_graphs import _SCALARS, GraphedInference
 
 log = logging.getLogger("pyfuser")
@@ -63,11 +63,6 @@ log = logging.getLogger("pyfuser")
 # (_SAME, k): output k again, (_INPUT, i): input i itself, (_VIEW, i): a view within input i,
 # (_HELD, (storage, dtype, sizes, strides, offset)): a new tensor on a held storage
 _VALUE, _EMPTY, _HELD, _SAME, _INPUT, _VIEW = "value", "empty", "held", "same", "input", "view"
-
-
-def use_count(storage) -> int:
-    """How many strong references the storage's memory has (tensors, views, storages)."""
-    return torch._C._storage_Use_Count(storage._cdata)
 
 
 class GraphedTraining(GraphedInference):
@@ -139,14 +134,9 @@ class GraphedTraining(GraphedInference):
         return None
 
     def _use_counts(self, storages) -> tuple:
-        """Each storage's use count (use_count), in one C++ call where the runner is built,
-        and its Python object's reference count: a caller holding a held output's storage
-        (`grad.untyped_storage()`, which is this object) and no tensor on it holds the object,
-        not the storage (cuda_graph_outputs.py's check, the same)."""
-        mod = self.native()
-        counts = mod.use_counts(storages) if mod is not None else \
-            [use_count(st) for st in storages]
-        return tuple(zip(counts, map(sys.getrefcount, storages)))
+        """Each held storage's holders (cuda_graph_outputs.holders: a caller holding only its
+        storage object, `grad.untyped_storage()`, counts too)."""
+        return holders(storages, self.native())
 
     def _results(self, e, args):
         n = self.user_outputs
@@ -282,4 +272,4 @@ def backward_keyed_inputs(gm) -> tuple:
 
 
 __all__ = ["GraphedTraining", "attention_seed_inputs", "backward_keyed_inputs", "seeds_for_this_run",
-           "use_count", "user_output_count"]
+           "user_output_count"]
