@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS, index_source
+from ..schedule.pointwise_graph import INDEX_KINDS
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 from .pointwise_index import KeyIndexing
@@ -49,6 +49,14 @@ def kernel_name(fusion) -> str:
     if not names:
         names = ["copy"]
     return "pf_" + "_".join(names[:4]) + ("_etc" if len(names) > 4 else "") + "_kernel"
+
+
+def _resolved(node):
+    """The node whose value an index node has: through "alias" nodes (metadata, and lookups,
+    whose value is their table's load)."""
+    while node.kind == "alias":
+        node = node.args[0]
+    return node
 
 
 def _gathered_affine(a) -> bool:
@@ -216,29 +224,43 @@ class Lowering(KeyIndexing, Emitter):
 
     # ---- loads and stores -----------------------------------------------------------------
     def gather_index(self, a, inode, j) -> list:
-        """The Let of the index value a gathered access reads (from the index's registers,
-        loaded before it in the same step), checked (Emitter.checked_index); records the
-        index's Let for key_index and offset."""
-        src = index_source(inode)
-        dt = src.tv.dtype
-        if src.kind == "load":
-            arr, ia = self.arrays[id(src)]
-            ref = K.ArrayRef(arr, (() if ia.row_invariant else (K.Var("u"),)) + (self.const(0),))
-            value = K.Convert("load", ref, dt, dt)
-        else:                          # an iota (plus a scalar): from the element's index here
-            value = self.index_value(src)
+        """The Lets of the index value a gathered access reads (computed from the element's
+        index and from the registers of loads issued before it in the same step: its chain,
+        pointwise_graph.index_leaves), the last one checked (Emitter.checked_index); records
+        the index's value for key_index and offset."""
         name = f"{self.arrays[id(a.node)][0]}_ix{j}"
+        pre: list = []
+        value = self.index_chain(inode, f"{name}_", pre, {})
+        dt = _resolved(inode).tv.dtype
         raw = K.Var(name)
         idx_dt = DataType.Int if self.it == "int64_t" else DataType.Int32
         self.ix_vars[id(inode)] = K.Convert("cast", raw, dt, idx_dt) if dt is not idx_dt else raw
-        return [K.Let(name, K.REGISTER_CTYPE[dt], self.checked_index(a, j, value))]
+        return pre + [K.Let(name, K.REGISTER_CTYPE[dt], self.checked_index(a, j, value))]
 
-    def index_value(self, node):
-        """The value of an index computed from the element's index: an iota, or a scalar added
-        to or subtracted from one (pointwise_graph.iota_shift), through metadata."""
-        while node.kind == "alias":
-            node = node.args[0]
-        return self.node_expr(node, None if node.kind == "iota" else self.index_value)
+    def index_chain(self, node, prefix: str, pre: list, memo: dict):
+        """The value of index chain node `node` (pointwise_graph.index_leaves): a load's from
+        its registers (lane 0: an index varying along the vectors makes the kernel scalar,
+        pointwise_gather.gather_ok), an iota's from the element's index, an op's, cast's or
+        fill's from its arguments' (each computed op a Let of its own in `pre`, once)."""
+        node = _resolved(node)
+        hit = memo.get(id(node))
+        if hit is not None:
+            return hit
+        dt = node.tv.dtype
+        if node.kind == "load":
+            arr, ia = self.arrays[id(node)]
+            ref = K.ArrayRef(arr, (() if ia.row_invariant else (K.Var("u"),)) + (self.const(0),))
+            value = K.Convert("load", ref, dt, dt)
+        elif node.kind == "iota":
+            value = self.node_expr(node, None)
+        else:
+            value = self.node_expr(node, lambda x: self.index_chain(x, prefix, pre, memo))
+            if node.kind != "full":
+                var = f"{prefix}{len(pre)}"
+                pre.append(K.Let(var, K.REGISTER_CTYPE[dt], value))
+                value = K.Var(var)
+        memo[id(node)] = value
+        return value
 
     def load_stmt(self, a, arr, gvars, u) -> list:
         """The statements loading access `a` into `arr` at unroll step u (a gathered access:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_resize as RS
-from ..schedule.pointwise_graph import index_source
 from . import kernel_ir as K
 from .reduction_memory import _c
 
@@ -87,23 +86,30 @@ class ReductionIndexing:
     def gather_index(self, a, inode, j, idx: dict):
         """The index a gathered access reads along its axis j at group indices `idx` (one
         value a row: reduction_graph refuses an index that changes along the reduced axes):
-        the index tensor's element (K.Elem) or the iota's value, checked
-        (Emitter.checked_index), in the index type."""
-        src = index_source(inode)
-        dt = src.tv.dtype
-        if src.kind == "load":
-            ia = next(x for x in self.loads if x.node is src)
-            value = K.Elem(self.ptr(ia), self.offset(ia, idx))
-        else:                          # an iota (plus a scalar): from the row's indices
+        computed through its chain (pointwise_graph.index_leaves) from the index tensors'
+        elements (K.Elem) and the iotas' values, checked (Emitter.checked_index), in the index
+        type."""
+        memo: dict = {}
 
-            def computed(node):
-                while node.kind == "alias":
-                    node = node.args[0]
-                if node.kind == "iota":
-                    return self.iota_expr(node, (idx, _c(0)))
-                return self.node_expr(node, computed)
-            value = computed(src)
-        value = self.checked_index(a, j, value)
+        def computed(node):
+            while node.kind == "alias":
+                node = node.args[0]
+            hit = memo.get(id(node))
+            if hit is None:
+                if node.kind == "load":
+                    ia = next(x for x in self.loads if x.node is node)
+                    hit = K.Elem(self.ptr(ia), self.offset(ia, idx))
+                elif node.kind == "iota":
+                    hit = self.iota_expr(node, (idx, _c(0)))
+                else:
+                    hit = self.node_expr(node, computed)
+                memo[id(node)] = hit
+            return hit
+        src = inode
+        while src.kind == "alias":
+            src = src.args[0]
+        dt = src.tv.dtype
+        value = self.checked_index(a, j, computed(inode))
         return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
 
     def _prod(self, gis):

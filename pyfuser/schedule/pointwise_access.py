@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..ir.tensor import TensorView
 from . import layout as L
 from .pointwise_gather import gather_ok
-from .pointwise_graph import gathered, index_source, is_affine, shift_affine
+from .pointwise_graph import gathered, index_leaves, is_affine, shift_affine
 
 
 @dataclass
@@ -210,8 +210,9 @@ def vector_width(groups, ext, accesses, inner_proven: bool) -> int:
     outer_ks = [g[-1] for g in groups[:-1]]
     if any(a.gathered and not gather_ok(a, inner_k) for a in accesses):
         return 1
-    # a gathered access's index is one element a vector (gather_ok): its width does not count
-    indices = {id(index_source(a.gather[1])) for a in accesses if a.gathered}
+    # a gathered access's index is one element a vector (gather_ok): the widths of the loads it
+    # is computed from do not count
+    indices = {id(n) for a in accesses if a.gathered for n in index_leaves(a.gather[1])}
     vec = 16 // max(a.itemsize for a in accesses if id(a.node) not in indices)
     while vec > 1:
         ok = ext[-1] % vec == 0

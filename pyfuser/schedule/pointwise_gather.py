@@ -12,30 +12,52 @@ codegen/.
 from __future__ import annotations
 
 from ..ir import exprs as E
-from .pointwise_graph import GATHER_EXPRS, METADATA_EXPRS, index_axes_of, iota_shift_expr
+from ..ir.tensor import TensorView
+from .pointwise_graph import GATHER_EXPRS, METADATA_EXPRS, index_axes_of
+
+# what an index may be computed through inside a kernel (pointwise_graph.index_leaves)
+_CHAIN_EXPRS = METADATA_EXPRS + (E.ElementwiseOp, E.CastOp, E.SetOp, E.FullOp)
 
 
 def gather_unsupported(e) -> str:
     """Why an index_select / embedding / gather cannot be read in this kernel ("" when it
-    can): its input is loaded from memory (a fusion input), its index is an input, an iota
-    (positions computed from the element's index) or a scalar added to or subtracted from one
-    (GPT-2's positions, `arange(seq) + past`), or itself such a lookup (read before the ops
-    run), through views, and the gathered axis is not a broadcast (the index must be checked
-    against its size)."""
+    can): its input is loaded from memory (a fusion input), its index is computed from
+    inputs, iotas (positions computed from the element's index) and such lookups (read before
+    the ops run) through metadata, elementwise ops, casts and fills (`index_computable`:
+    GPT-2's positions `arange(seq) + past`, a pooling window's flat position), and the
+    gathered axis is not a broadcast (the index must be checked against its size)."""
     x, index = e.inputs[0], e.inputs[1]
     if x.ndim == 0:
         return f"{e.op_name}: the input {x.name} has no axis to gather"
-    while index.definition is not None and isinstance(index.definition, METADATA_EXPRS):
-        index = index.definition.inputs[0]
-    d = index.definition
-    if x.definition is not None or not (d is None or isinstance(d, E.IotaOp) or
-                                        iota_shift_expr(d) or (
-            isinstance(d, GATHER_EXPRS) and not gather_unsupported(d))):
-        return (f"{e.op_name}: its input must be a fusion input and its index an input, an "
-                f"iota or a lookup of those (read before the ops run)")
+    if x.definition is not None or not index_computable(index):
+        return (f"{e.op_name}: its input must be a fusion input and its index computed from "
+                f"inputs, iotas or lookups of those (read before the ops run)")
     if x.logical[e.dim].is_broadcast:
         return f"{e.op_name}: the gathered axis {e.dim} of {x.name} is a size-1 broadcast axis"
     return ""
+
+
+def index_computable(index) -> bool:
+    """Whether index tensor `index` is a fusion input, an iota, a lookup the kernel can read,
+    or computed from those through metadata, elementwise ops, casts and fills (the Fusion-level
+    form of pointwise_graph.index_leaves; the chain is a DAG, each tensor looked at once)."""
+    seen, stack = set(), [index]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        d = t.definition
+        if d is None or isinstance(d, E.IotaOp):
+            continue
+        if isinstance(d, GATHER_EXPRS):
+            if gather_unsupported(d):
+                return False
+            continue
+        if not isinstance(d, _CHAIN_EXPRS):
+            return False
+        stack.extend(v for v in d.inputs if isinstance(v, TensorView))
+    return True
 
 
 def gather_ok(a, inner_k) -> bool:

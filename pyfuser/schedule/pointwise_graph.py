@@ -8,8 +8,9 @@ is needed from gets an *index key*: one entry per logical axis of that tensor, e
   ("vd", view, key, j) axis j of a view's input at the view output's index `key` (a row-major
                       re-linearisation; evaluated with div/mod at run time),
   ("ix", node)         the value of graph Node `node` (an integer index tensor read at the
-                      consumer's index: an input's load or an iota, through metadata; see
-                      index_source): an index_select / embedding operand's gathered axis
+                      consumer's index: an input's load or an iota, through metadata, or a
+                      value computed from those; see index_leaves): an index_select /
+                      embedding / gather operand's gathered axis
                       (pointwise_access.Access.gather; an index outside the axis stops the kernel),
   ("sh", c, off, minus, hi)  entry c plus the constant `off` (a slice's start, minus a pad's
                       leading size) minus the sizes of the axes (IterDomains) in `minus` (the
@@ -92,54 +93,39 @@ def key_axes(c) -> set:
     return set().union(*(key_axes(x) for x in c[2]))    # "vd": the view output's key
 
 
-def index_source(node):
-    """The node an index's value comes from: through "alias" nodes (metadata, and lookups,
-    whose value is their table's load), a "load" of an input (or of a table at another
-    index: a lookup's index may itself be looked up, BERT's token types), an "iota"
-    (positions computed from the element's index) or an "op" adding a scalar to such an iota
-    or subtracting one (`iota_shift`: GPT-2's positions, `arange(seq) + past`, computed from
-    the element's index too); None for anything else (a value computed by ops, which the
-    kernel has only after its loads)."""
-    while node.kind == "alias":
-        node = node.args[0]
-    return node if node.kind in ("load", "iota") or iota_shift(node) else None
+# node kinds an index's value may be computed through (index_leaves)
+INDEX_CHAIN_KINDS = ("alias", "op", "cast", "set", "full")
 
 
-SHIFT_OPS = ("add", "sub")
-
-
-def iota_shift(node) -> bool:
-    """Whether `node` is an "op" node adding a scalar to, or subtracting one from, an iota (or
-    such a node), through metadata: a value the kernel computes from the element's index."""
-    if node.kind != "op" or getattr(node.expr.info, "name", None) not in SHIFT_OPS:
-        return False
-    tensors = [a for a in node.args if isinstance(a, Node)]
-    if len(tensors) != 1 or len(node.args) != 2:
-        return False
-    src = tensors[0]
-    while src.kind == "alias":
-        src = src.args[0]
-    return src.kind == "iota" or iota_shift(src)
-
-
-def iota_shift_expr(e) -> bool:
-    """The Fusion-level form of iota_shift: expr e adds a scalar to (subtracts one from) a
-    tensor that is, through metadata, an iota or such a sum."""
-    if not isinstance(e, E.ElementwiseOp) or getattr(e.info, "name", None) not in SHIFT_OPS:
-        return False
-    tensors = [v for v in e.inputs if isinstance(v, TensorView)]
-    if len(tensors) != 1 or len(e.inputs) != 2:
-        return False
-    d = tensors[0].definition
-    while d is not None and isinstance(d, METADATA_EXPRS):
-        d = d.inputs[0].definition
-    return isinstance(d, E.IotaOp) or iota_shift_expr(d)
+def index_leaves(node):
+    """The nodes an index's value is computed from: the "load"s (an input's, or a table's at
+    another index: a lookup's index may itself be looked up, BERT's token types) and "iota"s
+    (positions computed from the element's index) it reaches through "alias" nodes (metadata,
+    and lookups, whose value is their table's load) and "op" / "cast" / "set" / "full" nodes
+    (a value computed from those: GPT-2's positions `arange(seq) + past`, a pooling window's
+    flat position `where(in_bounds, h * W + w, 0)`); None when the chain holds any other node
+    (random numbers, pads, cats), which a kernel cannot compute before its loads. Every node
+    of the chain is a function of the element's index and of values loaded before the
+    gathered load (the graph visits an index before the input it indexes)."""
+    leaves, seen, stack = [], set(), [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.kind in ("load", "iota"):
+            leaves.append(n)
+        elif n.kind in INDEX_CHAIN_KINDS:
+            stack.extend(a for a in n.args if isinstance(a, Node))
+        else:
+            return None
+    return leaves
 
 
 def index_axes_of(inode) -> set:
-    """The reference axes the value of index node `inode` changes along: those its source's key
-    reads (index_source: the input's load, the iota, the looked-up table's load)."""
-    return set().union(*(key_axes(c) for c in index_source(inode).key))
+    """The reference axes the value of index node `inode` changes along: those its leaves' keys
+    read (index_leaves: the inputs' loads, the iotas, the looked-up tables' loads)."""
+    return set().union(*(key_axes(c) for n in index_leaves(inode) for c in n.key))
 
 
 def gathered(key):

@@ -88,6 +88,31 @@ def test_gradient_is_eager_s(cfg):
     assert_ran_as_sm90_kernels(_regions())
 
 
+def test_forward_and_backward_are_one_kernel_each():
+    """The windows' flat positions are computed inside the gathering kernel (a gather's index
+    computed from iotas: pointwise_graph.index_leaves), not written to memory as int64 tensors
+    by a kernel of their own: the forward (values and indices) and the backward each run as
+    one kernel."""
+    from pyfuser.runtime import dispatch
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 11, 10, generator=gen)
+    gy = torch.randn(2, 3, 6, 5, generator=gen)
+
+    def f(x):
+        return F.max_pool2d(x, 3, 2, 1)
+    xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = pyfuser.compile(f)(xs), f(xe)
+    assert torch.equal(got, want)
+    got.backward(gy)
+    want.backward(gy)
+    torch.testing.assert_close(xs.grad, xe.grad, rtol=0, atol=0)
+    pools = [r for r in _regions() if any("max_pool2d" in op for op in r.ops)]
+    assert len(pools) == 2, [r.ops for r in _regions()]
+    for r in pools:
+        report = dispatch.last_report(r.fusion)
+        assert report.kernels == 1 and report.eager_segments == 0, (r.ops, report)
+
+
 def test_resnet_stem_trains_as_close_to_float64_as_eager():
     """A ResNet stem (convolution, training batch norm, ReLU, 3 / 2 max pool): forward and
     every input's gradient through pyfuser as close to float64 as eager's."""

@@ -221,6 +221,70 @@ def test_gather_reads_inside_a_pointwise_kernel(dim, index_shape):
         dispatch.execute_fusion(f, [x, i], "interpret")
 
 
+@pytest.mark.parametrize("vectors", [True, False], ids=["same-along-row", "along-row"])
+def test_a_computed_index_is_computed_inside_the_kernel(vectors):
+    """An index computed from an input and an iota (i * 3 + 1 - position, kept in range by a
+    remainder) is computed in the gathering kernel from the index's registers and the
+    element's position, not written by a kernel of its own: one kernel, eager's values, and
+    a computed index outside the axis still stops the kernel."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1, -1] if not vectors else [-1, 1], DataType.Int)
+        n = x.logical[1 if not vectors else 0].extent
+        pos = B.iota(i.logical[0].extent, 0, 1, DataType.Int)
+        pos = B.broadcast(pos, [False, True])
+        at = ew("remainder", ew("sub", ew("add", ew("mul", i, 3), 1), pos), n)
+        if vectors:      # rows of x picked per row of the output: the same index along a row
+            return [ew("exp", B.index_select(x, B.reshape(at, [i.logical[0].extent]), 0))]
+        return [ew("exp", B.gather(x, at, 1))]
+    f = _fusion(build)
+    x = torch.randn(6, 40)
+    i = torch.randint(-50, 50, (6, 1) if vectors else (6, 25))
+    at = (i * 3 + 1 - torch.arange(6)[:, None]) % (6 if vectors else 40)
+    want = (x.index_select(0, at.view(-1)) if vectors else torch.gather(x, 1, at)).exp()
+    plan = api.plan_kernel(f, [x, i])
+    assert plan.scheduler == "pointwise"
+    assert plan.params.vec == (4 if vectors else 1), plan.params.vec
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    report = dispatch.last_report(f)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+
+
+def test_a_computed_index_out_of_range_stops_the_kernel():
+    """x[:, 2 * i]: the doubled index is checked against the axis in the kernel."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1, -1], DataType.Int)
+        return [B.gather(x, ew("mul", i, 2), 1)]
+    f = _fusion(build)
+    x, i = torch.randn(3, 10), torch.randint(0, 5, (3, 4))
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    torch.testing.assert_close(out, torch.gather(x, 1, i * 2), rtol=0, atol=0)
+    i[1, 2] = 5
+    with pytest.raises(IndexError, match="index out of range"):
+        dispatch.execute_fusion(f, [x, i], "interpret")
+
+
+def test_rows_at_a_computed_index_are_summed_in_the_reduction_kernel():
+    """A row sum of rows looked up at a computed index (ids * 2 + 1): the reduction kernel
+    computes the row's index from the index tensor's element, one kernel."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        return [B.reduction("sum", B.index_select(x, ew("add", ew("mul", i, 2), 1), 0), [1])]
+    f = _fusion(build)
+    x, i = torch.randn(9, 70), torch.tensor([0, 3, 1, 1, 2])
+    plan = api.plan_kernel(f, [x, i])
+    assert plan.scheduler == "reduction", plan.scheduler
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    torch.testing.assert_close(out, x[i * 2 + 1].sum(1))
+    report = dispatch.last_report(f)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+
+
 class _BertEmbeddings(torch.nn.Module):
     """HF BERT's embeddings as its code writes them (transformers' modeling_bert): the token
     types gathered from a buffer at the positions, then three lookups, their sum and a layer
