@@ -166,7 +166,9 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     for g, members in groups.members.items():
         verdict[g] = _offer(fusion, groups, members, orders)
     changed, reshapes = True, False
-    refused: set = set()                  # unions no scheduler took (ids of their exprs)
+    # unions no scheduler took (the ids of their exprs) -> why: the verdict of a union depends on
+    # its exprs alone, so one refused is not offered again
+    refused: dict = {}
     while changed or not reshapes:
         if not changed:                   # compute groups are joined: now the reshapes too
             reshapes = True
@@ -191,10 +193,14 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                 continue
             union = groups.sorted_exprs(groups.members[a] + groups.members[b])
             if kernel_a or kernel_b:      # a kernel takes what it can: the union must schedule
+                key = frozenset(id(e) for e in union)
+                if key in refused:        # offered before (another tensor between the same
+                    apart[(a, b)] = refused[key]     # groups, or an earlier pass): refused
+                    continue
                 result = _offer(fusion, groups, union, orders)
                 if result[0] is None:
-                    apart[(a, b)] = "no scheduler takes them together: " + result[1]
-                    refused.add(frozenset(id(e) for e in union))
+                    apart[(a, b)] = refused[key] = "no scheduler takes them together: " + \
+                        result[1]
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
@@ -323,7 +329,7 @@ def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
                 _join(groups, verdict, chosen[0], h, result)
 
 
-def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: set) -> None:
+def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: dict) -> None:
     """Join two kernel groups, one reading what the other writes, that the first pass kept
     apart, now that copies of values have changed what they read: a cycle through a third
     group that has since computed the value itself is gone (a cross-entropy's count of the
@@ -349,7 +355,7 @@ def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: set) ->
             continue
         result = _offer(fusion, groups, exprs, orders, copies)
         if result[0] is None:
-            refused.add(frozenset(id(e) for e in exprs))
+            refused[frozenset(id(e) for e in exprs)] = result[1]
             continue
         _join(groups, verdict, a, b, result)
 
