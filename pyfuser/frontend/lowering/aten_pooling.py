@@ -132,14 +132,18 @@ def _max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1,
     oh, ow = _coords(pool.plane(pool.OH, pool.OW), pool.OW)
     plane = pool.flat(x)
     best = idx = seen = None
+    cols = []                                   # (w, w in range) of each window column
+    for j in range(kw):
+        w = ew("add", ew("mul", ow, sw), j * dw - pw)
+        cols.append((w, _in_range(w, pool.W)))
     for i in range(kh):
         h = ew("add", ew("mul", oh, sh), i * dh - ph)
-        for j in range(kw):
-            w = ew("add", ew("mul", ow, sw), j * dw - pw)
-            ok = ew("logical_and", _in_range(h, pool.H), _in_range(w, pool.W))
-            at = ew("where", ok, ew("add", ew("mul", h, pool.W), w), 0)
-            v = B.gather(plane, pool.spread(at), len(pool.lead))
-            okb, atb = pool.spread(ok), pool.spread(at)
+        h_ok, h_at = _in_range(h, pool.H), ew("mul", h, pool.W)
+        for w, w_ok in cols:
+            ok = ew("logical_and", h_ok, w_ok)
+            atb = pool.spread(ew("where", ok, ew("add", h_at, w), 0))
+            v = B.gather(plane, atb, len(pool.lead))
+            okb = pool.spread(ok)
             if best is None:                       # the window's first position
                 best = ew("where", okb, v, float("-inf"))
                 idx, seen = atb, okb
