@@ -53,8 +53,8 @@ def kernel_name(fusion) -> str:
 
 def _resolved(node):
     """The node whose value an index node has: through "alias" nodes (metadata, and lookups,
-    whose value is their table's load)."""
-    while node.kind == "alias":
+    whose value is their table's load) and "set" nodes (copies)."""
+    while node.kind in ("alias", "set"):
         node = node.args[0]
     return node
 

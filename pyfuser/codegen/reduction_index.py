@@ -92,7 +92,7 @@ class ReductionIndexing:
         memo: dict = {}
 
         def computed(node):
-            while node.kind == "alias":
+            while node.kind in ("alias", "set"):
                 node = node.args[0]
             hit = memo.get(id(node))
             if hit is None:
@@ -106,7 +106,7 @@ class ReductionIndexing:
                 memo[id(node)] = hit
             return hit
         src = inode
-        while src.kind == "alias":
+        while src.kind in ("alias", "set"):
             src = src.args[0]
         dt = src.tv.dtype
         value = self.checked_index(a, j, computed(inode))

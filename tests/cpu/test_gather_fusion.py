@@ -267,6 +267,24 @@ def test_a_computed_index_out_of_range_stops_the_kernel():
         dispatch.execute_fusion(f, [x, i], "interpret")
 
 
+@pytest.mark.parametrize("reduce", [False, True], ids=["pointwise", "reduction"])
+def test_a_copy_in_a_computed_index_is_its_value(reduce):
+    """Regression (fresh-clone CI, test_compile_scatter_views): a copy (set) of the index in
+    its chain, as an index_put's functionalized graph makes, is read through like a view."""
+    def build():
+        x = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        rows = B.index_select(x, ew("add", B.set_(i), 1), 0)
+        return [B.reduction("sum", rows, [1]) if reduce else ew("neg", rows)]
+    f = _fusion(build)
+    x, i = torch.randn(6, 40), torch.tensor([4, 0, 2])
+    (out,) = dispatch.execute_fusion(f, [x, i], "interpret")
+    want = x[i + 1].sum(1) if reduce else -x[i + 1]
+    torch.testing.assert_close(out, want)
+    report = dispatch.last_report(f)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+
+
 def test_rows_at_a_computed_index_are_summed_in_the_reduction_kernel():
     """A row sum of rows looked up at a computed index (ids * 2 + 1): the reduction kernel
     computes the row's index from the index tensor's element, one kernel."""
