@@ -84,6 +84,11 @@ class InnerOuterKernel(InnerKernel):
         return init + rows + self.block_partials() + self.arrive() + self.finish()
 
     # ---- the row passes: InnerKernel's step, plus the column sums' inputs -----------------------
+    def warp0_tail(self, q: int) -> bool:
+        """Every warp holds column partials it adds to the block's after the rows: the row's
+        results stay in every thread (InnerKernel.warp0_tail)."""
+        return False
+
     def pass_plan(self, q):
         """InnerKernel's plan of pass q; a column sum whose input this pass computes counts as
         one more thing the pass writes ((None, node): no store), so that a pass doing nothing

@@ -97,6 +97,18 @@ class InnerKernel(ClusterPush, ReductionLowering):
                         "row blocks" + (" (one per cluster)" if p.cluster > 1 else ""))]
         return body
 
+    def warp0_tail(self, q: int) -> bool:
+        """The last pass of a kernel whose outputs are all row values (a pure reduction: a
+        sum, var_mean, cross-entropy's row pass), with a team past a warp in one block: the
+        reads of the warps' partials after the block barrier, the row's results and its stores
+        run in warp 0 alone, whose thread 0 writes them; the other warps (7 of 8 in a row of
+        256 threads) skip the nw - 1 merges every thread did, each an online pair's two
+        exponentials or a Welford division. The same merges in the same order: the same bits."""
+        p = self.p
+        return (q == len(self.plans) - 1 and p.bdimx > WARP and p.cluster == 1 and
+                not self.inplace and not self.kept and
+                all(self.lvl[id(a.node)] == "row" for a in self.stores))
+
     def copies_for(self, var: str, rb_expr, row_lets) -> list:
         """The staged copies of row block `rb_expr` (when it exists), under names of their own
         (`var` for rb, `_<var>` after every name the row's lets and the copies define): issued

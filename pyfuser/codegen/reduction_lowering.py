@@ -341,14 +341,30 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
                 self.chunk(e, q, known, "u", self.p.unroll, True, it_body)
             out += self.wrap_streamed(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
                                              "vector steps of the reduced index"))
+        mark = len(out)
         partials, out = self.combine(reds, out)
+        tail = out
+        syncs = [i for i in range(mark, len(out)) if isinstance(out[i], K.Sync)]
+        if syncs and self.warp0_tail(q):
+            tail = out[syncs[-1] + 1:]
+            del out[syncs[-1] + 1:]
         known = dict(known)
         for nid, (name, first) in self.kept.items():      # kept values: read in later passes
             if first == q:
                 known[nid] = _lane_dependent(K.ArrayRef(name, (K.Var("s"), K.Var("v"))))
         for e in reds:
-            known.update(self.bind_results(e, partials[id(e)], out))
-        return self.row_values(q + 1, known, out)
+            known.update(self.bind_results(e, partials[id(e)], tail))
+        known = self.row_values(q + 1, known, tail)
+        if tail is not out:
+            out.append(K.If(K.Bin("<", K.Special("threadIdx.x"), _c(32)), tail))
+        return known
+
+    def warp0_tail(self, q: int) -> bool:
+        """Whether what follows pass q's last block barrier (the reads of the warps' partials
+        in shared memory, the row's results, its row-level values and stores) runs in the
+        row's first warp only: the inner kernel's last pass when every output is a row value
+        (written by threadIdx.x 0). None here."""
+        return False
 
     def bind_results(self, e, partial, out) -> dict:
         return self.result_exprs(e, partial)
