@@ -222,6 +222,28 @@ def test_broadcast_values_keep_the_aten_call():
     assert any("broadcast" in r for r in graph.unsupported.values()), graph.unsupported
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_half_precision_index_put_adds_in_float32_and_rounds_once(dtype):
+    """Regression (index fuzz seed 2055): x.index_put(idx, v, accumulate=True) of a
+    half-precision table with repeated indices is x + the values, summed in float32 and
+    rounded once (eager's CUDA kernel); the values' sum rounded before the add was up to 4
+    ulps off where x and the sum nearly cancel."""
+    def f(t, v, i0, i1):
+        return (-t.expand(1, 1)).index_put((i0, i1), v, accumulate=True) + 1
+    gen = torch.Generator().manual_seed(2055)
+    i = torch.zeros(3, dtype=torch.int32)
+    g = pyfuser.compile(f)
+    for _ in range(20):
+        t, v = torch.randn(1, 1, generator=gen).to(dtype), torch.randn(3, generator=gen).to(dtype)
+        acc = -t.float()
+        for x in v.float():                  # the values in index order, in float32
+            acc = acc + x
+        want = (acc.to(dtype).float() + 1).to(dtype)
+        got = g(t, v, i, i)
+        assert got.dtype == dtype and torch.equal(got, want), (t, v, got, want)
+    assert INDEX_PUT in _fused(compiled_graphs())
+
+
 @pytest.mark.parametrize("rows,bad", [(3, [0, 3]), (3, [0, -4]), (13, [2, 13])])
 def test_an_accumulating_index_put_out_of_range_raises_as_eager(rows, bad):
     """Small tables too (embedding's small-table sum would drop an index outside the table;

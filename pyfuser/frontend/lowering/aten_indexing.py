@@ -25,7 +25,8 @@ stays outside [0, n) is the lookup's error); for k > 1, of x viewed with its k l
 as one (the view's -1 where they are symbolic) at `sum(wrapped i_j * stride_j)`, or at -1 (the
 lookup's error) where any index is outside its own axis: eager raises there, and a flat row of
 another axis' overflow would exist. `aten::index_put(x, indices, values, accumulate=True)`
-(that indexing's gradient) is `x + embedding_backward(values, flat, rows)` (the scatter
+(that indexing's gradient) is `x + embedding_backward(values, flat, rows)` (half / bfloat16
+in float32, rounded once, as eager's CUDA kernel; the scatter
 kernel, small tables too: it traps on an index outside the table; a table of no rows stays
 eager's, which raises for any index) where the flattened table has at most one more axis and
 a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to
@@ -175,6 +176,12 @@ def _index_put(x, indices, values, accumulate=False):
     if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
+    # half / bfloat16: the values summed and added to x in float32, rounded once, as eager's
+    # CUDA kernel does (its CPU kernel rounds after each add); a sum rounded to the values'
+    # dtype before the add was several ulps off where x and the sum nearly cancel
+    acc = x.dtype.compute
+    if acc is not x.dtype:
+        values = B.cast(values, acc)
     # the scatter kernel, even for small tables: it traps on an index outside the table
     # (embedding's small-table sum would drop it, trusting a forward lookup index_put lacks)
     if table.ndim == 1:                  # a vector: rows of one element
@@ -183,7 +190,8 @@ def _index_put(x, indices, values, accumulate=False):
         rows = B.embedding_backward(values, flat, n)
     if table is not x:
         rows = B.reshape(rows, sizes_of(x))
-    return ew("add", x, rows)
+    out = ew("add", x, rows)
+    return B.cast(out, x.dtype) if out.dtype is not x.dtype else out
 
 
 def _same(a, b) -> bool:
