@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.dtypes import DataType
-from ..schedule.pointwise_graph import INDEX_KINDS
+from ..schedule.pointwise_graph import INDEX_KINDS, index_value_node
 from . import kernel_ir as K
 from .emitter import Emitter, op_compute_dtype  # noqa: F401  (op_compute_dtype: re-exported)
 from .pointwise_index import KeyIndexing
@@ -49,14 +49,6 @@ def kernel_name(fusion) -> str:
     if not names:
         names = ["copy"]
     return "pf_" + "_".join(names[:4]) + ("_etc" if len(names) > 4 else "") + "_kernel"
-
-
-def _resolved(node):
-    """The node whose value an index node has: through "alias" nodes (metadata, and lookups,
-    whose value is their table's load) and "set" nodes (copies)."""
-    while node.kind in ("alias", "set"):
-        node = node.args[0]
-    return node
 
 
 def _gathered_affine(a) -> bool:
@@ -231,7 +223,7 @@ class Lowering(KeyIndexing, Emitter):
         name = f"{self.arrays[id(a.node)][0]}_ix{j}"
         pre: list = []
         value = self.index_chain(inode, f"{name}_", pre, {})
-        dt = _resolved(inode).tv.dtype
+        dt = index_value_node(inode).tv.dtype
         raw = K.Var(name)
         idx_dt = DataType.Int if self.it == "int64_t" else DataType.Int32
         self.ix_vars[id(inode)] = K.Convert("cast", raw, dt, idx_dt) if dt is not idx_dt else raw
@@ -242,7 +234,7 @@ class Lowering(KeyIndexing, Emitter):
         its registers (lane 0: an index varying along the vectors makes the kernel scalar,
         pointwise_gather.gather_ok), an iota's from the element's index, an op's, cast's or
         fill's from its arguments' (each computed op a Let of its own in `pre`, once)."""
-        node = _resolved(node)
+        node = index_value_node(node)
         hit = memo.get(id(node))
         if hit is not None:
             return hit

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from ..ir.dtypes import DataType
 from ..schedule import reduction_resize as RS
+from ..schedule.pointwise_graph import index_value_node
 from . import kernel_ir as K
 from .reduction_memory import _c
 
@@ -92,8 +93,7 @@ class ReductionIndexing:
         memo: dict = {}
 
         def computed(node):
-            while node.kind in ("alias", "set"):
-                node = node.args[0]
+            node = index_value_node(node)
             hit = memo.get(id(node))
             if hit is None:
                 if node.kind == "load":
@@ -105,10 +105,7 @@ class ReductionIndexing:
                     hit = self.node_expr(node, computed)
                 memo[id(node)] = hit
             return hit
-        src = inode
-        while src.kind in ("alias", "set"):
-            src = src.args[0]
-        dt = src.tv.dtype
+        dt = index_value_node(inode).tv.dtype
         value = self.checked_index(a, j, computed(inode))
         return value if dt is self.nidx_dtype else K.Convert("cast", value, dt, self.nidx_dtype)
 

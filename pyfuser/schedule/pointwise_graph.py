@@ -122,6 +122,14 @@ def index_leaves(node):
     return leaves
 
 
+def index_value_node(node):
+    """The node whose value index chain node `node` has: through "alias" nodes (metadata, and
+    lookups, whose value is their table's load) and "set" nodes (copies)."""
+    while node.kind in ("alias", "set"):
+        node = node.args[0]
+    return node
+
+
 def index_axes_of(inode) -> set:
     """The reference axes the value of index node `inode` changes along: those its leaves' keys
     read (index_leaves: the inputs' loads, the iotas, the looked-up tables' loads)."""
