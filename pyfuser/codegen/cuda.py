@@ -11,12 +11,26 @@ Invariant: the printer adds no arithmetic of its own: every operation printed is
 from __future__ import annotations
 
 import math
+import struct
 
 from ..ir.dtypes import DataType
 from ..ir.ops import kernel_op
 from . import kernel_ir as K
 from .kernel_shared import ALIGN, shared_layout
 from .prelude import PRELUDE
+
+
+def packed_bits(value: float, dtype: DataType) -> int:
+    """The 16 bits of `value` in half / bfloat16, which must hold it exactly."""
+    if dtype is DataType.Half:
+        bits = struct.unpack("<H", struct.pack("<e", value))[0]
+        back = struct.unpack("<e", struct.pack("<H", bits))[0]
+    else:
+        full = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = full >> 16
+        back = struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+    assert back == value or (math.isnan(back) and math.isnan(value)), (value, dtype)
+    return bits
 
 
 def c_const(value, ctype: str, dtype: DataType | None) -> str:
@@ -200,6 +214,10 @@ class Printer:
                 else:
                     self.lines.append(f"{pad}pf_ld<{s.width}>(&{self._dst(s.dst, s.dst_index)}[0], "
                                       f"{src});")
+            elif isinstance(s, K.PackedFill):
+                self.packed_fill(s, pad)
+            elif isinstance(s, K.PackedOp):
+                self.packed_op(s, pad)
             elif isinstance(s, K.Sync):
                 self.lines.append(f"{pad}__syncthreads();")
             elif isinstance(s, K.AtomicAdd):
@@ -229,6 +247,27 @@ class Printer:
             elif isinstance(s, K.Comment):
                 self.lines.append(f"{pad}// {s.text}")
         self.rounded = outer
+
+    def _packed_kind(self, name) -> str:
+        assert name in self.packed, f"{name} is not a packed array"
+        return "half" if self.packed[name] is DataType.Half else "bf16"
+
+    def packed_fill(self, s: K.PackedFill, pad: str) -> None:
+        (n,) = self.dims[s.dst]
+        half = packed_bits(s.value, self.packed[s.dst])
+        word = f"0x{half << 16 | half:08x}u"
+        for w in range(n // 2):
+            self.lines.append(f"{pad}{s.dst}[{w}] = {word};")
+
+    def packed_op(self, s: K.PackedOp, pad: str) -> None:
+        assert s.op in K.PACKED_OPS, s
+        kind = self._packed_kind(s.dst)
+        assert self.packed[s.src] is self.packed[s.dst], s
+        (n,) = self.dims[s.dst]
+        assert self.dims[s.src][-1] == n and len(s.src_index) == len(self.dims[s.src]) - 1, s
+        src = self._dst(s.src, s.src_index)
+        for w in range(n // 2):
+            self.lines.append(f"{pad}{s.dst}[{w}] = pf_{s.op}_x2_{kind}({s.dst}[{w}], {src}[{w}]);")
 
     def loop(self, s: K.Loop, ind: int) -> None:
         pad = "  " * ind

@@ -219,6 +219,12 @@ class Interpreter(SharedMemory, Mbarriers, WarpOps):
                 self.async_wait(sc)
             elif isinstance(s, K.VecCopy):
                 self.vec_copy(s, sc)
+            elif isinstance(s, K.PackedFill):
+                arr, key, element = self._local_ref(s.dst, (), sc)
+                assert not element, "a packed fill writes a row"
+                arr[key] = s.value
+            elif isinstance(s, K.PackedOp):
+                self.packed_op(s, sc)
             elif isinstance(s, K.AtomicAdd):
                 self.atomic_add(s, sc)
             elif isinstance(s, K.WaitCount):
@@ -294,6 +300,16 @@ class Interpreter(SharedMemory, Mbarriers, WarpOps):
         arr, key, element = self._local_ref(s.dst, s.dst_index, sc)
         assert not element, "a vector copy writes a row"
         arr[(*key, slice(0, s.width))] = vals
+
+    def packed_op(self, s: K.PackedOp, sc: _Scope) -> None:
+        """dst[l] = op(dst[l], src[src_index][l]) on the 2-byte values as stored (NaN wins, as
+        torch.maximum / minimum); exact, so the same as the op on the unpacked floats."""
+        assert s.op in K.PACKED_OPS, s
+        arr, key, element = self._local_ref(s.dst, (), sc)
+        src, skey, _ = self._local_ref(s.src, s.src_index, sc)
+        assert not element and arr.dtype == src.dtype and arr.dtype.itemsize == 2, s
+        fn = torch.maximum if s.op == "maximum" else torch.minimum
+        arr[key] = fn(arr[key], src[skey])
 
     # ---- array access -------------------------------------------------------------------------
     def assign(self, s: K.Assign, sc: _Scope) -> None:

@@ -57,6 +57,13 @@ Statements:
                            dst_index, as one vector access (a staged row read back: `ld.shared.v4`);
                            a packed dst takes the 2-byte elements as 32-bit words (one register,
                            two elements, each unpacked with one instruction where it is read)
+  PackedFill(dst, value)   every element of packed local array dst (2-byte floats, dims (V,)) =
+                           `value` (a float the dtype holds exactly), a 32-bit word at a time
+  PackedOp(op, dst, src, src_index)   dst[l] = op(dst[l], src[src_index][l]) for every lane l of
+                           packed local arrays of one 2-byte float dtype (dst dims (V,), src's
+                           last dim V), two lanes a word in one instruction (`max.NaN.bf16x2`);
+                           op "maximum" / "minimum": NaN wins, as the float ops; exact (the result
+                           is one of the inputs), so it equals the float op on the unpacked values
   Sync()                   `__syncthreads()`: every thread of the block reaches it (block-uniform
                            control flow); orders shared-memory accesses before and after it
   AtomicAdd(dst, ptr, offset, value)   `dst = atomicAdd(ptr + offset, value)` on an integer
@@ -295,6 +302,23 @@ class VecCopy:
     src: str
     src_index: tuple
     width: int
+
+
+@dataclass
+class PackedFill:
+    dst: str
+    value: float
+
+
+PACKED_OPS = ("maximum", "minimum")
+
+
+@dataclass
+class PackedOp:
+    op: str
+    dst: str
+    src: str
+    src_index: tuple
 
 
 @dataclass

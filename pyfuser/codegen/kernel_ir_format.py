@@ -40,6 +40,11 @@ def format_kernel_ir(k: K.Kernel) -> str:
             elif isinstance(s, K.VecCopy):
                 lines.append(f"{pad}{s.dst}{list(map(fmt, s.dst_index))} = VEC{s.width} "
                              f"{s.src}{list(map(fmt, s.src_index))}")
+            elif isinstance(s, K.PackedFill):
+                lines.append(f"{pad}{s.dst}[:] = PACKED_FILL {s.value}")
+            elif isinstance(s, K.PackedOp):
+                lines.append(f"{pad}{s.dst}[:] = PACKED_{s.op.upper()} {s.dst}[:], "
+                             f"{s.src}{list(map(fmt, s.src_index))}[:]")
             elif isinstance(s, K.Sync):
                 lines.append(f"{pad}SYNC")
             elif isinstance(s, K.AtomicAdd):

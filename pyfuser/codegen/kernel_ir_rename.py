@@ -89,6 +89,11 @@ class Rename:
         if isinstance(st, K.VecCopy):
             return R(st, dst=self.name(st.dst), dst_index=self._t(st.dst_index),
                      src=self.name(st.src), src_index=self._t(st.src_index))
+        if isinstance(st, K.PackedFill):
+            return R(st, dst=self.name(st.dst))
+        if isinstance(st, K.PackedOp):
+            return R(st, dst=self.name(st.dst), src=self.name(st.src),
+                     src_index=self._t(st.src_index))
         if isinstance(st, K.AtomicAdd):
             return R(st, dst=self.name(st.dst), ptr=self.name(st.ptr), offset=self.e(st.offset),
                      value=self.e(st.value))

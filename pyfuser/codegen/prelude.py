@@ -296,6 +296,23 @@ PF_D float pf_minimum(float a, float b) { return a != a ? a : (b != b ? b : fmin
 #endif
 PF_D double pf_maximum(double a, double b) { return a != a ? a : (b != b ? b : fmax(a, b)); }
 PF_D double pf_minimum(double a, double b) { return a != a ? a : (b != b ? b : fmin(a, b)); }
+// the two 2-byte floats of 32-bit words (packed register arrays) at once, NaN winning: one
+// instruction from sm_80; before, the float ops on the unpacked halves (exact: the result is
+// one of the inputs, so packing it back loses nothing)
+#if __CUDA_ARCH__ >= 800
+PF_D uint32_t pf_maximum_x2_bf16(uint32_t a, uint32_t b) { uint32_t r; asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+PF_D uint32_t pf_minimum_x2_bf16(uint32_t a, uint32_t b) { uint32_t r; asm("min.NaN.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+PF_D uint32_t pf_maximum_x2_half(uint32_t a, uint32_t b) { uint32_t r; asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+PF_D uint32_t pf_minimum_x2_half(uint32_t a, uint32_t b) { uint32_t r; asm("min.NaN.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r; }
+#else
+PF_D uint32_t pf_pack_bf16(float lo, float hi) { return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u); }
+PF_D uint32_t pf_pack_half(float lo, float hi) {
+  return (uint32_t)pf_to_storage<pf_half>(lo).x | ((uint32_t)pf_to_storage<pf_half>(hi).x << 16); }
+#define PF_X2(OP, K) PF_D uint32_t pf_##OP##_x2_##K(uint32_t a, uint32_t b) { \
+  return pf_pack_##K(pf_##OP(pf_unpack_##K(a, 0), pf_unpack_##K(b, 0)), pf_##OP(pf_unpack_##K(a, 1), pf_unpack_##K(b, 1))); }
+PF_X2(maximum, bf16) PF_X2(minimum, bf16) PF_X2(maximum, half) PF_X2(minimum, half)
+#undef PF_X2
+#endif
 template <typename T> PF_D T pf_clamp_min(T a, T lo) { return pf_maximum(a, lo); }
 template <typename T> PF_D T pf_clamp_max(T a, T hi) { return pf_minimum(a, hi); }
 template <typename T> PF_D T pf_clamp(T a, T lo, T hi) {

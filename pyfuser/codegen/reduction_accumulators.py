@@ -13,7 +13,7 @@ from ..ir import exprs as E
 from ..ir.dtypes import DataType
 from ..schedule import reduction_graph as RG
 from . import kernel_ir as K
-from .reduction_combine import pair_sum_result, shift_exp
+from .reduction_combine import COMBINE_OP, pair_sum_result, shift_exp
 
 
 class Accumulators:
@@ -48,14 +48,42 @@ class Accumulators:
                     out.append(K.Alloc(name, dt, ()))
                     out.append(K.Assign(name, (), init))
 
-    def accumulate(self, e, val, vnode, out: list) -> None:
-        """acc[v] = combine(acc[v], val) for sum / prod / max / min (Welford goes by chunks)."""
+    def accumulate(self, e, val, vnode, out: list, words: list | None = None) -> None:
+        """acc[v] = combine(acc[v], val) for sum / prod / max / min (Welford goes by chunks).
+        A float max / min of a half / bfloat16 load read as it is, while `packing` collects
+        (one_pass): two lanes a word into the accumulator's packed twin, in `words` (after the
+        step's lanes loop); `fold_packed` merges the twin into acc after the step loop."""
         (name,) = self.acc_names(e)
         dt = self.comb.dtypes(e)[0]
+        op = COMBINE_OP.get(e.info.name) if isinstance(e, E.ReductionOp) else None
+        if words is not None and self.packing is not None and op in K.PACKED_OPS and \
+                dt is DataType.Float and self.lane_accs(e):
+            got = self.packed_lane(val, out, alone=False)
+            if got is not None:
+                arr, index, sdt = got
+                self.packing[id(e)] = (e, f"{name}_w", sdt)
+                words.append(K.PackedOp(op, f"{name}_w", arr, index))
+                return
         src = vnode.tv.dtype
         x = val if src.compute is dt else K.Convert("cast", val, src, dt)
         lane = (K.Var("v"),)
         out.append(K.Assign(name, lane, self.comb.combine(e, [K.ArrayRef(name, lane)], [x], out)[0]))
+
+    packing = None     # one_pass: {id(e): (e, packed twin, its dtype)} while building a pass
+
+    def packed_twins(self) -> tuple[list, list]:
+        """(the twins' allocations and fills, to follow init_accs; the folds of the twins into
+        their accumulators, after the step loop), of the reductions `packing` collected."""
+        init, fold = [], []
+        v = K.Var("v")
+        for e, twin, sdt in self.packing.values():
+            (name,) = self.acc_names(e)
+            (ident,) = self.comb.identity(e)
+            init += [K.Alloc(twin, sdt, (self.V,), packed=True), K.PackedFill(twin, ident.value)]
+            x = K.Convert("load", K.ArrayRef(twin, (v,)), sdt, sdt)
+            fold.append(K.Assign(name, (v,), self.comb.combine(e, [K.ArrayRef(name, (v,))], [x],
+                                                               fold)[0]))
+        return init, ([self.lanes(fold)] if fold else [])
 
     def result_exprs(self, e, partial: list) -> dict:
         """{id(reduce node): value in the node's dtype} from the final partial of e."""
@@ -102,6 +130,7 @@ class Accumulators:
         acc_m, acc_s = self.acc_names(e)
         tag = self.comb.fresh("o")
         cm, cs, mn = f"{tag}_max", f"{tag}_sum", f"{tag}_m"
+        cmw = f"{tag}_maxw"
         step = K.Var(step_var)
         pos = self.step_expr(step, streamed)
         ref = lambda name: K.ArrayRef(name, here)  # noqa: E731
@@ -110,9 +139,15 @@ class Accumulators:
             x = self.lane_values(nodes, known, step, lane, body, idx)[id(xnode)]
             return x if xnode.tv.dtype.compute is dt else K.Convert("cast", x, xnode.tv.dtype, dt)
 
+        packed: list = []     # an inner kernel's X read as it is loaded: (array, dtype)
+
         def add_max(idx):                                 # per lane: independent chains
             body: list = []
             x = value(body, idx, v)
+            src = None if per_lane or dt is not DataType.Float else self.packed_lane(x, body)
+            if src is not None:       # two lanes a word, in their 2-byte dtype (exact)
+                packed.append(src[2])
+                return [K.PackedOp("maximum", cmw, src[0], src[1])]
             body.append(K.Assign(cm, (v,), K.Op("maximum", (K.ArrayRef(cm, (v,)), x), dt)))
             return [self.lanes(body)]
 
@@ -125,15 +160,24 @@ class Accumulators:
             return [self.lanes(body)]
 
         ninf, zero = self.comb.identity(e)
-        out += [K.Alloc(cm, dt, (self.V,)), K.Alloc(mn, dt, dims), K.Alloc(cs, dt, (self.V,)),
-                self.lanes([K.Assign(cs, (v,), zero), K.Assign(cm, (v,), ninf)])]
-        out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_max)))
+        max_loop = self.unroll(step_var, nsteps, self.at_step(pos, add_max))
+        if packed:
+            sdt = packed[0]
+            out += [K.Alloc(cmw, sdt, (self.V,), packed=True), K.PackedFill(cmw, float("-inf"))]
+            lane_max = lambda lane: K.Convert("load", K.ArrayRef(cmw, (lane,)), sdt, sdt)  # noqa: E731
+        else:
+            out.append(K.Alloc(cm, dt, (self.V,)))
+            lane_max = lambda lane: K.ArrayRef(cm, (lane,))  # noqa: E731
+        out += [K.Alloc(mn, dt, dims), K.Alloc(cs, dt, (self.V,)),
+                self.lanes([K.Assign(cs, (v,), zero)] +
+                           ([] if packed else [K.Assign(cm, (v,), ninf)]))]
+        out.append(max_loop)
         if per_lane:
             out.append(self.lanes([K.Assign(mn, here, K.Op("maximum", (ref(acc_m), ref(cm)), dt))]))
         else:                                             # the lanes' maxima, in lane order
             top = K.ArrayRef(acc_m, ())
             for lane in range(self.V):
-                top = K.Op("maximum", (top, K.ArrayRef(cm, (self.const(lane),))), dt)
+                top = K.Op("maximum", (top, lane_max(self.const(lane))), dt)
             out.append(K.Assign(mn, (), top))
         if per_lane:
             out.append(self.unroll(step_var, nsteps, self.at_step(pos, add_exp)))

@@ -316,6 +316,8 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
         if not reds and not outs:
             return self.row_values(q + 1, known, out)
         self.init_accs(reds, out)
+        start = len(out)
+        self.packing = {}
         chunks = [e for e in reds if self.chunked(e)]
         steps_needed = len(chunks) < len(reds) or outs or any(
             first == q for _, first in self.kept.values())
@@ -341,6 +343,10 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
                 self.chunk(e, q, known, "u", self.p.unroll, True, it_body)
             out += self.wrap_streamed(K.Loop("it", _c(0), K.Var("niter"), _c(1), "serial", it_body,
                                              "vector steps of the reduced index"))
+        init, fold = self.packed_twins()
+        self.packing = None
+        out[start:start] = init
+        out += fold
         mark = len(out)
         partials, out = self.combine(reds, out)
         tail = out
@@ -385,9 +391,10 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
             hit = self.kept.get(id(n))
             if persistent and hit is not None and hit[1] == q:
                 lanes.append(K.Assign(hit[0], (step, K.Var("v")), vals[id(n)]))
+        words: list = []
         for e in reds:
             if not self.chunked(e):
-                self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes)
+                self.accumulate(e, vals[id(inputs[id(e)])], inputs[id(e)], lanes, words)
         self.step_extra(q, step, vals, lanes)
         after: list = []
         for a, node in outs:
@@ -397,7 +404,7 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
             inside, st = self.store_stmts(a, vals[id(node)], self.offset(a, idx), True)
             lanes += inside
             after += _guard(self.owner(a, idx), st)
-        return body + [self.lanes(lanes)] + after
+        return body + [self.lanes(lanes)] + words + after
 
     def step_extra(self, q, step, vals, lanes: list) -> None:
         """A subclass's own work in a step of pass q, on the step's values (`vals`), appended to

@@ -80,8 +80,45 @@ class ReductionMemory:
     def buffer(self, a, steps: int) -> K.Alloc:
         """The register buffer of load `a`: `steps` rows of V lanes; half / bfloat16 vectors
         are kept two to a register (half the registers of one element each)."""
-        packed = a.tv.dtype.itemsize == 2 and a.mode == "vector" and self.V % 2 == 0
-        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
+        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=self.packs(a, False))
+
+    def packs(self, a, staged: bool) -> bool:
+        """Whether load a's register buffer (`staged`: a staged vector's local copy) holds
+        its 2-byte elements two to a 32-bit word."""
+        return a.tv.dtype.itemsize == 2 and self.V % 2 == 0 and (staged or a.mode == "vector")
+
+    def staged_copy(self, a) -> str:
+        """The name of the local copy of a staged load's vector a step reads."""
+        return f"{self.buf(a)}_x"
+
+    def packed_lane(self, x, lets: list, alone: bool = True):
+        """(packed array, its index without the lane, its dtype) where value `x` (given the Lets
+        `lets` it was computed by) is lane v of a packed buffer read as it is: a load's conversion,
+        exact widening casts and copies only (`alone`: the Lets nothing else); else None."""
+        defs = {s.name: s.expr for s in lets if isinstance(s, K.Let)}
+        if alone and len(defs) != len(lets):
+            return None
+        used = set()
+        while True:
+            if isinstance(x, K.Var) and x.name in defs:
+                used.add(x.name)
+                x = defs[x.name]
+            elif isinstance(x, K.Convert) and x.kind == "cast" and x.src.itemsize == 2 and \
+                    x.src.is_floating and x.dst.itemsize >= 4 and x.dst.is_floating:
+                x = x.arg
+            else:
+                break
+        if (alone and used != set(defs)) or not (isinstance(x, K.Convert) and x.kind == "load"
+                                                 and isinstance(x.arg, K.ArrayRef)):
+            return None
+        ref = x.arg
+        if not ref.index or ref.index[-1] != K.Var("v"):
+            return None
+        for a in self.loads:
+            if (ref.name == self.buf(a) and self.packs(a, False)) or \
+                    (ref.name == self.staged_copy(a) and self.packs(a, True)):
+                return ref.name, tuple(ref.index[:-1]), a.tv.dtype
+        return None
 
     def buffers(self, loads, steps: int) -> list:
         """The register buffers of `loads` (`buffer`), one for the operands of a cat that
@@ -106,7 +143,7 @@ class ReductionMemory:
         of shared memory compiled to one 16- or 32-bit load each: 8 times the shared-memory
         wavefronts of bfloat16 softmax's row)."""
         assert self.staged_reads is not None, "a staged buffer is read inside a step only"
-        name = f"{self.buf(a)}_x"
+        name = self.staged_copy(a)
         self.staged_reads[name] = (a, step)
         lane = _c(0) if self.V == 1 else (lane or K.Var("v"))
         return self.load_value_named(name, a, (lane,))
@@ -150,8 +187,7 @@ class ReductionMemory:
             # half / bfloat16 as 32-bit words, as register buffers are: a 16-bit element array
             # cost an odd element two or three instructions (extract, move, shift) where a word's
             # upper half takes one (bfloat16 layer_norm 1024x65536: 15 -> 8 a step of 8 to sum)
-            packed = a.tv.dtype.itemsize == 2 and self.V % 2 == 0
-            copies += [K.Alloc(name, a.tv.dtype, (self.V,), packed=packed),
+            copies += [K.Alloc(name, a.tv.dtype, (self.V,), packed=self.packs(a, True)),
                        K.VecCopy(name, (), self.buf(a), self.staged_index(step), self.V)]
         return lets + _guard(cond, inner + copies + body)
 
