@@ -212,6 +212,32 @@ def _user(x):
     return x * 3
 
 
+class _Pool(torch.nn.Module):
+    """A convolution, max pool and ReLU: Dynamo's graph calls F.max_pool2d, which torch makes
+    with a factory (boolean_dispatch's local `fn`): keyed by its module's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        return F.relu(F.max_pool2d(self.conv(x), 2)).flatten(1)
+
+
+def test_a_max_pool_model_hits():
+    torch.manual_seed(0)
+    base = _Pool()
+    x = torch.randn(2, 2, 8, 8)
+    cold = _train(copy.deepcopy(base), x)
+    s = _stats()
+    assert s["stores"] == 2 and s["bypass"] == 0, (s, graph_cache.last_bypass)
+    _fresh_process_state()
+    warm = _train(copy.deepcopy(base), x)
+    assert _stats()["hits"] == 2, _stats()
+    _same(warm, cold, exact=True)
+    _same(warm, _eager(copy.deepcopy(base), x))
+
+
 torch.fx.wrap("_user")
 
 

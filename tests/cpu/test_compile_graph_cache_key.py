@@ -231,3 +231,28 @@ def test_selective_checkpointing_gives_no_key():
     torch.testing.assert_close(fn(x), torch.sin(lin(x)))
     torch._dynamo.reset()
     assert got and got[0][0] is None and "_checkpoint_context_fn" in got[0][1], got
+
+
+def _call_graph(fn):
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output(g.call_function(fn, (x, 2)))
+    return torch.fx.GraphModule({}, g)
+
+
+def test_a_torch_function_made_by_a_factory_is_named_by_its_module():
+    # F.max_pool2d is boolean_dispatch's local `fn`, bound to torch.nn.functional.max_pool2d
+    # (a Dynamo graph of a ResNet calls it): keyed by that name, apart from max_pool1d's
+    f = torch.nn.functional
+    assert "<locals>" in f.max_pool2d.__qualname__
+    k2 = key_for(_call_graph(f.max_pool2d), [torch.ones(1, 1, 4, 4)], {})
+    k1 = key_for(_call_graph(f.max_pool1d), [torch.ones(1, 1, 4, 4)], {})
+    assert k2[0] is not None and k1[0] is not None, (k2, k1)
+    assert k2[0] != k1[0]
+
+
+def test_a_local_function_of_user_code_gives_no_key():
+    def pool(x, k):
+        return x
+    key, why = key_for(_call_graph(pool), [torch.ones(1, 1, 4, 4)], {})
+    assert key is None and "a call of" in why and "pool" in why

@@ -46,6 +46,7 @@ import math
 import operator
 import os
 import pickle
+import sys
 import types
 
 import torch
@@ -117,9 +118,12 @@ def _target(node) -> str:
     module = getattr(t, "__module__", None) or ""
     name = getattr(t, "__name__", None) or ""
     qual = getattr(t, "__qualname__", None) or ""
-    if isinstance(t, _FUNCTIONS) and module.split(".")[0] == "torch" and qual and \
-            "<locals>" not in qual and "<lambda>" not in qual:
-        return f"{module}.{qual}"      # torch's own: the version in the key pins its code
+    if isinstance(t, _FUNCTIONS) and module.split(".")[0] == "torch":
+        if qual and "<locals>" not in qual and "<lambda>" not in qual:
+            return f"{module}.{qual}"  # torch's own: the version in the key pins its code
+        owner = sys.modules.get(module)
+        if name and owner is not None and getattr(owner, name, None) is t:
+            return f"{module}.{name}"  # made by a factory, bound to its module's name (F.max_pool2d)
     for m in (builtins, operator, math):
         if name and getattr(m, name, None) is t:
             return f"{m.__name__}.{name}"
