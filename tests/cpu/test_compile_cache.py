@@ -220,6 +220,34 @@ def test_warm_start_loads_the_plans_and_skips_lowering_and_planning(monkeypatch)
     assert plan_store.stats["hits"] - hits >= len(files)
 
 
+class TwoSizes(torch.nn.Module):
+    """One region form at two sizes (a strided convolution between): its regions share one
+    lowered Fusion, whose executors plan a kernel for each size (a ResNet's layers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(2, 2, 3, padding=1, bias=False)
+        self.c2 = torch.nn.Conv2d(2, 2, 3, stride=2, padding=1, bias=False)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(x) * 2 + 1)
+        return torch.relu(self.c2(x) * 2 + 1)
+
+
+def test_a_warm_start_plans_nothing_for_a_region_form_seen_at_two_sizes(monkeypatch):
+    torch.manual_seed(0)
+    model, x = TwoSizes(), torch.randn(2, 2, 8, 8)
+    want = _eager(model, x)
+    cold = Counts(monkeypatch)
+    _check(_run(model, x), want)
+    assert cold.n["plan"] > cold.n["lower"] > 0, cold.n     # fewer forms than kernels
+    _fresh_process_state()
+    warm = Counts(monkeypatch)
+    _check(_run(model, x), want)
+    assert warm.n == {"lower": 0, "segment": 0, "plan": 0}, warm.n
+    assert warm.nvrtc == 0
+
+
 WARM_SCRIPT = textwrap.dedent("""
     import json, sys
     import torch

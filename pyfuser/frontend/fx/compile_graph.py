@@ -238,8 +238,12 @@ def _no_dispatch_modes():
 
 
 def _prepare_regions(fused) -> None:
+    # every region first: regions of one form share their LoweredRegion (its executors), and
+    # each prepares its own sizes' plans, all of which the entry on disk must hold (stored after
+    # the first region alone, a ResNet's other layers planned their kernels again every warm start)
     for fr in fused:
         fr.prepare()
+    for fr in fused:
         lw = fr.lowered
         store_as = getattr(lw, "store_as", None)
         if store_as is not None:
