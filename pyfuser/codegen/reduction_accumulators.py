@@ -52,7 +52,7 @@ class Accumulators:
         """acc[v] = combine(acc[v], val) for sum / prod / max / min (Welford goes by chunks).
         A float max / min of a half / bfloat16 load read as it is, while `packing` collects
         (one_pass): two lanes a word into the accumulator's packed twin, in `words` (after the
-        step's lanes loop); `fold_packed` merges the twin into acc after the step loop."""
+        step's lanes loop); `packed_twins` folds the twin into acc after the step loop."""
         (name,) = self.acc_names(e)
         dt = self.comb.dtypes(e)[0]
         op = COMBINE_OP.get(e.info.name) if isinstance(e, E.ReductionOp) else None

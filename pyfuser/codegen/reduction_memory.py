@@ -94,7 +94,8 @@ class ReductionMemory:
     def packed_lane(self, x, lets: list, alone: bool = True):
         """(packed array, its index without the lane, its dtype) where value `x` (given the Lets
         `lets` it was computed by) is lane v of a packed buffer read as it is: a load's conversion,
-        exact widening casts and copies only (`alone`: the Lets nothing else); else None."""
+        exact widening casts and copies only (`alone`: the Lets nothing else); half and bfloat16
+        only (a 2-byte integer buffer is packed too); else None."""
         defs = {s.name: s.expr for s in lets if isinstance(s, K.Let)}
         if alone and len(defs) != len(lets):
             return None
@@ -115,8 +116,9 @@ class ReductionMemory:
         if not ref.index or ref.index[-1] != K.Var("v"):
             return None
         for a in self.loads:
-            if (ref.name == self.buf(a) and self.packs(a, False)) or \
-                    (ref.name == self.staged_copy(a) and self.packs(a, True)):
+            if a.tv.dtype.is_reduced_float and (
+                    (ref.name == self.buf(a) and self.packs(a, False)) or
+                    (ref.name == self.staged_copy(a) and self.packs(a, True))):
                 return ref.name, tuple(ref.index[:-1]), a.tv.dtype
         return None
 
