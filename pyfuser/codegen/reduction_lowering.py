@@ -111,6 +111,7 @@ class ReductionLowering(Accumulators, ReductionMemory, ReductionIndexing, KeyInd
         self.pass_long = RG.held_loads(self.g)
         self.staged = {id(a.node) for a in self.loads if stageable(p, a, self.pass_long)}
         self.staged_reads = None      # inside at_step: {copy name: (access, step)} read there
+        self.packed_bufs: set = set()  # register buffers allocated packed (`buffer`)
         self.rcps: dict = {}          # id(denominator Node) -> the row's (y, ys, ds) Vars
         self.inplace = self._inplace()
         sched.inplace_tvs = {i for pair in self.inplace for i in pair}

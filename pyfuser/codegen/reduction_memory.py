@@ -80,7 +80,10 @@ class ReductionMemory:
     def buffer(self, a, steps: int) -> K.Alloc:
         """The register buffer of load `a`: `steps` rows of V lanes; half / bfloat16 vectors
         are kept two to a register (half the registers of one element each)."""
-        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=self.packs(a, False))
+        packed = self.packs(a, False)
+        if packed:
+            self.packed_bufs.add(self.buf(a))
+        return K.Alloc(self.buf(a), a.tv.dtype, (steps, self.V), packed=packed)
 
     def packs(self, a, staged: bool) -> bool:
         """Whether load a's register buffer (`staged`: a staged vector's local copy) holds
@@ -116,9 +119,12 @@ class ReductionMemory:
         if not ref.index or ref.index[-1] != K.Var("v"):
             return None
         for a in self.loads:
+            # a buffer `buffer` allocated packed (a load's name may also be an unpacked row
+            # value's array or a staged shared array), or a staged vector's packed copy
             if a.tv.dtype.is_reduced_float and (
-                    (ref.name == self.buf(a) and self.packs(a, False)) or
-                    (ref.name == self.staged_copy(a) and self.packs(a, True))):
+                    (ref.name == self.buf(a) and ref.name in self.packed_bufs) or
+                    (ref.name == self.staged_copy(a) and id(a.node) in self.staged
+                     and self.packs(a, True))):
                 return ref.name, tuple(ref.index[:-1]), a.tv.dtype
         return None
 

@@ -55,3 +55,12 @@ def test_offset_layer_norm_with_large_weights_gets_the_conditioning_floor():
     c.program = NF.var_mean
     mean = NF.var_mean(x.double(), -1)[1]
     assert NF._conditioning_floor(c, x, mean, 1) == 0.0
+
+
+@pytest.mark.parametrize("seed", [24051])
+def test_found_case_matches_eager(seed):
+    """Cases the long run found. 24051: softmax written out, float16, over the outer axis of a
+    transposed [1, 128] input with a cluster of 4: the packed max took the outer kernel's
+    row-value array (a load's name, not a packed buffer) for a packed register buffer."""
+    why = NF.check(seed)
+    assert why is None, why
