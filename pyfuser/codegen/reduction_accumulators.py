@@ -58,7 +58,7 @@ class Accumulators:
         op = COMBINE_OP.get(e.info.name) if isinstance(e, E.ReductionOp) else None
         if words is not None and self.packing is not None and op in K.PACKED_OPS and \
                 dt is DataType.Float and self.lane_accs(e):
-            got = self.packed_lane(val, out, alone=False)
+            got = self.packed_lane(val, out)
             if got is not None:
                 arr, index, sdt = got
                 self.packing[id(e)] = (e, f"{name}_w", sdt)

@@ -94,26 +94,21 @@ class ReductionMemory:
         """The name of the local copy of a staged load's vector a step reads."""
         return f"{self.buf(a)}_x"
 
-    def packed_lane(self, x, lets: list, alone: bool = True):
+    def packed_lane(self, x, lets: list):
         """(packed array, its index without the lane, its dtype) where value `x` (given the Lets
         `lets` it was computed by) is lane v of a packed buffer read as it is: a load's conversion,
-        exact widening casts and copies only (`alone`: the Lets nothing else); half and bfloat16
-        only (a 2-byte integer buffer is packed too); else None."""
+        exact widening casts and copies only; half and bfloat16 only (a 2-byte integer buffer is
+        packed too); else None."""
         defs = {s.name: s.expr for s in lets if isinstance(s, K.Let)}
-        if alone and len(defs) != len(lets):
-            return None
-        used = set()
         while True:
             if isinstance(x, K.Var) and x.name in defs:
-                used.add(x.name)
                 x = defs[x.name]
             elif isinstance(x, K.Convert) and x.kind == "cast" and x.src.itemsize == 2 and \
                     x.src.is_floating and x.dst.itemsize >= 4 and x.dst.is_floating:
                 x = x.arg
             else:
                 break
-        if (alone and used != set(defs)) or not (isinstance(x, K.Convert) and x.kind == "load"
-                                                 and isinstance(x.arg, K.ArrayRef)):
+        if not (isinstance(x, K.Convert) and x.kind == "load" and isinstance(x.arg, K.ArrayRef)):
             return None
         ref = x.arg
         if not ref.index or ref.index[-1] != K.Var("v"):
