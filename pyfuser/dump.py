@@ -16,6 +16,7 @@ The variable is read on every call (cheap), so tests can set it with monkeypatch
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -67,24 +68,29 @@ def _print_help_once() -> None:
 
 
 def enabled_dumps() -> set[str]:
-    raw = os.environ.get("PYFUSER_DUMP", "")
+    return set(_enabled(os.environ.get("PYFUSER_DUMP", "")))
+
+
+@functools.lru_cache(maxsize=8)
+def _enabled(raw: str) -> frozenset:
+    """The dump names a PYFUSER_DUMP value enables (parsed once per value: asked per verdict)."""
     names = {n.strip() for n in raw.split(",") if n.strip()}
     if "help" in names:
         _print_help_once()
     names = {DUMP_ALIASES.get(n, n) for n in names}
     if "all" in names:
-        return set(DUMP_NAMES) - {"cuda_to_file"}
+        return frozenset(DUMP_NAMES) - {"cuda_to_file"}
     for n in names - set(DUMP_NAMES) - set(_SPECIAL):
         if n not in _warned:
             _warned.add(n)
             print(f"[pyfuser] unknown PYFUSER_DUMP entry {n!r}; known: {', '.join(DUMP_NAMES)} "
                   "(PYFUSER_DUMP=help says what each prints)", file=sys.stderr)
-    return names
+    return frozenset(names)
 
 
 def is_enabled(name: str) -> bool:
     assert name in DUMP_NAMES, name
-    return name in enabled_dumps()
+    return name in _enabled(os.environ.get("PYFUSER_DUMP", ""))
 
 
 def dump(name: str, title: str, text) -> None:

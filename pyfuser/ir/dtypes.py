@@ -36,7 +36,7 @@ class DataType(enum.Enum):
 
     @property
     def torch(self) -> torch.dtype:
-        return self.value[0]
+        return self._value_[0]      # not `value`: enum's property costs a call (a hot path)
 
     @property
     def cuda_type(self) -> str:

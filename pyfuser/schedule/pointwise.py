@@ -94,14 +94,14 @@ def _extent_classes(fusion, cats: bool = False) -> dict:
 
     for e in fusion.exprs:
         if isinstance(e, E.ElementwiseOp) or (cats and isinstance(e, E.CatOp)):
-            ts = [t for t in e.inputs if isinstance(t, TensorView)] + \
-                 [o for o in e.outputs if isinstance(o, TensorView)]
-            for ax in range(ts[0].ndim if ts else 0):
+            axes = [t.logical for t in e.inputs if isinstance(t, TensorView)] + \
+                   [o.logical for o in e.outputs if isinstance(o, TensorView)]
+            for ax in range(len(axes[0]) if axes else 0):
                 if isinstance(e, E.CatOp) and ax == e.dim:
                     continue
                 # an expanded axis meets the others at its expanded size (eager checked it)
-                real = [t.logical[ax].full_extent for t in ts
-                        if not t.logical[ax].is_broadcast or t.logical[ax].expanded_extent is not None]
+                real = [d.full_extent for t in axes
+                        if not (d := t[ax]).is_broadcast or d.expanded_extent is not None]
                 for s in real[1:]:
                     a, b = find(real[0]), find(s)
                     if a is not b:
