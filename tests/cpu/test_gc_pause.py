@@ -1,8 +1,9 @@
-"""The cyclic garbage collector paused while pyfuser compiles (runtime/gc_pause.py, with
-`PYFUSER_GC_PAUSE=1`): the pause restores the collector's state, nests, respects a collector the
-program turned off, and does nothing by default; the torch.compile backend (forward, and a
-backward compiled at its first call) and the TorchScript jit's first call compile with it
-paused, and leave it on after."""
+"""The cyclic garbage collector while pyfuser compiles (runtime/gc_pause.py): by default no
+full pass inside the scope (the oldest generation's threshold raised, restored after), with
+`PYFUSER_GC_PAUSE=1` the collector paused, with `=0` left alone; the scope restores the
+collector's state, nests, and respects a collector the program turned off; the torch.compile
+backend (forward, and a backward compiled at its first call) and the TorchScript jit's first
+call compile inside it, and leave the collector as it was after."""
 from __future__ import annotations
 
 import gc
@@ -39,19 +40,49 @@ def test_paused_restores_and_nests(collector_on):
     assert gc.isenabled()
 
 
-def test_paused_leaves_an_off_collector_off_and_is_off_by_default(collector_on, monkeypatch):
+def test_paused_leaves_an_off_collector_off_and_zero_leaves_it_alone(collector_on, monkeypatch):
     gc.disable()
     with paused():
         assert not gc.isenabled()
     assert not gc.isenabled()
     gc.enable()
-    for value in ("0", None):
-        if value is None:
-            monkeypatch.delenv("PYFUSER_GC_PAUSE")
-        else:
-            monkeypatch.setenv("PYFUSER_GC_PAUSE", value)
-        with paused():
-            assert gc.isenabled()
+    before = gc.get_threshold()
+    monkeypatch.setenv("PYFUSER_GC_PAUSE", "0")
+    with paused():
+        assert gc.isenabled() and gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("value", [None, "defer", "anything else"])
+def test_by_default_no_full_pass_inside_and_the_thresholds_come_back(collector_on, monkeypatch,
+                                                                     value):
+    if value is None:
+        monkeypatch.delenv("PYFUSER_GC_PAUSE")
+    else:
+        monkeypatch.setenv("PYFUSER_GC_PAUSE", value)
+    before = gc.get_threshold()
+    young = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] < 2:
+            young.append(info)
+    gc.callbacks.append(count)
+    try:
+        with pytest.raises(ValueError):
+            with paused():
+                assert gc.isenabled()
+                assert gc.get_threshold()[:2] == before[:2]
+                assert gc.get_threshold()[2] > 10 ** 6
+                with paused():                       # nested: the outer scope's thresholds
+                    assert gc.get_threshold()[2] > 10 ** 6
+                # cyclic garbage in bulk: the young passes run (the pause would stop them)
+                for _ in range(200_000):
+                    a = []
+                    a.append(a)
+                assert young                         # the young passes still free cycles
+                raise ValueError("inside")
+    finally:
+        gc.callbacks.remove(count)
+    assert gc.get_threshold() == before and gc.isenabled()
 
 
 def test_the_backend_compiles_forward_and_backward_with_the_collector_paused(collector_on,
