@@ -47,6 +47,25 @@ def test_options_are_precise_and_cxx17():
         nvrtc.build_options("sm_90", ("-use_fast_math",))
 
 
+def test_minimal_front_end_where_nvrtc_has_it_and_the_same_cubin():
+    """-minimal (NVRTC 12.4+) leaves out declarations no generated kernel uses: a kernel using
+    the prelude's half and bfloat16 helpers compiles to the same CUBIN with and without it."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    if nvrtc.nvrtc_version() < nvrtc.MINIMAL_SINCE:
+        assert "-minimal" not in nvrtc.build_options("sm_90", ())
+        pytest.skip("NVRTC before 12.4 has no -minimal")
+    opts = nvrtc.build_options("sm_90", ())
+    assert "-minimal" in opts
+    from pyfuser.codegen.prelude import PRELUDE
+    src = PRELUDE + ('extern "C" __global__ void lean_probe(const pf_bf16* a, pf_half* b, int n)'
+                     ' {\n  int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
+                     '  if (i < n) b[i] = pf_to_storage<pf_half>(expf(pf_to_reg(a[i])));\n}\n')
+    without = tuple(o for o in opts if o != "-minimal")
+    lean = nvrtc._compile(src, "lean_probe", "sm_90", opts, "lean")
+    full = nvrtc._compile(src, "lean_probe", "sm_90", without, "full")
+    assert lean.cubin == full.cubin and len(lean.cubin) > 0
+
+
 def test_cuda_headers_are_found():
     assert any(o.startswith("-I") for o in nvrtc.include_options()), \
         "cuda_fp16.h not found: set PYFUSER_CUDA_INCLUDE"
