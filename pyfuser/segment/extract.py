@@ -37,25 +37,41 @@ class Extracted:
     outputs: list         # original TensorViews of sub.outputs, same order
 
 
-def _clone_graph(fusion, exprs, roots):
+class FusionIndex:
+    """What extract needs of the whole Fusion, built once for the many groups the segmenter
+    offers (each extract then costs its group's size: walking the Fusion's exprs and values per
+    group was a quarter of segmenting ResNet-18's backward graphs on a GPU host):
+    `base`: the memo every copy starts from (the op tables' infos shared, every expr of the
+    Fusion cut to None; a group's own exprs are taken out of it), `val_at`: id of each value ->
+    (its position in `fusion.vals`, the value). Valid while the Fusion is not changed (extract
+    never changes it)."""
+
+    def __init__(self, fusion):
+        self.fusion = fusion
+        self.base = {id(info): info for info in (*OPS.values(), *REDUCTIONS.values())}
+        self.base.update(dict.fromkeys(map(id, fusion.exprs)))
+        self.val_at = {id(v): (k, v) for k, v in enumerate(fusion.vals)}
+
+
+def _clone_graph(fusion, exprs, roots, index: FusionIndex):
     """A copy of the part of the graph `exprs` and the values `roots` reach, with the Fusion's
     other exprs cut off (they copy as None: the definitions and uses extract drops anyway), so
     a group costs its own size, not the Fusion's (the segmenter extracts every group it offers
     to the schedulers: copying the whole Fusion each time was 80% of segmenting a Llama
-    training step). Returns the copy, the memo and the copied values in the Fusion's order."""
+    training step). Returns the copy, the memo and (original, copy) of the copied values in
+    the Fusion's order."""
     new = Fusion()
-    memo = {id(fusion): new}
-    for info in list(OPS.values()) + list(REDUCTIONS.values()):
-        memo[id(info)] = info
-    keep = {id(e) for e in exprs}
-    for e in fusion.exprs:
-        if id(e) not in keep:
-            memo[id(e)] = None
+    memo = dict(index.base)
+    memo[id(fusion)] = new
+    for e in exprs:
+        memo.pop(id(e), None)
     deep_clone((list(roots) + [v for e in exprs for v in list(e.inputs) + list(e.outputs)],
                 list(exprs)), memo)
-    vals = [c for v in fusion.vals if (c := memo.get(id(v))) is not None]
+    at = index.val_at
+    pairs = [(v, memo[id(v)]) for _, v in sorted((at[i] for i in memo.keys() & at.keys()),
+                                                 key=lambda kv: kv[0])]
     new._counters = dict(fusion._counters)
-    return new, memo, vals
+    return new, memo, pairs
 
 
 def _attr_scalars(e) -> list:
@@ -64,9 +80,15 @@ def _attr_scalars(e) -> list:
             list(getattr(e, "new_shape", [])) if isinstance(s, Scalar)]
 
 
-def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
+def extract(fusion, exprs, inputs, outputs, orders=None, index: FusionIndex | None = None
+            ) -> Extracted:
+    """The sub-Fusion of `exprs` (see the module docstring); `index`: the Fusion's FusionIndex,
+    where one extracts many groups of it."""
     orders = orders or {}
-    sub, memo, vals = _clone_graph(fusion, exprs, list(inputs) + list(outputs))
+    if index is None or index.fusion is not fusion:
+        index = FusionIndex(fusion)
+    sub, memo, pairs = _clone_graph(fusion, exprs, list(inputs) + list(outputs), index)
+    vals = [c for _, c in pairs]
     m = lambda v: memo[id(v)]  # noqa: E731
     sub.exprs = [m(e) for e in exprs]
     keep = {id(e) for e in sub.exprs}
@@ -85,7 +107,7 @@ def extract(fusion, exprs, inputs, outputs, orders=None) -> Extracted:
             given = {id(s) for s in e.new_shape if isinstance(s, Scalar)}
             bound.update(id(d.extent) for d in e.output.root if id(d.extent) not in given)
         bound.update(id(o) for o in e.outputs)
-    scalar_inputs, orig_of = [], {id(c): o for o in fusion.vals if (c := memo.get(id(o)))}
+    scalar_inputs, orig_of = [], {id(c): o for o, c in pairs}
     for e in sub.exprs:
         refs = [v for v in e.inputs if isinstance(v, Scalar)] + _attr_scalars(e)
         for o in e.outputs:

@@ -13,6 +13,7 @@ group owns, whose outputs only the owning group writes.
 from __future__ import annotations
 
 from ..ir.tensor import TensorView
+from .extract import FusionIndex
 
 
 class Groups:
@@ -25,6 +26,7 @@ class Groups:
         self.members = {i: [e] for i, e in enumerate(exprs)}
         self.of = {id(e): i for i, e in enumerate(exprs)}
         self.extra: dict = {}     # group -> copies of others' exprs it computes (recompute.py)
+        self.index = FusionIndex(fusion)      # for extracting the groups offered
 
     def member_ids(self, g) -> set:
         return {id(e) for e in self.members[g]}

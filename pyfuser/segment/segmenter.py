@@ -96,7 +96,7 @@ def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
     that are recomputed copies, see Groups.boundary), or (None, reasons)."""
     from ..schedule import registry
     ins, outs = groups.boundary(exprs, copies)
-    ex = extract(fusion, exprs, ins, outs, orders)
+    ex = extract(fusion, exprs, ins, outs, orders, groups.index)
     what = (f"{', '.join(e.op_name for e in exprs)} "
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
     exclude = excluded(fusion)
@@ -231,7 +231,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
         sched, res = verdict[g]
         if sched is None:
             ins, outs = groups.boundary(members)
-            res = (extract(fusion, members, ins, outs, orders), res)
+            res = (extract(fusion, members, ins, outs, orders, groups.index), res)
         out.append((groups.exprs_of(g), sched, res, groups.extra.get(g, [])))
     return out
 

@@ -277,3 +277,26 @@ def test_view_of_a_permuted_value_stays_in_its_kernel(mode, monkeypatch):
     want = (x.permute(0, 2, 1) * 2).reshape(-1, 8)
     assert torch.equal(v, want) and v.stride() == want.stride()
     torch.testing.assert_close(s, want.sum(0))
+
+
+def test_extract_with_the_fusions_index_is_the_same_sub_fusion():
+    """The segmenter extracts its groups with one FusionIndex per Fusion (the memo's base and
+    the values' order built once): every group extracted with it prints the same sub-Fusion,
+    with the same original values feeding its inputs and the same outputs, as one extracted
+    without; an index of another Fusion is not used."""
+    from pyfuser.segment.extract import FusionIndex, extract
+    from pyfuser.segment.groups import Groups
+    f = C.reduction_then_pointwise()
+    exprs = f.used_exprs()
+    groups = Groups(f, exprs, exprs)
+    other = FusionIndex(C.two_reduction_domains())
+    cuts = [exprs, exprs[:1], exprs[1:], exprs[len(exprs) // 2:], exprs[1:-1]]
+    for part in [p for p in cuts if p]:
+        ins, outs = groups.boundary(part)
+        plain = extract(f, part, ins, outs)
+        for index in (groups.index, other):
+            got = extract(f, part, ins, outs, index=index)
+            assert str(got.fusion) == str(plain.fusion)
+            assert got.inputs == plain.inputs and got.outputs == plain.outputs
+            assert [v.name for v in got.fusion.vals] == [v.name for v in plain.fusion.vals]
+    assert len(groups.index.val_at) == len(f.vals)
