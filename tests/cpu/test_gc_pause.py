@@ -13,7 +13,7 @@ import torch
 
 import pyfuser
 from pyfuser.frontend.fx import compile_graph as CG
-from pyfuser.runtime.gc_pause import paused
+from pyfuser.runtime.gc_pause import DEFER_THRESHOLD, paused
 
 pytestmark = pytest.mark.usefixtures("fresh_compile")
 
@@ -85,22 +85,27 @@ def test_by_default_no_full_pass_inside_and_the_thresholds_come_back(collector_o
     assert gc.get_threshold() == before and gc.isenabled()
 
 
-def test_the_backend_compiles_forward_and_backward_with_the_collector_paused(collector_on,
-                                                                            monkeypatch):
+@pytest.mark.parametrize("how", ["1", "defer"])
+def test_the_backend_compiles_forward_and_backward_in_the_scope(collector_on, monkeypatch, how):
+    monkeypatch.setenv("PYFUSER_GC_PAUSE", how)
+    before = gc.get_threshold()
     seen = []
     real = CG.compile_graph
 
     def spy(gm, example_inputs, kind):
-        seen.append((kind, gc.isenabled()))
+        # paused: the collector off; deferred: on, with no full pass (the oldest threshold up)
+        off = not gc.isenabled() if how == "1" else \
+            gc.isenabled() and gc.get_threshold()[2] == DEFER_THRESHOLD
+        seen.append((kind, not off))
         return real(gm, example_inputs, kind)
     monkeypatch.setattr(CG, "compile_graph", spy)
     monkeypatch.setenv("PYFUSER_GRAPH_CACHE", "0")       # the backward compiled at its first call
     x = torch.randn(8, 16, requires_grad=True)
     f = torch.compile(lambda v: torch.nn.functional.gelu(v * 2).sum(-1), backend="pyfuser")
     y = f(x)
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_threshold() == before
     y.sum().backward()
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_threshold() == before
     assert sorted(k for k, _ in seen) == ["backward", "forward"]
     assert not any(on for _, on in seen), seen
     torch.testing.assert_close(x.grad, torch.func.grad(
