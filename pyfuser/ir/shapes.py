@@ -193,12 +193,12 @@ _CHECKS = {E.SliceOp: _check_slice, E.IndexSelectOp: _check_index_select, E.Embe
 
 
 def _check_elementwise(b: Bindings, e) -> None:
-    tensors = [t for t in e.inputs if isinstance(t, TensorView)]
-    if len(tensors) < 2:
+    axes = [t.logical for t in e.inputs if isinstance(t, TensorView)]   # each tensor's, once
+    if len(axes) < 2:
         return
-    for axis in range(tensors[0].ndim):
-        sizes = {b.extent(t.logical[axis]) for t in tensors
-                 if not (t.logical[axis].is_broadcast and t.logical[axis].expanded_extent is None)}
+    for axis in range(len(axes[0])):
+        sizes = {b.extent(d) for t in axes
+                 if not ((d := t[axis]).is_broadcast and d.expanded_extent is None)}
         if len(sizes) > 1:
             raise ExecuteError(f"execute: operands of {e.op_name} have sizes {sorted(sizes)} on axis "
                                f"{axis}; they must be equal or 1")
