@@ -273,7 +273,7 @@ def squeeze(x: TensorView, dims: Sequence[int]) -> TensorView:
     dims = sorted({_norm_dim(d, x.ndim, "squeeze") for d in dims})
     for d in dims:
         ax = x.logical[d]
-        if ax.known_size() != 1 and not (ax.is_broadcast and ax.expanded_extent is None):
+        if ax.known_size() != 1 and not ax.is_size_one_broadcast:
             raise FusionDefinitionError(f"squeeze: axis {d} of {x.name} is not of size 1")
     if not dims:
         return x

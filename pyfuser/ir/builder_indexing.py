@@ -288,7 +288,7 @@ def cat(tensors: Sequence[TensorView], dim: int) -> TensorView:
             root.append(_resized_axis(total))
             continue
         axes = [t.logical[i] for t in xs]
-        real = [a for a in axes if not a.is_broadcast or a.expanded_extent is not None]
+        real = [a for a in axes if not a.is_size_one_broadcast]
         root.append(_copy_id(real[0] if real else axes[0]))
     out = TensorView(root, dtype, fusion)
     E.CatOp(out, xs, d)

@@ -60,12 +60,11 @@ _ABSENT = object()
 
 
 def _kind(cls) -> int:
-    k = _KIND.get(cls)
-    if k is None:
-        k = (_ATOM if cls in _ATOMIC or issubclass(cls, enum.Enum) else
-             _LIST if cls is list else _DICT if cls is dict else _TUPLE if cls is tuple else
-             _OBJ if _plain(cls) else _OTHER)
-        _KIND[cls] = k
+    """The kind of a class not yet in _KIND, stored there."""
+    k = (_ATOM if cls in _ATOMIC or issubclass(cls, enum.Enum) else
+         _LIST if cls is list else _DICT if cls is dict else _TUPLE if cls is tuple else
+         _OBJ if _plain(cls) else _OTHER)
+    _KIND[cls] = k
     return k
 
 

@@ -78,6 +78,12 @@ class IterDomain(Val):
         return self.iter_type is IterType.Broadcast
 
     @property
+    def is_size_one_broadcast(self) -> bool:
+        """A broadcast axis not expanded: size 1, it meets an axis of any extent (an expanded one
+        is iterated over its expanded extent, as an iteration axis is)."""
+        return self.iter_type is IterType.Broadcast and self.expanded_extent is None
+
+    @property
     def is_reduction(self) -> bool:
         return self.iter_type is IterType.Reduction
 

@@ -197,8 +197,7 @@ def _check_elementwise(b: Bindings, e) -> None:
     if len(axes) < 2:
         return
     for axis in range(len(axes[0])):
-        sizes = {b.extent(d) for t in axes
-                 if not ((d := t[axis]).is_broadcast and d.expanded_extent is None)}
+        sizes = {b.extent(t[axis]) for t in axes if not t[axis].is_size_one_broadcast}
         if len(sizes) > 1:
             raise ExecuteError(f"execute: operands of {e.op_name} have sizes {sorted(sizes)} on axis "
                                f"{axis}; they must be equal or 1")

@@ -96,7 +96,7 @@ class _ColumnBuilder:
         if tv.ndim == len(io.I) + len(io.O):
             for k in io.O:
                 d = tv.logical[k]
-                if not (d.is_broadcast and d.expanded_extent is None):
+                if not d.is_size_one_broadcast:
                     raise NotInnerOuter(f"output {tv.name} of a sum over the rows is not broadcast "
                                         f"along row axis {k}")
             return RG._zero_bcast(tv, [("r", k) if k in io.I else 0 for k in range(tv.ndim)])

@@ -100,8 +100,7 @@ def _extent_classes(fusion, cats: bool = False) -> dict:
                 if isinstance(e, E.CatOp) and ax == e.dim:
                     continue
                 # an expanded axis meets the others at its expanded size (eager checked it)
-                real = [d.full_extent for t in axes
-                        if not (d := t[ax]).is_broadcast or d.expanded_extent is not None]
+                real = [t[ax].full_extent for t in axes if not t[ax].is_size_one_broadcast]
                 for s in real[1:]:
                     a, b = find(real[0]), find(s)
                     if a is not b:
@@ -122,7 +121,7 @@ def _add_cat_extents(fusion, uf, known_classes: set) -> None:
 
 
 def _same_extent(uf, a, b) -> bool:
-    if a.is_broadcast and b.is_broadcast and a.expanded_extent is None and b.expanded_extent is None:
+    if a.is_size_one_broadcast and b.is_size_one_broadcast:
         return True
     ea = a.full_extent
     eb = b.full_extent

@@ -182,7 +182,7 @@ def _view_hop(key):
         return None
     for j, c in enumerate(key):
         if c == 0:                        # only where the view's input has extent 1 too
-            if not (src[j].is_broadcast and src[j].expanded_extent is None):
+            if not src[j].is_size_one_broadcast:
                 return None
         elif c[1] is not view or c[2] != key_out or c[3] != j:
             return None

@@ -248,7 +248,7 @@ def _sliced(c):
 def _zero_broadcasts(tv: TensorView, key: list) -> tuple:
     out = []
     for d, c in zip(tv.logical, key):
-        out.append(0 if d.is_broadcast and d.expanded_extent is None else c)
+        out.append(0 if d.is_size_one_broadcast else c)
     return tuple(out)
 
 

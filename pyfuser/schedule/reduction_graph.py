@@ -67,7 +67,7 @@ def reductions(fusion) -> list:
 
 
 def _zero_bcast(tv: TensorView, key) -> tuple:
-    return tuple(0 if d.is_broadcast and d.expanded_extent is None else c
+    return tuple(0 if d.is_size_one_broadcast else c
                  for d, c in zip(tv.logical, key))
 
 
