@@ -143,7 +143,28 @@ def analyze(fusion, online: bool = True, picks: bool = True) -> ReductionGraph:
         if os.environ.get("PYFUSER_RED_SHIFTED_DIV") != "0":
             find_shifted_quotients(g)
     _levels_and_passes(g)
+    _check_partial_outputs(g)
     return g
+
+
+def _check_partial_outputs(g: ReductionGraph) -> None:
+    """Refuse an output that varies along some reduced axes but is broadcast along others (a
+    row statistic [N, 1] beside a sum over both axes of [N, C]): the kernel stores a full-size
+    value at each position it reduces, so every thread along the broadcast axis would write
+    the same element, a race (the CPU interpreter's race check found it: a KL divergence's
+    log of the row sum, saved for the backward, beside its sum over every element). Refused,
+    the segmenter computes it in another kernel (where it is a row value, written once)."""
+    ref = reductions(g.fusion)[0].inputs[0]
+    R = {k for k in g.R if ref.logical[k].known_size() != 1}    # (an axis of 1: one thread)
+    for o, node in zip(g.fusion.outputs, g.outputs):
+        if g.level[id(node)] != "full":
+            continue
+        covered = {c[1] for c in node.key if isinstance(c, tuple) and c[0] == "r"}
+        missing = sorted(R - covered)
+        if missing:
+            raise NotAReduction(f"output {o.name} is broadcast along reduced axes {missing} but "
+                                f"not along {sorted(R & covered)}: every thread along {missing} "
+                                f"would write each of its elements")
 
 
 def node_kind(e) -> str:

@@ -459,3 +459,41 @@ def test_a_cluster_knob_out_of_range_is_an_error(value, monkeypatch):
     monkeypatch.setenv("PYFUSER_RED_CLUSTER", value)
     with pytest.raises(ValueError, match=f"PYFUSER_RED_CLUSTER={value}"):
         run(RC.softmax, (3, 20000), [1], torch.float32, "contiguous")
+
+
+def test_an_output_broadcast_along_a_reduced_axis_is_not_written_by_every_thread():
+    """log(r) of a row input r [N, 1] returned beside a sum over both axes of [N, C]: the
+    reduction kernel wrote it from every thread along C, a race the interpreter caught (found
+    by a KL divergence's training graph). The reduction schedulers refuse such a group; the
+    segmenter computes the output in a pointwise kernel of its own."""
+    import pyfuser
+    from pyfuser.schedule import reduction_graph as RG
+
+    def f(x, r):
+        a = torch.log(r)
+        return a, (x - a).sum()
+    x, r = torch.randn(6, 11), torch.rand(6, 1) + 0.5
+    g = pyfuser.jit(f)
+    got = g(x, r)
+    for u, v in zip(got, f(x, r)):
+        torch.testing.assert_close(u, v)
+    assert not g.last_run.fallbacks
+    from pyfuser.ir.fusion import Fusion
+    with Fusion() as fusion:
+        xt = B.define_tensor([-1, -1], DataType.Float)
+        rt = B.define_tensor([-1, 1], DataType.Float)
+        fusion.add_input(xt)
+        fusion.add_input(rt)
+        a = B.elementwise("log", rt)
+        fusion.add_output(a)
+        fusion.add_output(B.reduction("sum", B.elementwise("sub", xt, a), [0, 1], False))
+    with pytest.raises(RG.NotAReduction, match="broadcast along reduced axes"):
+        RG.analyze(fusion)
+    # a reduced axis of size 1 (a broadcast of the reduction's input) has one thread: an output
+    # broadcast along it is written once, and the group stays one reduction
+    with Fusion() as fusion:
+        xt = B.define_tensor([-1, 1], DataType.Float)
+        fusion.add_input(xt)
+        fusion.add_output(B.elementwise("mul", xt, 2.0))
+        fusion.add_output(B.reduction("sum", xt, [0, 1], False))
+    RG.analyze(fusion)
