@@ -219,13 +219,6 @@ def _gelu(x, approximate="none"):
     return ew("gelu" if approximate == "none" else "gelu_tanh", x)
 
 
-@lowers("aten::elu", n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
-def _elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
-    neg = ew("mul", ew("expm1", ew("mul", x, float(input_scale))), float(alpha) * float(scale))
-    pos = ew("mul", x, float(scale)) if float(scale) != 1.0 else x
-    return ew("where", ew("le", x, 0.0), neg, pos)
-
-
 @lowers("aten::clamp", n_args=(1, 2, 3))
 def _clamp(x, lo=None, hi=None):
     if lo is None and hi is None:
@@ -240,6 +233,25 @@ def _clamp(x, lo=None, hi=None):
 @lowers("aten::addcmul", n_args=(3, 4))
 def _addcmul(s, a, b, value=1):
     return ew("addcmul", s, a, b, value)
+
+
+@lowers("aten::xlogy", n_args=(2,))
+def _xlogy(x, y):
+    """x * log(y), 0 where x == 0, NaN where y is NaN (eager's kernel: kl_div's); float32 /
+    float64 tensors of one dtype (eager computes half / bfloat16 in their own dtype: left to
+    eager)."""
+    floats = (DataType.Float, DataType.Double)
+    if isinstance(x, TensorView) and isinstance(y, TensorView) and x.dtype is not y.dtype:
+        if x.dtype in floats and not (y.dtype.is_floating or y.dtype.is_complex):
+            y = B.cast(y, x.dtype)          # a bool / integer operand promotes to the other's
+        elif y.dtype in floats and not (x.dtype.is_floating or x.dtype.is_complex):
+            x = B.cast(x, y.dtype)          # (autograd's xlogy(self != 0, other))
+    if not (isinstance(x, TensorView) and isinstance(y, TensorView)) or x.dtype is not y.dtype \
+            or x.dtype not in floats:
+        raise UnsupportedOpError("xlogy of other than float32 / float64 tensors of one dtype "
+                                 "(left to eager)")
+    out = ew("where", ew("eq", x, 0.0), 0.0, ew("mul", x, ew("log", y)))
+    return ew("where", ew("isnan", y), float("nan"), out)
 
 
 @lowers("aten::masked_fill", n_args=(3,))

@@ -1,6 +1,6 @@
 """Lowerings of alias (metadata) aten ops and of their copy forms made by the graph fuser.
 
-view/reshape/flatten/squeeze/unsqueeze/permute/transpose/t/expand/expand_as, and
+alias/view/reshape/flatten/squeeze/unsqueeze/permute/transpose/t/expand/expand_as, and
 `prim::view_copy`-style kinds (`prim::<op>_copy`) which take the same arguments. Inside a
 Fusion they are index arithmetic or host-side views (the segmenter decides); never a copy
 unless eager would make one.
@@ -53,6 +53,13 @@ def row_major_position(coords: list, sizes: list) -> tuple:
             count = count * n if known else B.elementwise("mul", n, count)
         pos = term if pos is None else B.elementwise("add", term, pos)
     return pos, count
+
+
+@lowers("aten::alias", op_class=METADATA, n_args=(1,))
+def _alias(x):
+    """The same values (a view of all of x: autograd's alias of a saved tensor in a backward
+    graph); a graph that returns it keeps eager's view (fx/support.py)."""
+    return x
 
 
 @lowers(*_kinds("view"), *_kinds("reshape"), "aten::_unsafe_view", op_class=METADATA,

@@ -1,0 +1,123 @@
+"""Lowerings of the regression losses and their gradients: `mse_loss`, `smooth_l1_loss` and
+`huber_loss` (reduction none / mean / sum) and their `*_backward` ops. A diffusion model's
+`F.mse_loss`, a detector's smooth L1 ran eagerly before, forward and backward.
+
+Each is eager's CUDA kernel op by op, in the same order (mse: (x - y) * (x - y); smooth L1:
+|x - y| < beta ? 0.5 * z * z / beta : z - 0.5 * beta; huber: z < delta ? 0.5 * z * z :
+delta * (z - 0.5 * delta); the gradients norm * ... * grad with norm = 2 / numel, 1 / numel
+for a mean, 2 or 1 for a sum or none), then eager's mean or sum over every element. Those
+kernels compute half / bfloat16 in their own dtype, rounding each step: such losses, and
+operands of two dtypes, are left to eager, as is smooth L1 with beta 0 (eager's L1 loss).
+
+Invariant: the result has eager's dtype and shape (a 0-dim tensor for mean and sum).
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedOpError
+from ...ir import builder as B
+from ...ir.dtypes import DataType
+from ...ir.tensor import TensorView
+from .registry import NORMALIZATION, lowers
+
+ew = B.elementwise
+
+
+def _check(name, *xs) -> None:
+    if not all(isinstance(x, TensorView) for x in xs):
+        raise UnsupportedOpError(f"{name} of a non-tensor (left to eager)")
+    dtypes = {x.dtype for x in xs}
+    if len(dtypes) != 1 or xs[0].dtype not in (DataType.Float, DataType.Double):
+        raise UnsupportedOpError(f"{name} of other than float32 / float64 tensors of one dtype "
+                                 f"(eager rounds each step of half / bfloat16: left to eager)")
+
+
+def _reduce(loss: TensorView, reduction, name: str) -> TensorView:
+    if reduction == 0:
+        return loss
+    if reduction == 1:
+        return B.mean(loss, None, False)
+    if reduction == 2:
+        return B.reduction("sum", loss, None, False)
+    raise UnsupportedOpError(f"{name}: reduction {reduction!r}")
+
+
+def _norm(x: TensorView, reduction, scale: float):
+    """eager's norm: scale / numel for a mean, else scale. eager divides in double and rounds
+    the quotient to the computation's dtype (`norm.to<scalar_t>()`): a number where the sizes
+    are constants, else a host scalar computed so."""
+    if reduction != 1:
+        return scale
+    n = B.num_elements(x, list(range(x.ndim)))
+    if n.is_const:
+        return scale / n.value if n.value else float("inf")   # (empty: the gradient is empty)
+    q = ew("div", B.constant(float(scale), DataType.Double), B.cast(n, DataType.Double))
+    return B.cast(q, x.dtype)
+
+
+def _neg(norm):
+    return -norm if isinstance(norm, float) else ew("neg", norm)
+
+
+def _check_beta(name, beta):
+    if not isinstance(beta, (int, float)) or float(beta) < 0:
+        raise UnsupportedOpError(f"{name}: beta / delta must be a constant >= 0")
+
+
+@lowers("aten::mse_loss", op_class=NORMALIZATION, n_args=(2, 3), const_args=(2,))
+def _mse_loss(x, y, reduction=1):
+    _check("mse_loss", x, y)
+    diff = ew("sub", x, y)
+    return _reduce(ew("mul", diff, diff), reduction, "mse_loss")
+
+
+@lowers("aten::mse_loss_backward", n_args=(4,), const_args=(3,))
+def _mse_loss_backward(grad, x, y, reduction):
+    _check("mse_loss_backward", grad, x, y)
+    return ew("mul", ew("mul", _norm(x, reduction, 2.0), ew("sub", x, y)), grad)
+
+
+@lowers("aten::smooth_l1_loss", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(2, 3))
+def _smooth_l1_loss(x, y, reduction=1, beta=1.0):
+    _check("smooth_l1_loss", x, y)
+    _check_beta("smooth_l1_loss", beta)
+    if float(beta) == 0.0:
+        raise UnsupportedOpError("smooth_l1_loss with beta 0 (eager's l1_loss; left to eager)")
+    z = ew("abs", ew("sub", x, y))
+    small = ew("div", ew("mul", ew("mul", z, 0.5), z), float(beta))
+    loss = ew("where", ew("lt", z, float(beta)), small, ew("sub", z, 0.5 * float(beta)))
+    return _reduce(loss, reduction, "smooth_l1_loss")
+
+
+@lowers("aten::smooth_l1_loss_backward", n_args=(5,), const_args=(3, 4))
+def _smooth_l1_loss_backward(grad, x, y, reduction, beta):
+    _check("smooth_l1_loss_backward", grad, x, y)
+    _check_beta("smooth_l1_loss_backward", beta)
+    if float(beta) == 0.0:
+        raise UnsupportedOpError("smooth_l1_loss_backward with beta 0 (left to eager)")
+    norm, b = _norm(x, reduction, 1.0), float(beta)
+    d = ew("sub", x, y)
+    inside = ew("div", ew("mul", ew("mul", d, norm), grad), b)
+    return ew("where", ew("lt", d, -b), ew("mul", grad, _neg(norm)),
+              ew("where", ew("gt", d, b), ew("mul", grad, norm), inside))
+
+
+@lowers("aten::huber_loss", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(2, 3))
+def _huber_loss(x, y, reduction=1, delta=1.0):
+    _check("huber_loss", x, y)
+    _check_beta("huber_loss", delta)
+    dl = float(delta)
+    z = ew("abs", ew("sub", x, y))
+    loss = ew("where", ew("lt", z, dl), ew("mul", ew("mul", z, 0.5), z),
+              ew("mul", ew("sub", z, 0.5 * dl), dl))
+    return _reduce(loss, reduction, "huber_loss")
+
+
+@lowers("aten::huber_loss_backward", n_args=(5,), const_args=(3, 4))
+def _huber_loss_backward(grad, x, y, reduction, delta):
+    _check("huber_loss_backward", grad, x, y)
+    _check_beta("huber_loss_backward", delta)
+    norm, dl = _norm(x, reduction, 1.0), float(delta)
+    d = ew("sub", x, y)
+    return ew("where", ew("lt", d, -dl), ew("mul", ew("mul", grad, _neg(norm)), dl),
+              ew("where", ew("gt", d, dl), ew("mul", ew("mul", grad, norm), dl),
+                 ew("mul", ew("mul", d, norm), grad)))

@@ -1,0 +1,122 @@
+"""Losses and norms that ran eagerly before (frontend/lowering/aten_regression_loss.py,
+aten_vector_norm.py; xlogy and alias) through the torch.compile backend on the CPU: MSE, smooth
+L1 and Huber losses with their gradients, vector norms (F.normalize, cosine similarity,
+x.norm(dim=...)), KL divergence's xlogy and autograd's alias of a saved tensor fuse, and the
+values and gradients are as close to float64 eager as float32 eager is; half / bfloat16
+losses stay eager's (eager rounds each of their steps)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pyfuser
+
+from compile_checks import check_fn, graphs
+
+pytestmark = pytest.mark.usefixtures("fresh_compile")
+
+
+def _fused():
+    return {op for g in graphs("forward") + graphs("backward") for r in g.regions for op in r.ops}
+
+
+def _no_lowering_missing():
+    missing = [why for g in graphs("forward") + graphs("backward")
+               for why in g.unsupported.values() if "lowering" in why or "left to eager" in why]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("loss,ops", [
+    (lambda x, y, r: F.mse_loss(x, y, reduction=r), ["mse_loss", "mse_loss_backward"]),
+    (lambda x, y, r: F.smooth_l1_loss(x, y, reduction=r, beta=0.5),
+     ["smooth_l1_loss", "smooth_l1_loss_backward"]),
+    (lambda x, y, r: F.huber_loss(x, y, reduction=r, delta=0.7),
+     ["huber_loss", "huber_loss_backward"]),
+], ids=["mse", "smooth_l1", "huber"])
+def test_regression_loss_and_its_gradient_fuse(loss, ops, reduction):
+    """Both operands require grad (the target's gradient is the backward op with the operands
+    swapped); differences on both sides of beta / delta."""
+    check_fn(lambda x, y: loss(x * 1.5, y, reduction) * 2, (6, 9), (6, 9),
+             loss=lambda o: (o * o).sum() if reduction == "none" else o)
+    fused = _fused()
+    assert all(f"aten.{op}.default" in fused for op in ops), fused
+    _no_lowering_missing()
+
+
+def test_regression_losses_of_bfloat16_stay_eagers():
+    """eager computes a bfloat16 MSE in bfloat16, step by step: left to eager (the same bits)."""
+    x, y = torch.randn(5, 7).bfloat16(), torch.randn(5, 7).bfloat16()
+    got = pyfuser.compile(lambda a, b: F.mse_loss(a * 2, b, reduction="none"))(x, y)
+    assert torch.equal(got, F.mse_loss(x * 2, y, reduction="none"))
+    assert "aten.mse_loss.default" not in _fused()
+
+
+def test_smooth_l1_at_its_bounds():
+    """Differences exactly at -beta, 0 and beta take eager's branches, forward and backward."""
+    y = torch.zeros(7)
+    x = torch.tensor([-0.5, 0.5, 0.0, -0.25, 0.75, -2.0, 0.49999997])
+    ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    f = lambda a: F.smooth_l1_loss(a * 1, y, reduction="sum", beta=0.5)   # noqa: E731
+    out, want = pyfuser.compile(f)(ours), f(ref)
+    torch.testing.assert_close(out, want)
+    out.backward()
+    want.backward()
+    assert torch.equal(ours.grad, ref.grad), (ours.grad, ref.grad)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.normalize(x, dim=-1) * 3,
+    lambda x: F.cosine_similarity(x, x.flip(0) + 1.0, dim=-1),
+    lambda x: x.norm(dim=-1, keepdim=True) + x,
+    lambda x: torch.linalg.vector_norm(x, ord=1, dim=0),
+    lambda x: torch.linalg.vector_norm(x, ord=math.inf, dim=(0, 1)),
+    lambda x: torch.linalg.vector_norm(x * 2, ord=3.0, dim=1),
+    lambda x: torch.linalg.vector_norm(x - x.round(), ord=0, dim=-1) + x.sum(-1),
+    lambda x: F.pairwise_distance(x, x * 0.5 + 0.25),
+], ids=["normalize", "cosine_similarity", "norm_keepdim", "ord1", "inf_all", "ord3", "ord0",
+        "pairwise_distance"])
+def test_vector_norms_fuse(fn):
+    check_fn(fn, (6, 10))
+    fused = _fused()
+    assert any("norm" in op for op in fused), fused
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_vector_norm_is_eagers_float_accumulation(dtype):
+    """Half / bfloat16 summed in float and rounded once: eager's result, within one rounding."""
+    x = (torch.randn(12, 64) * 4).to(dtype)
+    got = pyfuser.compile(lambda t: torch.linalg.vector_norm(t, dim=-1) * 1)(x)
+    want = torch.linalg.vector_norm(x, dim=-1)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want)
+    exact = x.double().square().sum(-1).sqrt()
+    assert ((got.double() - exact).abs() <= (want.double() - exact).abs() + exact.abs() * 2 ** -7).all()
+
+
+def test_kl_divergence_fuses_through_xlogy():
+    """F.kl_div with probability targets is xlogy(t, t) - t * input: fused, forward and backward;
+    xlogy's zeros and NaN as eager's (0 where x == 0, NaN where y is NaN)."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.softmax(torch.randn(6, 11, generator=gen), -1)
+    y[0, :3] = 0.0
+    check_fn(lambda x: F.kl_div(F.log_softmax(x, -1), y, reduction="batchmean"), (6, 11))
+    assert "aten.xlogy.Tensor" in _fused()
+    a = torch.tensor([0.0, 0.0, 1.0, float("nan"), 2.0, 0.0])
+    b = torch.tensor([0.0, float("nan"), 0.0, 1.0, 3.0, -1.0])
+    got = pyfuser.compile(lambda p, q: torch.xlogy(p, q) + 0)(a, b)
+    torch.testing.assert_close(got, torch.xlogy(a, b), equal_nan=True)
+
+
+def test_alias_of_a_saved_tensor_is_lowered():
+    """autograd's alias (a logsumexp's or std's saved result) lowers to its operand: no graph
+    reports it unfused ("has no lowering" before), and each graph is one region."""
+    check_fn(lambda x: torch.logsumexp(x, -1).mean() + x.std(-1).mean(), (5, 8),
+             loss=lambda o: o)
+    gs = graphs("forward") + graphs("backward")
+    assert any(n.target is torch.ops.aten.alias.default for g in gs for n in g.gm.graph.nodes)
+    assert not [k for g in gs for k in g.report()["unfused"] if "alias" in k]
+    assert all(len(g.regions) == 1 for g in gs), [len(g.regions) for g in gs]
