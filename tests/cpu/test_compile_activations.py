@@ -131,3 +131,28 @@ def test_hardswish_backward_on_the_cpu_is_eagers_vectorised_loop():
     (F.hardswish(ref) * 1).sum().backward()
     assert torch.equal(ours.grad, ref.grad), (ours.grad, ref.grad)
     assert ours.grad[:2].tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+def test_glu_and_its_backward_fuse(dim):
+    """GLU's halves along `dim` as slices, its gradient a cat of the halves' gradients."""
+    check_fn(lambda x: F.glu(x * 1.5, dim) * 2, (6, 8, 4))
+    fused = {op for g in graphs("forward") + graphs("backward") for r in g.regions for op in r.ops}
+    assert {"aten.glu.default", "aten.glu_backward.default"} <= fused, fused
+
+
+def test_glu_of_bfloat16_is_computed_in_float():
+    """The forward is eager's bits (a * sigmoid(b) in float, rounded once); the gradient follows
+    eager's CUDA kernel (float throughout, rounded once), so it is as close to float64's as the
+    CPU's (which rounds its sigmoid to bfloat16 first)."""
+    from train_corpus import assert_as_close_as_eager
+    x = (torch.randn(6, 8) * 2).bfloat16()
+    ours, ref, ora = (x.clone().requires_grad_(), x.clone().requires_grad_(),
+                      x.double().requires_grad_())
+    out, want = pyfuser.compile(lambda t: F.glu(t, -1) * 1)(ours), F.glu(ref, -1) * 1
+    assert torch.equal(out, want)
+    g = torch.randn(6, 4).bfloat16()
+    out.backward(g)
+    want.backward(g)
+    F.glu(ora, -1).backward(g.double())
+    assert_as_close_as_eager(ours.grad, ref.grad, ora.grad, "dx", factor=1.0)

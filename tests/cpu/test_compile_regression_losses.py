@@ -120,3 +120,24 @@ def test_alias_of_a_saved_tensor_is_lowered():
     assert any(n.target is torch.ops.aten.alias.default for g in gs for n in g.gm.graph.nodes)
     assert not [k for g in gs for k in g.report()["unfused"] if "alias" in k]
     assert all(len(g.regions) == 1 for g in gs), [len(g.regions) for g in gs]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_binary_cross_entropy_and_its_gradient_fuse(reduction, weighted):
+    """F.binary_cross_entropy of probabilities (a sigmoid that saturates to 0 and 1 in places:
+    the logs clamped at -100 as eager's), with and without per-element weights."""
+    gen = torch.Generator().manual_seed(3)
+    t = torch.rand(6, 5, generator=gen)
+    t[0, :2] = torch.tensor([0.0, 1.0])
+    w = torch.rand(6, 5, generator=gen) if weighted else None
+
+    def f(x):
+        p = torch.sigmoid(x * 3)
+        p = torch.where(x.abs() > 1.5, (x > 0).to(x.dtype), p)   # exact 0s and 1s
+        return F.binary_cross_entropy(p, t.to(x.dtype), reduction=reduction,
+                                      weight=None if w is None else w.to(x.dtype))
+    check_fn(f, (6, 5), loss=lambda o: (o * o).sum() if reduction == "none" else o)
+    fused = _fused()
+    assert {"aten.binary_cross_entropy.default",
+            "aten.binary_cross_entropy_backward.default"} <= fused, fused

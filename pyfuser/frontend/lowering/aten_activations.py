@@ -1,8 +1,10 @@
 """Lowerings of activations computed as eager's kernels compute them, and of the derivatives
 that aten_backward.py does not have: ELU (SELU and CELU call it) and its backward, CELU, leaky
-ReLU's, hardsigmoid's, hardswish's and mish's backward, and PReLU's kernel and its backward
-(`_prelu_kernel`, `_prelu_kernel_backward`). Before these, each derivative ran eagerly and cut
-the training graph's kernels around it (a MobileNetV3's hardswish, a GAN's leaky ReLU).
+ReLU's, hardsigmoid's, hardswish's and mish's backward, PReLU's kernel and its backward
+(`_prelu_kernel`, `_prelu_kernel_backward`), and GLU and its backward (the halves of the axis
+as slices, the gradient a cat of the halves' gradients). Before these, each derivative ran
+eagerly and cut the training graph's kernels around it (a MobileNetV3's hardswish, a GAN's
+leaky ReLU).
 
 Each follows eager's CUDA kernel: half / bfloat16 operands computed in float (opmath) and
 rounded once (ELU's forward, three ops, rounded each op's result before: one bfloat16 ulp off
@@ -13,15 +15,18 @@ exactly -3 and 3: its vectorised loop gives 0 and the gradient itself, its CUDA 
 own scalar loop the middle formula), a graph lowered for the CPU follows the vectorised loop
 (device.device_type()); for CUDA, or where the device is unknown, the CUDA kernel.
 
-Invariant: the result has eager's dtype (the input's, or the gradient's); these are pointwise,
-so they fuse with the ops around them like any other.
+Invariant: the result has eager's dtype (the input's, or the gradient's); these are pointwise
+(GLU's slices and cat are index remappings inside a pointwise kernel), so they fuse with the
+ops around them like any other.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
+from ...ir.tensor import TensorView
 from .aten_backward import _floating, _out
 from .aten_reduction import _float_compute
 from .device import device_type
@@ -138,3 +143,43 @@ def _prelu_kernel_backward(grad, x, weight):
     dx = ew("where", pos, g, ew("mul", w, g))
     dw = ew("where", pos, 0.0, ew("mul", xc, g))
     return _out(dx, x), _out(dw, x)
+
+
+def _halves(x: TensorView, dim: int, what: str):
+    """(d, a, b): x's axis `dim` (normalised) and its first and second halves (slices; the
+    half a host value where the size is symbolic). An odd constant size is eager's error: left
+    to eager."""
+    d = dim % x.ndim if x.ndim else 0
+    n = x.logical[d].known_size()
+    if n is not None:
+        if n % 2:
+            raise UnsupportedOpError(f"{what}: an axis of odd size {n} (eager raises)")
+        h = n // 2
+        return d, B.slice_axis(x, d, 0, h), B.slice_axis(x, d, h, n)
+    h = ew("div_floor", x.logical[d].full_extent, 2)
+    return d, B.slice_axis(x, d, 0, h), B.slice_axis(x, d, h, None)
+
+
+def _sigmoid(bc: TensorView) -> TensorView:
+    """1 / (1 + exp(-b)), as eager's GLU kernels write it."""
+    return ew("div", 1.0, ew("add", 1.0, ew("exp", ew("neg", bc))))
+
+
+@lowers("aten::glu", n_args=(1, 2), const_args=(1,))
+def _glu(x, dim=-1):
+    """a * sigmoid(b) of x's halves a, b along `dim` (in float for half / bfloat16)."""
+    _floating("glu", x)
+    _, a, b = _halves(x, dim, "glu")
+    return _out(ew("mul", _float_compute(a), _sigmoid(_float_compute(b))), x)
+
+
+@lowers("aten::glu_backward", n_args=(3,), const_args=(2,))
+def _glu_backward(grad, x, dim):
+    """cat(sigmoid(b) * g, (1 - sigmoid(b)) * sigmoid(b) * g * a) along `dim`, as eager's CUDA
+    kernel orders the products."""
+    _floating("glu_backward", grad, x)
+    d, a, b = _halves(x, dim, "glu_backward")
+    g, ac, s = _float_compute(grad), _float_compute(a), _sigmoid(_float_compute(b))
+    ga = ew("mul", s, g)
+    gb = ew("mul", ew("mul", ew("mul", ew("sub", 1.0, s), s), g), ac)
+    return _out(B.cat([ga, gb], d), x)

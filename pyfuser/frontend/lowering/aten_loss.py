@@ -1,7 +1,8 @@
 """Lowerings of the classification losses: `nll_loss_forward` (and `nll_loss2d_forward`, the
 classes at dim 1 of [N, C, H, W]) and `cross_entropy_loss` (log_softmax
 and the picked target's negative log-likelihood in the pass that reads the row), and
-`binary_cross_entropy_with_logits` (pointwise, then its mean or sum).
+`binary_cross_entropy_with_logits` and `binary_cross_entropy` (of probabilities; and its
+backward) (pointwise, then the mean or sum).
 
 Written, as aten_reduction's normalizations are, with the builder's reductions and elementwise
 ops in the order of PyTorch's own kernels: half / bfloat16 logits are computed in float and the
@@ -247,3 +248,47 @@ def _bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     if reduction == 0:
         return loss
     return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)
+
+
+def _bce_check(what, *xs) -> None:
+    ts = [x for x in xs if x is not None]
+    if not all(isinstance(x, TensorView) for x in ts):
+        raise UnsupportedOpError(f"{what} of a non-tensor (left to eager)")
+    if len({x.dtype for x in ts}) != 1 or ts[0].dtype not in (DataType.Float, DataType.Double):
+        raise UnsupportedOpError(f"{what} of other than float32 / float64 tensors of one dtype "
+                                 f"(eager rounds each step of half / bfloat16: left to eager)")
+
+
+@lowers("aten::binary_cross_entropy", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(3,))
+def _bce(x, target, weight=None, reduction=1):
+    """As eager's kernel: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100), times the
+    weight, then reduction none / mean / sum. eager asserts 0 <= x <= 1 (on CUDA, a device
+    assert); outside it the logs give NaN here. float32 / float64 only."""
+    _bce_check("binary_cross_entropy", x, target, weight)
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"binary_cross_entropy: reduction {reduction!r}")
+    log_x = ew("maximum", ew("log", x), -100.0)
+    log_1mx = ew("maximum", ew("log1p", ew("neg", x)), -100.0)
+    loss = ew("sub", ew("mul", ew("sub", target, 1.0), log_1mx), ew("mul", target, log_x))
+    if weight is not None:
+        loss = ew("mul", loss, weight)
+    if reduction == 0:
+        return loss
+    return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)
+
+
+@lowers("aten::binary_cross_entropy_backward", n_args=(3, 4, 5), const_args=(4,))
+def _bce_backward(grad, x, target, weight=None, reduction=1):
+    """grad * (x - t) / max((1 - x) * x, 1e-12), times the weight, divided by the element count
+    for a mean, as eager's kernel and its two tensor ops after it (eager's CUDA division by the
+    count multiplies by its reciprocal: pyfuser divides, as for any Python number)."""
+    _bce_check("binary_cross_entropy_backward", grad, x, target, weight)
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"binary_cross_entropy_backward: reduction {reduction!r}")
+    denom = ew("maximum", ew("mul", ew("sub", 1.0, x), x), 1e-12)
+    g = ew("div", ew("mul", grad, ew("sub", x, target)), denom)
+    if weight is not None:
+        g = ew("mul", g, weight)
+    if reduction == 1:
+        g = ew("div", g, B.num_elements(x, list(range(x.ndim))))
+    return g
