@@ -2,8 +2,9 @@
 reductions and normalizations pyfuser's lowering table takes that fx_fuzz's own generators do
 not draw (trigonometric and hyperbolic functions, erf / erfc / erfinv, exp2 / expm1 / log1p /
 log2 / log10, reciprocal, sign, rounding, isnan / isinf / isfinite, the activations relu6,
-hardtanh, hardsigmoid, hardswish, leaky_relu, elu, softplus, mish; atan2, remainder, fmod,
-floor and trunc divisions, logical and bitwise ops, lerp, addcmul, masked_fill; amin,
+hardtanh, hardsigmoid, hardswish, leaky_relu, elu, selu, celu, glu, softplus, mish; a vector
+norm and F.normalize; atan2, remainder, fmod, floor and trunc divisions, logical and bitwise
+ops, xlogy, the MSE, smooth L1 and Huber losses, lerp, addcmul, masked_fill; amin,
 logsumexp, std, var_mean / std_mean, max / min over a dim, cumsum, rms_norm, group_norm,
 batch_norm) and a few it does not lower (prod, argmax: they must run eagerly, right).
 
@@ -32,10 +33,13 @@ MORE_UNARY = ["torch.cos", "torch.tan", "torch.sinh", "torch.cosh", "torch.asin"
 # (op, extra arguments) for the activations with parameters
 PARAM_UNARY = [("F.leaky_relu", ", 0.2"), ("F.elu", ", alpha=0.5"),
                ("F.softplus", ", beta=2.0, threshold=5.0"), ("F.hardtanh", ", -0.5, 2.0"),
-               ("torch.clamp_min", ", 0.5"), ("torch.clamp_max", ", -0.25")]
+               ("torch.clamp_min", ", 0.5"), ("torch.clamp_max", ", -0.25"),
+               ("F.selu", ""), ("F.celu", ", alpha=1.3"), ("F.glu", ", -1"),
+               ("F.normalize", ", dim=-1"), ("torch.linalg.vector_norm", ", ord=3.0, dim=-1")]
 MORE_BINARY = ["torch.atan2", "torch.remainder", "torch.fmod", "torch.logical_and",
                "torch.logical_or", "torch.logical_xor", "torch.bitwise_and", "torch.bitwise_or",
-               "torch.bitwise_xor", "torch.ge", "torch.le", "torch.floor_divide"]
+               "torch.bitwise_xor", "torch.ge", "torch.le", "torch.floor_divide", "torch.xlogy",
+               "F.mse_loss", "F.smooth_l1_loss", "F.huber_loss"]
 DIVIDING = ("torch.remainder", "torch.fmod", "torch.floor_divide")
 
 
