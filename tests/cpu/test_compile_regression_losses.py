@@ -1,7 +1,8 @@
 """Losses and norms that ran eagerly before (frontend/lowering/aten_regression_loss.py,
-aten_vector_norm.py; xlogy and alias) through the torch.compile backend on the CPU: MSE, smooth
-L1 and Huber losses with their gradients, vector norms (F.normalize, cosine similarity,
-x.norm(dim=...)), KL divergence's xlogy and autograd's alias of a saved tensor fuse, and the
+aten_vector_norm.py; xlogy, nan_to_num and alias) through the torch.compile backend on the
+CPU: MSE, smooth L1, Huber and binary cross-entropy losses with their gradients, vector norms
+(F.normalize, cosine similarity, x.norm(dim=...)), KL divergence's xlogy, nan_to_num and
+autograd's alias of a saved tensor fuse, and the
 values and gradients are as close to float64 eager as float32 eager is; half / bfloat16
 losses stay eager's (eager rounds each of their steps)."""
 from __future__ import annotations
@@ -141,3 +142,19 @@ def test_binary_cross_entropy_and_its_gradient_fuse(reduction, weighted):
     fused = _fused()
     assert {"aten.binary_cross_entropy.default",
             "aten.binary_cross_entropy_backward.default"} <= fused, fused
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int32], ids=str)
+@pytest.mark.parametrize("kw", [{}, {"nan": 2.5, "posinf": 1e30, "neginf": -3.0}],
+                         ids=["defaults", "given"])
+def test_nan_to_num_is_eagers(dtype, kw):
+    """NaN and the infinities replaced by eager's values (the dtype's largest finite ones by
+    default; a given 1e30 is +inf in half, as eager casts it); integers copied."""
+    base = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5, -2.0, 0.0, 7e4, -7e4])
+    x = base.to(dtype) if dtype.is_floating_point else torch.tensor([1, 0, 3, -2], dtype=dtype)
+    f = lambda t: torch.nan_to_num(t * 1, **kw)    # noqa: E731
+    got, want = pyfuser.compile(f)(x), f(x)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+    assert "aten.nan_to_num.default" in {op for g in graphs("inference") + graphs("forward")
+                                         for r in g.regions for op in r.ops}

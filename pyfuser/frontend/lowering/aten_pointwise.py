@@ -254,6 +254,23 @@ def _xlogy(x, y):
     return ew("where", ew("isnan", y), float("nan"), out)
 
 
+@lowers("aten::nan_to_num", n_args=(1, 2, 3, 4), const_args=(1, 2, 3))
+def _nan_to_num(x, nan=None, posinf=None, neginf=None):
+    """NaN -> `nan` (0), +inf -> `posinf`, -inf -> `neginf` (the dtype's largest finite values
+    where not given), each replacement cast to x's dtype as eager's kernel does; an integer or
+    bool x is copied (eager's clone). Complex x is left to eager."""
+    if not isinstance(x, TensorView) or x.dtype.is_complex:
+        raise UnsupportedOpError("nan_to_num of a complex or non-tensor value (left to eager)")
+    if not x.dtype.is_floating:
+        return B.set_(x)
+    info = torch.finfo(x.dtype.torch)
+    pos = info.max if posinf is None else float(posinf)
+    neg = info.min if neginf is None else float(neginf)
+    out = ew("where", ew("eq", x, float("-inf")), neg, x)
+    out = ew("where", ew("eq", x, float("inf")), pos, out)
+    return ew("where", ew("isnan", x), 0.0 if nan is None else float(nan), out)
+
+
 @lowers("aten::masked_fill", n_args=(3,))
 def _masked_fill(x, mask, value):
     if isinstance(value, TensorView) and value.ndim != 0:
