@@ -114,12 +114,17 @@ def _hardswish_backward(grad, x):
     return _out(ew("where", zero, 0.0, ew("where", middle, ramp, g)), grad)
 
 
+def _sigmoid(v: TensorView) -> TensorView:
+    """1 / (1 + exp(-v)), as eager's mish and GLU kernels write it."""
+    return ew("div", 1.0, ew("add", 1.0, ew("exp", ew("neg", v))))
+
+
 @lowers("aten::mish_backward", n_args=(2,))
 def _mish_backward(grad, x):
     """grad * (t + x * s * (1 - t * t)) with s = 1 / (1 + exp(-x)) and t = tanh(log1p(exp(x)))."""
     _floating("mish_backward", grad, x)
     g, xc = _float_compute(grad), _float_compute(x)
-    s = ew("div", 1.0, ew("add", 1.0, ew("exp", ew("neg", xc))))
+    s = _sigmoid(xc)
     t = ew("tanh", ew("log1p", ew("exp", xc)))
     inner = ew("mul", ew("mul", xc, s), ew("sub", 1.0, ew("mul", t, t)))
     return _out(ew("mul", g, ew("add", t, inner)), grad)
@@ -149,7 +154,9 @@ def _halves(x: TensorView, dim: int, what: str):
     """(d, a, b): x's axis `dim` (normalised) and its first and second halves (slices; the
     half a host value where the size is symbolic). An odd constant size is eager's error: left
     to eager."""
-    d = dim % x.ndim if x.ndim else 0
+    if x.ndim == 0:
+        raise UnsupportedOpError(f"{what} of a 0-dim tensor (eager raises)")
+    d = dim % x.ndim
     n = x.logical[d].known_size()
     if n is not None:
         if n % 2:
@@ -158,11 +165,6 @@ def _halves(x: TensorView, dim: int, what: str):
         return d, B.slice_axis(x, d, 0, h), B.slice_axis(x, d, h, n)
     h = ew("div_floor", x.logical[d].full_extent, 2)
     return d, B.slice_axis(x, d, 0, h), B.slice_axis(x, d, h, None)
-
-
-def _sigmoid(bc: TensorView) -> TensorView:
-    """1 / (1 + exp(-b)), as eager's GLU kernels write it."""
-    return ew("div", 1.0, ew("add", 1.0, ew("exp", ew("neg", bc))))
 
 
 @lowers("aten::glu", n_args=(1, 2), const_args=(1,))
