@@ -2,9 +2,9 @@
 aten_vector_norm.py; xlogy, nan_to_num and alias) through the torch.compile backend on the
 CPU: MSE, smooth L1, Huber and binary cross-entropy losses with their gradients, vector norms
 (F.normalize, cosine similarity, x.norm(dim=...)), KL divergence's xlogy, nan_to_num and
-autograd's alias of a saved tensor fuse, and the
-values and gradients are as close to float64 eager as float32 eager is; half / bfloat16
-losses stay eager's (eager rounds each of their steps)."""
+autograd's alias of a saved tensor fuse, and the values and gradients are as close to float64
+eager as float32 eager is; half / bfloat16 losses stay eager's (eager rounds each of their
+steps)."""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.usefixtures("fresh_compile")
 
 
 def _fused():
-    return {op for g in graphs("forward") + graphs("backward") for r in g.regions for op in r.ops}
+    return {op for kind in ("inference", "forward", "backward") for g in graphs(kind)
+            for r in g.regions for op in r.ops}
 
 
 def _no_lowering_missing():
@@ -49,11 +50,15 @@ def test_regression_loss_and_its_gradient_fuse(loss, ops, reduction):
 
 
 def test_regression_losses_of_bfloat16_stay_eagers():
-    """eager computes a bfloat16 MSE in bfloat16, step by step: left to eager (the same bits)."""
+    """eager computes a bfloat16 MSE in bfloat16, step by step: left to eager (the same bits),
+    where a float32 one fuses."""
     x, y = torch.randn(5, 7).bfloat16(), torch.randn(5, 7).bfloat16()
     got = pyfuser.compile(lambda a, b: F.mse_loss(a * 2, b, reduction="none"))(x, y)
     assert torch.equal(got, F.mse_loss(x * 2, y, reduction="none"))
-    assert "aten.mse_loss.default" not in _fused()
+    assert graphs("inference") and "aten.mse_loss.default" not in _fused()
+    torch._dynamo.reset()
+    pyfuser.compile(lambda a, b: F.mse_loss(a * 2, b, reduction="none"))(x.float(), y.float())
+    assert "aten.mse_loss.default" in _fused()
 
 
 def test_smooth_l1_at_its_bounds():
