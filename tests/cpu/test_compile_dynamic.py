@@ -206,9 +206,10 @@ def test_causal_lm_forward_fuses_under_dynamic_shapes_as_with_static_ones(name, 
     inputs, which had no lowering. Now the regions are the static graph's, and so are their ops
     but for two kinds of node the dynamic graph alone has: Dynamo's whole-axis slices
     `x[:, 0:INT64_MAX]` (no ops) and the 0-dim float64 ops of those floats, each in the region
-    of the op it feeds. Unfused: the static graph's reasons but one, the `alias` of the logits'
-    hidden states (`hidden_states[:, -0:]`), which the dynamic graph writes as whole-axis slices
-    (views FX keeps). Equal to eager at two sizes, one graph, no kernel planned for the second.
+    of the op it feeds. Unfused: the static graph's reasons (the `alias` of the logits' hidden
+    states, `hidden_states[:, -0:]`, which the dynamic graph writes as whole-axis slices, was one
+    more until `alias` was lowered: a view between regions now, reported by neither). Equal to
+    eager at two sizes, one graph, no kernel planned for the second.
     The static graph is compiled with its packed-sequence cumsum left to eager, as a symbolic
     sequence length leaves it (fx/rewrite_scan.py fuses it for static sizes only)."""
     from pyfuser.frontend.fx import rewrite_scan
@@ -230,5 +231,5 @@ def test_causal_lm_forward_fuses_under_dynamic_shapes_as_with_static_ones(name, 
               and _zero_dim(n)]
     assert floats and all(v.dtype == torch.float64 and v.device.type == "cpu" for v in floats)
     want, got = Counter(static.unsupported.values()), Counter(dynamic.unsupported.values())
-    assert want - got == Counter({"aten.alias.default has no lowering": 1}) and not got - want
+    assert want == got
     assert all(r.eager_calls == 0 for r in dynamic.regions)
