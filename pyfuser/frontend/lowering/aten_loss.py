@@ -245,18 +245,28 @@ def _bce_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     loss = ew("sub", ew("mul", ew("sub", B.constant(1.0), target), x), log_sigmoid)
     if weight is not None:
         loss = ew("mul", loss, weight)
-    if reduction == 0:
-        return loss
-    return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)
+    return reduce_loss(loss, reduction)
 
 
-def _bce_check(what, *xs) -> None:
+def check_float_loss(what: str, reduction, *xs) -> None:
+    """The operands (None: an absent weight) are float32 or float64 tensors of one dtype and
+    `reduction` is none / mean / sum (0 / 1 / 2), else the op is left to eager: the loss
+    kernels whose half / bfloat16 forms eager computes step by step in that dtype."""
     ts = [x for x in xs if x is not None]
     if not all(isinstance(x, TensorView) for x in ts):
         raise UnsupportedOpError(f"{what} of a non-tensor (left to eager)")
     if len({x.dtype for x in ts}) != 1 or ts[0].dtype not in (DataType.Float, DataType.Double):
         raise UnsupportedOpError(f"{what} of other than float32 / float64 tensors of one dtype "
                                  f"(eager rounds each step of half / bfloat16: left to eager)")
+    if reduction not in (0, 1, 2):
+        raise UnsupportedOpError(f"{what}: reduction {reduction!r}")
+
+
+def reduce_loss(loss: TensorView, reduction) -> TensorView:
+    """A loss per element, or its mean or sum over every element (reduction 0 / 1 / 2)."""
+    if reduction == 0:
+        return loss
+    return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)
 
 
 @lowers("aten::binary_cross_entropy", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(3,))
@@ -264,17 +274,13 @@ def _bce(x, target, weight=None, reduction=1):
     """As eager's kernel: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100), times the
     weight, then reduction none / mean / sum. eager asserts 0 <= x <= 1 (on CUDA, a device
     assert); outside it the logs give NaN here. float32 / float64 only."""
-    _bce_check("binary_cross_entropy", x, target, weight)
-    if reduction not in (0, 1, 2):
-        raise UnsupportedOpError(f"binary_cross_entropy: reduction {reduction!r}")
+    check_float_loss("binary_cross_entropy", reduction, x, target, weight)
     log_x = ew("maximum", ew("log", x), -100.0)
     log_1mx = ew("maximum", ew("log1p", ew("neg", x)), -100.0)
     loss = ew("sub", ew("mul", ew("sub", target, 1.0), log_1mx), ew("mul", target, log_x))
     if weight is not None:
         loss = ew("mul", loss, weight)
-    if reduction == 0:
-        return loss
-    return B.mean(loss, None, False) if reduction == 1 else B.reduction("sum", loss, None, False)
+    return reduce_loss(loss, reduction)
 
 
 @lowers("aten::binary_cross_entropy_backward", n_args=(3, 4, 5), const_args=(4,))
@@ -282,9 +288,7 @@ def _bce_backward(grad, x, target, weight=None, reduction=1):
     """grad * (x - t) / max((1 - x) * x, 1e-12), times the weight, divided by the element count
     for a mean, as eager's kernel and its two tensor ops after it (eager's CUDA division by the
     count multiplies by its reciprocal: pyfuser divides, as for any Python number)."""
-    _bce_check("binary_cross_entropy_backward", grad, x, target, weight)
-    if reduction not in (0, 1, 2):
-        raise UnsupportedOpError(f"binary_cross_entropy_backward: reduction {reduction!r}")
+    check_float_loss("binary_cross_entropy_backward", reduction, grad, x, target, weight)
     denom = ew("maximum", ew("mul", ew("sub", 1.0, x), x), 1e-12)
     g = ew("div", ew("mul", grad, ew("sub", x, target)), denom)
     if weight is not None:

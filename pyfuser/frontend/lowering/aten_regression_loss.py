@@ -17,28 +17,10 @@ from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
+from .aten_loss import check_float_loss, reduce_loss
 from .registry import NORMALIZATION, lowers
 
 ew = B.elementwise
-
-
-def _check(name, *xs) -> None:
-    if not all(isinstance(x, TensorView) for x in xs):
-        raise UnsupportedOpError(f"{name} of a non-tensor (left to eager)")
-    dtypes = {x.dtype for x in xs}
-    if len(dtypes) != 1 or xs[0].dtype not in (DataType.Float, DataType.Double):
-        raise UnsupportedOpError(f"{name} of other than float32 / float64 tensors of one dtype "
-                                 f"(eager rounds each step of half / bfloat16: left to eager)")
-
-
-def _reduce(loss: TensorView, reduction, name: str) -> TensorView:
-    if reduction == 0:
-        return loss
-    if reduction == 1:
-        return B.mean(loss, None, False)
-    if reduction == 2:
-        return B.reduction("sum", loss, None, False)
-    raise UnsupportedOpError(f"{name}: reduction {reduction!r}")
 
 
 def _norm(x: TensorView, reduction, scale: float):
@@ -65,32 +47,32 @@ def _check_beta(name, beta):
 
 @lowers("aten::mse_loss", op_class=NORMALIZATION, n_args=(2, 3), const_args=(2,))
 def _mse_loss(x, y, reduction=1):
-    _check("mse_loss", x, y)
+    check_float_loss("mse_loss", reduction, x, y)
     diff = ew("sub", x, y)
-    return _reduce(ew("mul", diff, diff), reduction, "mse_loss")
+    return reduce_loss(ew("mul", diff, diff), reduction)
 
 
 @lowers("aten::mse_loss_backward", n_args=(4,), const_args=(3,))
 def _mse_loss_backward(grad, x, y, reduction):
-    _check("mse_loss_backward", grad, x, y)
+    check_float_loss("mse_loss_backward", reduction, grad, x, y)
     return ew("mul", ew("mul", _norm(x, reduction, 2.0), ew("sub", x, y)), grad)
 
 
 @lowers("aten::smooth_l1_loss", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(2, 3))
 def _smooth_l1_loss(x, y, reduction=1, beta=1.0):
-    _check("smooth_l1_loss", x, y)
+    check_float_loss("smooth_l1_loss", reduction, x, y)
     _check_beta("smooth_l1_loss", beta)
     if float(beta) == 0.0:
         raise UnsupportedOpError("smooth_l1_loss with beta 0 (eager's l1_loss; left to eager)")
     z = ew("abs", ew("sub", x, y))
     small = ew("div", ew("mul", ew("mul", z, 0.5), z), float(beta))
     loss = ew("where", ew("lt", z, float(beta)), small, ew("sub", z, 0.5 * float(beta)))
-    return _reduce(loss, reduction, "smooth_l1_loss")
+    return reduce_loss(loss, reduction)
 
 
 @lowers("aten::smooth_l1_loss_backward", n_args=(5,), const_args=(3, 4))
 def _smooth_l1_loss_backward(grad, x, y, reduction, beta):
-    _check("smooth_l1_loss_backward", grad, x, y)
+    check_float_loss("smooth_l1_loss_backward", reduction, grad, x, y)
     _check_beta("smooth_l1_loss_backward", beta)
     if float(beta) == 0.0:
         raise UnsupportedOpError("smooth_l1_loss_backward with beta 0 (left to eager)")
@@ -103,18 +85,18 @@ def _smooth_l1_loss_backward(grad, x, y, reduction, beta):
 
 @lowers("aten::huber_loss", op_class=NORMALIZATION, n_args=(2, 3, 4), const_args=(2, 3))
 def _huber_loss(x, y, reduction=1, delta=1.0):
-    _check("huber_loss", x, y)
+    check_float_loss("huber_loss", reduction, x, y)
     _check_beta("huber_loss", delta)
     dl = float(delta)
     z = ew("abs", ew("sub", x, y))
     loss = ew("where", ew("lt", z, dl), ew("mul", ew("mul", z, 0.5), z),
               ew("mul", ew("sub", z, 0.5 * dl), dl))
-    return _reduce(loss, reduction, "huber_loss")
+    return reduce_loss(loss, reduction)
 
 
 @lowers("aten::huber_loss_backward", n_args=(5,), const_args=(3, 4))
 def _huber_loss_backward(grad, x, y, reduction, delta):
-    _check("huber_loss_backward", grad, x, y)
+    check_float_loss("huber_loss_backward", reduction, grad, x, y)
     _check_beta("huber_loss_backward", delta)
     norm, dl = _norm(x, reduction, 1.0), float(delta)
     d = ew("sub", x, y)
