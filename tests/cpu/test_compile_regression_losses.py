@@ -56,6 +56,8 @@ def test_regression_losses_of_bfloat16_stay_eagers():
     got = pyfuser.compile(lambda a, b: F.mse_loss(a * 2, b, reduction="none"))(x, y)
     assert torch.equal(got, F.mse_loss(x * 2, y, reduction="none"))
     assert graphs("inference") and "aten.mse_loss.default" not in _fused()
+    assert "mse_loss of other than float32 / float64 tensors of one dtype" in \
+        " ".join(why for g in graphs("inference") for why in g.unsupported.values())
     torch._dynamo.reset()
     pyfuser.compile(lambda a, b: F.mse_loss(a * 2, b, reduction="none"))(x.float(), y.float())
     assert "aten.mse_loss.default" in _fused()
@@ -163,3 +165,38 @@ def test_nan_to_num_is_eagers(dtype, kw):
     assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
     assert "aten.nan_to_num.default" in {op for g in graphs("inference") + graphs("forward")
                                          for r in g.regions for op in r.ops}
+
+
+def _left_to_eager(handler, *args):
+    from pyfuser.errors import UnsupportedOpError
+    from pyfuser.frontend.lowering.lower import tensor_input
+    from pyfuser.ir.fusion import Fusion
+    with Fusion():
+        x = tensor_input(torch.float32, [4, 6], [6, 1], "x")
+        y = tensor_input(torch.float32, [4, 6], [6, 1], "y")
+        h = tensor_input(torch.bfloat16, [4, 6], [6, 1], "h")
+        s = tensor_input(torch.float32, [], [], "s")
+        env = {"x": x, "y": y, "h": h, "s": s}
+        with pytest.raises(UnsupportedOpError) as e:
+            handler(*[env.get(a, a) if isinstance(a, str) else a for a in args])
+    return str(e.value)
+
+
+@pytest.mark.parametrize("module,name,args,message", [
+    ("aten_regression_loss", "_mse_loss", ("x", "h", 1), "of other than float32 / float64"),
+    ("aten_regression_loss", "_mse_loss", ("x", "y", 3), "mse_loss: reduction 3"),
+    ("aten_regression_loss", "_smooth_l1_loss", ("x", "y", 1, 0.0), "beta 0"),
+    ("aten_regression_loss", "_huber_loss", ("x", "y", 1, -1.0), "must be a constant >= 0"),
+    ("aten_loss", "_bce", ("x", "y", None, 4), "binary_cross_entropy: reduction 4"),
+    ("aten_vector_norm", "_linalg_vector_norm", ("x", "fro"), "ord must be a constant number"),
+    ("aten_vector_norm", "_norm", ("x", 2, 1), "not a list of dims"),
+    ("aten_activations", "_glu", ("s", -1), "glu of a 0-dim tensor"),
+    ("aten_pointwise", "_xlogy", ("x", "h"), "xlogy of other than float32 / float64"),
+], ids=["dtypes", "reduction", "beta0", "delta", "bce_reduction", "ord", "norm_overload", "glu",
+        "xlogy"])
+def test_unsupported_forms_are_left_to_eager_with_their_reason(module, name, args, message):
+    """Each form these lowerings do not take raises UnsupportedOpError (the node runs eagerly
+    and the graph's report names the reason)."""
+    import importlib
+    handler = getattr(importlib.import_module(f"pyfuser.frontend.lowering.{module}"), name)
+    assert message in _left_to_eager(handler, *args)
