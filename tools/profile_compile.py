@@ -145,7 +145,7 @@ def child(args) -> dict:
     f = torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum(-1), backend=pyfuser.backend)
     f(x).sum().backward()
     torch._dynamo.reset()
-    case = Case(TC, args.model, "float32", size, device, 0.0)
+    case = Case(TC, args.model, args.dtype, size, device, 0.0)
     model, fn, opt = case.make("pyfuser")
     timer = PhaseTimer()
     install(timer)
@@ -171,7 +171,8 @@ def child(args) -> dict:
             else:
                 hi = max(hi, b)
         wall += hi - lo
-    return {"model": args.model, "total_s": total, "cpu_s": cpu, "main_cpu_s": m1 - m0,
+    return {"model": f"{args.model} {args.dtype}", "total_s": total, "cpu_s": cpu,
+            "main_cpu_s": m1 - m0,
             "phases": phases, "counts": timer.counts,
             "nvrtc_wall": wall,
             "kernels_nvrtc": nvrtc.stats["nvrtc"] - n0["nvrtc"],
@@ -185,6 +186,7 @@ def run_child(model: str, cache: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model]
     if args.size:
         cmd += ["--size", args.size]
+    cmd += ["--dtype", args.dtype]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
     if not line:
@@ -209,6 +211,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="bert")
     p.add_argument("--size", default="", help="batch,seq,hidden,layers (default: SMALL on CPU)")
     p.add_argument("--threads", type=int, default=None, help="PYFUSER_COMPILE_THREADS")
+    p.add_argument("--dtype", default="float32", help="float32, or bfloat16 (autocast)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args(argv)
