@@ -2,11 +2,12 @@
 reductions and normalizations pyfuser's lowering table takes that fx_fuzz's own generators do
 not draw (trigonometric and hyperbolic functions, erf / erfc / erfinv, exp2 / expm1 / log1p /
 log2 / log10, reciprocal, sign, rounding, isnan / isinf / isfinite, the activations relu6,
-hardtanh, hardsigmoid, hardswish, leaky_relu, elu, selu, celu, glu, softplus, mish; a vector
-norm and F.normalize; atan2, remainder, fmod, floor and trunc divisions, logical and bitwise
-ops, xlogy, the MSE, smooth L1 and Huber losses, lerp, addcmul, masked_fill; amin,
-logsumexp, std, var_mean / std_mean, max / min over a dim, cumsum, rms_norm, group_norm,
-batch_norm) and a few it does not lower (prod, argmax: they must run eagerly, right).
+hardtanh, hardsigmoid, hardswish, leaky_relu, elu, selu, celu, glu, softplus, mish,
+logsigmoid; a vector norm and F.normalize; atan2, remainder, fmod, floor and trunc
+divisions, logical and bitwise ops, xlogy, the MSE, smooth L1, Huber and soft margin losses,
+lerp, addcmul, masked_fill; amin, logsumexp, std, var_mean / std_mean, max / min over a
+dim, cumsum, rms_norm, group_norm, batch_norm) and a few it does not lower (prod, argmax:
+they must run eagerly, right).
 
 `fx_fuzz.generate(seed, more_ops=True)` draws a seed's program as before, then 1-4 lines of
 these from a random stream of their own (seed-derived), over the program's values, each an
@@ -29,7 +30,7 @@ MORE_UNARY = ["torch.cos", "torch.tan", "torch.sinh", "torch.cosh", "torch.asin"
               "torch.sign", "torch.sgn", "torch.ceil", "torch.round", "torch.trunc",
               "torch.frac", "torch.isnan", "torch.isinf", "torch.isfinite", "torch.square",
               "F.relu6", "F.hardtanh", "F.hardsigmoid", "F.hardswish", "F.mish",
-              "torch.bitwise_not", "F.elu", "F.softplus"]
+              "torch.bitwise_not", "F.elu", "F.softplus", "F.logsigmoid"]
 # (op, extra arguments) for the activations with parameters
 PARAM_UNARY = [("F.leaky_relu", ", 0.2"), ("F.elu", ", alpha=0.5"),
                ("F.softplus", ", beta=2.0, threshold=5.0"), ("F.hardtanh", ", -0.5, 2.0"),
@@ -39,7 +40,7 @@ PARAM_UNARY = [("F.leaky_relu", ", 0.2"), ("F.elu", ", alpha=0.5"),
 MORE_BINARY = ["torch.atan2", "torch.remainder", "torch.fmod", "torch.logical_and",
                "torch.logical_or", "torch.logical_xor", "torch.bitwise_and", "torch.bitwise_or",
                "torch.bitwise_xor", "torch.ge", "torch.le", "torch.floor_divide", "torch.xlogy",
-               "F.mse_loss", "F.smooth_l1_loss", "F.huber_loss"]
+               "F.mse_loss", "F.smooth_l1_loss", "F.huber_loss", "F.soft_margin_loss"]
 DIVIDING = ("torch.remainder", "torch.fmod", "torch.floor_divide")
 
 

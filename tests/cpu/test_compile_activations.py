@@ -1,9 +1,9 @@
 """Activations whose derivatives ran eagerly before frontend/lowering/aten_activations.py (ELU,
-SELU, CELU, leaky ReLU, hardsigmoid, hardswish, mish, PReLU) through the torch.compile backend
-on the CPU: each derivative fuses into the backward graph's kernels (the bias' gradient sum in
-the same region), the forward and the gradients are as close to float64 eager as float32 eager
-is, half / bfloat16 results are eager's bits (computed in float, rounded once), and the bounds
-of the branches are eager's."""
+SELU, CELU, leaky ReLU, hardsigmoid, hardswish, mish, log-sigmoid, PReLU) through the
+torch.compile backend on the CPU: each derivative fuses into the backward graph's kernels (the
+bias' gradient sum in the same region), the forward and the gradients are as close to float64
+eager as float32 eager is, half / bfloat16 results are eager's bits (computed in float,
+rounded once), and the bounds of the branches are eager's."""
 from __future__ import annotations
 
 import pytest
@@ -24,6 +24,7 @@ ACTIVATIONS = [
     ("hardsigmoid", F.hardsigmoid, "hardsigmoid_backward"),
     ("hardswish", F.hardswish, "hardswish_backward"),
     ("mish", F.mish, "mish_backward"),
+    ("logsigmoid", F.logsigmoid, "log_sigmoid_backward"),
 ]
 
 
@@ -120,6 +121,40 @@ def test_hardswish_backward_bounds_follow_the_device(device, at_minus3, at_3):
         f.add_output(_hardswish_backward(g, x))
     (got,) = evaluate(f, [torch.ones(4), torch.tensor([-3.0, 3.0, -3.5, 3.5])])
     assert got.tolist() == [at_minus3, at_3, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("device", ["cuda", None, "cpu"], ids=str)
+def test_log_sigmoid_buffer_follows_the_device(device):
+    """log_sigmoid_forward's buffer is eager's of the graph's device: an empty [0] tensor for
+    CUDA (whose backward computes exp(-|x|) again), exp(-|x|) itself for the CPU (whose backward
+    reads it); the output and the gradient are the same either way, -inf / inf / NaN included."""
+    from pyfuser.frontend.lowering.aten_activations import (_log_sigmoid_backward,
+                                                            _log_sigmoid_forward)
+    from pyfuser.frontend.lowering.device import lowering_device
+    from pyfuser.frontend.lowering.lower import tensor_input
+    from pyfuser.ir.evaluator import evaluate
+    from pyfuser.ir.fusion import Fusion
+    x = torch.tensor([-30.0, -2.0, -0.0, 0.0, 0.5, 40.0, -float("inf"), float("inf"),
+                      float("nan")])
+    g = torch.randn(9)
+    with Fusion() as f, lowering_device(device):
+        xv = tensor_input(torch.float32, [9], [1], "x")
+        gv = tensor_input(torch.float32, [9], [1], "g")
+        f.add_input(xv)
+        f.add_input(gv)
+        out, buffer = _log_sigmoid_forward(xv)
+        f.add_output(out)
+        f.add_output(buffer)
+        f.add_output(_log_sigmoid_backward(gv, xv, buffer))
+    got, buf, dx = evaluate(f, [x, g])
+    want, cpu_buffer = torch.ops.aten.log_sigmoid_forward(x)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    if device == "cpu":
+        torch.testing.assert_close(buf, cpu_buffer, equal_nan=True, rtol=0, atol=0)
+    else:
+        assert buf.shape == (0,)
+    torch.testing.assert_close(dx, torch.ops.aten.log_sigmoid_backward(g, x, cpu_buffer),
+                               equal_nan=True, rtol=0, atol=0)
 
 
 def test_hardswish_backward_on_the_cpu_is_eagers_vectorised_loop():

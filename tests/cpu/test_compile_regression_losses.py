@@ -1,10 +1,10 @@
 """Losses and norms that ran eagerly before (frontend/lowering/aten_regression_loss.py,
 aten_vector_norm.py; xlogy, nan_to_num and alias) through the torch.compile backend on the
-CPU: MSE, smooth L1, Huber and binary cross-entropy losses with their gradients, vector norms
-(F.normalize, cosine similarity, x.norm(dim=...)), KL divergence's xlogy, nan_to_num and
-autograd's alias of a saved tensor fuse, and the values and gradients are as close to float64
-eager as float32 eager is; half / bfloat16 losses stay eager's (eager rounds each of their
-steps)."""
+CPU: MSE, smooth L1, Huber, soft margin and binary cross-entropy losses with their gradients,
+vector norms (F.normalize, cosine similarity, x.norm(dim=...)), KL divergence's xlogy,
+nan_to_num and autograd's alias of a saved tensor fuse, and the values and gradients are as
+close to float64 eager as float32 eager is; half / bfloat16 losses stay eager's (eager rounds
+each of their steps)."""
 from __future__ import annotations
 
 import math
@@ -74,6 +74,30 @@ def test_smooth_l1_at_its_bounds():
     out.backward()
     want.backward()
     assert torch.equal(ours.grad, ref.grad), (ours.grad, ref.grad)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_soft_margin_is_eagers_op_by_op(reduction):
+    """log1p(exp(-x * y)) and the gradient y * z * -norm / (z + 1) * grad in eager's order: the
+    gradient is eager's bits for every reduction (norm = 1 / numel rounded to float for the
+    mean), and so is the loss per element; labels +1 / -1 and large margins (exp overflows to
+    inf and the loss is inf, as eager's)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(40, generator=gen) * 4, torch.tensor([-100.0, 100.0, 0.0])])
+    y = torch.randint(0, 2, (43,), generator=gen).float() * 2 - 1
+    ours, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    f = lambda a: F.soft_margin_loss(a * 1, y, reduction=reduction)   # noqa: E731
+    out, want = pyfuser.compile(f)(ours), f(ref)
+    if reduction == "none":
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(out, want)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g)
+    want.backward(g)
+    # (NaN at the margins of 100: inf / inf, in eager too)
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=0, atol=0, equal_nan=True)
+    assert "aten.soft_margin_loss_backward.default" in _fused()
 
 
 @pytest.mark.parametrize("fn", [
@@ -192,8 +216,10 @@ def _left_to_eager(handler, *args):
     ("aten_vector_norm", "_norm", ("x", 2, 1), "not a list of dims"),
     ("aten_activations", "_glu", ("s", -1), "glu of a 0-dim tensor"),
     ("aten_pointwise", "_xlogy", ("x", "h"), "xlogy of other than float32 / float64"),
+    ("aten_regression_loss", "_soft_margin_loss", ("s", "x", 1), "target that broadcasts"),
+    ("aten_regression_loss", "_soft_margin_loss", ("h", "h", 1), "of other than float32"),
 ], ids=["dtypes", "reduction", "beta0", "delta", "bce_reduction", "ord", "norm_overload", "glu",
-        "xlogy"])
+        "xlogy", "soft_margin_broadcast", "soft_margin_half"])
 def test_unsupported_forms_are_left_to_eager_with_their_reason(module, name, args, message):
     """Each form these lowerings do not take raises UnsupportedOpError (the node runs eagerly
     and the graph's report names the reason)."""

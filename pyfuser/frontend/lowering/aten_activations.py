@@ -1,6 +1,7 @@
 """Lowerings of activations computed as eager's kernels compute them, and of the derivatives
 that aten_backward.py does not have: ELU (SELU and CELU call it) and its backward, CELU, leaky
-ReLU's, hardsigmoid's, hardswish's and mish's backward, PReLU's kernel and its backward
+ReLU's, hardsigmoid's, hardswish's and mish's backward, log-sigmoid and its backward
+(`log_sigmoid_forward` / `_backward`: a DPO loss's F.logsigmoid), PReLU's kernel and its backward
 (`_prelu_kernel`, `_prelu_kernel_backward`), and GLU and its backward (the halves of the axis
 as slices, the gradient a cat of the halves' gradients). Before these, each derivative ran
 eagerly and cut the training graph's kernels around it (a MobileNetV3's hardswish, a GAN's
@@ -128,6 +129,48 @@ def _mish_backward(grad, x):
     t = ew("tanh", ew("log1p", ew("exp", xc)))
     inner = ew("mul", ew("mul", xc, s), ew("sub", 1.0, ew("mul", t, t)))
     return _out(ew("mul", g, ew("add", t, inner)), grad)
+
+
+def _exp_neg_abs(xc: TensorView) -> TensorView:
+    """exp(-|x|): log-sigmoid's z (the CPU kernel's buffer)."""
+    return ew("exp", ew("neg", ew("abs", xc)))
+
+
+@lowers("aten::log_sigmoid_forward", n_args=(1,))
+def _log_sigmoid_forward(x):
+    """(min(x, 0) - log1p(z), buffer) with z = exp(-|x|): F.logsigmoid's op. The buffer is
+    what eager's kernel of the graph's device returns: on the CPU z itself (rounded to x's
+    dtype, the backward reads it), on CUDA (or an unknown device) an empty tensor [0]."""
+    _floating("log_sigmoid_forward", x)
+    xc = _float_compute(x)
+    z = _exp_neg_abs(xc)
+    out = _out(ew("sub", ew("minimum", xc, 0.0), ew("log1p", z)), x)
+    buffer = _out(z, x) if device_type() == "cpu" else B.full([0], 0, x.dtype)
+    return out, buffer
+
+
+@lowers("aten::log_sigmoid", n_args=(1,))
+def _log_sigmoid(x):
+    """F.logsigmoid in a TorchScript graph: log_sigmoid_forward's output."""
+    return _log_sigmoid_forward(x)[0]
+
+
+def _is_empty(t: TensorView) -> bool:
+    """Whether t's sizes are constants with a 0 among them (CUDA's log-sigmoid buffer)."""
+    sizes = [d.known_size() for d in t.logical]
+    return None not in sizes and 0 in sizes
+
+
+@lowers("aten::log_sigmoid_backward", n_args=(3,))
+def _log_sigmoid_backward(grad, x, buffer):
+    """grad * (x < 0 ? 1 - z / (1 + z) : z / (1 + z)) (eager's max_deriv - sign * z / (1 + z));
+    z = exp(-|x|) computed again where the buffer is empty (CUDA's kernel), else the buffer
+    (the CPU's kernel, which reads it)."""
+    _floating("log_sigmoid_backward", grad, x, buffer)
+    g, xc = _float_compute(grad), _float_compute(x)
+    z = _exp_neg_abs(xc) if _is_empty(buffer) else _float_compute(buffer)
+    q = ew("div", z, ew("add", 1.0, z))
+    return _out(ew("mul", g, ew("where", ew("lt", xc, 0.0), ew("sub", 1.0, q), q)), grad)
 
 
 @lowers("aten::_prelu_kernel", n_args=(2,))

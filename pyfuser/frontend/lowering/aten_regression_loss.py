@@ -1,11 +1,14 @@
-"""Lowerings of the regression losses and their gradients: `mse_loss`, `smooth_l1_loss` and
-`huber_loss` (reduction none / mean / sum) and their `*_backward` ops. A diffusion model's
-`F.mse_loss`, a detector's smooth L1 ran eagerly before, forward and backward.
+"""Lowerings of the element-wise losses of an input and a target and their gradients: the
+regression losses `mse_loss`, `smooth_l1_loss` and `huber_loss`, and `soft_margin_loss` (the
+logistic loss of +1 / -1 labels) (reduction none / mean / sum), and their `*_backward` ops. A
+diffusion model's `F.mse_loss`, a detector's smooth L1 ran eagerly before, forward and backward.
 
 Each is eager's CUDA kernel op by op, in the same order (mse: (x - y) * (x - y); smooth L1:
 |x - y| < beta ? 0.5 * z * z / beta : z - 0.5 * beta; huber: z < delta ? 0.5 * z * z :
-delta * (z - 0.5 * delta); the gradients norm * ... * grad with norm = 2 / numel, 1 / numel
-for a mean, 2 or 1 for a sum or none), then eager's mean or sum over every element. Those
+delta * (z - 0.5 * delta); soft margin: log1p(exp(-x * y)); the gradients norm * ... * grad
+with norm = 2 / numel, 1 / numel for a mean, 2 or 1 for a sum or none; soft margin's
+y * z * -norm / (z + 1) * grad with z = exp(-y * x)), then eager's mean or sum over every
+element. Those
 kernels compute half / bfloat16 in their own dtype, rounding each step: such losses, and
 operands of two dtypes, are left to eager, as is smooth L1 with beta 0 (eager's L1 loss).
 
@@ -103,3 +106,27 @@ def _huber_loss_backward(grad, x, y, reduction, delta):
     return ew("where", ew("lt", d, -dl), ew("mul", ew("mul", grad, _neg(norm)), dl),
               ew("where", ew("gt", d, dl), ew("mul", ew("mul", grad, norm), dl),
                  ew("mul", ew("mul", d, norm), grad)))
+
+
+def _check_target_fits(what: str, x: TensorView, y: TensorView) -> None:
+    """eager writes the loss into a tensor of the input's shape (`mul_` by the target): a target
+    that broadcasts the input to a larger shape raises there; left to eager here."""
+    if y.ndim > x.ndim or any(dx.is_broadcast and not dy.is_broadcast
+                              for dx, dy in zip(x.logical[x.ndim - y.ndim:], y.logical)):
+        raise UnsupportedOpError(f"{what}: a target that broadcasts the input (left to eager)")
+
+
+@lowers("aten::soft_margin_loss", op_class=NORMALIZATION, n_args=(2, 3), const_args=(2,))
+def _soft_margin_loss(x, y, reduction=1):
+    check_float_loss("soft_margin_loss", reduction, x, y)
+    _check_target_fits("soft_margin_loss", x, y)
+    return reduce_loss(ew("log1p", ew("exp", ew("mul", ew("neg", x), y))), reduction)
+
+
+@lowers("aten::soft_margin_loss_backward", n_args=(4,), const_args=(3,))
+def _soft_margin_loss_backward(grad, x, y, reduction):
+    check_float_loss("soft_margin_loss_backward", reduction, grad, x, y)
+    _check_target_fits("soft_margin_loss_backward", x, y)
+    z = ew("exp", ew("mul", ew("neg", y), x))
+    scaled = ew("mul", ew("mul", y, z), _neg(_norm(x, reduction, 1.0)))
+    return ew("mul", ew("div", scaled, ew("add", z, 1.0)), grad)
