@@ -4,6 +4,7 @@ process, the disk cache of the cold one), per phase.
     PYTHONPATH=. python3 tools/profile_compile.py                      # bert, CPU sizes (SMALL)
     PYTHONPATH=. python3 tools/profile_compile.py --models bert,gpt2,llama --size 8,512,768,4
     PYTHONPATH=. python3 tools/profile_compile.py --threads 1          # NVRTC one after another
+    PYTHONPATH=. python3 tools/profile_compile.py --dtype bfloat16     # under bfloat16 autocast
 
 Each measurement runs in a fresh process (`--child`) with one PYFUSER_CACHE_DIR per model: the
 first fills it (cold), the second reads it (warm). The child times the first inference forward

@@ -8,9 +8,9 @@ Each is eager's CUDA kernel op by op, in the same order (mse: (x - y) * (x - y);
 delta * (z - 0.5 * delta); soft margin: log1p(exp(-x * y)); the gradients norm * ... * grad
 with norm = 2 / numel, 1 / numel for a mean, 2 or 1 for a sum or none; soft margin's
 y * z * -norm / (z + 1) * grad with z = exp(-y * x)), then eager's mean or sum over every
-element. Those
-kernels compute half / bfloat16 in their own dtype, rounding each step: such losses, and
-operands of two dtypes, are left to eager, as is smooth L1 with beta 0 (eager's L1 loss).
+element. Those kernels compute half / bfloat16 in their own dtype, rounding each step: such
+losses, and operands of two dtypes, are left to eager, as is smooth L1 with beta 0 (eager's
+L1 loss), and a soft margin target that would broadcast the input (eager raises).
 
 Invariant: the result has eager's dtype and shape (a 0-dim tensor for mean and sum).
 """
