@@ -6,7 +6,9 @@ Scalar the kernel sees -> the user's Scalar, whose Binding gives the parameter's
 collects the kernel's parameters in order (pointers, sizes, strides, scalars), the prologue Lets of
 scalar expressions, and turns one Fusion op of a graph node into a kernel IR expression
 (`node_expr`): the op of the op table in its computation dtype, operands converted as the builder
-promoted them, half/bf16 results rounded where eager rounds them.
+promoted them, half/bf16 results rounded where eager rounds them (`convert_arg` and `op_expr`
+do that for one elementwise expr, for lowerings without graph nodes too: the embedding
+backward's epilogue).
 
 Invariant: nothing here reassociates or fuses arithmetic: one Fusion op, one kernel IR Op.
 """
@@ -36,6 +38,31 @@ def op_compute_dtype(e) -> DataType:
             return Operand(v.dtype, Operand.TENSOR if v.ndim else Operand.ZERO_DIM)
         return Operand(v.dtype, Operand.SCALAR)
     return result_type(*(operand(v) for v in promoted), promotion=kind)
+
+
+def convert_arg(expr, src: DataType, compute: DataType, e, i):
+    """Operand i of elementwise expr e (kernel IR `expr` of dtype src) in e's computation dtype
+    (where's condition as it is)."""
+    if e.info.name == "where" and i == 0:
+        return expr
+    dst = compute.compute
+    return expr if src.compute is dst else K.Convert("cast", expr, src, dst)
+
+
+def op_expr(e, args, compute: DataType, out: DataType, rounded: bool = True):
+    """Elementwise expr e of converted operands `args`: the op table's op in `compute`, a half /
+    bfloat16 result rounded (unless `rounded` is False: a value only stored, whose store
+    rounds it)."""
+    if e.info.name == "div_trunc" and compute.is_reduced_float:
+        # eager (CUDA) computes trunc(a / b) on scalar_t = half/bfloat16: the quotient is
+        # rounded to the reduced type before the trunc (2.999 -> bf16 3.0 -> 3, not 2)
+        q = K.Convert("round", K.Op("div", tuple(args), compute), DataType.Float, compute)
+        return K.Convert("round", K.Op("trunc", (q,), compute), DataType.Float, out) \
+            if out.is_reduced_float else K.Op("trunc", (q,), compute)
+    expr = K.Op(e.info.name, tuple(args), compute)
+    if out.is_reduced_float and rounded:
+        expr = K.Convert("round", expr, DataType.Float, out)
+    return expr
 
 
 class Emitter:
@@ -141,9 +168,9 @@ class Emitter:
             expr = K.Convert("cast", self.scalar(d.inputs[0]), d.inputs[0].dtype, s.dtype)
         else:
             compute = op_compute_dtype(d)
-            args = [self._convert_arg(self.scalar(v), v.dtype, compute, d, i)
+            args = [convert_arg(self.scalar(v), v.dtype, compute, d, i)
                     for i, v in enumerate(d.inputs)]
-            expr = self._op(d, args, compute, s.dtype)
+            expr = op_expr(d, args, compute, s.dtype)
         if not isinstance(expr, (K.Var, K.Const)):
             name = f"s{s.number}"
             self.prologue.append(K.Let(name, K.REGISTER_CTYPE[s.dtype], expr, f"{s.name}"))
@@ -182,26 +209,6 @@ class Emitter:
         return self._param(self.size_params, f"x{s.number}", self.it, ("scalar", self.s.orig_of[id(s)]))
 
     # ---- ops ------------------------------------------------------------------------------
-    @staticmethod
-    def _convert_arg(expr, src: DataType, compute: DataType, e, i):
-        if e.info.name == "where" and i == 0:
-            return expr
-        dst = compute.compute
-        return expr if src.compute is dst else K.Convert("cast", expr, src, dst)
-
-    @staticmethod
-    def _op(e, args, compute: DataType, out: DataType, rounded: bool = True):
-        if e.info.name == "div_trunc" and compute.is_reduced_float:
-            # eager (CUDA) computes trunc(a / b) on scalar_t = half/bfloat16: the quotient is
-            # rounded to the reduced type before the trunc (2.999 -> bf16 3.0 -> 3, not 2)
-            q = K.Convert("round", K.Op("div", tuple(args), compute), DataType.Float, compute)
-            return K.Convert("round", K.Op("trunc", (q,), compute), DataType.Float, out) \
-                if out.is_reduced_float else K.Op("trunc", (q,), compute)
-        expr = K.Op(e.info.name, tuple(args), compute)
-        if out.is_reduced_float and rounded:
-            expr = K.Convert("round", expr, DataType.Float, out)
-        return expr
-
     def node_expr(self, node, arg_expr) -> object:
         """The kernel IR expression of an "op", "cast" or "full" node; `arg_expr(tensor node)`
         gives an argument's value (register type of its dtype)."""
@@ -218,10 +225,10 @@ class Emitter:
         args = []
         for i, a in enumerate(node.args):
             if isinstance(a, Scalar):
-                args.append(self._convert_arg(self.scalar(a), a.dtype, compute, e, i))
+                args.append(convert_arg(self.scalar(a), a.dtype, compute, e, i))
             else:
-                args.append(self._convert_arg(arg_expr(a), a.tv.dtype, compute, e, i))
-        return self._op(e, args, compute, dt, id(node) not in self.store_only)
+                args.append(convert_arg(arg_expr(a), a.tv.dtype, compute, e, i))
+        return op_expr(e, args, compute, dt, id(node) not in self.store_only)
 
     def params(self) -> list:
         return self.ptr_params + self.size_params + self.stride_params + self.scalar_params
