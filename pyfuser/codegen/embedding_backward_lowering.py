@@ -19,8 +19,9 @@ so no two threads touch one accumulator element and nothing needs an atomic.
    matches hit the same row (a long run of one index: a token-type table) and goes back to
    acc when the row changes, so every element is the sequential sum of its tokens in token
    order, whatever R, S or the unrolls.
-4. Each thread writes its columns of the R rows once (converted to the output dtype); the
-   padding row and rows no token hits are zeros, so the output needs no memset.
+4. Each thread writes its columns of the R rows once (converted to the output dtype, through
+   the epilogue's pointwise ops where the fusion has them: embedding_backward_epilogue.py);
+   the padding row and rows no token hits are zeros, so the output needs no memset.
 The next chunk's counts and lists are written only after its first barrier, which every
 thread reaches after reading the previous chunk's lists: two barriers a chunk.
 
@@ -31,8 +32,9 @@ arithmetic only where layout.needs_int64 says every offset fits.
 from __future__ import annotations
 
 from ..ir.dtypes import DataType
-from ..schedule.embedding_backward import WARP, EmbeddingBackwardParams
+from ..schedule.embedding_backward import WARP, EmbeddingBackwardParams, embedding_op
 from . import kernel_ir as K
+from .embedding_backward_epilogue import Epilogue
 from .kernel import LaunchConfig, Param
 
 V_ = K.Var
@@ -63,8 +65,8 @@ def _coords_offset(t, sizes: list, strides: list):
 
 
 class _Builder:
-    def __init__(self, p: EmbeddingBackwardParams, grad, ids, out):
-        self.p, self.grad, self.ids, self.out = p, grad, ids, out
+    def __init__(self, p: EmbeddingBackwardParams, grad, ids, out, epilogue: Epilogue):
+        self.p, self.grad, self.ids, self.out, self.epilogue = p, grad, ids, out, epilogue
         self.params = [Param("grad", "void*", ("ptr", p.grad_seg)),
                        Param("ids", "void*", ("ptr", p.ids_seg)),
                        Param("out", "void*", ("ptr", p.out_seg)),
@@ -78,6 +80,7 @@ class _Builder:
             for a in range(ids.ndim):
                 self.params += [Param(f"isz{a}", p.index_type, ("size", p.ids_seg, a)),
                                 Param(f"ist{a}", p.index_type, ("stride", p.ids_seg, a))]
+        self.params += epilogue.params
 
     # ---- offsets ------------------------------------------------------------------------------
     def ids_offset(self, t):
@@ -124,6 +127,7 @@ class _Builder:
             K.Alloc("nmatch", DataType.Int32, ()),
             K.Alloc("gval", self.grad.dtype, (p.match_unroll, p.cols)),
             K.Alloc("outv", self.out.dtype, (p.cols,)),
+            *self.epilogue.allocs,
             K.Loop("r", C(0), C(p.rows), C(1), "serial",
                    [K.Assign("acc", (V_("r"), self.slot(k)), self._zero())
                     for k in range(p.cols)], "zero this thread's columns"),
@@ -226,21 +230,22 @@ class _Builder:
         stmts = []
         for k in range(p.cols):
             col = self.col(k)
-            stmts.append(K.If(_bin("<", col, V_("H")), [
-                K.Assign("outv", (I(k),), K.Convert("store", K.ArrayRef("acc", (V_("r"), self.slot(k))),
-                                                    p.acc, self.out.dtype)),
+            pre, value = self.epilogue.value(K.ArrayRef("acc", (V_("r"), self.slot(k))), v, col, k)
+            stmts.append(K.If(_bin("<", col, V_("H")), pre + [
+                K.Assign("outv", (I(k),), value),
                 K.Store("out", K.add(K.mul(v, V_("H")), col), "outv", (I(k),), 1)]))
         return [K.Let("v_row", "nidx_t", K.add(V_("r0"), V_("r"))),
                 K.If(_bin("<", v, C(p.num_weights)), stmts)]
 
 
 def build(p: EmbeddingBackwardParams, fusion, name: str) -> K.Kernel:
-    e = fusion.used_exprs()[0]
-    grad, ids, out = e.inputs[0], e.inputs[1], e.output
-    b = _Builder(p, grad, ids, out)
+    e = embedding_op(fusion)
+    grad, ids, out = e.inputs[0], e.inputs[1], fusion.outputs[0]
+    epilogue = Epilogue(p, fusion, p.index_type)
+    b = _Builder(p, grad, ids, out, epilogue)
     tensors = {"grad": K.TensorParam("grad", grad.dtype, p.grad_seg, False),
                "ids": K.TensorParam("ids", ids.dtype, p.ids_seg, False),
-               "out": K.TensorParam("out", out.dtype, p.out_seg, True)}
+               "out": K.TensorParam("out", out.dtype, p.out_seg, True), **epilogue.tensors}
     return K.Kernel(name, b.params, tensors, p.index_type, (p.block, 1, 1), b.body())
 
 

@@ -1,12 +1,19 @@
 """The embedding_backward scheduler: aten.embedding_dense_backward as one deterministic kernel.
 
 It takes a Fusion that is one EmbeddingBackwardOp of two fusion inputs (the gradient [*, H] and
-the indices, any rank) writing the fusion's one output [num_weights, H]. The kernel
+the indices, any rank), optionally followed by an epilogue: pointwise ops (elementwise ops and
+casts) of its output [num_weights, H], of fusion inputs of that same shape (no broadcast axes)
+and of constants, such as a tied embedding's other gradient added to it (BERT's and GPT-2's
+word embeddings are also their output projection: `add(mm gradient, embedding gradient)`, a
+[num_weights, H] tensor written and read again when it is a kernel of its own). The fusion's one
+output is the epilogue's last value (the EmbeddingBackwardOp's output without one). The kernel
 (codegen/embedding_backward_lowering.py; docs/embedding_backward.md) gives each block a tile of
 `rows` vocabulary rows x a slice of `block * cols` columns, accumulated in shared memory; the
 block walks every token in order, `block * unroll` tokens a chunk, compacts the chunk's tokens
 whose index falls in its rows (warp ballots, then a prefix over the warps) and adds their
-gradient rows in token order; no sort, no atomics, one write of the result.
+gradient rows in token order; no sort, no atomics, one write of the result (the epilogue
+computed at that write from the sum rounded to the gradient's dtype, as eager's separate ops
+see it, and the epilogue inputs' elements at the same place).
 
 `plan(fusion, inputs) -> EmbeddingBackwardParams` picks, from the sizes:
 - block: 256 threads (128 where H <= 128); cols: the columns a thread owns, ceil(H / block)
@@ -44,9 +51,50 @@ HEAVY = 256                    # a block's expected matches from which it loads 
 HEAVY_UNROLL = 32              # gradient rows at a time
 
 
+EPILOGUE_EXPRS = (E.ElementwiseOp, E.CastOp)
+
+
 def _op(fusion):
-    exprs = fusion.used_exprs()
-    return exprs[0] if len(exprs) == 1 and isinstance(exprs[0], E.EmbeddingBackwardOp) else None
+    ops = [e for e in fusion.used_exprs() if isinstance(e, E.EmbeddingBackwardOp)]
+    return ops[0] if len(ops) == 1 else None
+
+
+def embedding_op(fusion):
+    """The fusion's EmbeddingBackwardOp (one that can_schedule took)."""
+    return _op(fusion)
+
+
+def epilogue(fusion) -> list:
+    """The exprs after the EmbeddingBackwardOp, in program order (module docstring)."""
+    e = _op(fusion)
+    return [x for x in fusion.used_exprs() if x is not e]
+
+
+def epilogue_inputs(fusion) -> list:
+    """The fusion inputs the epilogue reads, once each, in the order it first reads them."""
+    out: list = []
+    for x in epilogue(fusion):
+        for v in x.inputs:
+            if isinstance(v, TensorView) and v in fusion.inputs and all(v is not u for u in out):
+                out.append(v)
+    return out
+
+
+def _epilogue_refusal(fusion, e) -> str:
+    """Why the exprs besides `e` are no epilogue of it ("" when they are one)."""
+    known = {id(e.output)}
+    for x in epilogue(fusion):
+        if not isinstance(x, EPILOGUE_EXPRS):
+            return f"{x.op_name} beside the embedding_backward (only pointwise ops after it)"
+        for v in x.inputs:
+            if not isinstance(v, TensorView):
+                if not v.is_const:
+                    return f"the epilogue's scalar {v.name} is not a constant"
+            elif id(v) not in known and (v not in fusion.inputs or v.ndim != 2 or
+                                         any(d.is_broadcast for d in v.logical)):
+                return f"{v.name}: the epilogue reads only [num_weights, H] inputs"
+        known.add(id(x.outputs[0]))
+    return ""
 
 
 def can_schedule(fusion) -> tuple[bool, str]:
@@ -55,8 +103,12 @@ def can_schedule(fusion) -> tuple[bool, str]:
         return False, "not a single embedding_backward"
     if not all(isinstance(v, TensorView) and v in fusion.inputs for v in e.inputs):
         return False, "the gradient and the indices must be fusion inputs"
-    if fusion.outputs != [e.output]:
-        return False, "the weight gradient must be the fusion's only output"
+    why = _epilogue_refusal(fusion, e)
+    if why:
+        return False, why
+    ep = epilogue(fusion)
+    if fusion.outputs != [ep[-1].outputs[0] if ep else e.output]:
+        return False, "the weight gradient (or its epilogue's last value) must be the only output"
     if e.inputs[0].dtype not in (DataType.Float, DataType.Half, DataType.BFloat16,
                                  DataType.Double):
         return False, f"gradient dtype {e.inputs[0].dtype.name}"
@@ -64,11 +116,16 @@ def can_schedule(fusion) -> tuple[bool, str]:
 
 
 def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
-    tokens = _tensors(fusion, inputs)[1].numel()
+    grad, ids, _, _ = _tensors(fusion, inputs)
+    tokens = ids.numel()
     # a chunk's positions (chunk start + u * block + tid) are 32-bit ints too, and may pass the
     # last token by up to a chunk (256 threads x UNROLL tokens): keep a chunk's margin
     if tokens > 2 ** 31 - 1 - 256 * UNROLL:
         return False, f"{tokens} indices (the kernel counts tokens in 32 bits)"
+    shape = (_op(fusion).num_weights, int(grad.shape[-1]) if grad.dim() else 1)
+    for v, x in zip(fusion.inputs, inputs):
+        if any(v is u for u in epilogue_inputs(fusion)) and tuple(x.shape) != shape:
+            return False, f"epilogue input {v.name} of shape {tuple(x.shape)}, not {shape}"
     return True, ""
 
 
@@ -88,17 +145,21 @@ class EmbeddingBackwardParams:
     num_weights: int
     padding_idx: int
     out_seg: int = 2           # the output's kernel tensor position (after every tensor input)
+    epilogue: tuple = ()       # kernel tensor positions of the epilogue's inputs (epilogue_inputs)
 
     @property
     def warps(self) -> int:
         return self.block // WARP
 
     def as_dict(self) -> dict:
-        return {"kind": NAME, "block": self.block, "cols": self.cols, "rows": self.rows,
-                "unroll": self.unroll, "match_unroll": self.match_unroll,
-                "acc": self.acc.name, "index_type": self.index_type,
-                "ids_dense": self.ids_dense, "grad_dense": self.grad_dense,
-                "num_weights": self.num_weights, "padding_idx": self.padding_idx}
+        d = {"kind": NAME, "block": self.block, "cols": self.cols, "rows": self.rows,
+             "unroll": self.unroll, "match_unroll": self.match_unroll,
+             "acc": self.acc.name, "index_type": self.index_type,
+             "ids_dense": self.ids_dense, "grad_dense": self.grad_dense,
+             "num_weights": self.num_weights, "padding_idx": self.padding_idx}
+        if self.epilogue:             # (without one, the kernel source is the one it was)
+            d["epilogue"] = list(self.epilogue)
+        return d
 
     def size_class(self) -> tuple:
         return (self.block, self.cols, self.rows, self.unroll, self.match_unroll)
@@ -153,11 +214,13 @@ def schedule(fusion, inputs) -> EmbeddingBackwardParams:
     block, cols, rows, mu = choose(hidden, ids.numel(), e.num_weights, acc.itemsize)
     out_numel = e.num_weights * hidden
     index_type = "int64_t" if L.needs_int64(list(inputs), out_numel) else "int"
+    tvs = [v for v in fusion.inputs if isinstance(v, TensorView)]
+    epi = tuple(next(k for k, u in enumerate(tvs) if u is v) for v in epilogue_inputs(fusion))
     return EmbeddingBackwardParams(
         block, cols, rows, UNROLL, mu, acc, index_type, g, i,
         L.row_major(tuple(ids.shape), tuple(ids.stride())),
         L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx,
-        len(fusion.tensor_inputs()))
+        len(fusion.tensor_inputs()), epi)
 
 
 def size_class(fusion, inputs) -> tuple:

@@ -203,3 +203,94 @@ def test_a_tensor_input_the_kernel_does_not_read(unused_first):
     assert dispatch.last_report(f).kernels == 1
     assert torch.equal(out, sequential_reference(grad, ids, 5, -1))
     assert torch.equal(extra, torch.full((3, 4), 7.0))
+
+
+def _tied_fusion(dtype, num_weights, padding_idx, extra_ops=False):
+    """embedding_backward(g, i) + other (a tied weight's other gradient); with `extra_ops`,
+    then * 0.5, cast to float32 and - other2 (two [V, H] inputs read by the epilogue)."""
+    dt = DataType.from_torch(dtype)
+    f = Fusion()
+    with f:
+        g = B.define_tensor([-1, -1, -1], dt)
+        i = B.define_tensor([-1, -1], DataType.Int)
+        other = B.define_tensor([-1, -1], dt)
+        y = B.elementwise("add", other, B.embedding_backward(g, i, num_weights, padding_idx))
+        if extra_ops:
+            other2 = B.define_tensor([-1, -1], DataType.Float)
+            y = B.elementwise("sub", B.cast(B.elementwise("mul", y, 0.5), DataType.Float), other2)
+        f.add_output(y)
+    return f
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("extra_ops", [False, True], ids=["add", "add_mul_cast_sub"])
+def test_an_epilogue_computes_a_tied_weights_gradient_in_the_kernel(dtype, extra_ops):
+    """A tied embedding's gradient, mm's plus the embedding's: one embedding_backward kernel
+    whose write adds the other gradient (then more pointwise ops), bit-equal to eager's ops one
+    after the other on the sequential sum rounded to the dtype (a strided other gradient: read
+    through its strides)."""
+    grad, ids = _grad((3, 7, 37), dtype), _ids((3, 7), 11)
+    other = _grad((37, 11), dtype, seed=5).t()                   # [11, 37], column-major
+    f = _tied_fusion(dtype, 11, 4, extra_ops)
+    inputs = [grad, ids, other] + ([_grad((11, 37), torch.float32, seed=6)] if extra_ops else [])
+    (out,) = dispatch.execute_fusion(f, inputs, "interpret")
+    report = dispatch.last_report(f)
+    assert report.kernels == 1 and report.eager_segments == 0, report
+    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["embedding_backward"]
+    want = other + sequential_reference(grad, ids, 11, 4)
+    if extra_ops:
+        want = (want * 0.5).float() - inputs[3]
+    assert out.dtype == want.dtype and torch.equal(out, want), (out - want).abs().max()
+
+
+def test_the_epilogue_kernel_compiles_for_sm90():
+    ids, grad = _ids((8, 512), 30522), _grad((8, 512, 768), torch.bfloat16)
+    other = _grad((30522, 768), torch.bfloat16, seed=2)
+    f = _tied_fusion(torch.bfloat16, 30522, 0)
+    plan = api.plan_kernel(f, [grad, ids, other])
+    assert plan.scheduler == "embedding_backward" and plan.params.epilogue == (2,)
+    assert "ep0_s1" in plan.kernel.source
+    assert "atomic" not in plan.kernel.source.split('extern "C"')[1]
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+
+
+def _scalar_input():
+    s = B.symbolic_scalar(DataType.Double)
+    Fusion.current().add_input(s)
+    return s
+
+
+def _refusal(build) -> str:
+    f = Fusion()
+    with f:
+        g = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        w = B.embedding_backward(g, i, 9, -1)
+        for out in build(w):
+            f.add_output(out)
+    ok, why = EB.can_schedule(f)
+    assert not ok
+    return why
+
+
+@pytest.mark.parametrize("build,reason", [
+    (lambda w: [B.elementwise("add", w, B.define_tensor([1, -1], DataType.Float))],
+     "reads only [num_weights, H] inputs"),
+    (lambda w: [B.elementwise("mul", w, _scalar_input())],
+     "is not a constant"),
+    (lambda w: [B.reduction("sum", w, [0], False)], "only pointwise ops after it"),
+    (lambda w: [w, B.elementwise("neg", w)], "must be the only output"),
+], ids=["broadcast_input", "scalar_input", "reduction", "two_outputs"])
+def test_what_is_no_epilogue(build, reason):
+    """A broadcast input, a run-time scalar, a reduction after the embedding gradient, or the
+    gradient itself an output beside the epilogue's value: the scheduler refuses the group (the
+    segmenter keeps the embedding_backward kernel alone)."""
+    assert reason in _refusal(build)
+
+
+def test_an_epilogue_input_of_another_shape_is_refused_at_run_time():
+    f = _tied_fusion(torch.float32, 11, -1)
+    grad, ids = _grad((2, 3, 5), torch.float32), _ids((2, 3), 11)
+    ok, why = EB.run_check(f, [grad, ids, torch.zeros(12, 5)], None)
+    assert not ok and "not (11, 5)" in why
+    assert EB.run_check(f, [grad, ids, torch.zeros(11, 5)], None)[0]

@@ -90,3 +90,22 @@ def test_an_index_outside_the_table_traps():
                        timeout=300)
     assert r.returncode != 0
     assert "embedding_dense_backward: index out of range" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_weights_gradient_in_the_epilogue(dtype):
+    """embedding_backward + the projection's gradient (BERT's sizes): one kernel, the bits of
+    the interpreter's and of the sequential sum rounded, then eager's add."""
+    grad, ids = _inputs((8, 512), 768, 30522, dtype, seed=4)
+    other = torch.randn(30522, 768, device="cuda").to(dtype)
+    f = Fusion()
+    with f:
+        g = B.define_tensor([-1, -1, -1], DataType.from_torch(dtype))
+        i = B.define_tensor([-1, -1], DataType.Int)
+        o = B.define_tensor([-1, -1], DataType.from_torch(dtype))
+        f.add_output(B.elementwise("add", o, B.embedding_backward(g, i, 30522, 0)))
+    (out,) = dispatch.execute_fusion(f, [grad, ids, other])
+    report = dispatch.last_report(f)
+    assert report is None or (report.kernels == 1 and report.eager_segments == 0), report
+    want = other.cpu() + sequential_reference(grad.cpu(), ids.cpu(), 30522, 0)
+    assert torch.equal(out.cpu(), want), (out.cpu() - want).abs().max()
