@@ -294,3 +294,63 @@ def test_an_epilogue_input_of_another_shape_is_refused_at_run_time():
     ok, why = EB.run_check(f, [grad, ids, torch.zeros(12, 5)], None)
     assert not ok and "not (11, 5)" in why
     assert EB.run_check(f, [grad, ids, torch.zeros(11, 5)], None)[0]
+
+
+_EPILOGUE_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+_EPILOGUE_TORCH = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+                   "maximum": torch.maximum, "minimum": torch.minimum}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_epilogues_are_eagers_ops(seed):
+    """Random chains of 1-4 arithmetic ops after the embedding gradient, over 1-2 [V, H] inputs
+    (row- or column-major), constants, neg / abs and casts, in a random float dtype: the kernel's
+    result is eager's ops applied one after the other to the rounded sum, bit for bit."""
+    import random
+    r = random.Random(seed)
+    dtype = r.choice([torch.float32, torch.bfloat16, torch.float16, torch.float64])
+    dt = DataType.from_torch(dtype)
+    vocab, hidden = r.choice([(5, 3), (13, 40), (40, 9)])
+    grad, ids = _grad((2, 9, hidden), dtype, seed), _ids((2, 9), vocab, seed=seed + 1)
+    extras = [_grad((vocab, hidden), dtype, seed + 2 + k) for k in range(r.randint(1, 2))]
+    extras = [x if r.random() < 0.5 else x.t().contiguous().t() for x in extras]
+    steps = []
+    for _ in range(r.randint(1, 4)):
+        kind = r.random()
+        if kind < 0.6:
+            steps.append(("bin", r.choice(_EPILOGUE_BINARY), r.choice(["in", "const", "self"]),
+                          r.randrange(len(extras)), r.choice([0.5, -2.0, 3.0])))
+        elif kind < 0.85:
+            steps.append(("un", r.choice(["neg", "abs"])))
+        else:
+            steps.append(("cast", r.choice([torch.float32, dtype])))
+    f = Fusion()
+    with f:
+        g = B.define_tensor([-1, -1, -1], dt)
+        i = B.define_tensor([-1, -1], DataType.Int)
+        ins = [B.define_tensor([-1, -1], dt) for _ in extras]
+        y = B.embedding_backward(g, i, vocab, -1)
+        for st in steps:
+            if st[0] == "bin":
+                other = {"in": ins[st[3]], "const": st[4], "self": y}[st[2]]
+                y = B.elementwise(st[1], y, other)
+            elif st[0] == "un":
+                y = B.elementwise(st[1], y)
+            else:
+                y = B.cast(y, DataType.from_torch(st[1]))
+        f.add_output(y)
+    (out,) = dispatch.execute_fusion(f, [grad, ids, *extras], "interpret")
+    report = dispatch.last_report(f)
+    assert [s.scheduler for s in report.segments if s.kind == "kernel"] == ["embedding_backward"]
+    want = sequential_reference(grad, ids, vocab, -1)
+    for st in steps:
+        if st[0] == "bin":
+            # (a constant as eager's 0-dim tensor: maximum / minimum take no Python number)
+            other = {"in": extras[st[3]], "const": torch.tensor(st[4]), "self": want}[st[2]]
+            want = _EPILOGUE_TORCH[st[1]](want, other)
+        elif st[0] == "un":
+            want = getattr(torch, st[1])(want)
+        else:
+            want = want.to(st[1])
+    assert out.dtype == want.dtype and out.shape == want.shape
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
