@@ -166,6 +166,19 @@ def test_lookups_read_along_a_reduction_kernels_vectors(seed):
     assert FZ.check(p) is None
 
 
+def test_no_truth_value_of_rounding_noise():
+    """More-ops seed 275007 (twenty-seventh session) drew logical_or of a bfloat16 layer norm
+    of one-element rows: eager's CPU kernel gives rounding noise (about 1e-6, True), pyfuser
+    the exact 0 (False), a difference in the fuzzer, not in pyfuser. Logical ops, comparisons,
+    sign / ceil / floor now take computed floats only where no element is near 0, as divisions
+    do; the seed's program passes, and the layer norm itself is exactly 0."""
+    p = FZ.generate(275007, more_ops=True)
+    assert "F.layer_norm(" in p.source and FZ.check(p) is None
+    x = torch.tensor([[0.3], [-1.7], [1e-3]]).bfloat16()
+    f = lambda t: torch.nn.functional.layer_norm(t * 1, (1,))   # noqa: E731
+    assert not pyfuser.compile(f)(x).any()
+
+
 # ---- the float64 judge (fx_check.Float64Judge) ------------------------------------------------
 # Seeds that failed the tolerance without a wrong result. FX seeds 800046 and 800210 (run
 # 800000-800399): 800046 is `sin` of a float32 variance near 5e4, where pyfuser's variance is
