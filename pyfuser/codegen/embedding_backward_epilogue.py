@@ -24,7 +24,7 @@ from .kernel import Param
 
 
 class Epilogue:
-    def __init__(self, p: EB.EmbeddingBackwardParams, fusion, index_type: str):
+    def __init__(self, p: EB.EmbeddingBackwardParams, fusion):
         self.e = EB.embedding_op(fusion)
         self.exprs = EB.epilogue(fusion)
         self.inputs = EB.epilogue_inputs(fusion)
@@ -35,8 +35,8 @@ class Epilogue:
             name = f"ep{j}"
             self.name_of[id(tv)] = name
             self.params += [Param(name, "void*", ("ptr", seg)),
-                            Param(f"{name}_s0", index_type, ("stride", seg, 0)),
-                            Param(f"{name}_s1", index_type, ("stride", seg, 1))]
+                            Param(f"{name}_s0", p.index_type, ("stride", seg, 0)),
+                            Param(f"{name}_s1", p.index_type, ("stride", seg, 1))]
             self.tensors[name] = K.TensorParam(name, tv.dtype, seg, False)
             self.allocs.append(K.Alloc(f"{name}_v", tv.dtype, (p.cols,)))
 

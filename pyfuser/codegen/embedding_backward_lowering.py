@@ -241,7 +241,7 @@ class _Builder:
 def build(p: EmbeddingBackwardParams, fusion, name: str) -> K.Kernel:
     e = embedding_op(fusion)
     grad, ids, out = e.inputs[0], e.inputs[1], fusion.outputs[0]
-    epilogue = Epilogue(p, fusion, p.index_type)
+    epilogue = Epilogue(p, fusion)
     b = _Builder(p, grad, ids, out, epilogue)
     tensors = {"grad": K.TensorParam("grad", grad.dtype, p.grad_seg, False),
                "ids": K.TensorParam("ids", ids.dtype, p.ids_seg, False),

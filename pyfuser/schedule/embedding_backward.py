@@ -54,19 +54,15 @@ HEAVY_UNROLL = 32              # gradient rows at a time
 EPILOGUE_EXPRS = (E.ElementwiseOp, E.CastOp)
 
 
-def _op(fusion):
+def embedding_op(fusion):
+    """The fusion's one EmbeddingBackwardOp, None where it has none or several."""
     ops = [e for e in fusion.used_exprs() if isinstance(e, E.EmbeddingBackwardOp)]
     return ops[0] if len(ops) == 1 else None
 
 
-def embedding_op(fusion):
-    """The fusion's EmbeddingBackwardOp (one that can_schedule took)."""
-    return _op(fusion)
-
-
 def epilogue(fusion) -> list:
     """The exprs after the EmbeddingBackwardOp, in program order (module docstring)."""
-    e = _op(fusion)
+    e = embedding_op(fusion)
     return [x for x in fusion.used_exprs() if x is not e]
 
 
@@ -98,7 +94,7 @@ def _epilogue_refusal(fusion, e) -> str:
 
 
 def can_schedule(fusion) -> tuple[bool, str]:
-    e = _op(fusion)
+    e = embedding_op(fusion)
     if e is None:
         return False, "not a single embedding_backward"
     if not all(isinstance(v, TensorView) and v in fusion.inputs for v in e.inputs):
@@ -122,9 +118,10 @@ def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
     # last token by up to a chunk (256 threads x UNROLL tokens): keep a chunk's margin
     if tokens > 2 ** 31 - 1 - 256 * UNROLL:
         return False, f"{tokens} indices (the kernel counts tokens in 32 bits)"
-    shape = (_op(fusion).num_weights, int(grad.shape[-1]) if grad.dim() else 1)
+    shape = (embedding_op(fusion).num_weights, int(grad.shape[-1]) if grad.dim() else 1)
+    epi = epilogue_inputs(fusion)
     for v, x in zip(fusion.inputs, inputs):
-        if any(v is u for u in epilogue_inputs(fusion)) and tuple(x.shape) != shape:
+        if any(v is u for u in epi) and tuple(x.shape) != shape:
             return False, f"epilogue input {v.name} of shape {tuple(x.shape)}, not {shape}"
     return True, ""
 
@@ -167,7 +164,7 @@ class EmbeddingBackwardParams:
 
 def _tensors(fusion, inputs):
     """(gradient, indices) among `inputs`, and their kernel tensor positions."""
-    e = _op(fusion)
+    e = embedding_op(fusion)
     tvs = [v for v in fusion.inputs if isinstance(v, TensorView)]
     xs = [x for v, x in zip(fusion.inputs, inputs) if isinstance(v, TensorView)]
     g, i = tvs.index(e.inputs[0]), tvs.index(e.inputs[1])
@@ -207,20 +204,20 @@ def choose(hidden: int, tokens: int, num_weights: int, acc_bytes: int) -> tuple:
 
 
 def schedule(fusion, inputs) -> EmbeddingBackwardParams:
-    e = _op(fusion)
+    e = embedding_op(fusion)
     grad, ids, g, i = _tensors(fusion, inputs)
     acc = DataType.Double if e.inputs[0].dtype is DataType.Double else DataType.Float
     hidden = int(grad.shape[-1]) if grad.dim() else 1
     block, cols, rows, mu = choose(hidden, ids.numel(), e.num_weights, acc.itemsize)
     out_numel = e.num_weights * hidden
     index_type = "int64_t" if L.needs_int64(list(inputs), out_numel) else "int"
-    tvs = [v for v in fusion.inputs if isinstance(v, TensorView)]
+    tvs = fusion.tensor_inputs()
     epi = tuple(next(k for k, u in enumerate(tvs) if u is v) for v in epilogue_inputs(fusion))
     return EmbeddingBackwardParams(
         block, cols, rows, UNROLL, mu, acc, index_type, g, i,
         L.row_major(tuple(ids.shape), tuple(ids.stride())),
         L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx,
-        len(fusion.tensor_inputs()), epi)
+        len(tvs), epi)
 
 
 def size_class(fusion, inputs) -> tuple:
