@@ -11,10 +11,8 @@ Each follows eager's CUDA kernel: half / bfloat16 operands computed in float (op
 rounded once (ELU's forward, three ops, rounded each op's result before: one bfloat16 ulp off
 eager's); constants in the computation's precision, a product of two scalar coefficients
 (ELU's alpha * scale) rounded in that precision as eager forms it; the same comparisons at the
-branches' bounds. Where eager's CPU kernel puts a bound elsewhere (hardswish's backward at
-exactly -3 and 3: its vectorised loop gives 0 and the gradient itself, its CUDA kernel and its
-own scalar loop the middle formula), a graph lowered for the CPU follows the vectorised loop
-(device.device_type()); for CUDA, or where the device is unknown, the CUDA kernel.
+branches' bounds (hardswish's backward at exactly -3 and 3: 0 and the gradient itself, as
+torch 2.11's CUDA kernel and the CPU's give them; older CUDA kernels gave the middle formula).
 
 Invariant: the result has eager's dtype (the input's, or the gradient's); these are pointwise
 (GLU's slices and cat are index remappings inside a pointwise kernel), so they fuse with the
@@ -104,13 +102,12 @@ def _hardsigmoid_backward(grad, x):
 
 @lowers("aten::hardswish_backward", n_args=(2,))
 def _hardswish_backward(grad, x):
-    """0 below -3, grad * (x / 3 + 0.5) up to 3, grad above; the bounds as eager's kernel of
-    the graph's device puts them (module docstring)."""
+    """0 up to -3, grad * (x / 3 + 0.5) below 3, grad from 3 on: eager's bounds on both
+    devices (module docstring; measured on CUDA with torch 2.11: 0 at -3, grad at 3)."""
     _floating("hardswish_backward", grad, x)
     g, xc = _float_compute(grad), _float_compute(x)
-    cpu = device_type() == "cpu"
-    zero = ew("le", xc, -3.0) if cpu else ew("lt", xc, -3.0)
-    middle = ew("lt", xc, 3.0) if cpu else ew("le", xc, 3.0)
+    zero = ew("le", xc, -3.0)
+    middle = ew("lt", xc, 3.0)
     ramp = ew("mul", g, ew("add", ew("div", xc, 3.0), 0.5))
     return _out(ew("where", zero, 0.0, ew("where", middle, ramp, g)), grad)
 
@@ -164,11 +161,14 @@ def _is_empty(t: TensorView) -> bool:
 @lowers("aten::log_sigmoid_backward", n_args=(3,))
 def _log_sigmoid_backward(grad, x, buffer):
     """grad * (x < 0 ? 1 - z / (1 + z) : z / (1 + z)) (eager's max_deriv - sign * z / (1 + z));
-    z = exp(-|x|) computed again where the buffer is empty (CUDA's kernel), else the buffer
-    (the CPU's kernel, which reads it)."""
+    z = exp(-|x|) computed again for CUDA (whose kernel never reads the buffer: an FX graph's
+    buffer is an input of symbolic extent there, not a known [0]) or where the buffer is
+    known empty, else the buffer (the CPU's kernel reads it; a graph of unknown device that
+    gets an empty one at run time fails the broadcast check and runs eagerly)."""
     _floating("log_sigmoid_backward", grad, x, buffer)
     g, xc = _float_compute(grad), _float_compute(x)
-    z = _exp_neg_abs(xc) if _is_empty(buffer) else _float_compute(buffer)
+    recompute = device_type() == "cuda" or _is_empty(buffer)
+    z = _exp_neg_abs(xc) if recompute else _float_compute(buffer)
     q = ew("div", z, ew("add", 1.0, z))
     return _out(ew("mul", g, ew("where", ew("lt", xc, 0.0), ew("sub", 1.0, q), q)), grad)
 
