@@ -51,11 +51,12 @@ class _Relocate(Rename):
         return super().s(st)
 
 
-def _scalar_map(fusion, comp) -> dict:
-    """id(Scalar of the component's Fusion) -> the fusion's Scalar of the same value: its inputs
-    (what extract says feeds them) and the extents of its tensor inputs."""
+def scalar_map(sub) -> dict:
+    """id(Scalar of an extracted sub-Fusion) -> the fusion's Scalar of the same value: its
+    inputs (what extract says feeds them, `sub` an Extracted) and the extents of its tensor
+    inputs."""
     out = {}
-    for v, orig in zip(comp.sub.fusion.inputs, comp.sub.inputs):
+    for v, orig in zip(sub.fusion.inputs, sub.inputs):
         out[id(v)] = orig
         if isinstance(v, TensorView):
             for d, od in zip(v.logical, orig.logical):
@@ -63,17 +64,19 @@ def _scalar_map(fusion, comp) -> dict:
     return out
 
 
-def _param_source(src, seg_of, scalars):
+def param_source(src, seg_of, scalars, what: str = "horizontal lowering"):
+    """A sub-Fusion kernel's Param source as the fusion's kernel's: its segment tensors through
+    `seg_of`, its scalars through `scalars` (scalar_map)."""
     kind = src[0]
     if kind in ("ptr", "stride", "size", "numel"):
         return (kind, seg_of[src[1]]) + tuple(src[2:])
     if kind == "scalar":
         orig = scalars.get(id(src[1]))
         if orig is None:
-            raise SchedulerError(f"horizontal lowering: parameter scalar {src[1]} has no "
-                                 "counterpart in the fusion")
+            raise SchedulerError(f"{what}: parameter scalar {src[1]} has no counterpart in the "
+                                 "fusion")
         return ("scalar", orig)
-    raise SchedulerError(f"horizontal lowering: parameter source {kind!r} is not supported")
+    raise SchedulerError(f"{what}: parameter source {kind!r} is not supported")
 
 
 def _component_inplace(fusion, comp, sched, components) -> dict:
@@ -119,9 +122,9 @@ def build(hs, name: str):
         pre = f"c{k}_"
         hb, nbx = K.Var(pre + "hb"), K.Var(pre + "nbx")
         rel = _Relocate(pre, {"blockIdx.x": hb, "gridDim.x": nbx, "threadIdx.x": K.Special("threadIdx.x")})
-        seg_of, scalars = hs.seg_of[k], _scalar_map(hs.fusion, comp)
+        seg_of, scalars = hs.seg_of[k], scalar_map(comp.sub)
         for q in kir.params:
-            params.append(Param(rel.name(q.name), q.ctype, _param_source(q.source, seg_of, scalars)))
+            params.append(Param(rel.name(q.name), q.ctype, param_source(q.source, seg_of, scalars)))
         for tname, t in kir.tensors.items():
             tensors[rel.name(tname)] = dataclasses.replace(t, name=rel.name(tname), seg=seg_of[t.seg])
         stmts = rel.block(kir.body)

@@ -21,3 +21,13 @@ class ObjectCache:
 
     def __reduce__(self):
         return (ObjectCache, ())
+
+
+def cached_on(fusion, attr: str, compute):
+    """`compute(fusion)`, kept in `fusion.__dict__[attr]` (an ObjectCache: dropped by any edit
+    of the Fusion, never carried to a copy) and computed again only when missing."""
+    holder = fusion.__dict__.get(attr)
+    if holder is None or holder.value is None:
+        holder = ObjectCache(compute(fusion))
+        fusion.__dict__[attr] = holder
+    return holder.value

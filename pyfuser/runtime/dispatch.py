@@ -41,6 +41,7 @@ import weakref
 import torch
 
 from ..ir.tensor import TensorView
+from ..schedule.layout import strides_for
 from ..segment.segmented_fusion import RunReport, SegmentRun
 from .call_keys import _RAW_ENV, slow_env as _slow_env
 from .executor import _workspace, stream_of
@@ -317,9 +318,10 @@ def _native_program(fusion, report, kernels, outputs, n_inputs):
         for n, dtype, kind in fast.workspaces if fast.prep is not None else ():
             if kind == "semaphores":     # this stream's zeroed buffer (a miss on another stream)
                 work.append(add(("const", _workspace(fast, n, dtype, kind), stream_of(fast))))
-            else:
-                work.append(add(("alloc", (n,), (1,), torch.empty(0, dtype=dtype,
-                                                                  device=fast.device))))
+            else:                        # n: elements, or a shape (laid out row-major)
+                sizes = tuple(n) if isinstance(n, tuple) else (n,)
+                work.append(add(("alloc", sizes, strides_for(sizes, list(range(len(sizes)))),
+                                 torch.empty(0, dtype=dtype, device=fast.device))))
         if fast.prep is not None:
             step = native.launch_step(fast.entry.launcher, fast.prep,
                                       [where[k] for k in slots] + outs + work)

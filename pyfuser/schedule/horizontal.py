@@ -37,7 +37,7 @@ from ..ir.base import Scalar
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
-from ..ir.object_cache import ObjectCache
+from ..ir.object_cache import cached_on
 
 MAX_COMPONENTS = 128
 MAX_PARAM_BYTES = 4096 - 256      # CUDA's classic kernel-parameter limit, less some slack
@@ -195,11 +195,7 @@ def _analyse(fusion):
 
 def components(fusion):
     """(components, "") or (None, reason), cached on the Fusion object."""
-    holder = fusion.__dict__.get(_CACHE)
-    if holder is None or holder.value is None:
-        holder = ObjectCache(_analyse(fusion))
-        fusion.__dict__[_CACHE] = holder
-    return holder.value
+    return cached_on(fusion, _CACHE, _analyse)
 
 
 def _extracted(fusion, comps) -> None:

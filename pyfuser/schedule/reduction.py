@@ -318,22 +318,23 @@ def _classify(p: ReductionParams, accesses) -> None:
 
 
 # ---- the plan ---------------------------------------------------------------------------------
-def schedule(fusion, inputs, scheduler: str = "reduction") -> ReductionSchedule:
+def schedule(fusion, inputs, scheduler: str = "reduction", force=None) -> ReductionSchedule:
     """The plan (module docstring). A normalization with online pairs (softmax's max and sum of
     exp) is planned with two passes where that plan holds a row in one block's registers: the
     exp values are kept, one exp per element, which measured faster than the one-pass pair for
     rows that fit a block (bfloat16 softmax 8192x3072: 78% of a copy against 61%); rows on a
     cluster, streamed rows and pure reductions (logsumexp, cross-entropy) take the pair.
-    $PYFUSER_RED_ONLINE=1 takes the pair wherever it applies, =0 nowhere."""
+    $PYFUSER_RED_ONLINE=1 takes the pair wherever it applies, =0 nowhere. `force`: knob
+    values fixed over the environment's (reduction_heuristics.choose)."""
     g = _graph(fusion)
     if isinstance(g, str):
         raise SchedulerError(f"{scheduler} scheduler: {g}")
     if g.online and scheduler != "reduction" and os.environ.get("PYFUSER_RED_ONLINE") != "1":
-        two = _plan(fusion, inputs, scheduler, _graph(fusion, online=False))
+        two = _plan(fusion, inputs, scheduler, _graph(fusion, online=False), force)
         if two.params.persistent and two.params.cluster == 1:
             D.dump("scheduler_params", scheduler, lambda: _describe(two))
             return two
-    sched = _plan(fusion, inputs, scheduler, g)
+    sched = _plan(fusion, inputs, scheduler, g, force)
     D.dump("scheduler_params", scheduler, lambda: _describe(sched))
     return sched
 
@@ -363,7 +364,7 @@ def _picks_kept(g, p, accesses) -> bool:
         if any(a.node is pk.load for pk in g.picks.values()))
 
 
-def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
+def _plan(fusion, inputs, scheduler: str, g, force=None) -> ReductionSchedule:
     inputs = list(inputs)
     bindings, orders, shape, accesses, p = _layout(fusion, inputs, g)
     ext = [L.numel(shape[k] for k in g0) for g0 in p.groups]
@@ -387,13 +388,14 @@ def _plan(fusion, inputs, scheduler: str, g) -> ReductionSchedule:
     if g.picks and not _picks_kept(g, p, accesses):
         if scheduler == "reduction" and not _pure(fusion):     # _pick_layout refuses these
             raise SchedulerError(f"reduction scheduler: {_NO_PICKS}")
-        return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False))
+        return _plan(fusion, inputs, scheduler, _graph(fusion, g.online_asked, picks=False),
+                     force)
     keep = scheduler != "reduction" and os.environ.get("PYFUSER_RED_KEEP") != "0"
     kept = RG.recompute_costly(g) if keep else []
-    choose(p, ext, g, accesses, scheduler != "reduction", kept)
+    choose(p, ext, g, accesses, scheduler != "reduction", kept, force)
     if kept and not p.persistent:          # persistent without keeping values, if that fits
         kept = []
-        choose(p, ext, g, accesses, scheduler != "reduction", kept)
+        choose(p, ext, g, accesses, scheduler != "reduction", kept, force)
     p.kept = len(kept) if p.persistent else 0
     sched = ReductionSchedule(fusion, fusion, {id(v): v for v in fusion.vals if isinstance(v, Scalar)},
                               g, p, accesses, orders, shape, scheduler,

@@ -164,9 +164,11 @@ def _budget(threads: int) -> int:
     return REG_BUDGET if threads < 1024 else REG_BUDGET // 2
 
 
-def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
+def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) -> None:
     """Fill the thread shape, unroll and persistence of `p`; `kept`: the nodes a persistent
-    kernel keeps in registers between passes (reduction_graph.recompute_costly)."""
+    kernel keeps in registers between passes (reduction_graph.recompute_costly); `force`:
+    knob values a caller fixes over the environment's (schedule/tail.py: the tail's block
+    is its head's)."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
     from .reduction_graph import held_loads
@@ -177,6 +179,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=()) -> None:
                                                            "stage", "min_blocks", "full",
                                                            "fence", "prefetch", "cluster_push",
                                                            "grid_blocks", "stage_bytes")}
+    knobs.update(force or {})
     if p.kind == "inner":
         _inner(p, groups_r, groups_k, per_step, normalization, knobs)
     else:
