@@ -45,6 +45,18 @@ def fresh_compile():
 
 
 @pytest.fixture
+def tail_on(monkeypatch):
+    """The tail scheduler is off by default (schedule/tail.py); its tests turn it on. Regions are
+    lowered once per region (their Fusion's segments cut once, whatever the knob said then):
+    the lowering cache is emptied before and after, so that no other test gets the segments
+    cut here, nor these tests segments cut without the knob."""
+    from pyfuser.frontend.fx.compile_graph import clear_cache
+    clear_cache()
+    monkeypatch.setenv("PYFUSER_TAIL", "1")
+    yield
+    clear_cache()
+
+@pytest.fixture
 def no_graphed_calls():
     """torch.compile's graphed calls of earlier tests forgotten (graphed_calls() lists this
     test's)."""

@@ -209,11 +209,16 @@ def _plan_horizontal(fusion, inputs, sched) -> KernelPlan:
     return plan_horizontal(fusion, inputs, sched)
 
 
+def _plan_tail(fusion, inputs, ts) -> KernelPlan:
+    from .tail_lowering import plan_tail
+    return plan_tail(fusion, inputs, ts)
+
+
 LOWERINGS = {"pointwise": _plan_pointwise, "transpose": _plan_transpose,
              "reduction": _plan_reduction, "inner_persistent": _plan_reduction,
              "outer_persistent": _plan_reduction, "horizontal": _plan_horizontal,
              "inner_outer_persistent": _plan_inner_outer,
-             "embedding_backward": _plan_embedding_backward}
+             "embedding_backward": _plan_embedding_backward, "tail": _plan_tail}
 
 
 def plan_kernel(fusion, inputs) -> KernelPlan:

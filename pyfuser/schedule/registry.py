@@ -61,11 +61,17 @@ def _embedding_backward():
     return Scheduler(EB.NAME, EB.can_schedule, EB.schedule, EB.run_check, EB.size_class)
 
 
+def _tail():
+    from . import tail
+    return Scheduler(tail.NAME, tail.can_schedule, tail.schedule, tail.run_check, tail.size_class)
+
+
 def _build() -> tuple:
     """(every scheduler in priority order, the names of those that schedule reductions)."""
     from . import inner_outer, reduction
     reductions = [*reduction.schedulers(), inner_outer.scheduler()]
-    return ([_transpose(), *reductions, _pointwise(), _horizontal(), _embedding_backward()],
+    return ([_transpose(), *reductions, _pointwise(), _horizontal(), _embedding_backward(),
+             _tail()],
             tuple(s.name for s in reductions))
 
 

@@ -99,10 +99,12 @@ def _offer(fusion, groups: Groups, exprs, orders, copies=frozenset()):
     ex = extract(fusion, exprs, ins, outs, orders, groups.index)
     what = (f"{', '.join(e.op_name for e in exprs)} "
             f"({', '.join(v.name for v in ins)} -> {', '.join(v.name for v in outs)})")
+    from ..schedule.tail import NAME as TAIL
     exclude = excluded(fusion)
     if lookups_apart(fusion) and holds_lookup(exprs):
-        exclude = exclude + registry.REDUCTION_NAMES
+        exclude = exclude + registry.REDUCTION_NAMES + (TAIL,)
     if PICKS_APART in exclude:
+        exclude = exclude + (TAIL,)         # (its head would be planned without the exclusion)
         from ..schedule.reduction import pure_by_picks
         if pure_by_picks(ex.fusion):
             exclude = exclude + ("reduction",)

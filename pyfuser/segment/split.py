@@ -40,7 +40,7 @@ from .segmenter import (EXCLUDE_ATTR, LOOKUPS_APART_ATTR, PICKS_APART, excluded,
 
 # Schedulers whose plan-time refusal splits the segment (the others' refusals fall back to the
 # reference evaluator, as before: their groups have no cut that schedules better).
-SPLIT_SCHEDULERS = ("inner_outer_persistent",)
+SPLIT_SCHEDULERS = ("inner_outer_persistent", "tail")
 # with $PYFUSER_OUTER_SPLIT=1 also the normalizations' (schedule/reduction.py `_outer_grid`: an
 # outer normalization on too few blocks; the segment's scheduler is the segmenter's first pick,
 # inner_persistent, whose run check hands an NHWC batch norm on to outer_persistent)
