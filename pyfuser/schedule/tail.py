@@ -29,10 +29,10 @@ Refused at run time, the segment runs as the other schedulers' kernels (segment/
 Off by default, on with $PYFUSER_TAIL=1: on an H200 (docs/benchmarks.md, the twenty-eighth
 session) cross-entropy 4096x32000 took 140.3 / 141.1 µs as one kernel against 138.6 / 139.9
 as two in float32 (two rounds), 78.7 / 79.4 against 78.4 / 78.7 in bfloat16: the second
-launch's 2-3 µs are saved, and as much is spent again, by the last block's serial tail (one
-block reading every row's loss and target) and every block's fence and atomic before it
-retires. Kept for the kernel count and as the place for a cheaper tail (per-block partials,
-the count computed in the rows).
+launch and its gap are saved, and more is spent inside the kernel (3.8-4.9 µs over the row
+kernel alone, back to back), by the last block's serial tail (one block reading every row's
+loss and target) and every block's fence and ticket before it retires. Kept for the kernel
+count and as the place for a cheaper tail (docs/reductions.md, The tail).
 `schedule`: the two plans (the head's with its reduced index split over no blocks: the
 kernel's semaphore is the tail's).
 
@@ -120,8 +120,8 @@ def _analyse(fusion):
     reds = [e for e in exprs if isinstance(e, (E.ReductionOp, E.WelfordOp))]
     # the tail's: reductions of every axis that no reduction reads (a row of one element's
     # max reduces every axis too, but the row's sum reads it)
-    tails = [e for e in reds if isinstance(e, E.ReductionOp) and _full(e) and not any(
-        id(r) in _descendants([e], exprs) for r in reds if r is not e)]
+    tails = [e for e in reds if isinstance(e, E.ReductionOp) and _full(e) and not (
+        _descendants([e], exprs) & {id(r) for r in reds if r is not e})]
     heads = [e for e in reds if not any(e is t for t in tails)]
     if not heads or not tails:
         return None, "not a row reduction followed by a reduction of its rows to scalars"

@@ -23,7 +23,6 @@ from compile_checks import assert_ran_as_sm90_kernels
 pytestmark = pytest.mark.usefixtures("fresh_compile", "tail_on")
 
 
-
 def _run(f, *args):
     with torch.no_grad():
         out = pyfuser.compile(f)(*args)

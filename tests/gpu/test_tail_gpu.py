@@ -16,7 +16,6 @@ from pyfuser.schedule import tail
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_compile", "tail_on")]
 
 
-
 def _launched():
     regions = [r for g in compiled_graphs() for r in g.regions]
     reports = [dispatch.last_report(r.fusion) for r in regions]
