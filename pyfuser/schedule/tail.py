@@ -10,8 +10,8 @@ twenty-sixth session). This scheduler cuts such a fusion into
   pointwise ops on their results, planned by a reduction-family scheduler (reduction,
   inner_persistent, outer_persistent) on its own sub-Fusion;
 - the tail: the reductions of every axis (to a scalar) that no reduction reads, whose inputs
-  span only the head's kept axes, and the ops after them, planned by the reduction scheduler on its own sub-Fusion as one
-  block of the head's threads;
+  span only the head's kept axes, and the ops after them, planned by the reduction scheduler
+  on its own sub-Fusion as one block of the head's threads;
 and codegen/tail_lowering.py makes them one kernel: every block runs the head, then counts
 itself in on a semaphore; the block that arrives last runs the tail over the head's results
 (written to global memory, fenced), in a fixed order, so the result is the same every run.
@@ -25,6 +25,8 @@ check and the tail by the reduction scheduler's; no in-place outputs, no random 
 head launches no block, and the tail would never run), the head is taken for its inputs and
 its block has at least a warp's threads, which the tail's plan takes too (both plans made).
 Refused at run time, the segment runs as the other schedulers' kernels (segment/split.py).
+`schedule`: the two plans (the head's with its reduced index split over no blocks: the
+kernel's semaphore is the tail's).
 
 Off by default, on with $PYFUSER_TAIL=1: on an H200 (docs/benchmarks.md, the twenty-eighth
 session) cross-entropy 4096x32000 took 140.3 / 141.1 µs as one kernel against 138.6 / 139.9
@@ -33,8 +35,6 @@ launch and its gap are saved, and more is spent inside the kernel (3.8-4.9 µs o
 kernel alone, back to back), by the last block's serial tail (one block reading every row's
 loss and target) and every block's fence and ticket before it retires. Kept for the kernel
 count and as the place for a cheaper tail (docs/reductions.md, The tail).
-`schedule`: the two plans (the head's with its reduced index split over no blocks: the
-kernel's semaphore is the tail's).
 
 Invariant: every decision reads the Fusion, the layout signature of the head's and tail's
 inputs and the size classes of their plans (`size_class`).
@@ -55,8 +55,7 @@ from ..ir.tensor import TensorView
 from . import layout as L
 
 NAME = "tail"
-MAX_TAIL_ELEMENTS = 16384      # a tail input's elements: one block reads them (16384 floats:
-                               # 64 KB, well under the few microseconds of a second launch)
+MAX_TAIL_ELEMENTS = 16384      # a tail input's elements (one block reads them all)
 MIN_THREADS = 32               # the tail's warp reductions name a full warp
 HEAD_SCHEDULERS = ("reduction", "inner_persistent", "outer_persistent")
 _CACHE = "_pyfuser_tail_split"      # Fusion attribute: dropped by any edit (ir/fusion.py)

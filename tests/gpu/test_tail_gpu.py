@@ -58,7 +58,8 @@ def test_rows_past_one_block_are_two_kernels_on_cuda():
 
 
 def test_row_statistics_to_a_scalar_on_cuda():
-    x = torch.randn(3000, 513, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = torch.randn(3000, 513, device="cuda", generator=gen)
     f = lambda a: torch.logsumexp(a, -1).mean() + a.var(-1).sum()   # noqa: E731
     with torch.no_grad():
         got, want = pyfuser.compile(f)(x), f(x)
