@@ -33,7 +33,6 @@ from ..errors import SchedulerError
 from ..ir.dtypes import DataType
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
-from ..schedule.tail import sub_inputs
 from . import kernel_ir as K
 from .cuda import full_source, kernel_body
 from .horizontal_lowering import param_source, scalar_map
@@ -85,9 +84,9 @@ class _Segments:
         return [self.of(v) for v in tensors + list(ex.outputs)]
 
 
-def build(ts, name: str):
+def build(ts, segs: _Segments, name: str):
     """(kernel IR, head launch_config) of the merged kernel (module docstring)."""
-    sp, segs = ts.split, _Segments(ts)
+    sp = ts.split
     head_kir, head_launch, head_ws = plan_reduction_kernel(ts.head, "head")
     tail_kir, _, tail_ws = plan_reduction_kernel(ts.tail, "tail")
     if head_ws or tail_ws:
@@ -193,10 +192,10 @@ def launch_fn(ts, head_launch):
     return config
 
 
-def workspace_fn(ts):
+def workspace_fn(segs: _Segments):
     """(bindings, tensors) -> the crossing tensors' workspaces (their shapes, contiguous) and the
     semaphore (one int32 word, zero before a launch and after it)."""
-    scratch = _Segments(ts).scratch
+    scratch = segs.scratch
 
     def sizes(bindings, tensors):
         return [(tuple(bindings.shape(v)), v.dtype.torch, "partials") for v in scratch] + \
@@ -206,7 +205,8 @@ def workspace_fn(ts):
 
 def plan_tail(fusion, inputs, ts) -> KernelPlan:
     name = kernel_name(fusion)
-    kir, head_launch = build(ts, name)
+    segs = _Segments(ts)
+    kir, head_launch = build(ts, segs, name)
     header = f"// pyfuser tail kernel: {ts.params.as_dict()}\n"
     kernel = GeneratedKernel(name, full_source(kir, header), list(kir.params),
                              launch_fn(ts, head_launch), ts.params.as_dict())
@@ -217,6 +217,6 @@ def plan_tail(fusion, inputs, ts) -> KernelPlan:
                 if fo is o:
                     orders[k] = order
     plan = KernelPlan(fusion, "tail", ts.params, kernel, kir, kernel_body(kir), orders,
-                      workspace_fn(ts))
+                      workspace_fn(segs))
     plan.schedule = ts
     return plan

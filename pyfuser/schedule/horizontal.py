@@ -258,15 +258,6 @@ class HorizontalSchedule:
                                                   # place (set by the lowering)
 
 
-def _component_inputs(fusion, comp, inputs, bindings) -> list:
-    pos = {id(v): i for i, v in enumerate(fusion.inputs)}
-    out = []
-    for v in comp.sub.inputs:
-        i = pos.get(id(v))
-        out.append(inputs[i] if i is not None else bindings.value(v))
-    return out
-
-
 def _segment_map(fusion, comp) -> list:
     tensor_pos = {id(v): i for i, v in enumerate(fusion.tensor_inputs())}
     nin = len(fusion.tensor_inputs())
@@ -276,6 +267,7 @@ def _segment_map(fusion, comp) -> list:
 
 
 def schedule(fusion, inputs) -> HorizontalSchedule:
+    from ..segment.extract import input_values
     from . import pointwise
     comps, why = components(fusion)
     if comps is None:
@@ -283,7 +275,7 @@ def schedule(fusion, inputs) -> HorizontalSchedule:
     inputs = list(inputs)
     b = bind(fusion, inputs)
     _extracted(fusion, comps)
-    scheds = [pointwise.schedule(c.sub.fusion, _component_inputs(fusion, c, inputs, b), kind="1d")
+    scheds = [pointwise.schedule(c.sub.fusion, input_values(fusion, c.sub, inputs, b), kind="1d")
               for c in comps]
     blocks = {s.params.block for s in scheds}
     if len(blocks) != 1:

@@ -44,8 +44,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import torch
-
 from .. import dump as D
 from ..errors import SchedulerError
 from ..ir import exprs as E
@@ -225,23 +223,6 @@ def can_schedule(fusion) -> tuple[bool, str]:
 
 
 # ---- run time ---------------------------------------------------------------------------------
-def sub_inputs(fusion, ex, inputs, bindings) -> list:
-    """The values of sub-Fusion `ex`'s inputs: the fusion's inputs it reads, scalars from the
-    bindings, and for a tensor the head computes for the tail a meta tensor of its size
-    (contiguous: the lowering's workspace)."""
-    pos = {id(v): i for i, v in enumerate(fusion.inputs)}
-    out = []
-    for v, orig in zip(ex.fusion.inputs, ex.inputs):
-        i = pos.get(id(orig))
-        if i is not None:
-            out.append(inputs[i])
-        elif isinstance(orig, TensorView):
-            out.append(torch.empty(bindings.shape(orig), dtype=orig.dtype.torch, device="meta"))
-        else:
-            out.append(bindings.value(orig))
-    return out
-
-
 def _head_scheduler(sp, head_inputs):
     from . import registry
     b = bind(sp.head.fusion, head_inputs)
@@ -292,20 +273,21 @@ class TailSchedule:
 
 
 def schedule(fusion, inputs) -> TailSchedule:
+    from ..segment.extract import input_values
     from . import reduction
     sp, why = split(fusion)
     if sp is None:
         raise SchedulerError(f"tail scheduler: {why}")
     inputs = list(inputs)
     b = bind(fusion, inputs)
-    head_inputs = sub_inputs(fusion, sp.head, inputs, b)
+    head_inputs = input_values(fusion, sp.head, inputs, b)
     name = _head_scheduler(sp, head_inputs).name
     head = reduction.schedule(sp.head.fusion, head_inputs, name, force={"splits": 1})
     threads = head.params.bdimx * head.params.bdimy
     if threads < MIN_THREADS:
         raise SchedulerError(f"tail scheduler: the row reduction's block has {threads} threads, "
                              f"fewer than {MIN_THREADS}")
-    tail = reduction.schedule(sp.tail.fusion, sub_inputs(fusion, sp.tail, inputs, b), "reduction",
+    tail = reduction.schedule(sp.tail.fusion, input_values(fusion, sp.tail, inputs, b), "reduction",
                               force={"bdimx": threads, "bdimy": 1, "steps": 0, "cluster": None})
     q = tail.params
     if q.kind != "inner" or q.bdimx * q.bdimy != threads or q.splits != 1 or q.cluster != 1:

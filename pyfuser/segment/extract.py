@@ -14,6 +14,9 @@ A tensor that becomes an input of the sub-Fusion (an intermediate of the origina
 - expanded broadcast axes turned into iteration axes of the expanded extent (the tensor it is
   given has that size, with stride 0), since a fusion input's broadcast axes have size 1.
 
+`input_values(fusion, ex, inputs, bindings)`: the values a planner gives a sub-Fusion's inputs
+(the horizontal and tail schedulers plan their pieces on them).
+
 Invariant: the original Fusion is never modified; the returned `Extracted.inputs` lists, for each
 sub-Fusion input, the original Val whose value feeds it.
 """
@@ -129,6 +132,25 @@ def extract(fusion, exprs, inputs, outputs, orders=None, index: FusionIndex | No
         touched.update(id(v) for v in e.inputs + e.outputs)
     sub.vals = [v for v in vals if not isinstance(v, TensorView) or id(v) in touched]
     return Extracted(sub, orig_inputs, list(outputs))
+
+
+def input_values(fusion, ex: Extracted, inputs, bindings) -> list:
+    """The values of sub-Fusion `ex`'s inputs when `fusion` runs on `inputs`: the fusion's
+    inputs it reads, Scalars' values from the fusion's `bindings`, and, for an intermediate
+    tensor of the fusion (one a planner has no value of yet), a meta tensor of its size, laid
+    out row-major."""
+    import torch
+    pos = {id(v): i for i, v in enumerate(fusion.inputs)}
+    out = []
+    for orig in ex.inputs:
+        i = pos.get(id(orig))
+        if i is not None:
+            out.append(inputs[i])
+        elif isinstance(orig, TensorView):
+            out.append(torch.empty(bindings.shape(orig), dtype=orig.dtype.torch, device="meta"))
+        else:
+            out.append(bindings.value(orig))
+    return out
 
 
 def _as_input(tv: TensorView, order) -> None:
