@@ -5,7 +5,8 @@ pointwise ops around them) and produce one `ReductionSchedule`, lowered by
 codegen/reduction_lowering.py into one kernel:
 
 - "reduction": a pure reduction (sum, amax, var_mean, ...; full-size outputs that do not depend
-  on a reduction are written in the same pass). Any layout.
+  on a reduction are written in the same pass). Any layout. Streamed in steps, except inner
+  rows of float32 and Welford statistics that fit a block's registers (`_holds_rows`).
 - "inner_persistent": a normalization (softmax, layer_norm, rms_norm, log_softmax, ...) whose
   reduced axes are innermost in memory (run-time check). A row is read once and held in
   registers when it fits (`persistent`), else re-read from L2 / memory pass by pass.
@@ -415,9 +416,9 @@ def _holds_rows(g, p) -> bool:
     over the team all at once (where they fit one block's registers, no cluster, no staging)
     instead of streamed in `unroll`-vector steps: where it measured faster on an H200 (two
     interleaved rounds, 4 ops x 7 shapes x 2 dtypes; docs/reductions.md, Held pure reductions):
-    float32 (and wider) rows (rows of 128: 17-21 -> 15 µs, 32768x256 and 1024x16384 3-9%
-    faster, the rest within 1-2%), and Welford statistics of any dtype (var_mean bfloat16 rows
-    of 128: 14.5 -> 11.5 µs). Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
+    float32 (and wider) rows (rows of 128: 17-20 -> 15 µs, 32768x256 3-6% and 1024x16384
+    1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
+    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
     copy in bfloat16), and not the sums and maxima of 2-byte rows (bfloat16 sum 4096x1024: 8.0
     -> 10.2 µs). $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such reduction."""
     knob = os.environ.get("PYFUSER_RED_HOLD")

@@ -12,7 +12,8 @@ a block of at least 128 threads. A row stays in registers when its data needs at
 registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
 `unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
 memory, no barrier), a wider team only when there are too few rows to fill the GPU, and re-read
-for each later pass (from L2 when the rows in flight fit).
+for each later pass (from L2 when the rows in flight fit). Pure reductions stream, unless the
+scheduler asks for a held row (`normalization` True: schedule/reduction._holds_rows).
 Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
