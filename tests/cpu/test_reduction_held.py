@@ -2,9 +2,10 @@
 or a Welford statistic of any dtype, is planned persistent (its row's vectors spread over the
 team at once, in one block's registers) instead of streamed in `unroll`-vector steps; the sums
 and maxima of 2-byte rows, online pairs and picks (cross-entropy) stay streamed;
-$PYFUSER_RED_HOLD=0 / 1 never / always holds. Checked through the CPU interpreter of the kernel
-IR against eager, rows of 2 to 16384 and odd lengths, with the CUDA compiled by NVRTC for
-sm_90."""
+$PYFUSER_RED_HOLD=0 / 1 never / always holds; fewer rows than SMs stay streamed. Checked
+through the CPU interpreter of the kernel IR against eager, rows of 2 to 16384 and odd
+lengths, with the CUDA compiled by NVRTC for sm_90. The tests but the last take a GPU of 2
+SMs ($PYFUSER_SM_COUNT), so that a few rows are enough rows."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +17,11 @@ from pyfuser.runtime import dispatch, nvrtc
 from reduction_cases import check_close, fusion, logsumexp, reduce_op, var_mean
 
 SUM, MAX = reduce_op("sum"), reduce_op("max")
+
+
+@pytest.fixture(autouse=True)
+def two_sms(monkeypatch):
+    monkeypatch.setenv("PYFUSER_SM_COUNT", "2")
 
 
 def _plan(build, x):
@@ -74,3 +80,15 @@ def test_a_row_too_long_for_registers_streams():
     x = torch.randn(2, 1 << 17)
     p = _plan(SUM, x)[1].params
     assert not p.persistent and p.cluster == 1, p
+
+
+def test_fewer_rows_than_sms_stream(monkeypatch):
+    """A loss's total sum (one row) or a few rows keep the streamed plan, whose team widens and
+    whose size class does not follow the row's length step by step (dynamic shapes)."""
+    monkeypatch.setenv("PYFUSER_SM_COUNT", "132")
+    x = torch.randn(131, 3072)
+    assert not _plan(SUM, x)[1].params.persistent
+    assert not _plan(var_mean, x)[1].params.persistent
+    assert _plan(SUM, torch.randn(132, 3072))[1].params.persistent
+    monkeypatch.setenv("PYFUSER_RED_HOLD", "1")
+    assert _plan(SUM, torch.randn(1, 3072))[1].params.persistent
