@@ -6,7 +6,8 @@ codegen/reduction_lowering.py into one kernel:
 
 - "reduction": a pure reduction (sum, amax, var_mean, ...; full-size outputs that do not depend
   on a reduction are written in the same pass). Any layout. Streamed in steps, except inner
-  rows of float32 and Welford statistics that fit a block's registers (`_holds_rows`).
+  rows of float32 and Welford statistics that fit a block's registers, a row per SM or more
+  (`_holds_rows`).
 - "inner_persistent": a normalization (softmax, layer_norm, rms_norm, log_softmax, ...) whose
   reduced axes are innermost in memory (run-time check). A row is read once and held in
   registers when it fits (`persistent`), else re-read from L2 / memory pass by pass.
@@ -419,9 +420,9 @@ def _holds_rows(g, p, ext) -> bool:
     interleaved rounds, 4 ops x 7 shapes x 2 dtypes; docs/reductions.md, Held pure reductions):
     float32 (and wider) rows (rows of 128: 17-20 -> 15 µs, 32768x256 3-6% and 1024x16384
     1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
-    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
-    copy in bfloat16), and not the sums and maxima of 2-byte rows (bfloat16 sum 4096x1024: 8.0
-    -> 10.2 µs). Only with at least a row per SM (every case measured had 1024 rows or more):
+    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks
+    (cross-entropy held: 85% -> 77-79% of a copy in bfloat16), and not the sums and maxima of
+    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM (every case measured had 1024 rows or more):
     a few rows, a loss's total sum above all, stay streamed, whose plan widens the team; a held
     plan's size class also follows the row's length step by step, so under dynamic shapes a
     total sum of a varying tensor would compile a kernel per size. $PYFUSER_RED_HOLD=0 never

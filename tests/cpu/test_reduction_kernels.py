@@ -262,8 +262,9 @@ def test_rows_of_whole_steps_check_no_bounds(builder, shape, monkeypatch):
     steps) checks no bounds, and only such a plan; the persistent softmax and log_softmax of
     64x3072 and 256x256 are full, layer and RMS norms, which read their weights step by step
     in the last pass, are not by default ($PYFUSER_RED_FULL=1: they are), nor is a held mean
-    (its one pass reads the row step by step), nor are rows a vector short. All equal eager (run). `full` is part of the size class: a kernel for whole
-    rows is never reused for other sizes."""
+    (its one pass reads the row step by step), nor are rows a vector short. All equal eager
+    (run). `full` is part of the size class: a kernel for whole rows is never reused for other
+    sizes."""
     plan = run(builder, shape, [1], torch.float32, "contiguous")
     p = plan.params
     if p.kind != "inner" or p.stage:
