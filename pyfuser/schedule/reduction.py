@@ -422,11 +422,12 @@ def _holds_rows(g, p, ext) -> bool:
     1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
     any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks
     (cross-entropy held: 85% -> 77-79% of a copy in bfloat16), and not the sums and maxima of
-    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM (every case measured had 1024 rows or more):
-    a few rows, a loss's total sum above all, stay streamed, whose plan widens the team; a held
-    plan's size class also follows the row's length step by step, so under dynamic shapes a
-    total sum of a varying tensor would compile a kernel per size. $PYFUSER_RED_HOLD=0 never
-    holds them, =1 holds every such reduction (any number of rows)."""
+    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM
+    (every case measured had 1024 rows or more): a few rows, a loss's total sum above all, stay
+    streamed, whose plan widens the team; a held plan's size class also follows the row's
+    length step by step, so under dynamic shapes a total sum of a varying tensor would compile
+    a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such reduction (any
+    number of rows)."""
     knob = os.environ.get("PYFUSER_RED_HOLD")
     if p.kind != "inner" or g.online or g.picks or knob == "0":
         return False
