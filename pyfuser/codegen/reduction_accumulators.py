@@ -258,7 +258,16 @@ class Accumulators:
         nf = K.Convert("cast", K.ArrayRef(cn, ()), n_dt, dt)
         inside: list = []
         mean_set = K.Assign(cm, here, K.Op("div", (ref(cs), nf), dt))
-        inside.append(self.lanes([mean_set]) if per_lane else mean_set)
+        # eager's Welford takes a row's elements one at a time: after an infinity the next
+        # element makes its mean NaN (inf - inf), where a chunk's exact mean stays infinite. A
+        # chunk of more than one element with an infinite mean gets eager's NaN (a row of 3
+        # held in one thread: [-inf, 1, 2] gave -inf; Chan's merges of chunks already give NaN
+        # where an infinite chunk comes first)
+        many = K.Bin("<", K.Const(1, K.REGISTER_CTYPE[n_dt], n_dt), K.ArrayRef(cn, ()))
+        inf_mean = K.Op("logical_and", (K.Op("isinf", (ref(cm),), dt), many), DataType.Bool)
+        nan_set = K.Assign(cm, here, K.Op("where", (inf_mean, K.Const(float("nan"), ct, dt),
+                                                    ref(cm)), dt))
+        inside += [self.lanes([mean_set, nan_set])] if per_lane else [mean_set, nan_set]
         inside.append(self.unroll(step_var, nsteps, self.at_step(pos, lambda idx: over_lanes(add_sq, idx))))
         names = self.acc_names(e)
         merge: list = []
