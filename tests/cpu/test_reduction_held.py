@@ -4,8 +4,8 @@ team at once, in one block's registers) instead of streamed in `unroll`-vector s
 and maxima of 2-byte rows, online pairs and picks (cross-entropy) stay streamed;
 $PYFUSER_RED_HOLD=0 / 1 never / always holds; fewer rows than SMs stay streamed. Checked
 through the CPU interpreter of the kernel IR against eager, rows of 2 to 16384 and odd
-lengths, with the CUDA compiled by NVRTC for sm_90. The tests but the last take a GPU of 2
-SMs ($PYFUSER_SM_COUNT), so that a few rows are enough rows."""
+lengths, with the CUDA compiled by NVRTC for sm_90. A fixture gives the tests a GPU of 2 SMs
+($PYFUSER_SM_COUNT), so that a few rows are enough rows (the row-count test sets 132)."""
 from __future__ import annotations
 
 import pytest
@@ -100,7 +100,8 @@ def test_a_welford_chunk_with_an_infinity_not_last_is_nan_as_eager(n, hold, monk
     """Eager's Welford takes a row's elements one at a time: after an infinity the next element
     makes the mean NaN. A chunk's exact mean (its sum / its count) stayed infinite: a row of 3
     held in one thread, [-inf, a, b], gave a mean of -inf where eager's is NaN (fuzz_norms seed
-    290623 with the rows held). Streamed chunks of one thread's 16 elements did the same. The
+    290623 with the rows held). Streamed chunks of several elements a thread (many short rows
+    of 8-16) did the same. The
     infinity as the row's last element is where eager keeps it (a NaN here: docs/reductions.md,
     Numerics)."""
     monkeypatch.setenv("PYFUSER_RED_HOLD", hold)
