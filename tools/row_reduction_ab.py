@@ -6,9 +6,9 @@ each setting needs its own process).
     PYTHONPATH=. python3 tools/row_reduction_ab.py --shapes 65536x128,8192x3072 --dtypes bfloat16
 
 Ops (over the last axis, through `pyfuser.jit`): `sum`, `var_mean`, `amax`, `(x*x).sum`.
-Each case is checked against eager (a wrong result is marked WRONG), then timed with
-bench/common.bench_us (do_bench, L2 flushed by a write); % = (input + output bytes / time) over
-(2 x input bytes / the time of a copy of the input). Prints one markdown table, a column per
+Each case is checked against eager with bench/normalization.py's tolerances (a wrong result is
+marked WRONG), then timed with bench/common.bench_us (do_bench, L2 flushed by a write); % =
+(input + output bytes / time) over (2 x input bytes / the time of a copy of the input). Prints one markdown table, a column per
 setting in the order given (repeat a setting to interleave rounds).
 """
 from __future__ import annotations
@@ -49,6 +49,7 @@ OPS = {"sum(-1)": sum_last, "var_mean(-1)": var_mean_last, "amax(-1)": amax_last
 def child(shapes: list, dtypes: list) -> dict:
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     from common import bench_us, same_size_copy_us
+    from normalization import _outputs_match
     import pyfuser
     res = {}
     for dt in dtypes:
@@ -58,14 +59,11 @@ def child(shapes: list, dtypes: list) -> dict:
             copy = same_size_copy_us(2 * nb)
             for name, fn in OPS.items():
                 f = pyfuser.jit(torch.jit.script(fn))
-                got, want = f(x), fn(x)
-                got = got if isinstance(got, tuple) else (got,)
-                want = want if isinstance(want, tuple) else (want,)
-                ok = all(a.shape == b.shape and a.dtype == b.dtype and torch.allclose(
-                    a.float(), b.float(), rtol=3e-2, atol=3e-2 * max(1.0, b.float().abs().max().item()))
-                    for a, b in zip(got, want))
+                want = fn(x)
+                ok = _outputs_match(f(x), want, x.dtype)
                 us = bench_us(lambda: f(x))
-                out = sum(t.numel() * t.element_size() for t in want)
+                out = sum(t.numel() * t.element_size()
+                          for t in (want if isinstance(want, tuple) else (want,)))
                 res[f"{name} {m}x{n} {dt}"] = (us, 100 * ((nb + out) / us) / (2 * nb / copy), ok)
     return res
 

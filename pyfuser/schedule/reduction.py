@@ -7,7 +7,7 @@ codegen/reduction_lowering.py into one kernel:
 - "reduction": a pure reduction (sum, amax, var_mean, ...; full-size outputs that do not depend
   on a reduction are written in the same pass). Any layout. Streamed in steps, except inner
   rows of float32 and Welford statistics that fit a block's registers, a row per SM or more
-  (`_holds_rows`).
+  (reduction_heuristics.held_plan).
 - "inner_persistent": a normalization (softmax, layer_norm, rms_norm, log_softmax, ...) whose
   reduced axes are innermost in memory (run-time check). A row is read once and held in
   registers when it fits (`persistent`), else re-read from L2 / memory pass by pass.
@@ -35,12 +35,10 @@ the kernel loops over any number of rows and any row length of that class.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from .. import dump as D
 from ..errors import SchedulerError
-from ..ir import exprs as E
 from ..ir.base import Scalar
 from ..ir.shapes import bind
 from ..ir.tensor import TensorView
@@ -51,8 +49,7 @@ from . import reduction_resize as RS
 from .pointwise import _add_cat_extents, _extent_classes, _known_extent_ids
 from .pointwise_access import make_access, vector_width
 from .pointwise_graph import index_axes_of, shift_levels
-from .pointwise_heuristics import sm_count
-from .reduction_heuristics import choose, stageable
+from .reduction_heuristics import choose, held_plan, stageable
 from .reduction_params import ReductionParams, ReductionSchedule
 
 
@@ -401,41 +398,13 @@ def _plan(fusion, inputs, scheduler: str, g, force=None) -> ReductionSchedule:
     if kept and not p.persistent:          # persistent without keeping values, if that fits
         kept = []
         choose(p, ext, g, accesses, scheduler != "reduction", kept, force)
-    if scheduler == "reduction" and _holds_rows(g, p, ext):
-        held = dataclasses.replace(p)
-        choose(held, ext, g, accesses, True, [], force)
-        if held.persistent and held.cluster == 1 and not held.stage:
-            p = held
+    if scheduler == "reduction":
+        p = held_plan(p, ext, g, accesses, force)
     p.kept = len(kept) if p.persistent else 0
     sched = ReductionSchedule(fusion, fusion, {id(v): v for v in fusion.vals if isinstance(v, Scalar)},
                               g, p, accesses, orders, shape, scheduler,
                               kept if p.persistent else [], RS.shared_buffers(g, accesses))
     return sched
-
-
-def _holds_rows(g, p, ext) -> bool:
-    """Whether a pure inner reduction is planned as a persistent one, its row's vectors spread
-    over the team all at once (where they fit one block's registers, no cluster, no staging)
-    instead of streamed in `unroll`-vector steps: where it measured faster on an H200 (two
-    interleaved rounds, 4 ops x 7 shapes x 2 dtypes; docs/reductions.md, Held pure reductions):
-    float32 (and wider) rows (rows of 128: 17-20 -> 15 µs, 32768x256 3-6% and 1024x16384
-    1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
-    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks
-    (cross-entropy held: 85% -> 77-79% of a copy in bfloat16), and not the sums and maxima of
-    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM
-    (every case measured had 1024 rows or more): a few rows, a loss's total sum above all, stay
-    streamed, whose plan widens the team; a held plan's size class also follows the row's
-    length step by step, so under dynamic shapes a total sum of a varying tensor would compile
-    a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such reduction (any
-    number of rows)."""
-    knob = os.environ.get("PYFUSER_RED_HOLD")
-    if p.kind != "inner" or g.online or g.picks or knob == "0":
-        return False
-    if knob != "1" and L.numel(e for e, r in zip(ext, p.reduced) if not r) < sm_count():
-        return False
-    if knob == "1" or any(isinstance(e, E.WelfordOp) for e in g.reduces):
-        return True
-    return all(n.tv.dtype.itemsize >= 4 for n in g.loads if g.level.get(id(n)) == "full")
 
 
 def _proven(fusion, g, known):

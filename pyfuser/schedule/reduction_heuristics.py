@@ -13,7 +13,7 @@ registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is
 `unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
 memory, no barrier), a wider team only when there are too few rows to fill the GPU, and re-read
 for each later pass (from L2 when the rows in flight fit). Pure reductions stream, unless the
-scheduler asks for a held row (`normalization` True: schedule/reduction._holds_rows).
+scheduler asks for a held row (`held_plan`: float32 rows and Welford statistics).
 Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
@@ -39,7 +39,9 @@ $PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cl
 of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in shared memory;
 1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_STAGE_BYTES (the
 bytes a block may stage, STAGE_BYTES by default; past 48 KB the kernel's shared arrays are
-dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_MIN_BLOCKS (blocks an
+dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_HOLD (0: pure reductions
+always streamed; 1: held wherever they fit, any number of rows; by default only float32 rows
+and Welford statistics, a row per SM or more: `held_plan`), $PYFUSER_RED_MIN_BLOCKS (blocks an
 SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
 costly values in each pass instead of keeping them in registers); the last two apply to the
 reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
@@ -57,8 +59,10 @@ $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from ..ir.exprs import WelfordOp
 from .pointwise_heuristics import sm_count
 from .reduction_resize import guarded
 
@@ -249,6 +253,42 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) 
     # and 81 -> 79, rms_norm bfloat16 83 -> 78, but rms_norm float32 144 -> 152 (not explained:
     # docs/reductions.md). $PYFUSER_RED_CLUSTER_PUSH=0: the barriers
     p.push = knobs["cluster_push"] != 0 and p.cluster > 1 and p.kind == "inner" and p.bdimy == 1
+
+
+def held_plan(p, ext: list, g, accesses, force=None):
+    """A pure reduction's plan `p` (streamed, as `choose` made it), or a copy of it planned
+    persistent (its row in one block's registers: never a cluster, never staged) where
+    `_holds_rows` says so and the row fits."""
+    if not _holds_rows(g, p, ext):
+        return p
+    held = dataclasses.replace(p)
+    choose(held, ext, g, accesses, True, [], force)
+    return held if held.persistent and held.cluster == 1 and not held.stage else p
+
+
+def _holds_rows(g, p, ext) -> bool:
+    """Whether a pure inner reduction is planned as a persistent one, its row's vectors spread
+    over the team all at once (where they fit one block's registers, no cluster, no staging)
+    instead of streamed in `unroll`-vector steps: where it measured faster on an H200 (two
+    interleaved rounds, 4 ops x 7 shapes x 2 dtypes; docs/reductions.md, Held pure reductions):
+    float32 (and wider) rows (rows of 128: 17-20 -> 15 µs, 32768x256 3-6% and 1024x16384
+    1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
+    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks
+    (cross-entropy held: 85% -> 77-79% of a copy in bfloat16), and not the sums and maxima of
+    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM
+    (every case measured had 1024 rows or more): a few rows, a loss's total sum above all, stay
+    streamed, whose plan widens the team; a held plan's size class also follows the row's
+    length step by step, so under dynamic shapes a total sum of a varying tensor would compile
+    a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such reduction (any
+    number of rows)."""
+    knob = os.environ.get("PYFUSER_RED_HOLD")
+    if p.kind != "inner" or g.online or g.picks or knob == "0":
+        return False
+    if knob != "1" and _prod(e for e, r in zip(ext, p.reduced) if not r) < sm_count():
+        return False
+    if knob == "1" or any(isinstance(e, WelfordOp) for e in g.reduces):
+        return True
+    return all(n.tv.dtype.itemsize >= 4 for n in g.loads if g.level.get(id(n)) == "full")
 
 
 def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:

@@ -1,7 +1,7 @@
-"""Held pure reductions (schedule/reduction._holds_rows): a pure inner reduction of float32 rows,
-or a Welford statistic of any dtype, is planned persistent (its row's vectors spread over the
-team at once, in one block's registers) instead of streamed in `unroll`-vector steps; the sums
-and maxima of 2-byte rows, online pairs and picks (cross-entropy) stay streamed;
+"""Held pure reductions (schedule/reduction_heuristics.held_plan): a pure inner reduction of
+float32 rows, or a Welford statistic of any dtype, is planned persistent (its row's vectors
+spread over the team at once, in one block's registers) instead of streamed in `unroll`-vector
+steps; the sums and maxima of 2-byte rows, online pairs and picks (cross-entropy) stay streamed;
 $PYFUSER_RED_HOLD=0 / 1 never / always holds; fewer rows than SMs stay streamed. Checked
 through the CPU interpreter of the kernel IR against eager, rows of 2 to 16384 and odd
 lengths, with the CUDA compiled by NVRTC for sm_90. A fixture gives the tests a GPU of 2 SMs
