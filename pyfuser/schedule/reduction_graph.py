@@ -381,18 +381,25 @@ def recompute_costly(g: ReductionGraph) -> list:
     return out
 
 
+def load_passes(g: ReductionGraph) -> dict:
+    """{id(load node): [the passes that read it, in order]} of the full-size loads."""
+    passes: dict = {}
+    for q in range(total_passes(g)):
+        for n in pass_nodes(g, q)[2]:
+            if n.kind == "load":
+                passes.setdefault(id(n), []).append(q)
+    return passes
+
+
 def held_loads(g: ReductionGraph) -> dict:
     """{id(load node): first pass} of the full-size loads a persistent kernel holds in registers
     for a whole pass or more: read in several passes, or by a Welford statistic (whose chunk
     reads them again), or by an online pair (its max, then its sum, read them). The other loads
     are read step by step in their one pass."""
-    passes: dict = {}
+    passes = load_passes(g)
     welford: set = set()
     for q in range(total_passes(g)):
-        reds, _, full = pass_nodes(g, q)
-        for n in full:
-            if n.kind == "load":
-                passes.setdefault(id(n), []).append(q)
+        reds, _, _ = pass_nodes(g, q)
         for e in reds:
             if isinstance(e, E.WelfordOp) or id(e) in g.online:
                 inputs = [reduce_input(g, n) for n in g.nodes if n.kind == "reduce" and n.expr is e]

@@ -7,13 +7,14 @@ size class (signature), so a kernel built for one shape serves every shape that 
 
 Inner (reduced axes innermost): a row of `nv` vectors is split over a team of `bdimx` threads
 (a power of two, 1..1024), each holding `steps` vectors when persistent (about 8, so that every
-thread has 8 loads in flight and the team is small: fewer shuffle steps), and `bdimy` rows share
+thread has 8 loads in flight and the team is small: fewer shuffle steps; but at least enough
+threads for a step to read 128 bytes of the row, where it has them), and `bdimy` rows share
 a block of at least 128 threads. A row stays in registers when its data needs at most 64
 registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
 `unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
 memory, no barrier), a wider team only when there are too few rows to fill the GPU, and re-read
 for each later pass (from L2 when the rows in flight fit). Pure reductions stream, unless the
-scheduler asks for a held row (`held_plan`: float32 rows and Welford statistics).
+scheduler asks for a held row (`held_plan`: a row per SM or more, not online pairs or picks).
 Outer (kept axes innermost): `bdimx` threads (up to 32) span the columns, `bdimy` threads split the
 reduced index (256 threads a block), `unroll` rows a step; persistent when a thread's share of
 the column block fits the same register budget.
@@ -40,8 +41,10 @@ of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in 
 1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_STAGE_BYTES (the
 bytes a block may stage, STAGE_BYTES by default; past 48 KB the kernel's shared arrays are
 dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_HOLD (0: pure reductions
-always streamed; 1: held wherever they fit, any number of rows; by default only float32 rows
-and Welford statistics, a row per SM or more: `held_plan`), $PYFUSER_RED_MIN_BLOCKS (blocks an
+always streamed; 1: held wherever they fit, any number of rows; by default a row per SM or
+more, not online pairs or picks: `held_plan`), $PYFUSER_RED_TEAM_BYTES (the bytes of a row a
+team step reads at least, TEAM_BYTES by default, 0: no floor: `_team_floor`),
+$PYFUSER_RED_MIN_BLOCKS (blocks an
 SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
 costly values in each pass instead of keeping them in registers); the last two apply to the
 reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
@@ -62,7 +65,6 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..ir.exprs import WelfordOp
 from .pointwise_heuristics import sm_count
 from .reduction_resize import guarded
 
@@ -70,6 +72,7 @@ REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thre
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
 STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
+TEAM_BYTES = 128         # bytes of a row a team step reads at least, where the row is as long
 CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
@@ -176,17 +179,20 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) 
     is its head's)."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
-    from .reduction_graph import held_loads
+    from .reduction_graph import held_loads, load_passes
     held = held_loads(g)
     per_step = _regs_per_step(p, accesses, held, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
                                                            "stage", "min_blocks", "full",
                                                            "fence", "prefetch", "cluster_push",
-                                                           "grid_blocks", "stage_bytes")}
+                                                           "grid_blocks", "stage_bytes",
+                                                           "team_bytes")}
     knobs.update(force or {})
     if p.kind == "inner":
-        _inner(p, groups_r, groups_k, per_step, normalization, knobs)
+        narrow = min((a.itemsize for a in accesses
+                      if not a.is_store and g.level.get(id(a.node)) == "full"), default=4)
+        _inner(p, groups_r, groups_k, per_step, normalization, knobs, p.vec * narrow)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
     mb = knobs["min_blocks"]
@@ -207,9 +213,13 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) 
     # reads every staged vector back at once: 100-113 registers, or spills under the 40 of six
     # blocks an SM), nor for persistent rows that read another tensor step by step in a later
     # pass (a layer norm's weight and bias: ptxas loads all of them at the pass's start, 48 ->
-    # 96 registers for rms_norm 32768x256 bfloat16, 10% slower on the H200)
+    # 96 registers for rms_norm 32768x256 bfloat16, 10% slower on the H200). A load read step
+    # by step in the first pass is no such load: a held pure reduction's (one pass, its loads
+    # all in flight at once without the checks: H200, bfloat16 sum rows of 32-256 13.8-17.4
+    # -> 10.1-14.6 µs, float32 rows of 32-64 22-28 -> 17-22 µs)
+    first = {k: v[0] for k, v in load_passes(g).items()}
     stepwise = any(not a.is_store and id(a.node) not in held and g.level.get(id(a.node)) == "full"
-                   for a in accesses)
+                   and first.get(id(a.node), 0) > 0 for a in accesses)
     # $PYFUSER_RED_FENCE=1: staged rows that would be full check no bounds but keep a uniform
     # branch a step (ptxas sm_90, rows of 65536, 40 registers, no spill: layer_norm bfloat16
     # 1528 -> 1448 SASS instructions a thread, float32 1056 -> 1000, softmax 2272 -> 2208 /
@@ -269,26 +279,21 @@ def held_plan(p, ext: list, g, accesses, force=None):
 def _holds_rows(g, p, ext) -> bool:
     """Whether a pure inner reduction is planned as a persistent one, its row's vectors spread
     over the team all at once (where they fit one block's registers, no cluster, no staging)
-    instead of streamed in `unroll`-vector steps: where it measured faster on an H200 (two
-    interleaved rounds, 4 ops x 7 shapes x 2 dtypes; docs/reductions.md, Held pure reductions):
-    float32 (and wider) rows (rows of 128: 17-20 -> 15 µs, 32768x256 3-6% and 1024x16384
-    1-5% faster, one case 3-4% slower, the rest within the spread), and Welford statistics of
-    any dtype (var_mean bfloat16 rows of 128: 14.4 -> 11.6 µs). Not online pairs or picks
-    (cross-entropy held: 85% -> 77-79% of a copy in bfloat16), and not the sums and maxima of
-    2-byte rows (bfloat16 sum 4096x1024: 8.0 -> 10.2 µs). Only with at least a row per SM
-    (every case measured had 1024 rows or more): a few rows, a loss's total sum above all, stay
-    streamed, whose plan widens the team; a held plan's size class also follows the row's
-    length step by step, so under dynamic shapes a total sum of a varying tensor would compile
-    a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such reduction (any
-    number of rows)."""
+    instead of streamed in `unroll`-vector steps: measured faster or even on an H200 (4 ops x 9
+    shapes x 2 dtypes, interleaved rounds; docs/reductions.md, Held pure reductions) once its
+    one pass checks no bounds (`choose`'s `full`) and short rows get several threads
+    (`_team_floor`): float32 rows of 128 17-20 -> 15 µs, 32768x256 3-6% faster; bfloat16 sums
+    of rows of 32-256 13.8-17.4 -> 10.1-14.6 µs, var_mean rows of 128 14.4 -> 11.6 µs, longer
+    rows within the spread. Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
+    copy in bfloat16). Only with at least a row per SM: a few rows, a loss's total sum above
+    all, stay streamed, whose plan widens the team; a held plan's size class also follows the
+    row's length step by step, so under dynamic shapes a total sum of a varying tensor would
+    compile a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such
+    reduction (any number of rows)."""
     knob = os.environ.get("PYFUSER_RED_HOLD")
     if p.kind != "inner" or g.online or g.picks or knob == "0":
         return False
-    if knob != "1" and _prod(e for e, r in zip(ext, p.reduced) if not r) < sm_count():
-        return False
-    if knob == "1" or any(isinstance(e, WelfordOp) for e in g.reduces):
-        return True
-    return all(n.tv.dtype.itemsize >= 4 for n in g.loads if g.level.get(id(n)) == "full")
+    return knob == "1" or _prod(e for e, r in zip(ext, p.reduced) if not r) >= sm_count()
 
 
 def _persistent(p, n: int, team: int, per_step: float, threads: int, knobs) -> None:
@@ -325,14 +330,26 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
             return
 
 
-def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
+def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
+    """The fewest threads a row's team has: enough for a step to read TEAM_BYTES of the row
+    ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the narrowest
+    full-size load's), at most the row's vectors. A short row read by one thread in 16-byte
+    vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions, rows
+    of 32-128 float32 or 64-128 bfloat16: 15-22 -> 10-14 µs with 4-8 threads a row instead of
+    1-4 (docs/reductions.md, Kernel shapes)."""
+    want = TEAM_BYTES if knobs.get("team_bytes") is None else knobs["team_bytes"]
+    return max(1, min(_pow2ceil(nv), _pow2ceil(-(-want // max(vec_bytes, 1)))))
+
+
+def _inner(p, groups_r, groups_k, per_step, normalization, knobs, vec_bytes=16) -> None:
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
     nv = nro * max(1, -(-rlen // p.vec))      # outer reduced groups share one linear index
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
     target = max(2, min(STEPS_TARGET, int(STEP_REGS // max(per_step, 1))))
-    p.bdimx = knobs["bdimx"] or min(1024, _pow2ceil(-(-nv // target)))
+    floor = _team_floor(nv, vec_bytes, knobs)
+    p.bdimx = knobs["bdimx"] or min(1024, max(floor, _pow2ceil(-(-nv // target))))
     if normalization:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)
         # a row filling a 1024-thread block alone (one row an SM at a time: its loads do not
@@ -345,7 +362,7 @@ def _inner(p, groups_r, groups_k, per_step, normalization, knobs) -> None:
     if not p.persistent and not knobs["bdimx"]:
         # streamed: about STREAM_VECTORS vectors a thread (unroll-wide steps, several loads in
         # flight each); a wider team only when the rows are too few to fill the GPU
-        team = _pow2ceil(-(-nv // STREAM_VECTORS))
+        team = max(floor, _pow2ceil(-(-nv // STREAM_VECTORS)))
         while team < 512 and -(-rows * team // MIN_BLOCK) < 2 * sm_count() and team < nv:
             team *= 2
         p.bdimx = max(1, min(512, team))

@@ -1,7 +1,7 @@
 """Held pure reductions (schedule/reduction_heuristics.held_plan): a pure inner reduction of
-float32 rows, or a Welford statistic of any dtype, is planned persistent (its row's vectors
-spread over the team at once, in one block's registers) instead of streamed in `unroll`-vector
-steps; the sums and maxima of 2-byte rows, online pairs and picks (cross-entropy) stay streamed;
+any dtype is planned persistent (its row's vectors spread over the team at once, in one
+block's registers; at least 128 bytes of the row a team step) instead of streamed in
+`unroll`-vector steps; online pairs and picks (cross-entropy) stay streamed;
 $PYFUSER_RED_HOLD=0 / 1 never / always holds; fewer rows than SMs stay streamed. Checked
 through the CPU interpreter of the kernel IR against eager, rows of 2 to 16384 and odd
 lengths, with the CUDA compiled by NVRTC for sm_90. A fixture gives the tests a GPU of 2 SMs
@@ -47,16 +47,41 @@ def test_float32_rows_are_held_and_match_eager(build, name, n):
         check_close(g, w, name, n)
 
 
-def test_bfloat16_sums_stream_and_its_welford_is_held():
-    x = torch.randn(4, 3072).to(torch.bfloat16)
-    assert not _plan(SUM, x)[1].params.persistent
-    assert not _plan(MAX, x)[1].params.persistent
-    f, plan = _plan(var_mean, x)
-    assert plan.params.persistent
+@pytest.mark.parametrize("build,name", [(SUM, "sum"), (MAX, "max"), (var_mean, "var_mean")],
+                         ids=["sum", "max", "var_mean"])
+def test_bfloat16_rows_are_held_and_check_no_bounds(build, name):
+    """Held 2-byte rows (sums and maxima too, since their one pass checks no bounds) match
+    eager; a whole row's held pure reduction is `full` (its loads read step by step in the
+    first and only pass, none in a later one)."""
+    x = (torch.randn(4, 3072) * 3).to(torch.bfloat16)
+    f, plan = _plan(build, x)
+    assert plan.params.persistent and plan.params.full, plan.params
     got = dispatch.execute_fusion(f, [x], "interpret")
-    want = torch.var_mean(x, 1, correction=1)
+    want = {"sum": lambda: [x.sum(1)], "max": lambda: [x.amax(1)],
+            "var_mean": lambda: list(torch.var_mean(x, 1, correction=1))}[name]()
     for g, w in zip(got, want):
-        check_close(g, w, "var_mean", 3072)
+        check_close(g, w, name, 3072)
+
+
+@pytest.mark.parametrize("dtype,n,threads", [(torch.float32, 32, 8), (torch.float32, 64, 8),
+                                             (torch.float32, 128, 8), (torch.float32, 2048, 64),
+                                             (torch.bfloat16, 32, 4), (torch.bfloat16, 64, 8),
+                                             (torch.bfloat16, 256, 8), (torch.bfloat16, 3072, 64)],
+                         ids=str)
+def test_a_short_row_gets_threads_for_128_bytes_a_step(dtype, n, threads, monkeypatch):
+    """A row's team is at least the threads a step needs to read 128 bytes in 16-byte vectors
+    (8), at most its vectors (a bfloat16 row of 32: 4); longer rows keep about 8 vectors a
+    thread. $PYFUSER_RED_TEAM_BYTES=0 turns the floor off (a row of 64 float32 back to 2
+    threads of 8 vectors). The kernels compile for sm_90 and match eager."""
+    x = (torch.randn(6, n) * 2).to(dtype)
+    f, plan = _plan(SUM, x)
+    p = plan.params
+    assert p.persistent and p.bdimx == threads and p.bdimx * p.bdimy >= 32, p
+    assert nvrtc.compile_cuda(plan.kernel.source, plan.kernel.name, "sm_90") is not None
+    check_close(dispatch.execute_fusion(f, [x], "interpret")[0], x.sum(1), "sum", n)
+    if (dtype, n) == (torch.float32, 64):
+        monkeypatch.setenv("PYFUSER_RED_TEAM_BYTES", "0")
+        assert _plan(SUM, x)[1].params.bdimx == 2
 
 
 def test_online_pairs_stay_streamed():
