@@ -215,8 +215,8 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) 
     # pass (a layer norm's weight and bias: ptxas loads all of them at the pass's start, 48 ->
     # 96 registers for rms_norm 32768x256 bfloat16, 10% slower on the H200). A load read step
     # by step in the first pass is no such load: a held pure reduction's (one pass, its loads
-    # all in flight at once without the checks: H200, bfloat16 sum rows of 32-256 13.8-17.4
-    # -> 10.1-14.6 µs, float32 rows of 32-64 22-28 -> 17-22 µs)
+    # all in flight at once without the checks: H200, held bfloat16 sums of rows of 32-256
+    # 12.6-22.7 -> 10.1-14.6 µs, float32 rows of 32-64 21.7-28.5 -> 16.5-22.1 µs)
     first = {k: v[0] for k, v in load_passes(g).items()}
     stepwise = any(not a.is_store and id(a.node) not in held and g.level.get(id(a.node)) == "full"
                    and first.get(id(a.node), 0) > 0 for a in accesses)
@@ -282,9 +282,9 @@ def _holds_rows(g, p, ext) -> bool:
     instead of streamed in `unroll`-vector steps: measured faster or even on an H200 (4 ops x 9
     shapes x 2 dtypes, interleaved rounds; docs/reductions.md, Held pure reductions) once its
     one pass checks no bounds (`choose`'s `full`) and short rows get several threads
-    (`_team_floor`): float32 rows of 128 17-20 -> 15 µs, 32768x256 3-6% faster; bfloat16 sums
-    of rows of 32-256 13.8-17.4 -> 10.1-14.6 µs, var_mean rows of 128 14.4 -> 11.6 µs, longer
-    rows within the spread. Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
+    (`_team_floor`): float32 rows of 128 17-20 -> 14-15 µs, 32768x256 3-6% faster; bfloat16
+    `var_mean` rows of 32-64 17.3-18.2 -> 10.4-11.6 µs and sums of rows of 1024-16384 2-14%
+    faster than streamed, short rows' sums and maxima within 5% of it. Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
     copy in bfloat16). Only with at least a row per SM: a few rows, a loss's total sum above
     all, stay streamed, whose plan widens the team; a held plan's size class also follows the
     row's length step by step, so under dynamic shapes a total sum of a varying tensor would
@@ -335,9 +335,12 @@ def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
     ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the narrowest
     full-size load's), at most the row's vectors. A short row read by one thread in 16-byte
     vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions, rows
-    of 32-128 float32 or 64-128 bfloat16: 15-22 -> 10-14 µs with 4-8 threads a row instead of
-    1-4 (docs/reductions.md, Kernel shapes)."""
+    of 32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead of
+    1-4; rms_norm 32768x256 bfloat16 14.6-15.2 -> 12.7-13.2 µs (docs/reductions.md, Kernel
+    shapes)."""
     want = TEAM_BYTES if knobs.get("team_bytes") is None else knobs["team_bytes"]
+    if want < 0:
+        raise ValueError(f"$PYFUSER_RED_TEAM_BYTES={want}: 0 or more")
     return max(1, min(_pow2ceil(nv), _pow2ceil(-(-want // max(vec_bytes, 1)))))
 
 

@@ -82,6 +82,9 @@ def test_a_short_row_gets_threads_for_128_bytes_a_step(dtype, n, threads, monkey
     if (dtype, n) == (torch.float32, 64):
         monkeypatch.setenv("PYFUSER_RED_TEAM_BYTES", "0")
         assert _plan(SUM, x)[1].params.bdimx == 2
+        monkeypatch.setenv("PYFUSER_RED_TEAM_BYTES", "-1")
+        with pytest.raises(ValueError, match="PYFUSER_RED_TEAM_BYTES"):
+            _plan(SUM, x)
 
 
 def test_online_pairs_stay_streamed():
