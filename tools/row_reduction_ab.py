@@ -23,7 +23,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPES = "8192x3072,32768x256,4096x1024,16384x768,2048x8192,65536x128,1024x16384"
+SHAPES = ("8192x3072,32768x256,4096x1024,16384x768,2048x8192,65536x128,1024x16384,131072x64,"
+          "262144x32")
 
 
 def sum_last(x):
