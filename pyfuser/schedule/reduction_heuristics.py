@@ -7,8 +7,9 @@ size class (signature), so a kernel built for one shape serves every shape that 
 
 Inner (reduced axes innermost): a row of `nv` vectors is split over a team of `bdimx` threads
 (a power of two, 1..1024), each holding `steps` vectors when persistent (about 8, so that every
-thread has 8 loads in flight and the team is small: fewer shuffle steps; but at least enough
-threads for a step to read 128 bytes of the row, where it has them), and `bdimy` rows share
+thread has 8 loads in flight and the team is small: fewer shuffle steps; a pure reduction's
+team has at least enough threads for a step to read 128 bytes of the row, where it has them),
+and `bdimy` rows share
 a block of at least 128 threads. A row stays in registers when its data needs at most 64
 registers a thread (32 with 1024 threads: 64 K registers an SM); otherwise it is streamed,
 `unroll` vectors a step, about 16 vectors a thread (a warp per row of 2 K floats: no shared
@@ -172,11 +173,13 @@ def _budget(threads: int) -> int:
     return REG_BUDGET if threads < 1024 else REG_BUDGET // 2
 
 
-def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) -> None:
-    """Fill the thread shape, unroll and persistence of `p`; `kept`: the nodes a persistent
-    kernel keeps in registers between passes (reduction_graph.recompute_costly); `force`:
-    knob values a caller fixes over the environment's (schedule/tail.py: the tail's block
-    is its head's)."""
+def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None,
+           pure=None) -> None:
+    """Fill the thread shape, unroll and persistence of `p`; `normalization`: plan a persistent
+    row where it fits; `kept`: the nodes a persistent kernel keeps in registers between passes
+    (reduction_graph.recompute_costly); `force`: knob values a caller fixes over the
+    environment's (schedule/tail.py: the tail's block is its head's); `pure`: a pure
+    reduction's plan (by default: not a normalization), whose team gets `_team_floor`."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
     from .reduction_graph import held_loads, load_passes
@@ -192,7 +195,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None) 
     if p.kind == "inner":
         narrow = min((a.itemsize for a in accesses
                       if not a.is_store and g.level.get(id(a.node)) == "full"), default=4)
-        _inner(p, groups_r, groups_k, per_step, normalization, knobs, p.vec * narrow)
+        pure = not normalization if pure is None else pure
+        _inner(p, groups_r, groups_k, per_step, normalization, knobs,
+               p.vec * narrow if pure else 0)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
     mb = knobs["min_blocks"]
@@ -272,7 +277,7 @@ def held_plan(p, ext: list, g, accesses, force=None):
     if not _holds_rows(g, p, ext):
         return p
     held = dataclasses.replace(p)
-    choose(held, ext, g, accesses, True, [], force)
+    choose(held, ext, g, accesses, True, [], force, pure=True)
     return held if held.persistent and held.cluster == 1 and not held.stage else p
 
 
@@ -331,27 +336,32 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
 
 
 def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
-    """The fewest threads a row's team has: enough for a step to read TEAM_BYTES of the row
+    """The fewest threads a pure reduction's row has: enough for a step to read TEAM_BYTES of the row
     ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the narrowest
     full-size load's), at most the row's vectors. A short row read by one thread in 16-byte
     vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions, rows
     of 32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead of
-    1-4; rms_norm 32768x256 bfloat16 14.6-15.2 -> 12.7-13.2 µs (docs/reductions.md, Kernel
-    shapes)."""
+    1-4 (docs/reductions.md, Kernel shapes). Not for normalizations: with it, rms_norm
+    32768x256 bfloat16 ran 14.6-15.2 -> 12.7-13.2 µs, but a CLIP training step's gradients
+    (layer norms of rows of 32 on 8 threads instead of 4) drifted further from float64 than
+    eager's, median ratio over its 78 parameters 0.7-1.2 -> 1.5-1.7 on 4 of 5 input seeds
+    (tests/cpu/test_compile_training.py's clip failed), which is not understood; a plain
+    layer norm's forward and backward were as close as before."""
     want = TEAM_BYTES if knobs.get("team_bytes") is None else knobs["team_bytes"]
     if want < 0:
         raise ValueError(f"$PYFUSER_RED_TEAM_BYTES={want}: 0 or more")
     return max(1, min(_pow2ceil(nv), _pow2ceil(-(-want // max(vec_bytes, 1)))))
 
 
-def _inner(p, groups_r, groups_k, per_step, normalization, knobs, vec_bytes=16) -> None:
+def _inner(p, groups_r, groups_k, per_step, normalization, knobs, vec_bytes=0) -> None:
+    """`vec_bytes`: a pure reduction's vector bytes, for `_team_floor` (0: no floor)."""
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
     nv = nro * max(1, -(-rlen // p.vec))      # outer reduced groups share one linear index
     p.persistent, p.steps, p.unroll = False, 0, knobs["unroll"] or 4
     target = max(2, min(STEPS_TARGET, int(STEP_REGS // max(per_step, 1))))
-    floor = _team_floor(nv, vec_bytes, knobs)
+    floor = _team_floor(nv, vec_bytes, knobs) if vec_bytes else 1
     p.bdimx = knobs["bdimx"] or min(1024, max(floor, _pow2ceil(-(-nv // target))))
     if normalization:
         _persistent(p, nv, p.bdimx, per_step, max(p.bdimx, MIN_BLOCK), knobs)

@@ -87,6 +87,25 @@ def test_a_short_row_gets_threads_for_128_bytes_a_step(dtype, n, threads, monkey
             _plan(SUM, x)
 
 
+def test_normalizations_keep_their_team(monkeypatch):
+    """The team floor is a pure reduction's: a layer norm of rows of 32 float32 keeps the team
+    of fewer than 8 threads it had without the floor (with 8 threads a row, a CLIP training
+    step's gradients drifted further from float64: reduction_heuristics._team_floor), and
+    matches eager."""
+    from reduction_cases import layer_norm
+    x, w, b = torch.randn(34, 32) * 2, torch.randn(32), torch.randn(32)
+    f = fusion(layer_norm, 2, x.dtype, [1])
+    shapes = []
+    for knob in ("0", "128"):
+        monkeypatch.setenv("PYFUSER_RED_TEAM_BYTES", knob)
+        p = api.plan_kernel(f, [x, w, b]).params
+        assert p.persistent, p
+        shapes.append((p.bdimx, p.steps))
+    assert shapes[0] == shapes[1] and shapes[0][0] < 8, shapes
+    got = dispatch.execute_fusion(f, [x, w, b], "interpret")[0]
+    check_close(got, torch.nn.functional.layer_norm(x, [32], w, b, 1e-5), "layer_norm", 32)
+
+
 def test_online_pairs_stay_streamed():
     x = torch.randn(4, 32000)
     assert not _plan(logsumexp, x)[1].params.persistent
