@@ -73,7 +73,7 @@ REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thre
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
 STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
-TEAM_BYTES = 128         # bytes of a row a team step reads at least, where the row is as long
+TEAM_BYTES = 128         # a pure reduction's team step reads this many bytes of a row at least
 CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
@@ -289,12 +289,12 @@ def _holds_rows(g, p, ext) -> bool:
     one pass checks no bounds (`choose`'s `full`) and short rows get several threads
     (`_team_floor`): float32 rows of 128 17-20 -> 14-15 µs, 32768x256 3-6% faster; bfloat16
     `var_mean` rows of 32-64 17.3-18.2 -> 10.4-11.6 µs and sums of rows of 1024-16384 2-14%
-    faster than streamed, short rows' sums and maxima within 5% of it. Not online pairs or picks (cross-entropy held: 85% -> 77-79% of a
-    copy in bfloat16). Only with at least a row per SM: a few rows, a loss's total sum above
-    all, stay streamed, whose plan widens the team; a held plan's size class also follows the
-    row's length step by step, so under dynamic shapes a total sum of a varying tensor would
-    compile a kernel per size. $PYFUSER_RED_HOLD=0 never holds them, =1 holds every such
-    reduction (any number of rows)."""
+    faster than streamed, short rows' sums and maxima within 5% of it. Not online pairs or picks
+    (cross-entropy held: 85% -> 77-79% of a copy in bfloat16). Only with at least a row per SM:
+    a few rows, a loss's total sum above all, stay streamed, whose plan widens the team; a held
+    plan's size class also follows the row's length step by step, so under dynamic shapes a
+    total sum of a varying tensor would compile a kernel per size. $PYFUSER_RED_HOLD=0 never
+    holds them, =1 holds every such reduction (any number of rows)."""
     knob = os.environ.get("PYFUSER_RED_HOLD")
     if p.kind != "inner" or g.online or g.picks or knob == "0":
         return False
@@ -336,17 +336,17 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
 
 
 def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
-    """The fewest threads a pure reduction's row has: enough for a step to read TEAM_BYTES of the row
-    ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the narrowest
-    full-size load's), at most the row's vectors. A short row read by one thread in 16-byte
-    vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions, rows
-    of 32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead of
-    1-4 (docs/reductions.md, Kernel shapes). Not for normalizations: with it, rms_norm
+    """The fewest threads a pure reduction's row has: enough for a step to read TEAM_BYTES of
+    the row ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the
+    narrowest full-size load's), at most the row's vectors. A short row read by one thread in
+    16-byte vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions,
+    rows of 32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead
+    of 1-4 (docs/reductions.md, Kernel shapes). Not for normalizations: with it, rms_norm
     32768x256 bfloat16 ran 14.6-15.2 -> 12.7-13.2 µs, but a CLIP training step's gradients
     (layer norms of rows of 32 on 8 threads instead of 4) drifted further from float64 than
     eager's, median ratio over its 78 parameters 0.7-1.2 -> 1.5-1.7 on 4 of 5 input seeds
-    (tests/cpu/test_compile_training.py's clip failed), which is not understood; a plain
-    layer norm's forward and backward were as close as before."""
+    (tests/cpu/test_compile_training.py's clip failed), which is not understood; a plain layer
+    norm's forward and backward were as close as before."""
     want = TEAM_BYTES if knobs.get("team_bytes") is None else knobs["team_bytes"]
     if want < 0:
         raise ValueError(f"$PYFUSER_RED_TEAM_BYTES={want}: 0 or more")
