@@ -8,8 +8,9 @@ each setting needs its own process).
 Ops (over the last axis, through `pyfuser.jit`): `sum`, `var_mean`, `amax`, `(x*x).sum`.
 Each case is checked against eager with bench/normalization.py's tolerances (a wrong result is
 marked WRONG), then timed with bench/common.bench_us (do_bench, L2 flushed by a write); % =
-(input + output bytes / time) over (2 x input bytes / the time of a copy of the input). Prints one markdown table, a column per
-setting in the order given (repeat a setting to interleave rounds).
+(input + output bytes / time) over (2 x input bytes / the time of a copy of the input). Prints
+one markdown table, a column per setting in the order given (repeat a setting to interleave
+rounds).
 """
 from __future__ import annotations
 

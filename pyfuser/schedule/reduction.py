@@ -6,7 +6,7 @@ codegen/reduction_lowering.py into one kernel:
 
 - "reduction": a pure reduction (sum, amax, var_mean, ...; full-size outputs that do not depend
   on a reduction are written in the same pass). Any layout. Streamed in steps, except inner
-  rows of float32 and Welford statistics that fit a block's registers, a row per SM or more
+  rows that fit a block's registers, a row per SM or more, not online pairs or picks
   (reduction_heuristics.held_plan).
 - "inner_persistent": a normalization (softmax, layer_norm, rms_norm, log_softmax, ...) whose
   reduced axes are innermost in memory (run-time check). A row is read once and held in

@@ -391,12 +391,13 @@ def load_passes(g: ReductionGraph) -> dict:
     return passes
 
 
-def held_loads(g: ReductionGraph) -> dict:
+def held_loads(g: ReductionGraph, passes=None) -> dict:
     """{id(load node): first pass} of the full-size loads a persistent kernel holds in registers
     for a whole pass or more: read in several passes, or by a Welford statistic (whose chunk
     reads them again), or by an online pair (its max, then its sum, read them). The other loads
-    are read step by step in their one pass."""
-    passes = load_passes(g)
+    are read step by step in their one pass. `passes`: `load_passes(g)`, where the caller has
+    it."""
+    passes = load_passes(g) if passes is None else passes
     welford: set = set()
     for q in range(total_passes(g)):
         reds, _, _ = pass_nodes(g, q)

@@ -41,24 +41,23 @@ $PYFUSER_RED_WAVES, $PYFUSER_RED_SPLITS, $PYFUSER_RED_CLUSTER (blocks a row's cl
 of two up to 16, forcing one), $PYFUSER_RED_STAGE (0: never stage held loads in shared memory;
 1: stage them in every persistent inner kernel where they fit), $PYFUSER_RED_STAGE_BYTES (the
 bytes a block may stage, STAGE_BYTES by default; past 48 KB the kernel's shared arrays are
-dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_HOLD (0: pure reductions
-always streamed; 1: held wherever they fit, any number of rows; by default a row per SM or
-more, not online pairs or picks: `held_plan`), $PYFUSER_RED_TEAM_BYTES (the bytes of a row a
-team step reads at least, TEAM_BYTES by default, 0: no floor: `_team_floor`),
-$PYFUSER_RED_MIN_BLOCKS (blocks an
-SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations recompute
-costly values in each pass instead of keeping them in registers); the last two apply to the
-reduction and persistent kernels planned here, not to the inner-outer ones (schedule/
-inner_outer.py); $PYFUSER_RED_FULL (0: every inner kernel checks its bounds; 1: none does
-where its rows are whole, also where the default keeps the checks); $PYFUSER_RED_FENCE=1 (staged
-rows of whole steps check no bounds but step under a uniform true condition:
+dynamic shared memory: codegen/kernel_shared.py), $PYFUSER_RED_HOLD (0: pure reductions always
+streamed; 1: held wherever they fit, any number of rows; by default a row per SM or more, not
+online pairs or picks: `held_plan`), $PYFUSER_RED_TEAM_BYTES (the bytes of a row a team step
+reads at least, TEAM_BYTES by default, 0: no floor: `_team_floor`), $PYFUSER_RED_MIN_BLOCKS
+(blocks an SM for __launch_bounds__, capping registers), $PYFUSER_RED_KEEP=0 (normalizations
+recompute costly values in each pass instead of keeping them in registers); the last two apply
+to the reduction and persistent kernels planned here, not to the inner-outer ones
+(schedule/inner_outer.py); $PYFUSER_RED_FULL (0: every inner kernel checks its bounds; 1: none
+does where its rows are whole, also where the default keeps the checks); $PYFUSER_RED_FENCE=1
+(staged rows of whole steps check no bounds but step under a uniform true condition:
 ReductionParams.fence; off by default); $PYFUSER_RED_GRID_BLOCKS=N (a row's cluster kernel
-launches at most N blocks, each cluster looping over rows) and $PYFUSER_RED_PREFETCH=1 (such a loop
-issues the next row's staged copies at the end of this row: ReductionParams.prefetch);
-$PYFUSER_RED_SPLIT_CLUSTER=1 (a cluster row's barrier at the end of the row split into an
-arrive after its combine and a wait at the row's end: codegen/reduction_kernels.py; off by
-default); $PYFUSER_RED_CLUSTER_PUSH=0 (a cluster row's partials read through cluster barriers
-instead of pushed to every rank and counted on mbarriers: ReductionParams.push, on by default);
+launches at most N blocks, each cluster looping over rows) and $PYFUSER_RED_PREFETCH=1 (such a
+loop issues the next row's staged copies at the end of this row: ReductionParams.prefetch);
+$PYFUSER_RED_SPLIT_CLUSTER=1 (a cluster row's barrier at the end of the row split into an arrive
+after its combine and a wait at the row's end: codegen/reduction_kernels.py; off by default);
+$PYFUSER_RED_CLUSTER_PUSH=0 (a cluster row's partials read through cluster barriers instead of
+pushed to every rank and counted on mbarriers: ReductionParams.push, on by default);
 $PYFUSER_CLUSTERS=0 never uses clusters.
 """
 from __future__ import annotations
@@ -183,7 +182,8 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None,
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
     from .reduction_graph import held_loads, load_passes
-    held = held_loads(g)
+    passes = load_passes(g)
+    held = held_loads(g, passes)
     per_step = _regs_per_step(p, accesses, held, kept)
     knobs = {k: _env(f"PYFUSER_RED_{k.upper()}") for k in ("bdimx", "bdimy", "unroll", "steps",
                                                            "waves", "splits", "cluster",
@@ -222,7 +222,7 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None,
     # by step in the first pass is no such load: a held pure reduction's (one pass, its loads
     # all in flight at once without the checks: H200, held bfloat16 sums of rows of 32-256
     # 12.6-22.7 -> 10.1-14.6 µs, float32 rows of 32-64 21.7-28.5 -> 16.5-22.1 µs)
-    first = {k: v[0] for k, v in load_passes(g).items()}
+    first = {k: v[0] for k, v in passes.items()}
     stepwise = any(not a.is_store and id(a.node) not in held and g.level.get(id(a.node)) == "full"
                    and first.get(id(a.node), 0) > 0 for a in accesses)
     # $PYFUSER_RED_FENCE=1: staged rows that would be full check no bounds but keep a uniform

@@ -261,11 +261,9 @@ def test_rows_of_whole_steps_check_no_bounds(builder, shape, monkeypatch):
     block's rows, the row exactly the team's persistent steps or a whole number of its streamed
     steps) checks no bounds, and only such a plan; the persistent softmax and log_softmax of
     64x3072 and 256x256 are full, layer and RMS norms, which read their weights step by step
-    in the last pass, are not by default ($PYFUSER_RED_FULL=1: they are), but a held mean is
-    (its one pass reads the row step by step: no later pass to load early); rows a vector
-    short are not. All equal eager
-    (run). `full` is part of the size class: a kernel for whole rows is never reused for other
-    sizes."""
+    in the last pass, are not by default ($PYFUSER_RED_FULL=1: they are), a held mean is (no
+    later pass to load early), rows a vector short are not. All equal eager (run). `full` is
+    part of the size class: a kernel for whole rows is never reused for other sizes."""
     plan = run(builder, shape, [1], torch.float32, "contiguous")
     p = plan.params
     if p.kind != "inner" or p.stage:
