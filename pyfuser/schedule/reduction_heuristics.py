@@ -72,7 +72,7 @@ REG_BUDGET = 64          # registers of persistent data per thread (<= 1024-thre
 STEPS_TARGET = 8         # vectors per thread in a persistent row ...
 STEP_REGS = 40           # ... unless they would take more registers than this
 STREAM_VECTORS = 16      # streamed rows: vectors a thread (steps of `unroll` vectors)
-TEAM_BYTES = 128         # a pure reduction's team step reads this many bytes of a row at least
+TEAM_BYTES = 128         # an inner row's team step reads this many bytes of the row at least
 CLUSTER_BLOCK = 256      # threads of each block of a row's cluster
 MAX_CLUSTER = 16         # blocks a cluster at most (sm_90; above 8 the size is non-portable)
 MIN_BLOCK = 128          # threads per block at least (rows share blocks)
@@ -178,7 +178,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None,
     row where it fits; `kept`: the nodes a persistent kernel keeps in registers between passes
     (reduction_graph.recompute_costly); `force`: knob values a caller fixes over the
     environment's (schedule/tail.py: the tail's block is its head's); `pure`: a pure
-    reduction's plan (by default: not a normalization), whose team gets `_team_floor`."""
+    reduction's plan (by default: not a normalization). An inner plan's team gets `_team_floor`
+    unless it is a normalization whose statistics merge as Welford triples or online pairs
+    (`_merges_cheaply`)."""
     groups_r = [e for e, r in zip(ext, p.reduced) if r]
     groups_k = [e for e, r in zip(ext, p.reduced) if not r]
     from .reduction_graph import held_loads, load_passes
@@ -196,8 +198,9 @@ def choose(p, ext: list, g, accesses, normalization: bool, kept=(), force=None,
         narrow = min((a.itemsize for a in accesses
                       if not a.is_store and g.level.get(id(a.node)) == "full"), default=4)
         pure = not normalization if pure is None else pure
+        floor = pure or _merges_cheaply(g)
         _inner(p, groups_r, groups_k, per_step, normalization, knobs,
-               p.vec * narrow if pure else 0)
+               p.vec * narrow if floor else 0)
     else:
         _outer(p, groups_r, groups_k, per_step, normalization, knobs)
     mb = knobs["min_blocks"]
@@ -335,18 +338,31 @@ def _cluster(p, nv: int, per_step: float, knobs) -> None:
             return
 
 
+def _merges_cheaply(g) -> bool:
+    """Whether a normalization's row statistics are plain reductions (an RMS norm's sum of
+    squares), not Welford triples (a layer norm's) or online pairs (softmax's max and sum of
+    exp): only then does its team get `_team_floor`. Each doubling of a team adds a combine
+    round; a plain sum's is one shuffle and an add, a Welford or online merge's several
+    shuffles and a division or an exp. H200, bfloat16 32768x256, floor against none, two
+    rounds each: rms_norm 13.2-14.0 against 14.3-14.8 µs, layer_norm 15.8 against 14.3-14.4,
+    softmax 13.0-13.8 against 12.5-13.8 (docs/benchmarks.md, thirty-first session)."""
+    from ..ir import exprs as E
+    return not g.online and not any(isinstance(e, E.WelfordOp) for e in g.reduces)
+
+
 def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
-    """The fewest threads a pure reduction's row has: enough for a step to read TEAM_BYTES of
-    the row ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the
-    narrowest full-size load's), at most the row's vectors. A short row read by one thread in
-    16-byte vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions,
-    rows of 32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead
-    of 1-4 (docs/reductions.md, Kernel shapes). Not for normalizations: with it, rms_norm
-    32768x256 bfloat16 ran 14.6-15.2 -> 12.7-13.2 µs, but a CLIP training step's gradients
-    (layer norms of rows of 32 on 8 threads instead of 4) drifted further from float64 than
-    eager's, median ratio over its 78 parameters 0.7-1.2 -> 1.5-1.7 on 4 of 5 input seeds
-    (tests/cpu/test_compile_training.py's clip failed), which is not understood; a plain layer
-    norm's forward and backward were as close as before."""
+    """The fewest threads an inner row has: enough for a step to read TEAM_BYTES of the row
+    ($PYFUSER_RED_TEAM_BYTES; 0 turns the floor off) in vectors of `vec_bytes` (the narrowest
+    full-size load's), at most the row's vectors. A short row read by one thread in 16-byte
+    vectors has each warp load touch 32 rows' lines at once; H200, held pure reductions, rows of
+    32-128 float32 or 64-128 bfloat16: 12-22 -> 10-15 µs with 4-8 threads a row instead of 1-4;
+    rms_norm 32768x256 bfloat16 14.3-15.2 -> 12.7-14.0 µs (docs/reductions.md, A short row's
+    team). Normalizations had been left out of it for a CLIP training step whose gradients
+    looked further from float64 with it; over 5 input sets each way the ratio of their error
+    to eager's moves as much between inputs as between plans (medians 0.8-1.4 without the
+    floor, 1.0-1.5 with it), and a layer norm of rows of 32 is as close to float64 with 8
+    threads a row as with 4 (docs/reductions.md); what keeps layer norms and softmax out of
+    it now is speed (`_merges_cheaply`)."""
     want = TEAM_BYTES if knobs.get("team_bytes") is None else knobs["team_bytes"]
     if want < 0:
         raise ValueError(f"$PYFUSER_RED_TEAM_BYTES={want}: 0 or more")
@@ -354,7 +370,7 @@ def _team_floor(nv: int, vec_bytes: int, knobs) -> int:
 
 
 def _inner(p, groups_r, groups_k, per_step, normalization, knobs, vec_bytes=0) -> None:
-    """`vec_bytes`: a pure reduction's vector bytes, for `_team_floor` (0: no floor)."""
+    """`vec_bytes`: the row's vector bytes, for `_team_floor` (0: no floor)."""
     rlen = groups_r[-1] if groups_r else 1
     nro = _prod(groups_r[:-1])
     rows = _prod(groups_k)
