@@ -5,7 +5,8 @@ index_select and gather.
 integer index of any rank: the rows of weight at the indices; the last three arguments change
 only the backward, `embedding_dense_backward`, lowered in aten_embedding_backward.py) and `aten::index_select(x,
 dim, index)` (an index of rank 0 or 1) lower to an IndexSelectOp, `aten::gather(x, dim, index)`
-(an index of x's rank) to a GatherOp; a lookup's index may itself be looked up (BERT's token
+(an index of x's rank) to a GatherOp, `aten::flip(x, dims)` to an IndexSelectOp per flipped
+axis at an iota counting down; a lookup's index may itself be looked up (BERT's token
 types: a gather from a buffer at the positions, then the token-type embedding). The pointwise
 and reduction schedulers read the input at the index's values in the kernel that consumes it
 (schedule/pointwise_graph.py's "ix" keys), so a transformer's token and position embeddings,
@@ -98,6 +99,33 @@ def _index_select(x, dim, index):
     if not -x.ndim <= dim < x.ndim:
         raise UnsupportedOpError(f"index_select: dim {dim} out of range")
     return B.index_select(x, index, dim % x.ndim)
+
+
+@lowers("aten::flip", n_args=(2,), const_args=(1,))
+def _flip(x, dims):
+    """torch.flip: x's elements in reverse order along each axis of `dims`, as a lookup per
+    axis at the positions n - 1 - i (an iota counting down from the axis' last position), read
+    in the kernel that consumes it as an index_select's are. Axes of size 1 or expanded (every
+    position holds the same values) need no lookup; with none left the result is a copy.
+    Repeated or out-of-range dims are left to eager, which raises."""
+    if not isinstance(x, TensorView):
+        raise UnsupportedOpError("flip: the input must be a tensor")
+    if not isinstance(dims, (list, tuple)) or any(type(d) is not int for d in dims):
+        raise UnsupportedOpError("flip: dims must be a list of ints")
+    n = max(x.ndim, 1)                  # eager wraps dims of a 0-dim tensor as rank 1's
+    axes = [d % n for d in dims if -n <= d < n]
+    if len(axes) != len(dims) or len(set(axes)) != len(axes):
+        raise UnsupportedOpError(f"flip: dims {list(dims)} repeat an axis or are out of range "
+                                 f"for rank {x.ndim} (left to eager, which raises)")
+    out = x
+    for d in sorted(axes) if x.ndim else []:
+        ax = x.logical[d]
+        if ax.is_broadcast:
+            continue
+        size = ax.extent
+        last = size.value - 1 if size.is_const else B.elementwise("sub", size, 1)
+        out = B.index_select(out, B.iota(size, last, -1, DataType.Int), d)
+    return B.set_(x) if out is x else out
 
 
 def _leading_index(x, indices, what: str) -> tuple[TensorView, TensorView]:
