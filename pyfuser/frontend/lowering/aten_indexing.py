@@ -33,7 +33,9 @@ eager's, which raises for any index) where the flattened table has at most one m
 a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to
 it, in a fixed order. `None` entries (an index of a later axis), boolean masks and
 `accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
-node check).
+node check). `aten::index_add(x, 0, index, source)` (alpha 1, x a vector or a matrix, a
+Mixture-of-Experts layer's sum of its experts' outputs at their tokens) is the same sum at the
+rows, its index not wrapped (eager raises for a negative one, and so does the kernel).
 
 Anything else (a weight that is not 2-D, an index that is not an integer tensor) raises
 UnsupportedOpError: the node stays an eager op, whose own error eager then gives.
@@ -187,23 +189,48 @@ def _index_put(x, indices, values, accumulate=False):
         raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
                                  "wins in no fixed order) is left to eager")
     table, flat = _leading_index(x, indices, "index_put")
+    return _add_at_rows(x, table, flat, values, "index_put")
+
+
+@lowers("aten::index_add", op_class=SCATTER, n_args=(4, 5), const_args=(1, 4))
+def _index_add(x, dim, index, source, alpha=1):
+    """torch.index_add along axis 0 of a vector or a matrix: x with source's rows added at the
+    rows `index` names (`index_put`'s sum at the rows, module docstring); an index outside x's
+    rows, negative ones included (eager wraps none), stops the kernel as eager raises. Other
+    axes, other ranks and an alpha other than 1 are left to eager."""
+    if not isinstance(x, TensorView) or x.ndim == 0:
+        raise UnsupportedOpError("index_add: the input must be a tensor of rank 1 or more")
+    if dim % x.ndim != 0 or not -x.ndim <= dim < x.ndim:
+        raise UnsupportedOpError("index_add: only axis 0 is lowered")
+    if type(alpha) not in (int, float) or alpha != 1:
+        raise UnsupportedOpError("index_add: only alpha=1 is lowered")
+    if _index(index, "index_add").ndim != 1:
+        raise UnsupportedOpError("index_add: the index must be a vector")
+    return _add_at_rows(x, x, B.cast(index, DataType.Int), source, "index_add")
+
+
+def _add_at_rows(x, table, flat, values, what: str):
+    """x + the sum of `values`' rows at the rows of `table` (x, or x viewed with leading axes
+    flattened) that `flat` names, by the scatter kernel (index_put's and index_add's)."""
     n = table.logical[0].full_extent.value if table.ndim <= 2 else None
     if not isinstance(n, int) or isinstance(n, bool):
-        raise UnsupportedOpError("index_put: only rows of at most one axis, of a constant "
+        raise UnsupportedOpError(f"{what}: only rows of at most one axis, of a constant "
                                  "count, are lowered")
     if n == 0:              # eager raises for any index of an empty axis; no rows: no checks
-        raise UnsupportedOpError("index_put: a table of no rows is left to eager (its error for "
+        raise UnsupportedOpError(f"{what}: a table of no rows is left to eager (its error for "
                                  "any index)")
     if n > MAX_SCATTER_ROWS:
-        raise UnsupportedOpError(f"index_put: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
+        raise UnsupportedOpError(f"{what}: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
                                  f"is left to eager: every block of the scatter kernel reads "
                                  f"every index")
     if not isinstance(values, TensorView) or values.dtype != x.dtype or not x.dtype.is_floating:
-        raise UnsupportedOpError("index_put: the values must be a floating tensor of the input's dtype")
+        raise UnsupportedOpError(f"{what}: the values must be a floating tensor of the "
+                                 "input's dtype")
     want = [a.extent for a in flat.logical] + [a.extent for a in table.logical[1:]]
     if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
-        raise UnsupportedOpError("index_put: values broadcast to the indexed rows are left to eager")
+        raise UnsupportedOpError(f"{what}: values broadcast to the indexed rows are left "
+                                 "to eager")
     # half / bfloat16: the values summed and added to x in float32, rounded once, as eager's
     # CUDA kernel does (its CPU kernel rounds after each add); a sum rounded to the values'
     # dtype before the add was several ulps off where x and the sum nearly cancel
