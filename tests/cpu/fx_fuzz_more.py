@@ -6,8 +6,8 @@ hardtanh, hardsigmoid, hardswish, leaky_relu, elu, selu, celu, glu, softplus, mi
 logsigmoid; a vector norm and F.normalize; atan2, remainder, fmod, floor and trunc
 divisions, logical and bitwise ops, xlogy, the MSE, smooth L1, Huber and soft margin losses,
 lerp, addcmul, masked_fill; amin, logsumexp, std, var_mean / std_mean, max / min over a
-dim, cumsum, rms_norm, group_norm, batch_norm) and a few it does not lower (prod, argmax:
-they must run eagerly, right).
+dim, cumsum, rms_norm, group_norm, batch_norm, flip, index_add into zeros) and a few it does
+not lower (prod, argmax: they must run eagerly, right).
 
 `fx_fuzz.generate(seed, more_ops=True)` draws a seed's program as before, then 1-4 lines of
 these from a random stream of their own (seed-derived), over the program's values, each an
@@ -214,6 +214,30 @@ def _norm(b: _Builder) -> bool:
     return b.try_line(line, out, True)
 
 
+def _flip_or_index_add(b: _Builder) -> bool:
+    """`torch.flip` of a value over one or two axes (negative dims too), sometimes under a
+    softmax or a sum over the last axis; or `index_add` along axis 0 of a floating value's rows
+    into zeros of as many rows or up to 3 more, at a literal index (repeats allowed): the
+    lowerings of the thirty-first session in random company."""
+    x = b.pick(lambda u: u.dim() >= 1 and min(u.shape) >= 1)
+    if x is None:
+        return False
+    t = b.env[x]
+    out = b.fresh()
+    if b.r.random() < 0.6 or not t.dtype.is_floating_point:
+        dims = b.r.sample(range(t.dim()), b.r.randint(1, min(2, t.dim())))
+        dims = [d - t.dim() if b.r.random() < 0.3 else d for d in dims]
+        call = f"torch.flip({x}, {dims})"
+        if t.dtype.is_floating_point and b.r.random() < 0.4:
+            call = b.r.choice(["torch.softmax({}, -1)", "{}.sum(-1)"]).format(call)
+    else:
+        rows = t.shape[0] + b.r.randint(0, 3)
+        idx = [b.r.randrange(rows) for _ in range(t.shape[0])]
+        call = (f"torch.zeros(({rows},) + tuple({x}.shape[1:]), dtype={x}.dtype)"
+                f".index_add(0, torch.tensor({idx}), {x})")
+    return b.try_line(f"{out} = {call}", out, True)
+
+
 GENERATORS = [_unary, _unary, _binary, _binary, _ternary, _reduction, _norm]
 
 
@@ -229,6 +253,11 @@ def extra_ops(b: _Builder, seed: int) -> list:
                 break
             if b.r.choice(GENERATORS)(b):
                 made.append(f"v{b.count}")
+        # one seed in three: a flip or index_add too, from a stream of its own (the lines
+        # above stay each seed's)
+        b.r = random.Random(seed * 7727 + 5)
+        if b.r.random() < 0.35 and _flip_or_index_add(b):
+            made.append(f"v{b.count}")
         return made
     finally:
         b.r = main

@@ -71,6 +71,23 @@ def test_the_checker_catches_a_wrong_backend():
     assert caught >= 3
 
 
+def test_dynamos_own_errors_are_skipped_and_a_backends_are_not():
+    """More-ops seed 310343 (thirty-first session): Dynamo's fake-tensor run of `torch.lerp`
+    of a float16 tensor and a float32 0-dim one raises where eager runs, under the aot_eager
+    backend too: skipped, not a pyfuser failure. A backend that raises where aot_eager runs
+    is still one."""
+    p = FZ.generate(310343, more_ops=True)
+    assert "torch.lerp(" in p.source
+    assert FZ.check(p) is None and p.stats.get("dynamo_skipped") == 1
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("a broken backend")
+
+    q = FZ.generate(3)
+    f = FZ.check(q, backend=broken)
+    assert f is not None and "a broken backend" in f.what
+
+
 # found by the FX fuzzer's probes (2026-11-25): a reduction of a 0-dim tensor over dim 0 / -1
 # (eager: its one element) built a ReductionOp over a missing axis and the reduction analysis
 # raised IndexError; builder.reduction / mean / var_mean now treat rank 0 as one element
