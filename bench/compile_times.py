@@ -42,8 +42,9 @@ ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.models import CACHE_VARS  # noqa: E402  (the compile caches bench/models.py empties)
+
 MODES = ("inductor", "pyfuser", "aot_eager")
-CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYFUSER_CACHE_DIR")
 
 
 # ---- the child: one model's first calls in this process ------------------------------------------
