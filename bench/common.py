@@ -15,6 +15,8 @@
 - `host_us_per_call(fn)`: host (CPU) time of one cached call: rounds of 128 calls issued while
   the GPU is kept busy, median.
 - `markdown(rows, headers)`: a markdown table.
+- `load_module_from_path(name, path)`: a Python file loaded by its path (the tests use it too);
+  `load_test_module(name)`: tests/cpu/<name>.py that way.
 - `save_plot(name, title, rows)`: with $OUT set, `$OUT/<name>.json` (the rows) and
   `$OUT/<name>.svg`, a plot of % of the copy rate per workload for eager, torch.compile and
   pyfuser (bench/plot.py; `python bench/plot.py $OUT/<name>.json -o x.png` redraws it).
@@ -32,21 +34,45 @@ import torch
 
 
 
+def load_module_from_path(name: str, path: str | os.PathLike, *, fresh: bool = False,
+                          register: bool = True):
+    """The Python file at `path` run as a module named `name`, for files not importable by name
+    (the benchmarks, the tests' case files, a test file used from another one). `path` is used as
+    given (it becomes the module's `__file__`).
+
+    By default once per process: `sys.modules[name]` when it is there (whatever file it came
+    from), else the file runs with its module put in `sys.modules[name]` first (dataclasses,
+    pickle and torch.compile look a module up there). `fresh=True` runs the file again on every
+    call and returns the new module: with `register=True` it replaces `sys.modules[name]`, with
+    `register=False` sys.modules is neither read nor written (a private copy; a plain
+    `import name` elsewhere still loads its own). Errors of the file propagate; a registered
+    module stays in sys.modules as far as it ran."""
+    import importlib.util
+    import sys
+    if not fresh:
+        if not register:
+            raise ValueError("a module loaded once per process is kept in sys.modules: "
+                             "register=False needs fresh=True")
+        if name in sys.modules:
+            return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load_test_module(name: str):
     """tests/cpu/<name>.py loaded by path (the fuzzers' and the training corpus's code), once
     per process; tests/cpu goes on sys.path for its own imports (model_corpus)."""
-    import importlib.util
     import sys
     if name in sys.modules:
         return sys.modules[name]
     cpu = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "cpu")
     if cpu not in sys.path:
         sys.path.insert(0, cpu)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(cpu, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path(name, os.path.join(cpu, name + ".py"))
 
 
 def bench_us(fn, warmup_ms: float = 25, rep_ms: float = 100, flush: str = "write") -> float:
@@ -227,16 +253,9 @@ def markdown(rows, headers) -> str:
 def _plot_module():
     """bench/plot.py, loaded by path (the scripts import this file as `common` or as
     `bench.common`)."""
-    import importlib.util
-    import sys
-    name = "pyfuser_bench_plot"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod            # its dataclasses look their module up there
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    # registered (the default): its dataclasses look their module up in sys.modules
+    return load_module_from_path("pyfuser_bench_plot",
+                                 os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot.py"))
 
 
 def save_plot(name: str, title: str, rows, out_dir: str | None = None) -> list:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
-import importlib.util
 import os
 import statistics
 import sys
@@ -34,11 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-_spec = importlib.util.spec_from_file_location(
-    "model_corpus", os.path.join(ROOT, "tests", "cpu", "model_corpus.py"))
-M = importlib.util.module_from_spec(_spec)
-sys.modules["model_corpus"] = M          # dataclasses look their module up while defining
-_spec.loader.exec_module(M)
+from bench.common import load_module_from_path  # noqa: E402
+
+# registered (dataclasses look their module up while defining), replacing any earlier one
+M = load_module_from_path("model_corpus", os.path.join(ROOT, "tests", "cpu", "model_corpus.py"),
+                          fresh=True)
 
 
 def _cpu_ms(fn, reps: int = 3) -> float:

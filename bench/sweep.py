@@ -20,7 +20,6 @@ variant's result is checked against eager first.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pointwise as PWB  # noqa: E402
-from common import METHODS, compile_static, copy_methods, copy_rate, input_sets, markdown, time_methods  # noqa: E402
+from common import METHODS, compile_static, copy_methods, copy_rate, input_sets, load_module_from_path, markdown, time_methods  # noqa: E402
 
 _CACHE = [(f"{ld}/{st}", {"PYFUSER_LOAD_CACHE": ld, "PYFUSER_STORE_CACHE": st})
           for ld, st in (("plain", "plain"), ("cs", "plain"), ("ef", "plain"), ("plain", "cs"),
@@ -63,11 +62,7 @@ KNOBS = sorted({k for _, env in _CACHE + _BN + _COPY + _ONE_D + _TWO_D + _OUTER 
 
 def _segment_cases():
     path = os.path.join(os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py")
-    spec = importlib.util.spec_from_file_location("segment_cases", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["segment_cases"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path("segment_cases", path, fresh=True)
 
 
 def _def_copy():

@@ -12,7 +12,6 @@ copy bandwidth, transpose >= 80%.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -20,14 +19,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import (METHODS, bench_us, compile_static, copy_methods, copy_rate,  # noqa: E402
-                          host_us_per_call, input_sets, markdown, save_plot, time_methods)
+                          host_us_per_call, input_sets, load_module_from_path, markdown,
+                          save_plot, time_methods)
 from pyfuser.progress import track  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
-    os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-sys.modules["segment_cases"] = C          # torch.compile imports the module its functions live in
-_spec.loader.exec_module(C)
+# registered: torch.compile imports the module its functions live in
+C = load_module_from_path("segment_cases", os.path.join(
+    os.path.dirname(__file__), "..", "tests", "cpu", "segment_cases.py"), fresh=True)
 
 
 def _compiled(fn):

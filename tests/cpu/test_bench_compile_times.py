@@ -3,19 +3,19 @@ the CPU (a one-layer BERT through pyfuser's backend on the kernel interpreter), 
 bookkeeping (alternating order, medians, ratios, errors) with the child replaced."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from bench.common import load_module_from_path  # noqa: E402
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_compile_times",
-                                                  os.path.join(ROOT, "bench", "compile_times.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path("bench_compile_times",
+                                 os.path.join(ROOT, "bench", "compile_times.py"),
+                                 fresh=True, register=False)
 
 
 def test_a_cold_compile_in_a_child_process_writes_the_table(tmp_path):

@@ -2,7 +2,6 @@
 across runs, the newest row of a case kept) and a world-of-one dry run end to end."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -12,10 +11,11 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[2]
-spec = importlib.util.spec_from_file_location("bench_distributed_under_test",
-                                              ROOT / "bench" / "distributed.py")
-B = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(B)
+sys.path.insert(0, str(ROOT))
+from bench.common import load_module_from_path  # noqa: E402
+
+B = load_module_from_path("bench_distributed_under_test", ROOT / "bench" / "distributed.py",
+                          fresh=True, register=False)
 
 
 def _run(path, world, rows, date="2026-01-01"):

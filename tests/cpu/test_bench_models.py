@@ -8,18 +8,18 @@ import importlib.util
 import json
 import os
 import re
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from bench.common import load_module_from_path  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_models", os.path.join(ROOT, "bench",
-                                                                               "models.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path("bench_models", os.path.join(ROOT, "bench", "models.py"),
+                                 fresh=True, register=False)
 
 
 @pytest.fixture

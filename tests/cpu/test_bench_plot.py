@@ -1,7 +1,6 @@
 """bench/plot.py and bench/common.save_plot: % of the copy rate per workload, from tables or JSON."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import sys
@@ -11,17 +10,10 @@ import pytest
 ROOT = pathlib.Path(__file__).parents[2]
 pytest.importorskip("matplotlib", reason="matplotlib (dev extra) draws the plots")
 
+sys.path.insert(0, str(ROOT))
+from bench.common import load_module_from_path  # noqa: E402
 
-def _load(name, path):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-plot = _load("bench_plot_under_test", ROOT / "bench" / "plot.py")
+plot = load_module_from_path("bench_plot_under_test", ROOT / "bench" / "plot.py")
 
 TABLES = """# Benchmarks
 
@@ -83,7 +75,7 @@ def test_plot_writes_svg_and_png_deterministically(tmp_path):
 
 
 def test_save_plot_json_round_trip_and_cli(tmp_path, capsys):
-    common = _load("bench_common_under_test", ROOT / "bench" / "common.py")
+    common = load_module_from_path("bench_common_under_test", ROOT / "bench" / "common.py")
     rows = [{"workload": "layer_norm 8192x3072 float32", "eager": 61.0, "torch.compile": 88.0,
              "pyfuser": 93.5}, {"workload": "softmax", "eager": 40.0, "torch.compile": None,
                                 "pyfuser": 90.0}]
@@ -111,7 +103,8 @@ def test_docs_benchmarks_plot_is_linked_from_the_readme():
 
 
 def test_normalization_rows_plot_from_its_table_cells():
-    norm = _load("bench_normalization_under_test", ROOT / "bench" / "normalization.py")
+    norm = load_module_from_path("bench_normalization_under_test",
+                                 ROOT / "bench" / "normalization.py")
     rows = [{"workload": "softmax 8192x3072", "dtype": "float32", "eager": "50.1 (61%)",
              "torch.compile": "35.2 (87%)", "pyfuser": "WRONG"},
             {"workload": "sum(0) 8192x3072", "dtype": "bfloat16", "eager": "20.0 (40%)",

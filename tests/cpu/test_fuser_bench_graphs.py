@@ -1,20 +1,19 @@
 """bench/graphs.py on the CPU (--dry-run): every column builds and checks against the eager runner,
 a failing column shows `error: ...` in the table instead of stopping the run."""
-import importlib.util
 import os
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+from bench.common import load_module_from_path  # noqa: E402
 
 
 @pytest.fixture()
 def graphs():
-    spec = importlib.util.spec_from_file_location("bench_graphs",
-                                                  os.path.join(ROOT, "bench", "graphs.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path("bench_graphs", os.path.join(ROOT, "bench", "graphs.py"),
+                                 fresh=True, register=False)
 
 
 def _no_compile(v, env):

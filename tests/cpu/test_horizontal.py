@@ -1,8 +1,8 @@
 """The horizontal scheduler on the CPU: independent pointwise computations of different shapes in
 one kernel, run by the kernel IR interpreter (PYFUSER_CPU_EXECUTOR=interpret) and checked against
 eager (values, dtypes, strides); every generated kernel compiles with NVRTC for sm_90."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -15,13 +15,13 @@ from pyfuser.schedule import layout as L
 from pyfuser.schedule import registry
 from pyfuser.segment.segmenter import segment
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__),
-                                                                     f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path(name, os.path.join(os.path.dirname(__file__), f"{name}.py"),
+                                 fresh=True, register=False)
 
 
 HC = _load("horizontal_cases")

@@ -2,8 +2,8 @@
 with the original except what the memo pre-seeds, memo entries for every copied IR object, and
 hooks (__deepcopy__) of non-plain classes still honoured."""
 import copy
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -16,13 +16,14 @@ from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.ops import OPS
 from pyfuser.ir.printer import print_fusion
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 _BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "pointwise.py")
 
 
 def _bench_fusions():
-    spec = importlib.util.spec_from_file_location("bench_pointwise_defs", _BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module_from_path("bench_pointwise_defs", _BENCH, fresh=True, register=False)
     return [define().ir_fusion for _, define, *_ in mod.CASES]
 
 

@@ -4,6 +4,10 @@ plan (and one lowering, with its own kernels) per input signature, bound group p
 key per group), no host-to-device copy per call (0-dim CPU tensors by value), grid-reduction
 workspaces through a plan, errors naming the node, the plan bound, invalidation; and plans on
 the CPU executors over the whole fuser corpus."""
+import os
+import pathlib
+import sys
+
 import torch
 import pytest
 
@@ -14,6 +18,9 @@ from pyfuser.frontend.torchscript import group_runner as GR
 from pyfuser.frontend.torchscript import jit as J
 from pyfuser.frontend.torchscript import plan as P
 from pyfuser.runtime import dispatch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
 
 
 @pytest.fixture
@@ -286,16 +293,8 @@ def test_a_one_group_function_is_its_fusion_program(monkeypatch, tmp_path, nativ
 
 def _bench_normalization():
     """bench/normalization.py (its layer-norm backward module is what the direct plan serves)."""
-    import importlib.util
-    import pathlib
-    import sys
-    if "bench_normalization_under_test" not in sys.modules:
-        path = pathlib.Path(__file__).parents[2] / "bench" / "normalization.py"
-        spec = importlib.util.spec_from_file_location("bench_normalization_under_test", path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["bench_normalization_under_test"]
+    path = pathlib.Path(__file__).parents[2] / "bench" / "normalization.py"
+    return load_module_from_path("bench_normalization_under_test", path)
 
 
 def _two_outputs(a, b):

@@ -4,8 +4,8 @@ input's own pointer on a replay, and every layout change of an input (strides, s
 offset, same tensor twice) reaches the kernel as this call's tensor.
 
 The CUDA fast path runs against the fake driver of test_runtime_fastpath.py."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -13,12 +13,12 @@ import torch
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
 
 from pyfuser import DataType, Fusion, FusionDefinition  # noqa: E402
-from pyfuser.runtime import dispatch  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("_fp2", os.path.join(
-    os.path.dirname(__file__), "test_runtime_fastpath.py"))
-_fp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fp)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
+_fp = load_module_from_path("_fp2", os.path.join(
+    os.path.dirname(__file__), "test_runtime_fastpath.py"), fresh=True, register=False)
 fake = _fp.fake
 F = DataType.Float
 

@@ -3,14 +3,17 @@ that change between calls must never hit a cached program that baked in the old 
 
 Evaluator and interpreter paths run for real; the CUDA fast path runs against the fake driver of
 test_runtime_fastpath.py (CPU tensors posing as CUDA ones), whose launches show every parameter."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
 
 from pyfuser import DataType, Fusion, FusionDefinition
 from pyfuser.runtime import dispatch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
 
 F, D64 = DataType.Float, DataType.Double
 
@@ -97,15 +100,10 @@ def test_python_scalar_value_and_type_changes(cpu_mode):
 
 
 # ---- the CUDA fast path, against the fake driver ---------------------------------------------
-_spec = importlib.util.spec_from_file_location("_fp", os.path.join(
-    os.path.dirname(__file__), "test_runtime_fastpath.py"))
-
-
 def _fastpath():
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (NVRTC) is not installed")
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path("_fp", os.path.join(
+        os.path.dirname(__file__), "test_runtime_fastpath.py"), fresh=True, register=False)
 
 
 try:

@@ -6,10 +6,10 @@ and the check of the packed layout against the kernel's own parameter list. The 
 mode ("ctypes": libcuda through ctypes) runs against `FakeRaw`, the others against FakeDriver
 (cuda-bindings)."""
 import ctypes
-import importlib.util
 import itertools
 import os
 import struct
+import sys
 
 import pytest
 import torch
@@ -20,10 +20,11 @@ from pyfuser.codegen.kernel import Param  # noqa: E402
 from pyfuser.runtime import dispatch, driver as D, executor as X, launch as L  # noqa: E402
 from pyfuser.runtime.params import ParamPacker  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
-    os.path.dirname(__file__), "segment_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
+C = load_module_from_path("segment_cases", os.path.join(
+    os.path.dirname(__file__), "segment_cases.py"), fresh=True, register=False)
 
 _CH = {"void*": "Q", "int": "i", "int64_t": "q", "double": "d", "float": "f", "bool": "?",
        "uint32_t": "I"}

@@ -2,8 +2,8 @@
 fusion, NVRTC-compiles its CUDA source (so every generated kernel is compiler-checked here), runs
 the kernel's CPU interpreter and matches the reference evaluator; plus kernel reuse across sizes
 and the dispatch switch PYFUSER_CPU_EXECUTOR=interpret."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -15,10 +15,12 @@ from pyfuser.ir.evaluator import evaluate  # noqa: E402
 from pyfuser.runtime import dispatch  # noqa: E402
 from pyfuser.runtime.executor import FusionExecutor  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "op_cases", os.path.join(os.path.dirname(__file__), "..", "gpu", "op_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
+C = load_module_from_path(
+    "op_cases", os.path.join(os.path.dirname(__file__), "..", "gpu", "op_cases.py"),
+    fresh=True, register=False)
 
 MAIN = (torch.float32, torch.int64, torch.bool)
 ALL_DTYPES_FOR = {"add", "mul", "div", "where", "sigmoid", "gt", "abs", "maximum"}

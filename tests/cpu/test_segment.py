@@ -2,8 +2,8 @@
 
 Every fusion runs through dispatch with the reference evaluator and with the CPU interpreter of
 the generated kernels (PYFUSER_CPU_EXECUTOR=interpret), and is checked against eager."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -11,10 +11,11 @@ import torch
 from pyfuser.runtime import dispatch
 from pyfuser.segment.segmenter import segment
 
-_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
-    os.path.dirname(__file__), "segment_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
+C = load_module_from_path("segment_cases", os.path.join(
+    os.path.dirname(__file__), "segment_cases.py"), fresh=True, register=False)
 
 MODES = ["evaluator", "interpret"]
 

@@ -2,22 +2,22 @@
 different shapes run as ONE kernel launch (counted by fs.last_run and by the profiler), results
 equal to eager (values, dtypes, strides); a BERT-like set of weight and bias casts to bf16 timed
 against one launch per cast (printed; run with -s to see it)."""
-import importlib.util
 import os
+import sys
 import time
 
 import pytest
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(
-        os.path.dirname(__file__), "..", "cpu", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module_from_path(name, os.path.join(
+        os.path.dirname(__file__), "..", "cpu", f"{name}.py"), fresh=True, register=False)
 
 
 HC = _load("horizontal_cases")

@@ -5,7 +5,6 @@ each on the GPU too (views only: none)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
 import os
 import sys
@@ -19,6 +18,9 @@ import pyfuser
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cpu"))
 import model_corpus as M  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+from bench.common import load_module_from_path  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -68,11 +70,10 @@ def test_traced_constants_exact_on_cuda():
 
 @pytest.mark.gpu
 def test_seed002_traced_forms_on_cuda():
-    spec = importlib.util.spec_from_file_location(
+    mod = load_module_from_path(
         "test_fuser_traced_views", os.path.join(os.path.dirname(HERE), "cpu",
-                                                "test_fuser_traced_views.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+                                                "test_fuser_traced_views.py"),
+        fresh=True, register=False)
     for name, fn, shape, kernels in mod.SEED002:
         x = torch.randn(shape, device="cuda")
         with warnings.catch_warnings():

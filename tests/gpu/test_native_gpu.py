@@ -2,8 +2,8 @@
 views, transpose, random numbers, a grid reduction's workspaces), bit for bit what the Python
 path gives, on fresh tensors each call, on a side
 stream, from a thread with no current context, and from several threads at once."""
-import importlib.util
 import os
+import sys
 import threading
 
 import pytest
@@ -11,12 +11,13 @@ import torch
 
 from pyfuser.runtime import dispatch, native
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
-    os.path.dirname(__file__), "..", "cpu", "segment_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+C = load_module_from_path("segment_cases", os.path.join(
+    os.path.dirname(__file__), "..", "cpu", "segment_cases.py"), fresh=True, register=False)
 
 
 @pytest.fixture(autouse=True)

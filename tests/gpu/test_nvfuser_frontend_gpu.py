@@ -1,21 +1,23 @@
 """nvFuser-frontend programs (tests/cpu/nvfuser_frontend_cases.py) on CUDA tensors: eager's results
 on the GPU, outputs on the inputs' device, the printed definition rebuilding the same cached
 fusion, pointwise parts launched as kernels, random ops reproducible under torch.manual_seed."""
-import importlib.util
 import os
 import re
+import sys
 
 import pytest
 import torch
 
 from pyfuser import DataType, FusionCache, FusionDefinition
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("nvfuser_frontend_cases", os.path.join(
-    os.path.dirname(__file__), "..", "cpu", "nvfuser_frontend_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+C = load_module_from_path("nvfuser_frontend_cases", os.path.join(
+    os.path.dirname(__file__), "..", "cpu", "nvfuser_frontend_cases.py"), fresh=True,
+    register=False)
 
 
 def _clone(xs):

@@ -1,18 +1,19 @@
 """Seed 002 on CUDA tensors at full size: bookend views cost no kernel, the transpose runs as the
 transpose scheduler's kernel; every result checked against eager, kernels counted by fs.last_run
 and by the profiler."""
-import importlib.util
 import os
+import sys
 
 import pytest
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from bench.common import load_module_from_path  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("segment_cases", os.path.join(
-    os.path.dirname(__file__), "..", "cpu", "segment_cases.py"))
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+C = load_module_from_path("segment_cases", os.path.join(
+    os.path.dirname(__file__), "..", "cpu", "segment_cases.py"), fresh=True, register=False)
 
 
 def _cuda_kernels(fn) -> int:
