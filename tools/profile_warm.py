@@ -144,6 +144,8 @@ def main(argv=None) -> int:
                 for _ in range(args.warm_reps):
                     runs["warm"].append(run_child(model, mode, caches, args))
             for label, rs in runs.items():
+                if not rs:                       # --warm-reps 0: cold processes only
+                    continue
                 keys = sorted({k for r in rs for k in r["phases"]},
                               key=lambda k: -statistics.median(r["phases"].get(k, 0) for r in rs))
                 med = {k: statistics.median(r["phases"].get(k, 0.0) for r in rs) for k in keys}

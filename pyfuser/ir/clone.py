@@ -53,7 +53,8 @@ def deep_clone(obj, memo: dict):
 
 # what deep_clone does with an object of a class, looked up once per class: a copy is mostly
 # attribute values and list items, so an atomic one is stored as it is, without a call (a third
-# less time copying the segmenter's groups than a call per value)
+# less time copying the segmenter's groups than a call per value); so are an empty list and a
+# list item copied (or cut) already, found in the memo without a call
 _ATOM, _LIST, _DICT, _TUPLE, _OBJ, _OTHER = range(6)
 _KIND: dict = {}      # class -> one of the kinds above
 _ABSENT = object()
@@ -82,13 +83,26 @@ def _clone(obj, memo):
         memo[i] = new
         state = new.__dict__
         for name, v in obj.__dict__.items():
-            state[name] = v if _KIND.get(type(v)) == _ATOM else _clone(v, memo)
+            kv = _KIND.get(type(v))
+            if kv == _ATOM:
+                state[name] = v
+            elif kv == _LIST and not v:       # an empty list (most `uses` of a group's copy)
+                c = memo.get(id(v), _ABSENT)
+                if c is _ABSENT:
+                    c = memo[id(v)] = []
+                state[name] = c
+            else:
+                state[name] = _clone(v, memo)
         return new
     if k == _LIST:
         c = []
         memo[i] = c
-        if obj:
-            c.extend([x if _KIND.get(type(x)) == _ATOM else _clone(x, memo) for x in obj])
+        for x in obj:                         # items copied already (or cut: None) looked up here
+            if _KIND.get(type(x)) == _ATOM:
+                c.append(x)
+            else:
+                y = memo.get(id(x), _ABSENT)
+                c.append(_clone(x, memo) if y is _ABSENT else y)
         return c
     if k == _ATOM:
         return obj

@@ -188,4 +188,5 @@ class TensorDomain:
     @property
     def no_reductions(self) -> list[IterDomain]:
         """The root axes a tensor is stored with (reduction axes are gone after the op)."""
-        return [d for d in self.root if not d.is_reduction]
+        red = IterType.Reduction          # (the test inline: called for every `logical`)
+        return [d for d in self.root if d.iter_type is not red]

@@ -269,8 +269,10 @@ class _Pickler(pickle.Pickler):
                 return tuple(rv)
             raise pickle.PicklingError("a Fusion whose state is not a dict")
         d = getattr(obj, "__dict__", None)
+        # (the type test first: most values are not dicts, and a call per value was a third of
+        # pickling a model's plans)
         if type(d) is dict and type(obj).__module__.startswith("pyfuser.") and \
-                any(_id_keyed(v) for v in d.values()):
+                any(type(v) is dict and _id_keyed(v) for v in d.values()):
             rv = list(obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
             if len(rv) > 2 and isinstance(rv[2], dict):
                 rv[2] = {k: StaleIdMap() if _id_keyed(v) else v for k, v in rv[2].items()}
