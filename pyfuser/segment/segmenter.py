@@ -7,7 +7,8 @@
    registry (schedule/registry.py) names the first scheduler, in its priority order, whose
    compile check takes it.
 3. If none takes the group, it is cut: every expr starts as its own group (kernel-able if some
-   scheduler takes it alone, else eager), then groups joined by the heaviest edges (estimated
+   scheduler takes it alone, else eager; asked only when the merging below first needs to know),
+   then groups joined by the heaviest edges (estimated
    bytes of the tensor between them) are merged first, while the union stays acceptable and the
    group graph stays acyclic; so what remains cut are the lightest edges. Groups of views /
    permutes only join after that (`_only_reshapes`), so a reshape never pulls a compute op
@@ -164,9 +165,17 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     if sched is not None:
         return [(compute, sched, res, [])]
     notes["split_reason"] = res
+    # each group's verdict alone, offered when first needed: an expr whose neighbour is a kernel
+    # joins it through the union's offer, its own is never made (about half of a transformer
+    # backward's singles). A single's verdict depends on its expr alone, so when it is made
+    # does not change it; the ones not needed in the loop are made after it.
     verdict = {}
-    for g, members in groups.members.items():
-        verdict[g] = _offer(fusion, groups, members, orders)
+
+    def alone(g):
+        v = verdict.get(g)
+        if v is None:
+            v = verdict[g] = _offer(fusion, groups, groups.members[g], orders)
+        return v
     changed, reshapes = True, False
     # unions no scheduler took (the ids of their exprs) -> why: the verdict of a union depends on
     # its exprs alone, so one refused is not offered again
@@ -189,12 +198,12 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             if not reshapes and (_only_reshapes(groups.members[a]) or
                                  _only_reshapes(groups.members[b])):
                 continue
-            kernel_a, kernel_b = verdict[a][0] is not None, verdict[b][0] is not None
             if groups.reaches(a, b, True) or groups.reaches(b, a, True):
                 apart[(a, b)] = CYCLE_REASON
                 continue
             union = groups.sorted_exprs(groups.members[a] + groups.members[b])
-            if kernel_a or kernel_b:      # a kernel takes what it can: the union must schedule
+            if alone(a)[0] is not None or alone(b)[0] is not None:
+                # a kernel takes what it can: the union must schedule
                 key = frozenset(id(e) for e in union)
                 if key in refused:        # offered before (another tensor between the same
                     apart[(a, b)] = refused[key]     # groups, or an earlier pass): refused
@@ -208,6 +217,8 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                 result = (None, verdict[a][1])
             _join(groups, verdict, a, b, result)
             changed = True
+    for g in groups.members:
+        alone(g)
     peel_output_views(groups, verdict, orders,
                       lambda exprs: _offer(fusion, groups, exprs, orders))
     first = {g: members[0] for g, members in groups.members.items()}
@@ -242,7 +253,7 @@ def _join(groups: Groups, verdict: dict, a, b, result) -> None:
     """Group b joins group a, which the scheduler of `result` (scheduler, Extracted) runs."""
     groups.merge(a, b)
     verdict[a] = result
-    verdict.pop(b)
+    verdict.pop(b, None)              # (a single joining before its own verdict was needed)
 
 
 def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
