@@ -227,7 +227,11 @@ def _gen_sym_slice(b: _Builder) -> bool:
     call = f"{x}[{pre}{bounds}]"
     owned = b.r.random() < 0.5                      # read by a pointwise op in the region
     if owned:
-        call = f"{b.r.choice(FZ.UNARY)}({call})" if b.r.random() < 0.5 else f"({call} * 2)"
+        if b.r.random() < 0.5:
+            op = b.r.choice(FZ.UNARY)
+            call = f"({call} * 2)" if FZ.singular_near_zero(b, op, t) else f"{op}({call})"
+        else:
+            call = f"({call} * 2)"
     return b.try_line(f"{out} = {call}", out, owned)
 
 

@@ -290,3 +290,26 @@ def test_a_variance_past_float32_is_inf_not_nan(shape):
     for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.isinf(), w.isinf()), (g, w)
         torch.testing.assert_close(g, w)
+
+
+def test_no_sqrt_log_or_rsqrt_of_a_computed_value_at_zero():
+    """Seed 311017 (the dynamic fuzzer's, more ops) drew `rsqrt` of a layer norm's element equal
+    to its row's mean: eager's exact 0 (inf, then NaN) against pyfuser's Welford mean one ulp
+    off (finite): rounding at a singularity, not a wrong result. sqrt / log / rsqrt of a
+    computed float value with an element within 1e-3 of 0 are drawn again; of an input, or a
+    view of one, they stay (exact in every backend)."""
+    b = FZ._Builder(0, False)
+    x0 = torch.tensor([[0.0, 1.0], [2.0, 3.0]])
+    b.env = {"x0": x0, "v1": x0 * 2 - 2, "v2": x0[:, 1:], "v3": x0 + 1}
+    for op in FZ.SINGULAR_AT_ZERO:
+        assert FZ.singular_near_zero(b, op, b.env["v1"])      # computed, an element at 0
+        assert not FZ.singular_near_zero(b, op, b.env["x0"])  # the input itself
+        assert not FZ.singular_near_zero(b, op, b.env["v2"])  # a view of it
+        assert not FZ.singular_near_zero(b, op, b.env["v3"])  # computed, away from 0
+    assert not FZ.singular_near_zero(b, "torch.exp", b.env["v1"])
+    b.pick, b.r.choice = (lambda pred=None: "v1"), (lambda seq: "torch.rsqrt")
+    assert FZ._gen_unary(b) is False and not b.lines
+    b.pick = lambda pred=None: "v3"
+    assert FZ._gen_unary(b) is True and b.lines[-1].endswith("torch.rsqrt(v3)")
+    import fx_fuzz_dynamic as DZ
+    assert "rsqrt" not in DZ.generate(311017, more_ops=True).source
