@@ -79,7 +79,8 @@ def child(args) -> dict:
 
 
 def run_child(model: str, dtype: str, mode: str, caches: str, args) -> dict:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    path = [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))     # (no empty entry: the cwd)
     for var in CACHE_VARS:
         env[var] = os.path.join(caches, var.split("_")[0].lower())
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--models", model,
