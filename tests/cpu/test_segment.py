@@ -301,3 +301,25 @@ def test_extract_with_the_fusions_index_is_the_same_sub_fusion():
             assert got.inputs == plain.inputs and got.outputs == plain.outputs
             assert [v.name for v in got.fusion.vals] == [v.name for v in plain.fusion.vals]
     assert len(groups.index.val_at) == len(f.vals)
+
+
+def test_a_single_expr_is_offered_alone_only_when_the_merging_needs_it(monkeypatch):
+    """The cut of two reductions over different axes: an expr whose neighbour is already a
+    kernel joins it through the union's offer, so fewer single exprs are offered alone than
+    there are exprs, and the segmentation is the one every verdict made up front gave (two
+    reduction kernels, the column sum apart)."""
+    from pyfuser.segment import segmenter as S
+    f = C.two_reduction_domains()
+    compute = f.used_exprs()
+    offered = []
+    real = S._offer
+
+    def counting(fusion, groups, exprs, orders, copies=frozenset()):
+        offered.append(len(exprs))
+        return real(fusion, groups, exprs, orders, copies)
+    monkeypatch.setattr(S, "_offer", counting)
+    sf = S._segment(f)
+    assert [(s.kind, s.scheduler) for s in sf.segments if s.kind == "kernel"] == \
+        [("kernel", "reduction"), ("kernel", "reduction")], str(sf)
+    singles = offered.count(1)
+    assert 0 < singles < len(compute), (offered, len(compute))
