@@ -20,7 +20,7 @@ positions for others disappears, and so does a group of broadcasts of them that 
 HF's Llama forward computes its positions once (an iota kernel), views them (host broadcasts) and
 reads them in the packed-sequence mask, the causal mask and the rotary cos / sin: three kernels
 that each compute the positions themselves are independent, so the horizontal packing after this
-step makes them one launch (segmenter._merge_horizontal). A change is kept only when every group
+step makes them one launch (merges.py merge_horizontal). A change is kept only when every group
 it touches is still taken by its scheduler (or, for a group of views, left to the host).
 
 Invariant: as in recompute.py, every expr stays in one group (`groups.of`), a copy computes the

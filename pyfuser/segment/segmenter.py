@@ -17,8 +17,8 @@
    takes alone (a broadcast between two reductions) joins a kernel group when some scheduler
    takes the union; eager groups merge with eager groups. Then kernel groups that read a
    common tensor and do not depend on each other join when one scheduler takes the union
-   (`_merge_siblings`); then pointwise groups that do not depend on each other join into
-   horizontal kernels (`_merge_horizontal`; a fusion of independent pointwise computations of
+   (merges.py `merge_siblings`); then pointwise groups that do not depend on each other join
+   into horizontal kernels (`merge_horizontal`; a fusion of independent pointwise computations of
    different shapes is taken whole by the horizontal scheduler in step 2 already, unless it
    exceeds one kernel's capacity). Before those two, every kernel group that reads a load-free
    value (an iota, a full, cheap ops of them: positions) computes it itself, and a kernel or a
@@ -28,8 +28,8 @@
    when its producers are cheap pointwise ops of the fusion's inputs and that moves fewer bytes
    (recompute.py: a layer norm backward's x_hat in its dx kernel); then two kernel groups, one
    reading the other, that were kept apart join where a scheduler takes them now
-   (`_merge_again`: a path between them through a third group that has since recomputed what
-   it read is no cycle any more).
+   (merges.py `merge_again`: a path between them through a third group that has since
+   recomputed what it read is no cycle any more).
 4. A group no scheduler takes that holds only metadata exprs (a view between two kernels: a
    bias gradient's sum over the rows of a reshaped kernel output) runs on the host as views
    (`_views_on_host`), not as an eager segment. Groups are put in a dependency order (Kahn,
@@ -55,6 +55,7 @@ from .extract import extract
 from .groups import Groups
 from .host import HOST_RUNNERS, host_exprs, host_layout
 from .load_free import forward_load_free
+from .merges import join, merge_again, merge_horizontal, merge_siblings
 from .peel import peel_output_views
 from .recompute import recompute_producers
 from .segmented_fusion import Cut, Segment, SegmentedFusion
@@ -215,7 +216,7 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
                     continue
             else:                         # eager joins eager
                 result = (None, verdict[a][1])
-            _join(groups, verdict, a, b, result)
+            join(groups, verdict, a, b, result)
             changed = True
     for g in groups.members:
         alone(g)
@@ -224,10 +225,10 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
     first = {g: members[0] for g, members in groups.members.items()}
     offer = lambda exprs, copies: _offer(fusion, groups, exprs, orders, copies)  # noqa: E731
     forward_load_free(fusion, groups, verdict, offer)
-    _merge_siblings(fusion, groups, verdict, orders)
-    _merge_horizontal(fusion, groups, verdict, orders)
+    merge_siblings(groups, verdict, offer, _bytes)
+    merge_horizontal(groups, verdict, offer)
     recompute_producers(fusion, groups, verdict, orders, offer, _bytes)
-    _merge_again(fusion, groups, verdict, orders, refused)
+    merge_again(groups, verdict, offer, _bytes, refused)
     seen = set()                          # the last pass merged nothing: its edges are the cuts
     for nb, a, b, o in edges:
         why = apart.get((a, b), "")
@@ -247,130 +248,6 @@ def _partition(fusion, compute, all_exprs, orders, notes: dict) -> list:
             res = (extract(fusion, members, ins, outs, orders, groups.index), res)
         out.append((groups.exprs_of(g), sched, res, groups.extra.get(g, [])))
     return out
-
-
-def _join(groups: Groups, verdict: dict, a, b, result) -> None:
-    """Group b joins group a, which the scheduler of `result` (scheduler, Extracted) runs."""
-    groups.merge(a, b)
-    verdict[a] = result
-    verdict.pop(b, None)              # (a single joining before its own verdict was needed)
-
-
-def _merge_siblings(fusion, groups: Groups, verdict: dict, orders) -> None:
-    """Join kernel groups that read a common tensor and neither needs the other (a layer
-    norm's dweight and dbias: two sums over the same rows of dy), when one scheduler takes
-    the union: the shared tensor is read once, one launch fewer. Heaviest shared tensor first.
-    Then pure reductions that neither needs the other join when the reduction scheduler takes
-    them together (the same axes of one shape: ViT's last layer norm's dweight and dbias, sums
-    of two tensors a pointwise kernel wrote), one launch fewer."""
-    from ..schedule.reduction import pure_by_picks
-    readers: dict = {}
-    for g, members in groups.members.items():
-        if verdict[g][0] is None:
-            continue
-        for e in members:
-            for v in e.inputs:
-                if isinstance(v, TensorView) and groups.of.get(id(v.definition)) != g:
-                    readers.setdefault(id(v), (v, set()))[1].add(g)
-    pairs = []
-    for v, gs in readers.values():
-        gs = sorted(gs)
-        pairs += [(-_bytes(v), a, b) for i, a in enumerate(gs) for b in gs[i + 1:]]
-    for _, a, b in sorted(pairs, key=lambda t: (t[0], t[1], t[2])):
-        if a not in groups.members or b not in groups.members:
-            continue
-        if groups.reaches(a, b, False) or groups.reaches(b, a, False):
-            continue
-        exprs, copies = groups.union([a, b])
-        result = _offer(fusion, groups, exprs, orders, copies)
-        if result[0] is not None:
-            _join(groups, verdict, a, b, result)
-    reds = sorted((g for g in groups.members if verdict[g][0] == "reduction"),
-                  key=groups.position)
-    for i, a in enumerate(reds):
-        for b in reds[i + 1:]:
-            if a not in groups.members or b not in groups.members or \
-                    groups.reaches(a, b, False) or groups.reaches(b, a, False):
-                continue
-            exprs, copies = groups.union([a, b])
-            result = _offer(fusion, groups, exprs, orders, copies)
-            # (not a union that is a pure reduction only through picks: laid out by columns
-            # it would run as one two-pass normalization where it was two reductions)
-            if result[0] == "reduction" and not pure_by_picks(result[1].fusion):
-                _join(groups, verdict, a, b, result)
-
-
-def _merge_horizontal(fusion, groups: Groups, verdict: dict, orders) -> None:
-    """Join pointwise kernel groups that neither needs the other into horizontal kernels
-    (schedule/horizontal.py: a bf16 autocast's casts of the weights beside a reduction; Llama's
-    rotary embedding of q and of k, which read the same cos and sin). In order of their first
-    expr, each group not yet joined (a pointwise or horizontal kernel) starts a set; each later
-    group joins it while the set stays within one kernel's capacity (components, parameter
-    bytes) and neither reaches the other (groups reading a common tensor are still separate
-    components: each reads it, as two kernels would; a load-free value both compute, their
-    copies of the positions, is computed in each); the set is then offered to the registry
-    (verdicts logged under segmenter_logging) and becomes one group when accepted."""
-    from ..schedule import horizontal as H
-    cands = [g for g in sorted(groups.members, key=groups.position)
-             if verdict[g][0] in ("pointwise", "horizontal") and
-             H.excluded(groups.exprs_of(g)) is None]
-
-    def cost(g):
-        sub = verdict[g][1].fusion
-        return H.param_bytes_bound(sub.tensor_inputs(), sub.outputs,
-                                   H.scalars_read(groups.exprs_of(g)))
-
-    while len(cands) > 1:
-        chosen = [cands.pop(0)]
-        used = cost(chosen[0])
-        for h in list(cands):
-            if len(chosen) == H.MAX_COMPONENTS:
-                break
-            c = cost(h)
-            if used + c > H.MAX_PARAM_BYTES or any(
-                    groups.reaches(g, h, False) or groups.reaches(h, g, False) for g in chosen):
-                continue
-            chosen.append(h)
-            used += c
-            cands.remove(h)
-        if len(chosen) < 2:
-            continue
-        exprs, copies = groups.union(chosen)
-        result = _offer(fusion, groups, exprs, orders, copies)
-        if result[0] in ("horizontal", "pointwise"):
-            for h in chosen[1:]:
-                _join(groups, verdict, chosen[0], h, result)
-
-
-def _merge_again(fusion, groups: Groups, verdict: dict, orders, refused: dict) -> None:
-    """Join two kernel groups, one reading what the other writes, that the first pass kept
-    apart, now that copies of values have changed what they read: a cycle through a third
-    group that has since computed the value itself is gone (a cross-entropy's count of the
-    targets that are not ignored, whose `ne` the row kernel recomputes, joins the final sum
-    over the rows: two reductions of the same axes, one kernel). Unions no scheduler took
-    before (`refused`: ids of their exprs) are not offered again. Heaviest tensor first."""
-    edges = []
-    for h in groups.members:
-        if verdict[h][0] is None:
-            continue
-        ins, _ = groups.boundary(groups.exprs_of(h), groups.extra_ids(h))
-        for v in ins:
-            g = groups.of.get(id(getattr(v, "definition", None)))
-            if g is not None and g != h and verdict[g][0] is not None:
-                edges.append((-_bytes(v), g, h))
-    for _, a, b in sorted(edges, key=lambda t: t[0]):
-        if a not in groups.members or b not in groups.members or a == b:
-            continue
-        if groups.reaches(a, b, True) or groups.reaches(b, a, True):
-            continue
-        exprs, copies = groups.union([a, b])
-        if frozenset(id(e) for e in exprs) in refused:
-            continue
-        result = _offer(fusion, groups, exprs, orders, copies)
-        if result[0] is None:
-            refused[frozenset(id(e) for e in exprs)] = result[1]
-            continue
-        _join(groups, verdict, a, b, result)
 
 
 # ---- the whole pass ---------------------------------------------------------------------------

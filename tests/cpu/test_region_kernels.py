@@ -10,8 +10,9 @@ kernel's CUDA source with NVRTC (sm_90 on a machine without a GPU).
 - Llama's positions (an iota) read by both masks, the rotary cos / sin and a normalization:
   computed in each kernel reading them (segment/load_free.py), no kernel of their own;
 - a cross-entropy's count of the targets not ignored joins the final sum over the rows once the
-  row kernel recomputes the `ne` they share (segmenter._merge_again);
-- two pure reductions of one domain that read different tensors join (segmenter._merge_siblings);
+  row kernel recomputes the `ne` they share (segment/merges.py merge_again);
+- two pure reductions of one domain that read different tensors join (segment/merges.py
+  merge_siblings);
 - Llama's grouped-query key gradient (a sum of 2 to 4 query heads) and its rotary backward: adds
   of selects (fx/rewrite_reduce.unroll_small_sums) in one pointwise kernel;
 - GPT-2's position embedding read at `arange(seq) + past`: a lookup's index may be an iota plus
@@ -90,7 +91,7 @@ def test_llamas_positions_are_computed_in_each_kernel_reading_them(scaled):
     values, segment/load_free.py), so the masks and cos / sin are independent: one horizontal
     kernel, then q and k in another. Unscaled, cos and sin are a group of their own (each
     joined the cat they read before the other could: outputs of two shapes) until the siblings
-    merge; the cat's group then joins them (segmenter._merge_again)."""
+    merge; the cat's group then joins them (segment/merges.py merge_again)."""
     def f(inv_freq, q, k):
         b, s = q.shape[0], q.shape[2]
         ids = (torch.arange(s) + 0)[None, :].expand(b, -1)
