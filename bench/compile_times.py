@@ -50,7 +50,7 @@ MODES = ("inductor", "pyfuser", "aot_eager")
 # ---- the child: one model's first calls in this process ------------------------------------------
 def child(args) -> dict:
     import torch
-    from bench.models import Case, _backend, load_corpus, profile_size
+    from bench.models import Case, compile_tiny, load_corpus, profile_size
     from bench.models_timing import sync
     TC = load_corpus()
     device = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
@@ -59,12 +59,7 @@ def child(args) -> dict:
     if device == "cuda" and args.mode == "pyfuser":
         from pyfuser.runtime import native
         native.build()
-    backend = _backend(args.mode)
-    x = torch.randn(64, 64, device=device, requires_grad=True)
-    f = torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum(-1), backend=backend)
-    f(x).sum().backward()
-    with torch.no_grad():
-        f(x)
+    compile_tiny(args.mode, device)
     sync(device)
     torch._dynamo.reset()
     case = Case(TC, args.models, args.dtypes, size, device, None)

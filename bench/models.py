@@ -124,18 +124,23 @@ def clear_in_memory() -> None:
 def warm_up_compilers(modes, device: str, base: str) -> None:
     """Compile a tiny function with each compiler (in a throwaway cache) so that the first row's
     cold compile does not pay for imports and worker pools."""
-    import torch
     fresh_cache_dirs(base, "warmup")
-    x = torch.randn(64, 64, device=device, requires_grad=True)
     for mode in modes:
-        if mode == "eager":
-            continue
-        fn = torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum(-1),
-                           backend=_backend(mode))
-        fn(x).sum().backward()
-        with torch.no_grad():
-            fn(x)
+        if mode != "eager":
+            compile_tiny(mode, device)
     clear_in_memory()
+
+
+def compile_tiny(mode: str, device: str) -> None:
+    """A tiny function compiled with `mode`'s backend and called with gradients and without
+    (a forward, a backward, an inference forward): the imports, worker pools and first-use
+    costs of a compiler, paid before a model's first call is timed."""
+    import torch
+    x = torch.randn(64, 64, device=device, requires_grad=True)
+    fn = torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum(-1), backend=_backend(mode))
+    fn(x).sum().backward()
+    with torch.no_grad():
+        fn(x)
 
 
 def _backend(mode: str):
