@@ -6,7 +6,8 @@ output, S = block * cols; thread `tid` owns the columns tid + k * block (k < col
 so no two threads touch one accumulator element and nothing needs an atomic.
 1. Each thread zeroes its columns of the shared accumulator acc[R][S] (float; double for double).
 2. Chunks of block * unroll tokens, in order: thread tid tests tokens chunk + u * block + tid
-   (u < unroll): it reads the index (checked against num_weights, as the forward lookup's:
+   (u < unroll): it reads the index (checked against num_weights, the output's row count, a
+   kernel parameter, as the forward lookup's:
    CheckedIndex, a trap on the GPU) and votes whether it lies in the block's rows and is not
    the padding index. Per u, a warp ballot gives each warp's count (lane 0 writes it to shared
    `wcnt[u][warp]`) and each lane's rank among the lanes below it (popc of the ballot under a
@@ -71,6 +72,7 @@ class _Builder:
                        Param("ids", "void*", ("ptr", p.ids_seg)),
                        Param("out", "void*", ("ptr", p.out_seg)),
                        Param("n_tok", "int", ("numel", p.ids_seg)),
+                       Param("n_w", "int64_t", ("size", p.out_seg, 0)),
                        Param("H", p.index_type, ("size", p.grad_seg, grad.ndim - 1))]
         if not p.grad_dense:
             for a in range(grad.ndim):
@@ -152,11 +154,11 @@ class _Builder:
         for u in range(p.unroll):
             t = V_(f"t{u}")
             idx = K.CheckedIndex(K.Elem("ids", self.ids_offset(t)),
-                                 K.Const(p.num_weights, "int64_t"),
+                                 V_("n_w"),
                                  "embedding_dense_backward: index out of range")
             inside = _bin("&&", _bin("<=", V_("r0"), V_(f"ix{u}")),
                           _bin("<", V_(f"ix{u}"), K.add(V_("r0"), K.Const(p.rows, "int64_t"))))
-            if 0 <= p.padding_idx < p.num_weights:
+            if p.padding_idx >= 0:       # (past the rows: no checked index equals it)
                 inside = _bin("&&", inside, _bin("!=", V_(f"ix{u}"),
                                                    K.Const(p.padding_idx, "int64_t")))
             out += [K.Let(f"t{u}", "nidx_t", K.add(V_("chunk"), K.add(C(u * p.block), TID))),
@@ -235,7 +237,7 @@ class _Builder:
                 K.Assign("outv", (I(k),), value),
                 K.Store("out", K.add(K.mul(v, V_("H")), col), "outv", (I(k),), 1)]))
         return [K.Let("v_row", "nidx_t", K.add(V_("r0"), V_("r"))),
-                K.If(_bin("<", v, C(p.num_weights)), stmts)]
+                K.If(_bin("<", v, V_("n_w")), stmts)]
 
 
 def build(p: EmbeddingBackwardParams, fusion, name: str) -> K.Kernel:

@@ -69,23 +69,28 @@ def embedding(weight: TensorView, index: TensorView) -> TensorView:
     return out
 
 
-def embedding_backward(grad: TensorView, index: TensorView, num_weights: int,
+def embedding_backward(grad: TensorView, index: TensorView, num_weights,
                        padding_idx: int = -1) -> TensorView:
     """aten.embedding_dense_backward(grad, index, num_weights, padding_idx, False): the weight
     gradient [num_weights, grad's last extent] (exprs.EmbeddingBackwardOp); grad has rank >= 1
-    and numel(index) rows of its last extent (checked at execute)."""
+    and numel(index) rows of its last extent (checked at execute). num_weights: an int, or a
+    symbolic Int Scalar (a table's row count known at run time), the output's first extent."""
     grad = _check_tv(grad, "embedding_backward")
     index = _index_tensor(index, "embedding_backward")
     if grad.ndim < 1 or not grad.dtype.is_floating:
         raise FusionDefinitionError(
             f"embedding_backward: the gradient {grad.name} must be a floating tensor of rank >= 1")
+    if isinstance(num_weights, Scalar) and num_weights.is_const:
+        num_weights = num_weights.value
+    symbolic = isinstance(num_weights, Scalar) and num_weights.dtype is DataType.Int
     for name, v in (("num_weights", num_weights), ("padding_idx", padding_idx)):
-        if not isinstance(v, int) or isinstance(v, bool):
+        if not (name == "num_weights" and symbolic) and \
+                (not isinstance(v, int) or isinstance(v, bool)):
             raise FusionDefinitionError(f"embedding_backward: {name} must be an int, got {v!r}")
-    if num_weights < 0:
+    if not symbolic and num_weights < 0:
         raise FusionDefinitionError(f"embedding_backward: num_weights {num_weights} is negative")
     fusion = Fusion.current()
-    rows = IterDomain(Scalar(DataType.Int, num_weights, fusion))
+    rows = IterDomain(num_weights if symbolic else Scalar(DataType.Int, num_weights, fusion))
     out = TensorView([rows, _copy_id(grad.logical[-1])], grad.dtype, fusion)
     E.EmbeddingBackwardOp(out, grad, index, num_weights, padding_idx)
     return out

@@ -164,10 +164,14 @@ def _index_select(e, env):
 
 
 def _embedding_backward(e, env):
-    """Eager's own op (its sums are eager's, not a kernel's token order)."""
+    """Eager's own op (its sums are eager's, not a kernel's token order), after the op's check
+    of every index against the rows (eager's op does not check them all)."""
     grad, index = env[e.inputs[0]], env[e.inputs[1]]
-    return torch.ops.aten.embedding_dense_backward(grad, index, e.num_weights, e.padding_idx,
-                                                   False)
+    rows = e.num_weights if isinstance(e.num_weights, int) else int(env.b.value(e.num_weights))
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
+        raise IndexError(f"embedding_dense_backward: index out of range (an index outside "
+                         f"[0, {rows}) in {e.inputs[1].name})")
+    return torch.ops.aten.embedding_dense_backward(grad, index, rows, e.padding_idx, False)
 
 
 def _slice(e, env):

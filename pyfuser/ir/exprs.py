@@ -184,12 +184,15 @@ class EmbeddingBackwardOp(Expr):
     """aten.embedding_dense_backward without scale_grad_by_freq: out [num_weights, H] of grad's
     dtype, out[v, h] = the sum, in token order, of grad's rows t (grad viewed [numel(index),
     H]) whose index[t] == v, accumulated in float32 (float64 for double); rows whose index is
-    `padding_idx` are left out (padding_idx -1: none). `num_weights` and `padding_idx` are
-    constant ints. An index outside [0, num_weights) is an error, as in eager."""
+    `padding_idx` are left out (padding_idx -1: none). `padding_idx` is a constant int;
+    `num_weights` a constant int or the symbolic Int Scalar that is out's first extent (a table
+    of rows known at run time: index_put's and index_add's into a graph input). An index
+    outside [0, num_weights) is an error, as in eager."""
     op_name = "embedding_backward"
 
-    def __init__(self, out, grad, index, num_weights: int, padding_idx: int):
-        self.num_weights, self.padding_idx = int(num_weights), int(padding_idx)
+    def __init__(self, out, grad, index, num_weights, padding_idx: int):
+        self.num_weights = num_weights if isinstance(num_weights, Val) else int(num_weights)
+        self.padding_idx = int(padding_idx)
         super().__init__([grad, index], [out])
 
 

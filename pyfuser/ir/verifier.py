@@ -171,8 +171,10 @@ def _check_embedding_backward(e) -> None:
     _check(index.dtype in (DataType.Int, DataType.Int32), f"{e.op_name}: index {index} is not Int")
     _check(out.dtype is grad.dtype and grad.dtype.is_floating,
            f"{e.op_name}: output {out} must have the floating dtype of {grad}")
-    _check(out.ndim == 2 and out.logical[0].extent.value == e.num_weights,
-           f"{e.op_name}: output {out} is not [{e.num_weights}, H]")
+    n = e.num_weights
+    _check(out.ndim == 2 and (out.logical[0].extent is n if isinstance(n, Scalar) else
+                              out.logical[0].extent.value == n),
+           f"{e.op_name}: output {out} is not [{n}, H]")
 
 
 def _check_slice(e) -> None:

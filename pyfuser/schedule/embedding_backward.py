@@ -28,7 +28,11 @@ see it, and the epilogue inputs' elements at the same place).
   whether the indices and the gradient are dense row-major (signature facts: else the kernel
   indexes them through their sizes and strides).
 These choices tune speed only; the kernel is correct for any of them (size_class puts them in
-the kernel signature, so a new size class plans a new kernel).
+the kernel signature, so a new size class plans a new kernel). The row count itself is no
+part of the kernel: it reads it from the output's size, so a table of a symbolic row count
+(index_put's or index_add's into a graph input) reuses its kernel for a new count of the same
+size class. Such a table is refused at run time past MAX_SCATTER_ROWS rows (every block reads
+every index: eager's op is then faster), as the lowering refuses a constant one.
 
 Invariant: never imports codegen/; correctness depends only on the layout signature.
 """
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 
 from ..ir import exprs as E
 from ..ir.dtypes import DataType
+from ..ir.shapes import bind
 from ..ir.tensor import TensorView
 from . import layout as L
 
@@ -49,6 +54,12 @@ UNROLL = 4                     # tokens a thread tests in one chunk
 WARP = 32
 HEAVY = 256                    # a block's expected matches from which it loads HEAVY_UNROLL
 HEAVY_UNROLL = 32              # gradient rows at a time
+# the scatter kernel gives each block ~96 rows of a table of narrow rows and has every block
+# read every index: index_put's and index_add's tables (whose rows are often of one element)
+# are taken up to two waves of such blocks on an H200 (each index read at most 264 times);
+# larger ones are eager's (a constant count refused by the lowering, lowering/aten_indexing.py,
+# a symbolic one by run_check)
+MAX_SCATTER_ROWS = 96 * 264
 
 
 EPILOGUE_EXPRS = (E.ElementwiseOp, E.CastOp)
@@ -111,6 +122,14 @@ def can_schedule(fusion) -> tuple[bool, str]:
     return True, ""
 
 
+def num_weights(fusion, inputs, bindings=None) -> int:
+    """The table's row count for these inputs (a constant, or its symbol's bound value)."""
+    n = embedding_op(fusion).num_weights
+    if isinstance(n, int):
+        return n
+    return int((bindings or bind(fusion, list(inputs))).value(n))
+
+
 def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
     grad, ids, _, _ = _tensors(fusion, inputs)
     tokens = ids.numel()
@@ -118,7 +137,14 @@ def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
     # last token by up to a chunk (256 threads x UNROLL tokens): keep a chunk's margin
     if tokens > 2 ** 31 - 1 - 256 * UNROLL:
         return False, f"{tokens} indices (the kernel counts tokens in 32 bits)"
-    shape = (embedding_op(fusion).num_weights, int(grad.shape[-1]) if grad.dim() else 1)
+    rows = num_weights(fusion, inputs, bindings)
+    if not isinstance(embedding_op(fusion).num_weights, int):
+        if rows > MAX_SCATTER_ROWS:
+            return False, (f"a table of {rows} rows (more than {MAX_SCATTER_ROWS}): every "
+                           "block of the scatter kernel reads every index")
+        if rows == 0 and tokens:      # eager raises for any index; no blocks would check them
+            return False, "a table of no rows (eager's error for any index)"
+    shape = (rows, int(grad.shape[-1]) if grad.dim() else 1)
     epi = epilogue_inputs(fusion)
     for v, x in zip(fusion.inputs, inputs):
         if any(v is u for u in epi) and tuple(x.shape) != shape:
@@ -139,7 +165,7 @@ class EmbeddingBackwardParams:
     ids_seg: int
     ids_dense: bool            # row-major: a token's index is ids[t]
     grad_dense: bool           # row-major: a token's row starts at t * H
-    num_weights: int
+    num_weights: int           # the rows planned for (the kernel reads them from the output)
     padding_idx: int
     out_seg: int = 2           # the output's kernel tensor position (after every tensor input)
     epilogue: tuple = ()       # kernel tensor positions of the epilogue's inputs (epilogue_inputs)
@@ -153,7 +179,7 @@ class EmbeddingBackwardParams:
              "unroll": self.unroll, "match_unroll": self.match_unroll,
              "acc": self.acc.name, "index_type": self.index_type,
              "ids_dense": self.ids_dense, "grad_dense": self.grad_dense,
-             "num_weights": self.num_weights, "padding_idx": self.padding_idx}
+             "padding_idx": self.padding_idx}
         if self.epilogue:             # (without one, the kernel source is the one it was)
             d["epilogue"] = list(self.epilogue)
         return d
@@ -208,15 +234,16 @@ def schedule(fusion, inputs) -> EmbeddingBackwardParams:
     grad, ids, g, i = _tensors(fusion, inputs)
     acc = DataType.Double if e.inputs[0].dtype is DataType.Double else DataType.Float
     hidden = int(grad.shape[-1]) if grad.dim() else 1
-    block, cols, rows, mu = choose(hidden, ids.numel(), e.num_weights, acc.itemsize)
-    out_numel = e.num_weights * hidden
+    n = num_weights(fusion, inputs)
+    block, cols, rows, mu = choose(hidden, ids.numel(), n, acc.itemsize)
+    out_numel = n * hidden
     index_type = "int64_t" if L.needs_int64(list(inputs), out_numel) else "int"
     tvs = fusion.tensor_inputs()
     epi = tuple(next(k for k, u in enumerate(tvs) if u is v) for v in epilogue_inputs(fusion))
     return EmbeddingBackwardParams(
         block, cols, rows, UNROLL, mu, acc, index_type, g, i,
         L.row_major(tuple(ids.shape), tuple(ids.stride())),
-        L.row_major(tuple(grad.shape), tuple(grad.stride())), e.num_weights, e.padding_idx,
+        L.row_major(tuple(grad.shape), tuple(grad.stride())), n, e.padding_idx,
         len(tvs), epi)
 
 

@@ -3,15 +3,20 @@ rows plus x, as index_put(accumulate=True) is lowered, where x's row count is a 
 table the graph makes: a Mixture-of-Experts layer's `zeros(...).index_add_(0, tokens, out)`).
 Through torch.compile's backend on the CPU interpreter: eager's values (repeated indices
 summed; bfloat16 within one rounding of float64's sum), a vector table, the gradient, an
-index outside the rows stopping the kernel as eager raises; tables of a symbolic row count
-(graph inputs), other axes and alpha != 1 left to eager with the reason."""
+index outside the rows stopping the kernel as eager raises; a table that is a graph input (a
+symbolic row count in its Fusion: the kernel reads the count from its output's size, so under
+dynamic=True a new count reuses the kernel; past MAX_SCATTER_ROWS rows at run time the segment
+runs eager's op, logged); other axes and alpha != 1 left to eager with the reason."""
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 
 import pyfuser
 from pyfuser.frontend.fx import compiled_graphs
+from pyfuser.schedule import embedding_backward as EB
 
 from compile_checks import assert_ran_as_sm90_kernels
 
@@ -83,16 +88,91 @@ def test_an_index_outside_the_rows_raises(bad):
         pyfuser.compile(_moe_like)(torch.tensor([1, bad]), torch.randn(2, 8))
 
 
-@pytest.mark.parametrize("case", ["input table", "axis 1", "alpha 2"])
+def _into_input(x, i, s):
+    return x.index_add(0, i, s) * 2
+
+
+@pytest.mark.parametrize("shape", [(10, 8), (12,)])
+def test_index_add_into_a_graph_input_fuses(shape):
+    """The table a graph input: its row count is a symbol of the Fusion, read by the kernel."""
+    x = torch.randn(shape)
+    s = torch.randn((7,) + shape[1:])
+    torch._dynamo.reset()
+    got = pyfuser.compile(_into_input)(x, INDEX, s)
+    want = _into_input(x, INDEX, s)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    (region,) = _regions()
+    assert "aten.index_add.default" in region.ops
+    assert not [g.unsupported for g in compiled_graphs() if g.unsupported]
+    assert_ran_as_sm90_kernels([region])
+
+
+def test_a_new_row_count_reuses_the_kernel(plans):
+    """dynamic=True: tables of 16, 32 and 48 rows (the same layout facts and size class) run
+    one graph and one kernel; an index past the rows of the smaller table still stops it."""
+    torch._dynamo.reset()
+    f = pyfuser.compile(_into_input, dynamic=True)
+    s = torch.randn(7, 8)
+    seen = []
+    for n in (16, 32, 48):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(f(x, INDEX, s), _into_input(x, INDEX, s), rtol=1e-6,
+                                   atol=1e-6)
+        seen.append((len(compiled_graphs()), plans[0]))
+        assert_ran_as_sm90_kernels(_regions())
+    assert seen[0] == seen[1] == seen[2] and seen[0][1] >= 1, seen
+    with pytest.raises(IndexError, match="index out of range"):
+        f(torch.randn(16, 8), torch.tensor([1, 16]), torch.randn(2, 8))
+
+
+def test_a_symbolic_table_past_the_row_limit_runs_eagers_op(monkeypatch, caplog):
+    """More rows at run time than MAX_SCATTER_ROWS (8 here): the scheduler's run check refuses
+    them, the segment runs eager's op (logged with the reason); at the limit, the kernel."""
+    monkeypatch.setattr(EB, "MAX_SCATTER_ROWS", 8)
+    s = torch.randn(3, 4)
+    i = torch.tensor([0, 5, 5])
+    for rows, kernel in ((8, True), (9, False)):
+        torch._dynamo.reset()
+        x = torch.randn(rows, 4)
+        with caplog.at_level(logging.INFO, logger="pyfuser"):
+            got = pyfuser.compile(_into_input)(x, i, s)
+        torch.testing.assert_close(got, _into_input(x, i, s), rtol=1e-6, atol=1e-6)
+        refused = "a table of 9 rows (more than 8)" in caplog.text
+        assert refused != kernel, caplog.text
+        if kernel:
+            assert_ran_as_sm90_kernels(_regions())
+
+
+@pytest.mark.parametrize("case", ["axis 1", "alpha 2"])
 def test_other_forms_stay_eager_with_the_reason(case):
     x, s = torch.randn(10, 8), torch.randn(7, 8)
-    f = {"input table": lambda x, i, s: x.index_add(0, i, s) * 2,
-         "axis 1": lambda x, i, s: x.t().index_add(1, i, s.t()) * 2,
+    f = {"axis 1": lambda x, i, s: x.t().index_add(1, i, s.t()) * 2,
          "alpha 2": lambda x, i, s: torch.zeros(10, 8).index_add(0, i, s, alpha=2) + x}[case]
     torch._dynamo.reset()
     torch.testing.assert_close(pyfuser.compile(f)(x, INDEX, s), f(x, INDEX, s), rtol=1e-6,
                                atol=1e-6)
     why = {k: v for g in compiled_graphs() for k, v in g.unsupported.items()}
-    want = {"input table": "constant count", "axis 1": "only axis 0",
-            "alpha 2": "only alpha=1"}[case]
+    want = {"axis 1": "only axis 0", "alpha 2": "only alpha=1"}[case]
     assert "index_add" in why and want in why["index_add"], why
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_rows_of_several_axes(dynamic):
+    """Tables of rank 3 (an input, and zeros the graph makes of its size): rows of [3, 4]
+    elements summed as rows of 12 (the values viewed so), then viewed as the table again;
+    dynamic=True: two row counts, one graph."""
+    def f(x, i, s):
+        return x.index_add(0, i, s) + torch.zeros_like(x).index_add(0, i, s * 2)
+    torch._dynamo.reset()
+    g = pyfuser.compile(f, dynamic=dynamic)
+    s = torch.randn(7, 3, 4)
+    for n in (10, 12) if dynamic else (10,):
+        x = torch.randn(n, 3, 4)
+        got, want = g(x, INDEX, s), f(x, INDEX, s)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert_ran_as_sm90_kernels(_regions())
+    assert len(compiled_graphs()) == 1
+    assert sum(r.ops.count("aten.index_add.default") for r in _regions()) == 2
+    assert not [g.unsupported for g in compiled_graphs() if g.unsupported]

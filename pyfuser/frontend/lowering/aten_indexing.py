@@ -29,11 +29,12 @@ another axis' overflow would exist. `aten::index_put(x, indices, values, accumul
 (that indexing's gradient) is `x + embedding_backward(values, flat, rows)` (half / bfloat16
 in float32, rounded once, as eager's CUDA kernel; the scatter
 kernel, small tables too: it traps on an index outside the table; a table of no rows stays
-eager's, which raises for any index) where the flattened table has at most one more axis and
-a constant row count of at most MAX_SCATTER_ROWS: each row the sum of the values indexed to
-it, in a fixed order. `None` entries (an index of a later axis), boolean masks and
-`accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
-node check). `aten::index_add(x, 0, index, source)` (alpha 1, x a vector or a matrix, a
+eager's, which raises for any index; rows of several axes summed as rows of their product)
+where the flattened table has a row count of at most MAX_SCATTER_ROWS (a constant one
+checked here, a symbolic one, a graph input's, by the scheduler at run time): each row the
+sum of the values indexed to it, in a fixed order. `None` entries (an index of a later
+axis), boolean masks and `accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
+node check). `aten::index_add(x, 0, index, source)` (alpha 1, x of any rank, a
 Mixture-of-Experts layer's sum of its experts' outputs at their tokens) is the same sum at the
 rows, its index not wrapped (eager raises for a negative one, and so does the kernel).
 
@@ -42,12 +43,15 @@ UnsupportedOpError: the node stays an eager op, whose own error eager then gives
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...errors import UnsupportedOpError
 from ...ir import builder as B
 from ...ir.dtypes import DataType
 from ...ir.tensor import TensorView
+from ...schedule import embedding_backward as EB
 from ..torchscript.types import TensorType
 from . import aten_embedding_backward  # noqa: F401  (the lookup's backward: its table entry)
 from .aten_pointwise import ew
@@ -55,11 +59,9 @@ from .aten_shape import row_major_position, sizes_of
 from .registry import SCATTER, lowers
 
 _INDEX_DTYPES = (DataType.Int, DataType.Int32)
-# the scatter kernel (schedule/embedding_backward.py) gives each block ~96 rows of a table of
-# narrow rows and has every block read every index: index_put's tables (its rows are the
-# indexed positions, often of one element) are lowered up to two waves of such blocks on an
-# H200 (each index read at most 264 times); larger ones stay eager's (docs/compile_backend.md)
-MAX_SCATTER_ROWS = 96 * 264
+# the rows past which index_put's and index_add's tables stay eager's (the scatter kernel has
+# every block read every index; schedule/embedding_backward.py; docs/compile_backend.md)
+MAX_SCATTER_ROWS = EB.MAX_SCATTER_ROWS
 
 
 def _index(index, what: str) -> TensorView:
@@ -194,10 +196,10 @@ def _index_put(x, indices, values, accumulate=False):
 
 @lowers("aten::index_add", op_class=SCATTER, n_args=(4, 5), const_args=(1, 4))
 def _index_add(x, dim, index, source, alpha=1):
-    """torch.index_add along axis 0 of a vector or a matrix: x with source's rows added at the
-    rows `index` names (`index_put`'s sum at the rows, module docstring); an index outside x's
-    rows, negative ones included (eager wraps none), stops the kernel as eager raises. Other
-    axes, other ranks and an alpha other than 1 are left to eager."""
+    """torch.index_add along axis 0: x with source's rows added at the rows `index` names
+    (`index_put`'s sum at the rows, module docstring); an index outside x's rows, negative
+    ones included (eager wraps none), stops the kernel as eager raises. Other axes and an
+    alpha other than 1 are left to eager."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("index_add: the input must be a tensor of rank 1 or more")
     if dim % x.ndim != 0 or not -x.ndim <= dim < x.ndim:
@@ -211,15 +213,17 @@ def _index_add(x, dim, index, source, alpha=1):
 
 def _add_at_rows(x, table, flat, values, what: str):
     """x + the sum of `values`' rows at the rows of `table` (x, or x viewed with leading axes
-    flattened) that `flat` names, by the scatter kernel (index_put's and index_add's)."""
-    n = table.logical[0].full_extent.value if table.ndim <= 2 else None
-    if not isinstance(n, int) or isinstance(n, bool):
-        raise UnsupportedOpError(f"{what}: only rows of at most one axis, of a constant "
-                                 "count, are lowered")
-    if n == 0:              # eager raises for any index of an empty axis; no rows: no checks
+    flattened) that `flat` names, by the scatter kernel (index_put's and index_add's); rows of
+    several axes are summed as rows of one (the values viewed so), then viewed as x again."""
+    # the row count: a constant, or a symbol (a graph input's rows: the scheduler refuses more
+    # than MAX_SCATTER_ROWS, or none, at run time)
+    rows_axis = table.logical[0]
+    n = rows_axis.full_extent if rows_axis.full_extent.value is None else \
+        rows_axis.full_extent.value
+    if n == 0 and isinstance(n, int):    # eager raises for any index of an empty axis
         raise UnsupportedOpError(f"{what}: a table of no rows is left to eager (its error for "
                                  "any index)")
-    if n > MAX_SCATTER_ROWS:
+    if isinstance(n, int) and n > MAX_SCATTER_ROWS:
         raise UnsupportedOpError(f"{what}: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
                                  f"is left to eager: every block of the scatter kernel reads "
                                  f"every index")
@@ -231,6 +235,12 @@ def _add_at_rows(x, table, flat, values, what: str):
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError(f"{what}: values broadcast to the indexed rows are left "
                                  "to eager")
+    if table.ndim > 2:                   # rows of several axes: of one, their product
+        trailing = sizes_of(table)[1:]
+        width = -1 if any(not isinstance(t, int) for t in trailing) else math.prod(trailing)
+        if width == 0:
+            raise UnsupportedOpError(f"{what}: rows of no elements are left to eager")
+        values = B.reshape(values, sizes_of(values)[:flat.ndim] + [width])
     # half / bfloat16: the values summed and added to x in float32, rounded once, as eager's
     # CUDA kernel does (its CPU kernel rounds after each add); a sum rounded to the values'
     # dtype before the add was several ulps off where x and the sum nearly cancel
@@ -243,7 +253,7 @@ def _add_at_rows(x, table, flat, values, what: str):
         rows = B.squeeze(B.embedding_backward(B.unsqueeze(values, values.ndim), flat, n), [1])
     else:
         rows = B.embedding_backward(values, flat, n)
-    if table is not x:
+    if rows.ndim != x.ndim:
         rows = B.reshape(rows, sizes_of(x))
     out = ew("add", x, rows)
     return B.cast(out, x.dtype) if out.dtype is not x.dtype else out
