@@ -24,12 +24,7 @@ so no two threads touch one accumulator element and nothing needs an atomic.
    the epilogue's pointwise ops where the fusion has them: embedding_backward_epilogue.py);
    the padding row and rows no token hits are zeros, so the output needs no memset.
 The next chunk's counts and lists are written only after its first barrier, which every
-thread reaches after reading the previous chunk's lists: two barriers a chunk. A segmented op
-(rows in segments of N, K tokens a segment, each token's index in its own segment or -1: a
-scatter along an axis) walks only the tokens [r0 / N * K, ((r0 + R - 1) / N + 1) * K) of the
-segments its rows fall in (the same for every thread of the block: its ballots stay whole);
-a token outside them can match none of its rows, and every token is walked by the blocks of
-its own segment, which check its index.
+thread reaches after reading the previous chunk's lists: two barriers a chunk.
 
 Invariants: every Ballot is reached by whole warps (outside every condition but the uniform
 chunk loop); shared elements are written by one thread between two barriers; int index
@@ -71,8 +66,7 @@ def _coords_offset(t, sizes: list, strides: list):
 
 
 class _Builder:
-    def __init__(self, p: EmbeddingBackwardParams, grad, ids, out, epilogue: Epilogue,
-                 segment=None):
+    def __init__(self, p: EmbeddingBackwardParams, grad, ids, out, epilogue: Epilogue):
         self.p, self.grad, self.ids, self.out, self.epilogue = p, grad, ids, out, epilogue
         self.params = [Param("grad", "void*", ("ptr", p.grad_seg)),
                        Param("ids", "void*", ("ptr", p.ids_seg)),
@@ -88,11 +82,6 @@ class _Builder:
             for a in range(ids.ndim):
                 self.params += [Param(f"isz{a}", p.index_type, ("size", p.ids_seg, a)),
                                 Param(f"ist{a}", p.index_type, ("stride", p.ids_seg, a))]
-        if p.segmented:                 # K tokens a segment; its rows N, a constant or a scalar
-            self.params.append(Param("seg_k", "int64_t", ("size", p.ids_seg, ids.ndim - 1)))
-            if not isinstance(segment, int):
-                self.params.append(Param("seg_n", "int64_t", ("scalar", segment)))
-        self.segment = segment
         self.params += epilogue.params
 
     # ---- offsets ------------------------------------------------------------------------------
@@ -146,8 +135,7 @@ class _Builder:
                     for k in range(p.cols)], "zero this thread's columns"),
             *[K.Assign("run", (I(k),), self._zero()) for k in range(p.cols)],
             K.Assign("cur", (), I(0)),
-            *self._token_range(),
-            K.Loop("chunk", V_("tok_lo"), V_("tok_hi"), C(p.block * p.unroll), "serial",
+            K.Loop("chunk", C(0), V_("n_tok"), C(p.block * p.unroll), "serial",
                    self._test() + [K.Sync()] + self._compact() + [K.Sync()] + self._accumulate(),
                    "chunks of tokens, in order"),
             *[K.Assign("acc", (K.ArrayRef("cur", ()), self.slot(k)), K.ArrayRef("run", (I(k),)))
@@ -155,18 +143,6 @@ class _Builder:
             K.Loop("r", C(0), C(p.rows), C(1), "serial", self._write(), "write the tile once"),
         ]
         return body
-
-    def _token_range(self) -> list:
-        """tok_lo / tok_hi: the tokens this block walks (all, or its segments')."""
-        if not self.p.segmented:
-            return [K.Let("tok_lo", "int64_t", K.Const(0, "int64_t")),
-                    K.Let("tok_hi", "int64_t", V_("n_tok"))]
-        n = K.Const(self.segment, "int64_t") if isinstance(self.segment, int) else V_("seg_n")
-        last = _bin("/", K.add(V_("r0"), K.Const(self.p.rows - 1, "int64_t")), n)
-        return [K.Let("tok_lo", "int64_t", K.mul(_bin("/", V_("r0"), n), V_("seg_k")),
-                      "the first token of this block's first segment"),
-                K.Let("tok_hi", "int64_t", K.mul(K.add(last, K.Const(1, "int64_t")), V_("seg_k")),
-                      "past the last token of its last segment")]
 
     def _zero(self):
         return K.Const(0.0, "double" if self.p.acc is DataType.Double else "float", self.p.acc)
@@ -187,7 +163,7 @@ class _Builder:
                                                    K.Const(p.padding_idx, "int64_t")))
             out += [K.Let(f"t{u}", "nidx_t", K.add(V_("chunk"), K.add(C(u * p.block), TID))),
                     K.Assign("hit", (I(u),), K.Const(False, "bool")),
-                    K.If(_bin("&&", _bin("<", t, V_("n_tok")), _bin("<", t, V_("tok_hi"))), [
+                    K.If(_bin("<", t, V_("n_tok")), [
                         K.Let(f"ix{u}", "int64_t", idx),
                         K.If(inside, [K.Assign("hit", (I(u),), K.Const(True, "bool")),
                                       K.Assign("rowv", (I(u),),
@@ -268,7 +244,7 @@ def build(p: EmbeddingBackwardParams, fusion, name: str) -> K.Kernel:
     e = embedding_op(fusion)
     grad, ids, out = e.inputs[0], e.inputs[1], fusion.outputs[0]
     epilogue = Epilogue(p, fusion)
-    b = _Builder(p, grad, ids, out, epilogue, e.segment)
+    b = _Builder(p, grad, ids, out, epilogue)
     tensors = {"grad": K.TensorParam("grad", grad.dtype, p.grad_seg, False),
                "ids": K.TensorParam("ids", ids.dtype, p.ids_seg, False),
                "out": K.TensorParam("out", out.dtype, p.out_seg, True), **epilogue.tensors}

@@ -70,13 +70,11 @@ def embedding(weight: TensorView, index: TensorView) -> TensorView:
 
 
 def embedding_backward(grad: TensorView, index: TensorView, num_weights,
-                       padding_idx: int = -1, segment=None) -> TensorView:
+                       padding_idx: int = -1) -> TensorView:
     """aten.embedding_dense_backward(grad, index, num_weights, padding_idx, False): the weight
     gradient [num_weights, grad's last extent] (exprs.EmbeddingBackwardOp); grad has rank >= 1
     and numel(index) rows of its last extent (checked at execute). num_weights: an int, or a
-    symbolic Int Scalar (a table's row count known at run time), the output's first extent.
-    `segment`: rows of segments of that many rows, one per row of index
-    (exprs.EmbeddingBackwardOp)."""
+    symbolic Int Scalar (a table's row count known at run time), the output's first extent."""
     grad = _check_tv(grad, "embedding_backward")
     index = _index_tensor(index, "embedding_backward")
     if grad.ndim < 1 or not grad.dtype.is_floating:
@@ -94,11 +92,7 @@ def embedding_backward(grad: TensorView, index: TensorView, num_weights,
     fusion = Fusion.current()
     rows = IterDomain(num_weights if symbolic else Scalar(DataType.Int, num_weights, fusion))
     out = TensorView([rows, _copy_id(grad.logical[-1])], grad.dtype, fusion)
-    if segment is not None and index.ndim == 0:
-        raise FusionDefinitionError("embedding_backward: segments need an index of rank >= 1")
-    if isinstance(segment, Scalar) and segment.is_const:
-        segment = segment.value
-    E.EmbeddingBackwardOp(out, grad, index, num_weights, padding_idx, segment)
+    E.EmbeddingBackwardOp(out, grad, index, num_weights, padding_idx)
     return out
 
 

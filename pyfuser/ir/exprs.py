@@ -187,17 +187,12 @@ class EmbeddingBackwardOp(Expr):
     `padding_idx` are left out (padding_idx -1: none). `padding_idx` is a constant int;
     `num_weights` a constant int or the symbolic Int Scalar that is out's first extent (a table
     of rows known at run time: index_put's and index_add's into a graph input). An index
-    outside [0, num_weights) is an error, as in eager. `segment` (None, or an int or Int Scalar
-    N): the rows are consecutive segments of N rows, one per row of `index` (its last axis
-    being the segment's tokens), and every index of segment s names a row of that segment or
-    is -1 (a scatter along an axis: lowering/aten_scatter_index.py); the result is the same,
-    the scatter kernel then walks only its rows' segments' tokens."""
+    outside [0, num_weights) is an error, as in eager."""
     op_name = "embedding_backward"
 
-    def __init__(self, out, grad, index, num_weights, padding_idx: int, segment=None):
+    def __init__(self, out, grad, index, num_weights, padding_idx: int):
         self.num_weights = num_weights if isinstance(num_weights, Val) else int(num_weights)
         self.padding_idx = int(padding_idx)
-        self.segment = segment if segment is None or isinstance(segment, Val) else int(segment)
         super().__init__([grad, index], [out])
 
 

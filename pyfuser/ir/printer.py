@@ -171,8 +171,7 @@ def _indexing(e) -> str:
 
 def _embedding_backward(e) -> str:
     return _assign(e.output, f"embedding_backward( {e.inputs[0]}, index = {e.inputs[1]}, "
-                             f"num_weights = {e.num_weights}, padding_idx = {e.padding_idx}"
-                             + ("" if e.segment is None else f", segment = {e.segment}") + " )")
+                             f"num_weights = {e.num_weights}, padding_idx = {e.padding_idx} )")
 
 
 def _slice(e) -> str:

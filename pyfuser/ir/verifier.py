@@ -175,10 +175,6 @@ def _check_embedding_backward(e) -> None:
     _check(out.ndim == 2 and (out.logical[0].extent is n if isinstance(n, Scalar) else
                               out.logical[0].extent.value == n),
            f"{e.op_name}: output {out} is not [{n}, H]")
-    seg = e.segment
-    _check(seg is None or (isinstance(seg, Scalar) and seg.dtype is DataType.Int) or
-           (isinstance(seg, int) and seg > 0) and index.ndim >= 1,
-           f"{e.op_name}: segment {seg} is not a positive row count (of an index of rank >= 1)")
 
 
 def _check_slice(e) -> None:

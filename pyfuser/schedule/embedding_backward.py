@@ -2,8 +2,8 @@
 
 It takes a Fusion that is one EmbeddingBackwardOp of two fusion inputs (the gradient [*, H] and
 the indices, any rank), optionally followed by an epilogue: pointwise ops (elementwise ops and
-casts) of its output [num_weights, H], of fusion inputs of that same shape (a size-1 broadcast
-axis only where the output has one: rows of one element) and of constants, such as a tied embedding's other gradient added to it (BERT's and GPT-2's
+casts) of its output [num_weights, H], of fusion inputs of that same shape (no broadcast axes)
+and of constants, such as a tied embedding's other gradient added to it (BERT's and GPT-2's
 word embeddings are also their output projection: `add(mm gradient, embedding gradient)`, a
 [num_weights, H] tensor written and read again when it is a kernel of its own). The fusion's one
 output is the epilogue's last value (the EmbeddingBackwardOp's output without one). The kernel
@@ -28,11 +28,7 @@ see it, and the epilogue inputs' elements at the same place).
   whether the indices and the gradient are dense row-major (signature facts: else the kernel
   indexes them through their sizes and strides).
 These choices tune speed only; the kernel is correct for any of them (size_class puts them in
-the kernel signature, so a new size class plans a new kernel). A segmented op (exprs.EmbeddingBackwardOp.segment: a scatter
-along an axis, each row of the index writing only its own segment of rows) has each block walk
-only the tokens of the segments its rows fall in, [first segment * K, (last segment + 1) * K)
-for K tokens a segment (the index's last extent), not every token: its cost is linear in the
-tokens, so no row limit applies to it. The row count itself is no
+the kernel signature, so a new size class plans a new kernel). The row count itself is no
 part of the kernel: it reads it from the output's size, so a table of a symbolic row count
 (index_put's or index_add's into a graph input) reuses its kernel for a new count of the same
 size class. Such a table is refused at run time past MAX_SCATTER_ROWS rows (every block reads
@@ -102,9 +98,7 @@ def _epilogue_refusal(fusion, e) -> str:
                 if not v.is_const:
                     return f"the epilogue's scalar {v.name} is not a constant"
             elif id(v) not in known and (v not in fusion.inputs or v.ndim != 2 or
-                                         any(d.is_broadcast and not o.is_broadcast
-                                             for d, o in zip(v.logical, e.output.logical))):
-                # (a size-1 axis where the output has one: rows of one element, H = 1)
+                                         any(d.is_broadcast for d in v.logical)):
                 return f"{v.name}: the epilogue reads only [num_weights, H] inputs"
         known.add(id(x.outputs[0]))
     return ""
@@ -144,8 +138,7 @@ def run_check(fusion, inputs, bindings) -> tuple[bool, str]:
     if tokens > 2 ** 31 - 1 - 256 * UNROLL:
         return False, f"{tokens} indices (the kernel counts tokens in 32 bits)"
     rows = num_weights(fusion, inputs, bindings)
-    e = embedding_op(fusion)
-    if not isinstance(e.num_weights, int) and e.segment is None:
+    if not isinstance(embedding_op(fusion).num_weights, int):
         if rows > MAX_SCATTER_ROWS:
             return False, (f"a table of {rows} rows (more than {MAX_SCATTER_ROWS}): every "
                            "block of the scatter kernel reads every index")
@@ -176,7 +169,6 @@ class EmbeddingBackwardParams:
     padding_idx: int
     out_seg: int = 2           # the output's kernel tensor position (after every tensor input)
     epilogue: tuple = ()       # kernel tensor positions of the epilogue's inputs (epilogue_inputs)
-    segmented: bool = False    # blocks walk only their segments' tokens (module docstring)
 
     @property
     def warps(self) -> int:
@@ -190,12 +182,10 @@ class EmbeddingBackwardParams:
              "padding_idx": self.padding_idx}
         if self.epilogue:             # (without one, the kernel source is the one it was)
             d["epilogue"] = list(self.epilogue)
-        if self.segmented:
-            d["segmented"] = True
         return d
 
     def size_class(self) -> tuple:
-        return (self.block, self.cols, self.rows, self.unroll, self.match_unroll, self.segmented)
+        return (self.block, self.cols, self.rows, self.unroll, self.match_unroll)
 
 
 def _tensors(fusion, inputs):
@@ -254,7 +244,7 @@ def schedule(fusion, inputs) -> EmbeddingBackwardParams:
         block, cols, rows, UNROLL, mu, acc, index_type, g, i,
         L.row_major(tuple(ids.shape), tuple(ids.stride())),
         L.row_major(tuple(grad.shape), tuple(grad.stride())), n, e.padding_idx,
-        len(tvs), epi, e.segment is not None)
+        len(tvs), epi)
 
 
 def size_class(fusion, inputs) -> tuple:

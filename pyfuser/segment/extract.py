@@ -81,8 +81,7 @@ def _clone_graph(fusion, exprs, roots, index: FusionIndex):
 def _attr_scalars(e) -> list:
     """Scalars an expr reads through attributes rather than operands."""
     return [s for s in getattr(e, "sizes", []) + getattr(e, "shape", []) +
-            list(getattr(e, "new_shape", [])) + [getattr(e, "segment", None)]
-            if isinstance(s, Scalar)]
+            list(getattr(e, "new_shape", [])) if isinstance(s, Scalar)]
 
 
 def extract(fusion, exprs, inputs, outputs, orders=None, index: FusionIndex | None = None

@@ -354,34 +354,3 @@ def test_random_epilogues_are_eagers_ops(seed):
             want = want.to(st[1])
     assert out.dtype == want.dtype and out.shape == want.shape
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
-
-
-def _segmented(segments, n, k, h, seed=0):
-    """ids [segments, k] whose row s names rows of its own segment [s * n, s * n + n)."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, n, (segments, k), generator=gen) + \
-        torch.arange(segments).unsqueeze(1) * n
-    return _grad((segments, k, h), torch.float32, seed), ids
-
-
-@pytest.mark.parametrize("segments,n,k,h", [(2000, 5, 3, 1), (23, 300, 7, 1), (23, 40, 9, 3),
-                                            (23, 1, 4, 2)])
-def test_segmented_sums_walk_only_their_segments(segments, n, k, h):
-    """exprs.EmbeddingBackwardOp.segment: each block walks only its rows' segments' tokens;
-    the sums are the sequential ones, with a block's rows covering several segments (the first
-    case: 37 rows a block), straddling two (the second and third) or one row a block."""
-    grad, ids = _segmented(segments, n, k, h)
-    f = Fusion()
-    with f:
-        g = B.define_tensor([-1, -1, -1], DataType.Float)
-        i = B.define_tensor([-1, -1], DataType.Int)
-        f.add_output(B.embedding_backward(g, i, segments * n, -1, segment=n))
-    (out,) = dispatch.execute_fusion(f, [grad, ids], "interpret")
-    want = sequential_reference(grad, ids, segments * n, -1)
-    assert torch.equal(out, want), (out - want).abs().max()
-    params = api.plan_kernel(f, [grad, ids]).kernel.scheduler_params
-    assert params["segmented"] is True and params["rows"] >= 1
-    bad = ids.clone()
-    bad[11, k - 1] = -1                   # outside its segment's rows: the kernel stops
-    with pytest.raises(IndexError, match="index out of range"):
-        dispatch.execute_fusion(f, [grad, bad], "interpret")

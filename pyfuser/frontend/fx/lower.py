@@ -43,7 +43,7 @@ from ...ir.base import Scalar
 from ...ir.dtypes import DataType
 from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
-from ..lowering import aten_activations, aten_backward, aten_factory, aten_indexing, aten_logical_reduction, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_regression_loss, aten_resize, aten_scatter_index, aten_shape, aten_vector_norm  # noqa: F401,E501 (fill the table)
+from ..lowering import aten_activations, aten_backward, aten_factory, aten_indexing, aten_logical_reduction, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_regression_loss, aten_resize, aten_shape, aten_vector_norm  # noqa: F401,E501 (fill the table)
 from ..lowering import aten_factory_like, aten_repeat, aten_scatter  # noqa: F401 (fill the table)
 from ..lowering.aten_overloads import entry_for, schema_args
 from ..lowering.device import lowering_device, mark_cpu_scalar, single_device_type

@@ -191,7 +191,7 @@ def _index_put(x, indices, values, accumulate=False):
         raise UnsupportedOpError("index_put without accumulate (a repeated index's last write "
                                  "wins in no fixed order) is left to eager")
     table, flat = _leading_index(x, indices, "index_put")
-    return add_at_rows(x, table, flat, values, "index_put")
+    return _add_at_rows(x, table, flat, values, "index_put")
 
 
 @lowers("aten::index_add", op_class=SCATTER, n_args=(4, 5), const_args=(1, 4))
@@ -208,16 +208,13 @@ def _index_add(x, dim, index, source, alpha=1):
         raise UnsupportedOpError("index_add: only alpha=1 is lowered")
     if _index(index, "index_add").ndim != 1:
         raise UnsupportedOpError("index_add: the index must be a vector")
-    return add_at_rows(x, x, B.cast(index, DataType.Int), source, "index_add")
+    return _add_at_rows(x, x, B.cast(index, DataType.Int), source, "index_add")
 
 
-def add_at_rows(x, table, flat, values, what: str, segment=None):
+def _add_at_rows(x, table, flat, values, what: str):
     """x + the sum of `values`' rows at the rows of `table` (x, or x viewed with leading axes
     flattened) that `flat` names, by the scatter kernel (index_put's and index_add's); rows of
-    several axes are summed as rows of one (the values viewed so), then viewed as x again.
-    `segment`: the table's rows are segments of that many, one per row of `flat`, each row of
-    flat naming rows of its own segment (scatter_add along an axis: embedding_backward's
-    segments, walked linearly, so no row limit applies)."""
+    several axes are summed as rows of one (the values viewed so), then viewed as x again."""
     # the row count: a constant, or a symbol (a graph input's rows: the scheduler refuses more
     # than MAX_SCATTER_ROWS, or none, at run time)
     rows_axis = table.logical[0]
@@ -226,7 +223,7 @@ def add_at_rows(x, table, flat, values, what: str, segment=None):
     if n == 0 and isinstance(n, int):    # eager raises for any index of an empty axis
         raise UnsupportedOpError(f"{what}: a table of no rows is left to eager (its error for "
                                  "any index)")
-    if isinstance(n, int) and n > MAX_SCATTER_ROWS and segment is None:
+    if isinstance(n, int) and n > MAX_SCATTER_ROWS:
         raise UnsupportedOpError(f"{what}: a table of {n} rows (more than {MAX_SCATTER_ROWS}) "
                                  f"is left to eager: every block of the scatter kernel reads "
                                  f"every index")
@@ -234,7 +231,7 @@ def add_at_rows(x, table, flat, values, what: str, segment=None):
         raise UnsupportedOpError(f"{what}: the values must be a floating tensor of the "
                                  "input's dtype")
     want = [a.extent for a in flat.logical] + [a.extent for a in table.logical[1:]]
-    if values.ndim != len(want) or not all(same_extent(a.extent, b)
+    if values.ndim != len(want) or not all(_same(a.extent, b)
                                            for a, b in zip(values.logical, want)):
         raise UnsupportedOpError(f"{what}: values broadcast to the indexed rows are left "
                                  "to eager")
@@ -252,22 +249,17 @@ def add_at_rows(x, table, flat, values, what: str, segment=None):
         values = B.cast(values, acc)
     # the scatter kernel, even for small tables: it traps on an index outside the table
     # (embedding's small-table sum would drop it, trusting a forward lookup index_put lacks)
-    # the sum added to the table in the kernel's own [rows, width] form (its epilogue: one
-    # kernel), then viewed as x
     if table.ndim == 1:                  # a vector: rows of one element
-        base = B.unsqueeze(table, 1)
-        rows = B.embedding_backward(B.unsqueeze(values, values.ndim), flat, n, segment=segment)
-    elif table.ndim == 2:
-        base, rows = table, B.embedding_backward(values, flat, n, segment=segment)
-    else:                                # rows of several axes: the sums viewed as the table
-        base = x
-        rows = B.reshape(B.embedding_backward(values, flat, n, segment=segment), sizes_of(x))
-    out = ew("add", base, rows)
-    out = B.cast(out, x.dtype) if out.dtype is not x.dtype else out
-    return out if out.ndim == x.ndim and base is x else B.reshape(out, sizes_of(x))
+        rows = B.squeeze(B.embedding_backward(B.unsqueeze(values, values.ndim), flat, n), [1])
+    else:
+        rows = B.embedding_backward(values, flat, n)
+    if rows.ndim != x.ndim:
+        rows = B.reshape(rows, sizes_of(x))
+    out = ew("add", x, rows)
+    return B.cast(out, x.dtype) if out.dtype is not x.dtype else out
 
 
-def same_extent(a, b) -> bool:
+def _same(a, b) -> bool:
     """A values extent `a` that is the indexed rows' extent `b`, not broadcast to it: equal
     constants, or one of them a symbol (a symbolic size is never 1: Dynamo specializes sizes
     0 and 1, and the graph's own check makes a constant and a symbol agree)."""

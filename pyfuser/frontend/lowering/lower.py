@@ -23,7 +23,7 @@ from ...ir.fusion import Fusion
 from ...ir.tensor import TensorView
 from ..torchscript.types import (BoolType, FloatType, IntType, ListType, OptionalType,
                                  TensorType)
-from . import aten_activations, aten_backward, aten_factory, aten_indexing, aten_logical_reduction, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_regression_loss, aten_resize, aten_scatter_index, aten_shape, aten_vector_norm, aten_weight_norm  # noqa: F401,E501  (fill the table)
+from . import aten_activations, aten_backward, aten_factory, aten_indexing, aten_logical_reduction, aten_loss, aten_pointwise, aten_random, aten_reduction, aten_regression_loss, aten_resize, aten_shape, aten_vector_norm, aten_weight_norm  # noqa: F401,E501  (fill the table)
 from . import aten_arg_reduction, aten_factory_like, aten_pooling, aten_repeat, aten_scatter  # noqa: F401,E501  (fill the table)
 from .device import lowering_device, single_device_type
 from .registry import LOWERINGS
