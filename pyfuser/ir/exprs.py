@@ -186,7 +186,7 @@ class EmbeddingBackwardOp(Expr):
     H]) whose index[t] == v, accumulated in float32 (float64 for double); rows whose index is
     `padding_idx` are left out (padding_idx -1: none). `padding_idx` is a constant int;
     `num_weights` a constant int or the symbolic Int Scalar that is out's first extent (a table
-    of rows known at run time: index_put's and index_add's into a graph input). An index
+    of rows known at run time: index_put's into a graph input). An index
     outside [0, num_weights) is an error, as in eager."""
     op_name = "embedding_backward"
 

@@ -30,7 +30,7 @@ see it, and the epilogue inputs' elements at the same place).
 These choices tune speed only; the kernel is correct for any of them (size_class puts them in
 the kernel signature, so a new size class plans a new kernel). The row count itself is no
 part of the kernel: it reads it from the output's size, so a table of a symbolic row count
-(index_put's or index_add's into a graph input) reuses its kernel for a new count of the same
+(index_put's into a graph input) reuses its kernel for a new count of the same
 size class. Such a table is refused at run time past MAX_SCATTER_ROWS rows (every block reads
 every index: eager's op is then faster), as the lowering refuses a constant one.
 

@@ -273,7 +273,7 @@ def _close(got, eager, oracle, what: str) -> str | None:
         return None
     o = oracle.to(got.dtype) if got.dtype != torch.float32 else oracle
     try:
-        assert_as_close_as_eager(got.float(), eager.float(), o, what)
+        assert_as_close_as_eager(got.float(), eager.float(), o, what, rounded_to=got.dtype)
     except AssertionError as e:
         return str(e)
     return None

@@ -1,12 +1,16 @@
-"""`aten::index_add` along axis 0 (lowering/aten_indexing.py): the scatter kernel's sum at the
-rows plus x, as index_put(accumulate=True) is lowered, where x's row count is a constant (a
-table the graph makes: a Mixture-of-Experts layer's `zeros(...).index_add_(0, tokens, out)`).
-Through torch.compile's backend on the CPU interpreter: eager's values (repeated indices
-summed; bfloat16 within one rounding of float64's sum), a vector table, the gradient, an
-index outside the rows stopping the kernel as eager raises; a table that is a graph input (a
-symbolic row count in its Fusion: the kernel reads the count from its output's size, so under
-dynamic=True a new count reuses the kernel; past MAX_SCATTER_ROWS rows at run time the segment
-runs eager's op, logged); other axes and alpha != 1 left to eager with the reason."""
+"""`aten::index_add` along axis 0 and `index_put(accumulate=True)` (lowering/aten_indexing.py):
+the scatter kernel's sum at the rows plus x. Through torch.compile's backend on the CPU
+interpreter: index_add into a table of constant sizes the graph makes (a Mixture-of-Experts
+layer's `zeros(...).index_add_(0, tokens, out)`): eager's values (repeated indices summed;
+bfloat16 within one rounding of float64's sum), a vector table, the gradient, an index outside
+the rows stopping the kernel as eager raises, rows of several axes; index_put into a table
+that is a graph input (a symbolic row count in its Fusion: the kernel reads the count from its
+output's size, so under dynamic=True a new count reuses the kernel; past MAX_SCATTER_ROWS rows
+at run time the segment runs on the reference evaluator, logged), rows of several axes too;
+index_add into a graph input, into rows of fewer than MIN_INDEX_ADD_WIDTH elements (lowered to
+1 here for the small shapes but in the test of that rule), other axes and alpha != 1 left to
+eager with the reason (eager's atomic adds beat the kernel on narrow rows: H200, thirty-third
+session)."""
 from __future__ import annotations
 
 import logging
@@ -20,7 +24,15 @@ from pyfuser.schedule import embedding_backward as EB
 
 from compile_checks import assert_ran_as_sm90_kernels
 
-pytestmark = pytest.mark.usefixtures("fresh_compile")
+pytestmark = pytest.mark.usefixtures("fresh_compile", "narrow_rows")
+
+
+@pytest.fixture
+def narrow_rows(monkeypatch):
+    """The interpreter's small tables: rows of any width fused (MIN_INDEX_ADD_WIDTH, 128 by
+    default, keeps narrower ones eager's; test_narrow_rows_stay_eager)."""
+    from pyfuser.frontend.lowering import aten_indexing
+    monkeypatch.setattr(aten_indexing, "MIN_INDEX_ADD_WIDTH", 1)
 INDEX = torch.tensor([1, 3, 3, 0, 9, 1, 3])
 
 
@@ -89,11 +101,11 @@ def test_an_index_outside_the_rows_raises(bad):
 
 
 def _into_input(x, i, s):
-    return x.index_add(0, i, s) * 2
+    return x.index_put((i,), s, accumulate=True) * 2
 
 
 @pytest.mark.parametrize("shape", [(10, 8), (12,)])
-def test_index_add_into_a_graph_input_fuses(shape):
+def test_index_put_into_a_graph_input_fuses(shape):
     """The table a graph input: its row count is a symbol of the Fusion, read by the kernel."""
     x = torch.randn(shape)
     s = torch.randn((7,) + shape[1:])
@@ -103,7 +115,7 @@ def test_index_add_into_a_graph_input_fuses(shape):
     assert got.shape == want.shape and got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     (region,) = _regions()
-    assert "aten.index_add.default" in region.ops
+    assert "aten.index_put.default" in region.ops
     assert not [g.unsupported for g in compiled_graphs() if g.unsupported]
     assert_ran_as_sm90_kernels([region])
 
@@ -128,7 +140,8 @@ def test_a_new_row_count_reuses_the_kernel(plans):
 
 def test_a_symbolic_table_past_the_row_limit_runs_eagers_op(monkeypatch, caplog):
     """More rows at run time than MAX_SCATTER_ROWS (8 here): the scheduler's run check refuses
-    them, the segment runs eager's op (logged with the reason); at the limit, the kernel."""
+    them, the segment runs on the reference evaluator (logged with the reason); at the limit,
+    the kernel."""
     monkeypatch.setattr(EB, "MAX_SCATTER_ROWS", 8)
     s = torch.randn(3, 4)
     i = torch.tensor([0, 5, 5])
@@ -159,11 +172,12 @@ def test_other_forms_stay_eager_with_the_reason(case):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_rows_of_several_axes(dynamic):
-    """Tables of rank 3 (an input, and zeros the graph makes of its size): rows of [3, 4]
-    elements summed as rows of 12 (the values viewed so), then viewed as the table again;
-    dynamic=True: two row counts, one graph."""
+    """Tables of rank 3 (zeros the graph makes: index_add; an input: index_put): rows of
+    [3, 4] elements summed as rows of 12 (the values viewed so), then viewed as the table
+    again; dynamic=True: two row counts, one graph."""
     def f(x, i, s):
-        return x.index_add(0, i, s) + torch.zeros_like(x).index_add(0, i, s * 2)
+        return x.index_put((i,), s, accumulate=True) + \
+            torch.zeros(10, 3, 4).index_add(0, i, s * 2)[:1]
     torch._dynamo.reset()
     g = pyfuser.compile(f, dynamic=dynamic)
     s = torch.randn(7, 3, 4)
@@ -174,5 +188,33 @@ def test_rows_of_several_axes(dynamic):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert_ran_as_sm90_kernels(_regions())
     assert len(compiled_graphs()) == 1
-    assert sum(r.ops.count("aten.index_add.default") for r in _regions()) == 2
+    ops = [o for r in _regions() for o in r.ops]
+    assert "aten.index_add.default" in ops and "aten.index_put.default" in ops, ops
     assert not [g.unsupported for g in compiled_graphs() if g.unsupported]
+
+
+@pytest.mark.parametrize("case", ["input table", "narrow rows", "narrow rank 3"])
+def test_index_add_left_to_eager_where_its_atomics_win(case, monkeypatch):
+    """index_add into a graph input's table (sizes known only at run time) and into rows of
+    fewer than MIN_INDEX_ADD_WIDTH (128) elements stays eager's, with the reason; rows of 128
+    fuse."""
+    from pyfuser.frontend.lowering import aten_indexing
+    monkeypatch.setattr(aten_indexing, "MIN_INDEX_ADD_WIDTH", 128)
+    fs = {"input table": (lambda x, i, s: x.index_add(0, i, s) * 2, (10, 128), "known only"),
+          "narrow rows": (lambda x, i, s: torch.zeros(10, 64).index_add(0, i, s) + x, (10, 64),
+                          "rows of 64 elements"),
+          "narrow rank 3": (lambda x, i, s: torch.zeros(10, 2, 8).index_add(0, i, s) + x,
+                            (10, 2, 8), "rows of 16 elements")}
+    f, shape, why = fs[case]
+    x, s = torch.randn(shape), torch.randn((7,) + shape[1:])
+    torch._dynamo.reset()
+    torch.testing.assert_close(pyfuser.compile(f)(x, INDEX, s), f(x, INDEX, s), rtol=1e-6,
+                               atol=1e-6)
+    left = {k: v for g in compiled_graphs() for k, v in g.unsupported.items()}
+    assert "index_add" in left and why in left["index_add"], left
+    wide = lambda x, i, s: torch.zeros(10, 128).index_add(0, i, s) + x   # noqa: E731
+    x, s = torch.randn(10, 128), torch.randn(7, 128)
+    torch._dynamo.reset()
+    torch.testing.assert_close(pyfuser.compile(wide)(x, INDEX, s), wide(x, INDEX, s),
+                               rtol=1e-6, atol=1e-6)
+    assert any("aten.index_add.default" in r.ops for r in _regions()), _regions()

@@ -34,7 +34,8 @@ where the flattened table has a row count of at most MAX_SCATTER_ROWS (a constan
 checked here, a symbolic one, a graph input's, by the scheduler at run time): each row the
 sum of the values indexed to it, in a fixed order. `None` entries (an index of a later
 axis), boolean masks and `accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
-node check). `aten::index_add(x, 0, index, source)` (alpha 1, x of any rank, a
+node check). `aten::index_add(x, 0, index, source)` (alpha 1, x of any rank and constant
+sizes whose rows hold at least MIN_INDEX_ADD_WIDTH elements, a
 Mixture-of-Experts layer's sum of its experts' outputs at their tokens) is the same sum at the
 rows, its index not wrapped (eager raises for a negative one, and so does the kernel).
 
@@ -62,6 +63,11 @@ _INDEX_DTYPES = (DataType.Int, DataType.Int32)
 # the rows past which index_put's and index_add's tables stay eager's (the scatter kernel has
 # every block read every index; schedule/embedding_backward.py; docs/compile_backend.md)
 MAX_SCATTER_ROWS = EB.MAX_SCATTER_ROWS
+# index_add's rows narrower than this stay eager's: the scatter kernel gives a block's columns
+# to its threads (128 for rows up to 128 elements), so a narrow row leaves most of them idle,
+# where eager's index_add adds with atomics (H200, thirty-third session: rows of 1 and 64
+# elements 3-7x slower than eager, of 768 1.3-1.9x faster; docs/benchmarks.md)
+MIN_INDEX_ADD_WIDTH = 128
 
 
 def _index(index, what: str) -> TensorView:
@@ -198,8 +204,9 @@ def _index_put(x, indices, values, accumulate=False):
 def _index_add(x, dim, index, source, alpha=1):
     """torch.index_add along axis 0: x with source's rows added at the rows `index` names
     (`index_put`'s sum at the rows, module docstring); an index outside x's rows, negative
-    ones included (eager wraps none), stops the kernel as eager raises. Other axes and an
-    alpha other than 1 are left to eager."""
+    ones included (eager wraps none), stops the kernel as eager raises. Other axes, an alpha
+    other than 1, a table of symbolic sizes (a graph input's) and rows of fewer than
+    MIN_INDEX_ADD_WIDTH elements are left to eager (its atomic adds are faster there)."""
     if not isinstance(x, TensorView) or x.ndim == 0:
         raise UnsupportedOpError("index_add: the input must be a tensor of rank 1 or more")
     if dim % x.ndim != 0 or not -x.ndim <= dim < x.ndim:
@@ -208,6 +215,16 @@ def _index_add(x, dim, index, source, alpha=1):
         raise UnsupportedOpError("index_add: only alpha=1 is lowered")
     if _index(index, "index_add").ndim != 1:
         raise UnsupportedOpError("index_add: the index must be a vector")
+    sizes = sizes_of(x)
+    if not all(isinstance(n, int) for n in sizes):
+        raise UnsupportedOpError("index_add: a table of sizes known only at run time (a graph "
+                                 "input's) is left to eager, whose atomic adds beat the scatter "
+                                 "kernel on narrow rows")
+    width = math.prod(sizes[1:])
+    if width < MIN_INDEX_ADD_WIDTH:
+        raise UnsupportedOpError(f"index_add: rows of {width} elements (fewer than "
+                                 f"{MIN_INDEX_ADD_WIDTH}) are left to eager, whose atomic adds "
+                                 "are faster there")
     return _add_at_rows(x, x, B.cast(index, DataType.Int), source, "index_add")
 
 
