@@ -33,9 +33,9 @@ eager's, which raises for any index; rows of several axes summed as rows of thei
 where the flattened table has a row count of at most MAX_SCATTER_ROWS (a constant one
 checked here, a symbolic one, a graph input's, by the scheduler at run time): each row the
 sum of the values indexed to it, in a fixed order. `None` entries (an index of a later
-axis), boolean masks and `accumulate=False` stay eager. The TorchScript graph fuser groups only the one-index form (its
-node check). `aten::index_add(x, 0, index, source)` (alpha 1, x of any rank and constant
-sizes whose rows hold at least MIN_INDEX_ADD_WIDTH elements, a
+axis), boolean masks and `accumulate=False` stay eager. The TorchScript graph fuser groups
+only the one-index form (its node check). `aten::index_add(x, 0, index, source)` (alpha 1, x
+of any rank and constant sizes whose rows hold at least MIN_INDEX_ADD_WIDTH elements, a
 Mixture-of-Experts layer's sum of its experts' outputs at their tokens) is the same sum at the
 rows, its index not wrapped (eager raises for a negative one, and so does the kernel).
 
