@@ -138,7 +138,7 @@ def test_a_new_row_count_reuses_the_kernel(plans):
         f(torch.randn(16, 8), torch.tensor([1, 16]), torch.randn(2, 8))
 
 
-def test_a_symbolic_table_past_the_row_limit_runs_eagers_op(monkeypatch, caplog):
+def test_a_symbolic_table_past_the_row_limit_runs_on_the_evaluator(monkeypatch, caplog):
     """More rows at run time than MAX_SCATTER_ROWS (8 here): the scheduler's run check refuses
     them, the segment runs on the reference evaluator (logged with the reason); at the limit,
     the kernel."""
