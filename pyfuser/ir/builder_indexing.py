@@ -83,9 +83,9 @@ def embedding_backward(grad: TensorView, index: TensorView, num_weights,
     if isinstance(num_weights, Scalar) and num_weights.is_const:
         num_weights = num_weights.value
     symbolic = isinstance(num_weights, Scalar) and num_weights.dtype is DataType.Int
-    for name, v in (("num_weights", num_weights), ("padding_idx", padding_idx)):
-        if not (name == "num_weights" and symbolic) and \
-                (not isinstance(v, int) or isinstance(v, bool)):
+    checked = [("padding_idx", padding_idx)] + ([] if symbolic else [("num_weights", num_weights)])
+    for name, v in checked:
+        if not isinstance(v, int) or isinstance(v, bool):
             raise FusionDefinitionError(f"embedding_backward: {name} must be an int, got {v!r}")
     if not symbolic and num_weights < 0:
         raise FusionDefinitionError(f"embedding_backward: num_weights {num_weights} is negative")

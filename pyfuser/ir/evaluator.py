@@ -168,9 +168,11 @@ def _embedding_backward(e, env):
     of every index against the rows (eager's op does not check them all)."""
     grad, index = env[e.inputs[0]], env[e.inputs[1]]
     rows = e.num_weights if isinstance(e.num_weights, int) else int(env.b.value(e.num_weights))
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= rows):
-        raise IndexError(f"embedding_dense_backward: index out of range (an index outside "
-                         f"[0, {rows}) in {e.inputs[1].name})")
+    if index.numel():                      # (one pass over the indices, one device sync)
+        low, high = torch.stack(torch.aminmax(index)).tolist()
+        if low < 0 or high >= rows:
+            raise IndexError(f"embedding_dense_backward: index out of range (an index outside "
+                             f"[0, {rows}) in {e.inputs[1].name})")
     return torch.ops.aten.embedding_dense_backward(grad, index, rows, e.padding_idx, False)
 
 

@@ -354,3 +354,28 @@ def test_random_epilogues_are_eagers_ops(seed):
             want = want.to(st[1])
     assert out.dtype == want.dtype and out.shape == want.shape
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_symbolic_row_count_and_the_evaluators_index_check():
+    """num_weights a symbolic Int Scalar (a table's rows known at run time: the output's
+    extent); the reference evaluator checks every index against them, as the kernel does;
+    a num_weights that is neither an int nor an Int Scalar is refused, naming it."""
+    from pyfuser.errors import FusionDefinitionError
+    from pyfuser.ir.base import Scalar
+    from pyfuser.ir.evaluator import evaluate
+    f = Fusion()
+    with f:
+        table = B.define_tensor([-1, -1], DataType.Float)
+        g = B.define_tensor([-1, -1], DataType.Float)
+        i = B.define_tensor([-1], DataType.Int)
+        rows = table.logical[0].extent
+        out = B.embedding_backward(g, i, rows)
+        f.add_output(B.elementwise("add", table, out))
+        with pytest.raises(FusionDefinitionError, match="num_weights must be an int"):
+            B.embedding_backward(g, i, Scalar(DataType.Float, None, f))
+    assert out.logical[0].extent is rows
+    grad, ids = _grad((3, 2), torch.float32), torch.tensor([0, 4, 4])
+    (got,) = evaluate(f, [torch.zeros(5, 2), grad, ids])
+    torch.testing.assert_close(got, sequential_reference(grad, ids, 5, -1))
+    with pytest.raises(IndexError, match=r"index out of range \(an index outside \[0, 4\)"):
+        evaluate(f, [torch.zeros(4, 2), grad, ids])

@@ -234,9 +234,8 @@ def _add_at_rows(x, table, flat, values, what: str):
     several axes are summed as rows of one (the values viewed so), then viewed as x again."""
     # the row count: a constant, or a symbol (a graph input's rows: the scheduler refuses more
     # than MAX_SCATTER_ROWS, or none, at run time)
-    rows_axis = table.logical[0]
-    n = rows_axis.full_extent if rows_axis.full_extent.value is None else \
-        rows_axis.full_extent.value
+    sizes = sizes_of(table)
+    n = sizes[0]
     if n == 0 and isinstance(n, int):    # eager raises for any index of an empty axis
         raise UnsupportedOpError(f"{what}: a table of no rows is left to eager (its error for "
                                  "any index)")
@@ -253,7 +252,7 @@ def _add_at_rows(x, table, flat, values, what: str):
         raise UnsupportedOpError(f"{what}: values broadcast to the indexed rows are left "
                                  "to eager")
     if table.ndim > 2:                   # rows of several axes: of one, their product
-        trailing = sizes_of(table)[1:]
+        trailing = sizes[1:]
         width = -1 if any(not isinstance(t, int) for t in trailing) else math.prod(trailing)
         if width == 0:
             raise UnsupportedOpError(f"{what}: rows of no elements are left to eager")

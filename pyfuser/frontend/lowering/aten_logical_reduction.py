@@ -22,7 +22,7 @@ from .registry import REDUCTION, lowers
 ew = B.elementwise
 
 
-def _axes(dims, x: TensorView, op: str) -> list[int] | None:
+def _axes(dims, op: str) -> list[int] | None:
     """The axes to reduce: None for every axis, [] for none."""
     if dims is None:
         return None
@@ -35,19 +35,20 @@ def _axes(dims, x: TensorView, op: str) -> list[int] | None:
 
 
 def _all_any(op: str):
-    decides, result = ("eq", "eq") if op == "all" else ("ne", "ne")
+    # all: no element equal to 0; any: some element not equal to 0 (a count compared with 0)
+    cmp = "eq" if op == "all" else "ne"
 
     def lower(x, dims=None, keepdim=False):
         if not isinstance(x, TensorView):
             raise UnsupportedOpError(f"{op}: only of a tensor (not a list) is lowered")
         if x.dtype.is_complex:
             raise UnsupportedOpError(f"{op} of a complex tensor is left to eager")
-        axes = _axes(dims, x, op)
+        axes = _axes(dims, op)
         if axes == [] or x.ndim == 0:        # nothing reduced: each element tested alone
             out = ew("ne", x, 0)
         else:
-            count = B.reduction("sum", ew(decides, x, 0), axes, bool(keepdim), DataType.Int)
-            out = ew(result, count, 0)
+            count = B.reduction("sum", ew(cmp, x, 0), axes, bool(keepdim), DataType.Int)
+            out = ew(cmp, count, 0)
         return B.cast(out, DataType.Byte) if x.dtype is DataType.Byte else out
     return lower
 
